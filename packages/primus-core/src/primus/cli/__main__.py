@@ -1,0 +1,5 @@
+"""`python -m primus.cli` (what torchrun workers run)."""
+
+from primus.cli.main import main
+
+main()

@@ -1,0 +1,34 @@
+"""`primus backends list`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Installed training backends.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_backends(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Each installed backend, its upstream requirement and status. Imports no upstream."""
+    from primus.core.backend.backend_registry import BackendRegistry
+
+    infos = sorted(BackendRegistry.backends().values(), key=lambda i: i.name)
+    if as_json:
+        typer.echo(json.dumps([i.as_dict() for i in infos], indent=2))
+        return
+    if not infos:
+        typer.echo("no backends installed (pip install primus-megatron, primus-torchtitan, ...)")
+        return
+    rows = [("backend", "distribution", "upstream requirement", "installed", "status")]
+    for i in infos:
+        status = i.status + (f": {i.reason}" if i.reason else "")
+        rows.append((i.name, f"{i.distribution or '(in-process)'} {i.version or ''}".strip(),
+                     i.upstream_requirement or "-", i.upstream_version or "-", status))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    for row in rows:
+        typer.echo("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[4])

@@ -1,0 +1,53 @@
+"""`primus config show|validate`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from primus.cli.common import OVERRIDES, Debug, Module
+
+app = typer.Typer(help="Inspect and check experiment configs.", no_args_is_help=True)
+ConfigArg = Annotated[Path, typer.Argument(help="The experiment YAML.", show_default=False)]
+
+
+class Format(StrEnum):
+    yaml = "yaml"
+    json = "json"
+
+
+@app.command(context_settings=OVERRIDES)
+def show(
+    ctx: typer.Context,
+    config: ConfigArg,
+    module: Module = None,
+    provenance: Annotated[bool, typer.Option(
+        "--provenance", help="Say where every value came from and what it overrode.")] = False,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.yaml,
+    debug: Debug = False,
+) -> None:
+    """Print the resolved experiment (presets, overrides and CLI applied). Does not validate."""
+    from primus.core.config.experiment import resolved_tree
+    from primus.core.config.render import to_json, to_yaml
+    from primus.core.runtime import resolution
+
+    tree = resolved_tree(resolution.load(config, list(ctx.args), module))
+    typer.echo(to_json(tree, provenance) if fmt is Format.json else to_yaml(tree, provenance), nl=False)
+    if fmt is Format.json:
+        typer.echo()
+
+
+@app.command(context_settings=OVERRIDES)
+def validate(ctx: typer.Context, config: ConfigArg, module: Module = None, debug: Debug = False) -> None:
+    """Check an experiment against each backend's schema. Exit 0 if valid, 2 if not."""
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.runtime import resolution
+
+    experiment = resolution.load(config, list(ctx.args), module)
+    for name, mod in experiment.modules.items():
+        resolution.validate(mod, BackendRegistry.get_adapter(mod.framework))
+        typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
+    resolution.patch_selection(experiment)
+    typer.echo(f"{config}: valid")

@@ -1,0 +1,60 @@
+"""The `primus` command. Subcommand modules import Primus internals lazily: `--help` stays light."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Annotated
+
+import typer
+from primus.cli import backends_cmd, config_cmd, patches_cmd, train
+from primus.cli.common import DEBUG
+
+app = typer.Typer(
+    name="primus",
+    help="Primus: one YAML experiment, any training backend (installed as plugins).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(train.app, name="train")
+app.add_typer(config_cmd.app, name="config")
+app.add_typer(backends_cmd.app, name="backends")
+app.add_typer(patches_cmd.app, name="patches")
+
+
+def _print_versions(value: bool) -> None:
+    if not value:
+        return
+    import importlib_metadata
+
+    groups = {"primus.backends", "primus.patches"}
+    for dist in sorted(importlib_metadata.distributions(), key=lambda d: d.name):
+        if dist.name.startswith("primus") or groups & {ep.group for ep in dist.entry_points}:
+            typer.echo(f"{dist.name} {dist.version}")
+    raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_versions, is_eager=True,
+                                          help="Print every installed Primus distribution.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    if debug:
+        DEBUG.on = True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug."""
+    DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
+    from primus.core.errors import PrimusError
+
+    try:
+        app(args=argv)  # exits; typer itself reports usage errors with exit code 2
+    except PrimusError as exc:
+        if DEBUG.on:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

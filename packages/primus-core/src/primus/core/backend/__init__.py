@@ -1,0 +1,1 @@
+"""Backends: the adapter contract, entry-point discovery and the registry."""

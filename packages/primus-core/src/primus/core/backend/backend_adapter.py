@@ -1,0 +1,86 @@
+"""BackendAdapter: how a training framework plugs into Primus (seed 001's contract)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import importlib_metadata
+from packaging.requirements import Requirement
+from primus.core.logging import log_rank_0
+
+if TYPE_CHECKING:
+    from primus.core.config.experiment import ModuleConfig
+    from primus.core.config.schema import ParamSchema
+    from primus.core.trainer.base_trainer import BaseTrainer
+
+
+class BackendAdapter(ABC):
+    """Integrates one training framework. Subclasses import their upstream lazily, never at
+    module import time, so discovery, inventories and `primus --help` stay instant.
+
+    `upstream_requirement` (PEP 508, e.g. "megatron-core>=0.17,<0.20") defaults to the
+    `upstream` extra of the distribution that ships the adapter; set it here for adapters
+    registered in-process with `BackendRegistry.register_adapter`.
+    """
+
+    upstream_requirement: ClassVar[str | None] = None
+    third_party_dir_name: ClassVar[str | None] = None  # default: the framework name
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+
+    # -- hooks the runtime calls, in this order -------------------------------------------
+    def setup_backend_path(self, backend_path: str | None = None) -> str:
+        """Put a source checkout of the upstream first on sys.path, if there is one.
+
+        Looks at `backend_path`, then $BACKEND_PATH, then ./third_party/<name>; returns the
+        folder used, or "" when the installed package is used.
+        """
+        name = self.third_party_dir_name or self.framework
+        for candidate in (backend_path, os.environ.get("BACKEND_PATH"), f"third_party/{name}"):
+            if candidate and Path(candidate).is_dir():
+                folder = str(Path(candidate).resolve())
+                if folder not in sys.path:
+                    sys.path.insert(0, folder)
+                log_rank_0(f"[{self.framework}] using the upstream source tree at {folder}")
+                return folder
+        return ""
+
+    def prepare_backend(self, config: ModuleConfig) -> None:  # noqa: B027 - optional hook
+        """One-time backend set-up before the config is converted (imports, framework init)."""
+
+    @abstractmethod
+    def convert_config(self, config: ModuleConfig) -> Any:
+        """Turn the resolved module params into the backend's own args object."""
+
+    @abstractmethod
+    def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
+        """The trainer class for a stage (`pretrain`, `posttrain`)."""
+
+    def detect_backend_version(self) -> str | None:
+        """The installed upstream version, read from distribution metadata without importing it."""
+        if not self.upstream_requirement:
+            return None
+        try:
+            return importlib_metadata.version(Requirement(self.upstream_requirement).name)
+        except importlib_metadata.PackageNotFoundError:
+            return None
+
+    # -- what the adapter declares --------------------------------------------------------
+    def param_schema(self) -> ParamSchema | None:
+        """The keys the backend accepts (upstream's own plus Primus's). None: not checked."""
+        return None
+
+    @classmethod
+    def preset_dirs(cls) -> list[Path]:
+        """Folders holding `modules/*.yaml` and `models/*.yaml` presets shipped with the backend.
+
+        Default: a `configs` folder beside the module that defines the adapter class.
+        """
+        folder = Path(inspect.getfile(cls)).parent / "configs"
+        return [folder] if folder.is_dir() else []

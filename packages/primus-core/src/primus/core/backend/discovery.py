@@ -1,0 +1,119 @@
+"""Finding installed backends through the `primus.backends` entry point group.
+
+Everything here reads distribution metadata; the only code imported is the adapter module
+itself, which by contract does not import its upstream. A plugin that fails to load, or
+whose upstream is missing or of the wrong version, is reported, never fatal to the others.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import importlib_metadata
+from packaging.requirements import InvalidRequirement, Requirement
+from primus.core.backend.backend_adapter import BackendAdapter
+
+BACKENDS_GROUP = "primus.backends"
+READY, UPSTREAM_MISSING, INCOMPATIBLE, FAILED = (
+    "ready", "upstream missing", "incompatible version", "failed to load")
+
+
+@dataclass
+class BackendInfo:
+    """What is known about one backend before it is used."""
+
+    name: str
+    entry_point: str | None = None
+    distribution: str | None = None
+    version: str | None = None
+    upstream_requirement: str | None = None
+    upstream_version: str | None = None
+    status: str = READY
+    reason: str | None = None
+    adapter_class: Any = field(default=None, repr=False)
+    load_traceback: str | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        keys = ("name", "distribution", "version", "upstream_requirement", "upstream_version",
+                "status", "reason", "entry_point")
+        return {k: getattr(self, k) for k in keys}
+
+    def install_hint(self) -> str | None:
+        if self.status in (UPSTREAM_MISSING, INCOMPATIBLE) and self.upstream_requirement:
+            return f'pip install "{self.upstream_requirement}"'
+        if self.status == FAILED and self.distribution:
+            return (f"reinstall it (pip install --force-reinstall {self.distribution}); "
+                    "--debug shows the import traceback")
+        return None
+
+
+def contract_problem(adapter_cls: Any) -> str | None:
+    """Why `adapter_cls` cannot serve as an adapter, or None when it can."""
+    if not (inspect.isclass(adapter_cls) and issubclass(adapter_cls, BackendAdapter)):
+        return f"{adapter_cls!r} is not a BackendAdapter subclass"
+    if inspect.isabstract(adapter_cls):
+        missing = ", ".join(sorted(adapter_cls.__abstractmethods__))
+        return f"{adapter_cls.__name__} does not implement {missing}"
+    return None
+
+
+def upstream_requirement_of(dist: importlib_metadata.Distribution) -> str | None:
+    """The requirement listed under the distribution's `upstream` extra, if any."""
+    for line in dist.requires or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker and req.marker.evaluate({"extra": "upstream"}) \
+                and not req.marker.evaluate({"extra": ""}):
+            req.marker = None
+            return str(req)
+    return None
+
+
+def check_upstream(info: BackendInfo) -> None:
+    """Fill in the installed upstream version and the status it implies."""
+    if not info.upstream_requirement or info.status == FAILED:
+        return
+    req = Requirement(info.upstream_requirement)
+    try:
+        info.upstream_version = importlib_metadata.version(req.name)
+    except importlib_metadata.PackageNotFoundError:
+        info.status, info.reason = UPSTREAM_MISSING, f"{req.name} is not installed"
+        return
+    if req.specifier and not req.specifier.contains(info.upstream_version, prereleases=True):
+        info.status = INCOMPATIBLE
+        info.reason = f"{req.name} {info.upstream_version} is installed; this backend needs {req}"
+
+
+def discover_entry_points() -> dict[str, BackendInfo]:
+    """Load every `primus.backends` entry point and check its upstream. Never raises."""
+    found: dict[str, BackendInfo] = {}
+    for ep in importlib_metadata.entry_points(group=BACKENDS_GROUP):
+        dist = ep.dist
+        info = BackendInfo(
+            name=ep.name, entry_point=ep.value,
+            distribution=dist.name if dist else None, version=dist.version if dist else None,
+            upstream_requirement=upstream_requirement_of(dist) if dist else None)
+        if ep.name in found:
+            other = found[ep.name].distribution
+            info.status, info.reason = FAILED, f"the name '{ep.name}' is also claimed by {other}"
+            found[f"{ep.name} ({info.distribution})"] = info
+            continue
+        try:
+            adapter_cls = ep.load()
+        except Exception as exc:  # a broken plugin is reported, not fatal
+            info.status, info.reason = FAILED, f"{type(exc).__name__}: {exc}"
+            info.load_traceback = traceback.format_exc()
+        else:
+            problem = contract_problem(adapter_cls)
+            if problem:
+                info.status, info.reason = FAILED, problem
+            else:
+                info.adapter_class = adapter_cls
+        check_upstream(info)
+        found[ep.name] = info
+    return found

@@ -1,0 +1,56 @@
+"""Printing a resolved config as YAML (with provenance comments) or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from primus.core.config.tree import ConfigTree
+from primus.core.config.yaml_io import KeyPath
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30)
+    return text.removesuffix("\n").removesuffix("\n...").removesuffix("...").strip()
+
+
+def provenance_of(tree: ConfigTree, path: KeyPath) -> str:
+    """'file:line', plus what the value overrode: 'b.yaml:3 (overrode 1000 from a.yaml:7)'."""
+    origin = tree.origin(path)
+    text = str(origin) if origin else "unknown"
+    replaced = tree.replaced.get(path)
+    if replaced:
+        older = "; ".join(f"{_scalar(v)} from {o}" for v, o in reversed(replaced))
+        text += f" (overrode {older})"
+    return text
+
+
+def to_yaml(tree: ConfigTree, provenance: bool = False) -> str:
+    lines: list[str] = []
+
+    def emit(node: dict[str, Any], prefix: KeyPath, indent: str) -> None:
+        for key, value in node.items():
+            path = (*prefix, key)
+            if isinstance(value, dict) and value:
+                lines.append(f"{indent}{_scalar(key)}:")
+                emit(value, path, indent + "  ")
+                continue
+            comment = f"  # {provenance_of(tree, path)}" if provenance else ""
+            lines.append(f"{indent}{_scalar(key)}: {_scalar(value)}{comment}")
+
+    emit(tree.data, (), "")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(tree: ConfigTree, provenance: bool = False) -> str:
+    if not provenance:
+        return json.dumps(tree.data, indent=2, default=str)
+    sources = {}
+    for path, _ in tree.leaves():
+        origin = tree.origin(path)
+        entry: dict[str, Any] = {"source": str(origin) if origin else None}
+        if path in tree.replaced:
+            entry["overrode"] = [{"value": v, "source": str(o)} for v, o in tree.replaced[path]]
+        sources[".".join(path)] = entry
+    return json.dumps({"config": tree.data, "provenance": sources}, indent=2, default=str)

@@ -1,0 +1,116 @@
+"""Parameter schemas: what keys a backend accepts, their types, and the check against them.
+
+A backend adapter describes its upstream's real key set (`BackendAdapter.param_schema`);
+any distribution may add keys for a backend with `register_params` (patch switches, for one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from primus.core.config.tree import ConfigTree
+from primus.core.errors import ConfigError, did_you_mean
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One accepted key. `type` None means any; `open` means a mapping with free-form keys."""
+
+    type: type | tuple[type, ...] | None = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    default: Any = None
+    open: bool = False
+
+    def type_error(self, value: Any) -> str | None:
+        """Why `value` does not fit this spec, or None when it does. `null` always fits."""
+        if value is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(repr, self.choices))}, got {value!r}"
+        if self.type is None:
+            return None
+        wanted = self.type if isinstance(self.type, tuple) else (self.type,)
+        if any(_fits(value, t) for t in wanted):
+            return None
+        names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in wanted)
+        return f"must be {names}, got {type(value).__name__} {value!r}"
+
+
+def _fits(value: Any, wanted: type) -> bool:
+    if isinstance(value, bool):  # bool is an int in Python, but not in a config
+        return wanted is bool
+    if wanted is float:
+        return isinstance(value, int | float)
+    return isinstance(value, wanted)
+
+
+class ParamSchema:
+    """Dotted key -> ParamSpec, e.g. `"optimizer.lr": ParamSpec(float)`."""
+
+    def __init__(self, specs: Mapping[str, ParamSpec] | None = None) -> None:
+        self.specs: dict[str, ParamSpec] = dict(specs or {})
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.specs
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def merged(self, *others: ParamSchema) -> ParamSchema:
+        specs = dict(self.specs)
+        for other in others:
+            specs.update(other.specs)
+        return ParamSchema(specs)
+
+    def _is_open(self, parts: tuple[str, ...]) -> bool:
+        for i in range(1, len(parts)):
+            spec = self.specs.get(".".join(parts[:i]))
+            if spec is not None and (spec.open or spec.type is dict):
+                return True
+        return False
+
+    def check(self, params: ConfigTree, what: str = "parameter") -> list[ConfigError]:
+        """Every unknown key and wrongly typed value in `params`, each with its origin."""
+        errors = []
+        for path, value in params.leaves():
+            key = ".".join(path)
+            spec = self.specs.get(key)
+            if spec is not None:
+                problem = spec.type_error(value)
+                if problem:
+                    errors.append(ConfigError(f"{key}: {problem}", params.origin(path)))
+            elif not self._is_open(path):
+                section = f"{key}." if isinstance(value, dict) else None
+                if section and any(k.startswith(section) for k in self.specs):
+                    continue  # an empty section that the schema knows
+                errors.append(ConfigError(
+                    f"unknown {what} '{key}'{did_you_mean(key, self.specs)}", params.origin(path)))
+        return errors
+
+
+_registered: dict[str, dict[str, ParamSpec]] = {}
+
+
+def register_params(backend: str, specs: Mapping[str, ParamSpec]) -> None:
+    """Declare keys that a backend accepts besides its upstream's (patch switches, Primus keys)."""
+    _registered.setdefault(backend, {}).update(specs)
+
+
+def registered_params(backend: str) -> ParamSchema:
+    return ParamSchema(_registered.get(backend, {}))
+
+
+def raise_all(errors: Iterable[ConfigError]) -> None:
+    """Raise one ConfigError listing every error (the first carries the origin)."""
+    errors = list(errors)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        lines = "\n".join(f"  {e}" for e in errors)
+        raise ConfigError(f"{len(errors)} config errors:\n{lines}")

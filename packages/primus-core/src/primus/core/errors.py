@@ -1,0 +1,63 @@
+"""The errors Primus reports to users, and the did-you-mean helper they share."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a config value came from: a file and line, the command line, or the environment."""
+
+    kind: str  # "file" | "cli" | "env" | "default"
+    file: str | None = None
+    line: int | None = None
+    detail: str | None = None  # the env var name, or the CLI token
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.file and self.line else (self.file or "")
+        if self.kind == "file":
+            return where
+        if self.kind == "env":
+            return f"env {self.detail}" + (f" (at {where})" if where else "")
+        return self.kind
+
+
+class PrimusError(Exception):
+    """Base of every error Primus reports without a traceback. Exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, origin: Origin | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.origin = origin
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.origin}: {self.message}" if self.origin and str(self.origin) else self.message
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+
+class ConfigError(PrimusError):
+    """Bad input: a config file, an override, a flag. Exit code 2."""
+
+    exit_code = 2
+
+
+class BackendError(PrimusError):
+    """A backend that is unknown, failed to load, or whose upstream is missing or incompatible."""
+
+    exit_code = 2
+
+
+class PatchError(PrimusError):
+    """A patch that failed to register or to apply."""
+
+
+def did_you_mean(word: str, candidates: Iterable[str], n: int = 3) -> str:
+    """A ' (did you mean: a, b?)' suffix, or '' when nothing is close."""
+    close = difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
+    return f" (did you mean: {', '.join(close)}?)" if close else ""

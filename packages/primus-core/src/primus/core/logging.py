@@ -1,0 +1,61 @@
+"""Rank-aware logging on the standard library: a file per rank, the console on rank 0."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from primus.core.dist_env import get_torchrun_env
+
+LOGGER_NAME = "primus"
+_FORMAT = "%(asctime)s %(levelname)s [rank%(rank)s] %(name)s: %(message)s"
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+def get_logger(name: str | None = None) -> logging.Logger:
+    """The Primus logger, or a child of it (`get_logger("megatron")` -> "primus.megatron")."""
+    return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
+
+
+def setup_logging(level: str = "INFO", log_dir: Path | None = None,
+                  console_all_ranks: bool = False) -> Path | None:
+    """Log to `log_dir/rank-N.log` (appending) and, on rank 0, to stderr. Returns the file."""
+    rank = get_torchrun_env().rank
+    logger = get_logger()
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    logger.setLevel(level)
+    logger.propagate = False
+    rank_filter = _RankFilter(rank)
+    if rank == 0 or console_all_ranks:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("[primus] %(message)s" if rank == 0 and
+                                               not console_all_ranks else f"[primus rank{rank}] %(message)s"))
+        console.addFilter(rank_filter)
+        logger.addHandler(console)
+    log_file = None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = log_dir / f"rank-{rank}.log"
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter(_FORMAT))
+        handler.addFilter(rank_filter)
+        logger.addHandler(handler)
+    return log_file
+
+
+def log_rank_0(message: str, level: int = logging.INFO) -> None:
+    """Log on rank 0 only (seed 001's `log_rank_0`)."""
+    if get_torchrun_env().rank == 0:
+        get_logger().log(level, message)

@@ -1,0 +1,115 @@
+"""Seed 002 as a live feature: the patch inventory and the deep-dive, read from the registry."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import textwrap
+
+from primus.core.patches.patch import Patch
+
+PHASE_TIMING = {
+    "setup": "before the backend is prepared and its config converted (upstream not yet imported "
+             "by Primus)",
+    "build_args": "after the backend args are built, before the trainer exists",
+    "before_train": "after trainer.setup() and trainer.init(), right before training",
+    "after_train": "after training returns, before cleanup",
+}
+COLUMNS = ("id", "what it does", "target", "code location", "how to enable",
+           "phase", "priority", "version gate")
+
+
+def condition_text(patch: Patch) -> str:
+    """The condition as a reader needs it: its docstring, a lambda's source, or its name."""
+    cond = patch.condition
+    if cond is None:
+        return "always"
+    doc = inspect.getdoc(cond)
+    if doc:
+        return doc.splitlines()[0]
+    if getattr(cond, "__name__", "") == "<lambda>":
+        try:
+            src = inspect.getsource(cond)
+            return src[src.index("lambda"):].strip().rstrip(",)").strip()
+        except (OSError, ValueError):
+            return "a lambda"
+    return f"{getattr(cond, '__module__', '')}.{getattr(cond, '__qualname__', repr(cond))}"
+
+
+def how_to_enable(patch: Patch) -> str:
+    gate = f"; upstream {patch.backend_versions}" if patch.backend_versions else ""
+    return f"{condition_text(patch)}{gate}"
+
+
+def row(patch: Patch) -> dict[str, str]:
+    return {
+        "id": patch.id, "backend": patch.backend, "what it does": patch.description,
+        "target": patch.target or "N/A (rewrites args / sets env / lifecycle hook)",
+        "code location": patch.location, "how to enable": how_to_enable(patch),
+        "phase": patch.phase, "priority": str(patch.priority),
+        "version gate": str(patch.backend_versions or "any"), "tags": ", ".join(patch.tags),
+    }
+
+
+def render(patches: list[Patch], fmt: str) -> str:
+    rows = [row(p) for p in patches]
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if fmt == "markdown":
+        out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        out += ["| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |" for r in rows]
+        out.append("\nPRIMUS_PATCHES (all / none / a,b / -a) filters on top of each patch's condition.")
+        return "\n".join(out)
+    if not rows:
+        return "no patches registered"
+    blocks = []
+    for r in rows:
+        blocks.append(f"{r['id']}  [{r['backend']} · {r['phase']} · priority {r['priority']}]\n"
+                      f"  {r['what it does']}\n  target:   {r['target']}\n"
+                      f"  enable:   {r['how to enable']}\n  location: {r['code location']}")
+    return "\n\n".join(blocks)
+
+
+def deep_dive(patch: Patch) -> str:
+    """What it does, patch logic, code location, and a porting plan, all from the metadata."""
+    r = row(patch)
+    try:
+        source = textwrap.dedent(inspect.getsource(inspect.unwrap(patch.handler)))
+    except (OSError, TypeError):
+        source = "(source not available)"
+    target = patch.target
+    rebind = (f"Rebind or wrap `{target}` in the module that defines it and in every module that "
+              f"imported the name before the patch runs (a `from x import y` copy is not updated by "
+              f"rebinding `x.y`)." if target else
+              "No upstream symbol is replaced: the handler rewrites the backend args, sets the "
+              "environment, or acts at a lifecycle point.")
+    return f"""# {patch.id}  ({patch.backend})
+
+## What it does
+{patch.description}
+
+## Patch logic
+- target: {r['target']}
+- phase: {patch.phase} ({PHASE_TIMING[patch.phase]}), priority {patch.priority}
+- condition: {condition_text(patch)}
+- upstream versions: {r['version gate']}
+- tags: {r['tags'] or '-'}
+
+## Code location
+{patch.location}
+
+```python
+{source.rstrip()}
+```
+
+## Porting into your own framework
+1. Copy the handler above from `{patch.location}`, with what it imports from `{patch.module}`.
+2. {rebind}
+3. Apply it at the same point: {PHASE_TIMING[patch.phase]}, so it lands before the patched
+   code is first used.
+4. Keep its constraints: condition `{condition_text(patch)}`; upstream versions
+   `{r['version gate']}`.
+5. Or reuse the engine instead of hand-porting: `pip install primus-core`, register the handler
+   with `@register_patch("{patch.id}", backend="{patch.backend}", phase="{patch.phase}", ...)`
+   and drive your trainer with `PrimusRuntime`; `PRIMUS_PATCHES=-{patch.id}` turns it off.
+"""

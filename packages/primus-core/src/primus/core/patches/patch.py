@@ -1,0 +1,87 @@
+"""A patch, the context it sees, and the phases it may run in."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+PHASES = ("setup", "build_args", "before_train", "after_train")
+
+
+@dataclass
+class PatchContext:
+    """What a patch (and its condition) sees."""
+
+    backend: str
+    phase: str
+    backend_version: str | None
+    primus_version: str
+    params: dict[str, Any]
+    backend_args: Any = None
+    run_dir: Path | None = None
+    stage: str = "pretrain"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_MISSING = object()
+
+
+def get_param(ctx: PatchContext, dotted: str, default: Any = None) -> Any:
+    """A resolved param by dotted key (`get_param(ctx, "turbo.enable", False)`)."""
+    node: Any = ctx.params
+    for key in dotted.split("."):
+        node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is _MISSING:
+            return default
+    return node
+
+
+def get_args(ctx: PatchContext) -> Any:
+    """The backend args object (None before the build_args phase)."""
+    return ctx.backend_args
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    backend: str
+    phase: str
+    handler: Callable[[PatchContext], Any]
+    description: str
+    condition: Callable[[PatchContext], bool] | None = None
+    priority: int = 50
+    backend_versions: SpecifierSet | None = None
+    tags: tuple[str, ...] = ()
+    target: str | None = None
+    seq: int = 0
+
+    @property
+    def location(self) -> str:
+        """file:line of the handler."""
+        fn = inspect.unwrap(self.handler)
+        try:
+            return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+        except (OSError, TypeError):
+            return getattr(fn, "__module__", "?")
+
+    @property
+    def module(self) -> str:
+        return getattr(self.handler, "__module__", "?")
+
+    def version_mismatch(self, version: str | None) -> str | None:
+        """Why the version gate rejects `version`, or None when the patch may run."""
+        if self.backend_versions is None:
+            return None
+        if version is None:
+            return f"version mismatch: upstream version unknown (needs {self.backend_versions})"
+        try:
+            ok = self.backend_versions.contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            ok = False
+        return None if ok else f"version mismatch: {version} not in {self.backend_versions}"

@@ -1,0 +1,144 @@
+"""PrimusRuntime: the one owner of the training lifecycle (DESIGN.md, "One runtime")."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from primus.core import __version__
+from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.config.experiment import Experiment, resolved_tree
+from primus.core.config.render import to_yaml
+from primus.core.dist_env import get_torchrun_env
+from primus.core.logging import get_logger, setup_logging
+from primus.core.patches.patch import PatchContext
+from primus.core.patches.registry import load_patch_modules
+from primus.core.patches.runner import PatchRunner
+from primus.core.runtime import resolution
+from primus.core.trainer.base_trainer import BaseTrainer
+
+
+def apply_env(env: dict[str, Any]) -> None:
+    """Set the experiment's `env:` variables (booleans as 1/0), saying what each replaced."""
+    for name, value in env.items():
+        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        if os.environ.get(name, text) != text:
+            get_logger().info(f"env: {name}={text} (was {os.environ[name]})")
+        os.environ[name] = text
+
+
+def args_summary(args: Any) -> str:
+    """Backend args as YAML, whatever their type (namespace, dataclass, dict)."""
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        data = dataclasses.asdict(args)
+    elif isinstance(args, dict):
+        data = args
+    else:
+        data = vars(args) if hasattr(args, "__dict__") else {"args": args}
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+
+    return yaml.safe_dump(plain(data), sort_keys=True, width=100)
+
+
+class PrimusRuntime:
+    """load + validate config -> adapter -> upstream version -> patches[setup] -> prepare_backend
+    -> convert_config -> patches[build_args] -> trainer setup/init -> patches[before_train]
+    -> train -> patches[after_train] -> cleanup (also on error, with on_error=True)."""
+
+    def __init__(self, config: Path, overrides: list[str] | None = None, stage: str = "pretrain",
+                 module: str | None = None, debug: bool = False) -> None:
+        self.experiment: Experiment = resolution.load(config, overrides, module, single=True)
+        self.module = next(iter(self.experiment.modules.values()))
+        self.stage = stage
+        self.debug = debug
+        self.adapter = BackendRegistry.get_adapter(self.module.framework)
+        resolution.validate(self.module, self.adapter)
+        self.selection = resolution.patch_selection(self.experiment)
+        self.runner = PatchRunner(self.module.framework, self.selection,
+                                  self.experiment.patches.get("on_error", "fail"))
+        self.run_dir = self.experiment.run_dir.resolve()
+        self.rank = get_torchrun_env().rank
+        self.log = get_logger()
+
+    def _context(self, version: str | None) -> PatchContext:
+        return PatchContext(self.module.framework, "setup", version, __version__,
+                            self.module.params, run_dir=self.run_dir, stage=self.stage,
+                            extra={"experiment": self.experiment, "module": self.module})
+
+    def _phase(self, ctx: PatchContext, phase: str) -> None:
+        ctx.phase = phase
+        self.runner.run(ctx)
+
+    def run(self, dry_run: bool = False) -> None:
+        apply_env(self.experiment.env)
+        level = "DEBUG" if self.debug else self.experiment.log_level
+        setup_logging(level, None if dry_run else self.run_dir / "logs")
+        for failure in load_patch_modules():
+            self.log.warning(f"patch module {failure.entry_point} ({failure.distribution}) "
+                             f"failed to import: {failure.error}")
+        info = BackendRegistry.info(self.module.framework)
+        self.adapter.setup_backend_path()
+        version = self.adapter.detect_backend_version()
+        self.log.info(f"primus {__version__} | {self.stage} | backend {info.name} "
+                      f"({info.distribution} {info.version}) | upstream {info.upstream_requirement}"
+                      f" = {version} | run dir {self.run_dir}")
+        if self.rank == 0 and not dry_run:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.resolved.yaml").write_text(
+                f"# resolved by primus {__version__} from {self.experiment.path}\n"
+                + to_yaml(resolved_tree(self.experiment), provenance=True))
+        ctx = self._context(version)
+        try:
+            self._phase(ctx, "setup")
+            self.adapter.prepare_backend(self.module)
+            ctx.backend_args = self.adapter.convert_config(self.module)
+            self._phase(ctx, "build_args")
+            if dry_run:
+                self._print_plan(ctx)
+                return
+            trainer_cls = self.adapter.load_trainer_class(self.stage)
+            self._drive(trainer_cls(backend_args=ctx.backend_args), ctx)
+        finally:
+            if self.rank == 0 and not dry_run:
+                self.runner.write_report(self.run_dir / "patch_report.json")
+            self.log.info("patches:\n" + self.runner.table())
+
+    def _drive(self, trainer: BaseTrainer, ctx: PatchContext) -> None:
+        start = time.perf_counter()
+        try:
+            trainer.setup()
+            trainer.init()
+            self._phase(ctx, "before_train")
+            trainer.train()
+            self._phase(ctx, "after_train")
+        except BaseException:
+            try:
+                trainer.cleanup(on_error=True)
+            except Exception:
+                self.log.exception("cleanup(on_error=True) failed as well")
+            raise
+        trainer.cleanup()
+        self.log.info(f"{self.stage} finished in {time.perf_counter() - start:.1f} s; "
+                      f"run dir {self.run_dir}")
+
+    def _print_plan(self, ctx: PatchContext) -> None:
+        contexts = {p: dataclasses.replace(ctx, phase=p) for p in ("before_train", "after_train")}
+        contexts |= {"setup": ctx, "build_args": ctx}
+        plan = self.runner.plan(contexts)
+        print(f"# backend args ({type(ctx.backend_args).__name__})")
+        print(args_summary(ctx.backend_args), end="")
+        print("# patch plan")
+        for patch, verdict in plan:
+            done = self.runner.outcomes[patch.id]
+            status = done.status if done.status != "not run" else verdict
+            print(f"{patch.phase:<13} {patch.id:<40} {status}{': ' + done.reason if done.reason and done.status != 'not run' else ''}")

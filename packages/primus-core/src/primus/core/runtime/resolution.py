@@ -1,0 +1,43 @@
+"""Loading an experiment for a backend and checking it: shared by `train` and `config`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
+from primus.core.config.schema import raise_all, registered_params
+from primus.core.logging import get_logger
+from primus.core.patches.registry import all_patches, load_patch_modules
+from primus.core.patches.selection import PatchSelection, selection_for
+
+
+def preset_dirs(framework: str) -> list[Path]:
+    """$PRIMUS_CONFIG_PATH folders first (users may shadow presets), then the backend's own."""
+    user = [Path(p) for p in os.environ.get("PRIMUS_CONFIG_PATH", "").split(os.pathsep) if p]
+    return user + BackendRegistry.get_adapter_class(framework, require_ready=False).preset_dirs()
+
+
+def load(config: Path, overrides: list[str] | None = None, module: str | None = None,
+         single: bool = False) -> Experiment:
+    return load_experiment(config, overrides, preset_dirs, module, single)
+
+
+def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
+    """Check a module's params against the backend schema plus registered Primus keys."""
+    load_patch_modules()
+    schema = adapter.param_schema()
+    if schema is None:
+        get_logger().warning(f"backend '{module.framework}' declares no parameter schema: "
+                             "unknown keys cannot be detected")
+        return
+    raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
+
+
+def patch_selection(experiment: Experiment) -> PatchSelection:
+    """The selection in force, checked against the registered patch ids."""
+    selection = selection_for(experiment.patches.get("select"))
+    selection.check_ids(p.id for p in all_patches())
+    return selection

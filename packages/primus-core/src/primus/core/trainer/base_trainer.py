@@ -1,0 +1,37 @@
+"""BaseTrainer: the lifecycle every backend's trainer follows (seed 001)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from primus.core.dist_env import get_torchrun_env
+
+
+class BaseTrainer(ABC):
+    """setup -> init -> train -> cleanup, driven by PrimusRuntime (which runs the patches).
+
+    `rank`, `world_size`, `local_rank` come from the torchrun (or Slurm) environment.
+    """
+
+    def __init__(self, backend_args: Any) -> None:
+        self.backend_args = backend_args
+        env = get_torchrun_env()
+        self.dist_env = env
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.local_rank = env.local_rank
+
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """Checks and set-up before the model is built."""
+
+    @abstractmethod
+    def init(self) -> None:
+        """Build the model, optimizer and data."""
+
+    @abstractmethod
+    def train(self) -> None:
+        """Run the training loop."""
+
+    def cleanup(self, on_error: bool = False) -> None:  # noqa: B027 - optional hook
+        """Release resources; called after training, and also after a failure (`on_error`)."""
