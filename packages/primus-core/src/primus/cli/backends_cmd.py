@@ -27,8 +27,17 @@ def list_backends(
     rows = [("backend", "distribution", "upstream requirement", "installed", "status")]
     for i in infos:
         status = i.status + (f": {i.reason}" if i.reason else "")
-        rows.append((i.name, f"{i.distribution or '(in-process)'} {i.version or ''}".strip(),
-                     i.upstream_requirement or "-", i.upstream_version or "-", status))
+        rows.append(
+            (
+                i.name,
+                f"{i.distribution or '(in-process)'} {i.version or ''}".strip(),
+                i.upstream_requirement or "-",
+                i.upstream_version or "-",
+                status,
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     for row in rows:
-        typer.echo("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
+        typer.echo(
+            "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[4]
+        )

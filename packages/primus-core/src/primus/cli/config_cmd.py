@@ -23,8 +23,10 @@ def show(
     ctx: typer.Context,
     config: ConfigArg,
     module: Module = None,
-    provenance: Annotated[bool, typer.Option(
-        "--provenance", help="Say where every value came from and what it overrode.")] = False,
+    provenance: Annotated[
+        bool,
+        typer.Option("--provenance", help="Say where every value came from and what it overrode."),
+    ] = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.yaml,
     debug: Debug = False,
 ) -> None:
@@ -34,13 +36,17 @@ def show(
     from primus.core.runtime import resolution
 
     tree = resolved_tree(resolution.load(config, list(ctx.args), module))
-    typer.echo(to_json(tree, provenance) if fmt is Format.json else to_yaml(tree, provenance), nl=False)
+    typer.echo(
+        to_json(tree, provenance) if fmt is Format.json else to_yaml(tree, provenance), nl=False
+    )
     if fmt is Format.json:
         typer.echo()
 
 
 @app.command(context_settings=OVERRIDES)
-def validate(ctx: typer.Context, config: ConfigArg, module: Module = None, debug: Debug = False) -> None:
+def validate(
+    ctx: typer.Context, config: ConfigArg, module: Module = None, debug: Debug = False
+) -> None:
     """Check an experiment against each backend's schema. Exit 0 if valid, 2 if not."""
     from primus.core.backend.backend_registry import BackendRegistry
     from primus.core.runtime import resolution

@@ -38,8 +38,15 @@ def _print_versions(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_print_versions, is_eager=True,
-                                          help="Print every installed Primus distribution.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_versions,
+            is_eager=True,
+            help="Print every installed Primus distribution.",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     if debug:

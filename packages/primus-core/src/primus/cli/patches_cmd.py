@@ -21,8 +21,11 @@ def _load() -> None:
     from primus.core.patches.registry import load_patch_modules
 
     for failure in load_patch_modules():
-        print(f"warning: patch module {failure.entry_point} ({failure.distribution}) failed to "
-              f"import: {failure.error}", file=sys.stderr)
+        print(
+            f"warning: patch module {failure.entry_point} ({failure.distribution}) failed to "
+            f"import: {failure.error}",
+            file=sys.stderr,
+        )
 
 
 @app.command("list")
@@ -49,6 +52,8 @@ def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch id.
     patch = get_patch(patch_id)
     if patch is None:
         ids = [p.id for p in all_patches()]
-        raise ConfigError(f"no patch '{patch_id}'{did_you_mean(patch_id, ids)}",
-                          hint="`primus patches list` shows every patch")
+        raise ConfigError(
+            f"no patch '{patch_id}'{did_you_mean(patch_id, ids)}",
+            hint="`primus patches list` shows every patch",
+        )
     typer.echo(deep_dive(patch), nl=False)

@@ -17,11 +17,20 @@ def _command(stage: str) -> Callable[..., None]:
         ctx: typer.Context,
         config: ConfigFile,
         module: Module = None,
-        dry_run: Annotated[bool, typer.Option(
-            "--dry-run", help="Resolve, validate, convert and run build_args patches; print the "
-            "backend args and the patch plan; train nothing.")] = False,
-        nproc_per_node: Annotated[int, typer.Option(
-            "--nproc-per-node", min=1, help="Worker processes on this node (via torchrun).")] = 1,
+        dry_run: Annotated[
+            bool,
+            typer.Option(
+                "--dry-run",
+                help="Resolve, validate, convert and run build_args patches; print the "
+                "backend args and the patch plan; train nothing.",
+            ),
+        ] = False,
+        nproc_per_node: Annotated[
+            int,
+            typer.Option(
+                "--nproc-per-node", min=1, help="Worker processes on this node (via torchrun)."
+            ),
+        ] = 1,
         nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
         node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
         master_addr: Annotated[str | None, typer.Option("--master-addr")] = None,
@@ -35,16 +44,25 @@ def _command(stage: str) -> Callable[..., None]:
         overrides = list(ctx.args)
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
         if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
-            worker = ["train", stage, "--config", str(Path(config).resolve()),
-                      *(["--module", module] if module else []),
-                      *(["--debug"] if DEBUG.on else []), *overrides]
-            code = launch(torchrun_args(worker, nproc_per_node, nnodes, node_rank,
-                                        master_addr, master_port))
+            worker = [
+                "train",
+                stage,
+                "--config",
+                str(Path(config).resolve()),
+                *(["--module", module] if module else []),
+                *(["--debug"] if DEBUG.on else []),
+                *overrides,
+            ]
+            code = launch(
+                torchrun_args(worker, nproc_per_node, nnodes, node_rank, master_addr, master_port)
+            )
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run)
 
-    command.__doc__ = (f"Run the {stage} stage: primus train {stage} --config EXP.yaml "
-                       "[key=value | --key value ...]")
+    command.__doc__ = (
+        f"Run the {stage} stage: primus train {stage} --config EXP.yaml "
+        "[key=value | --key value ...]"
+    )
     return command
 
 

@@ -33,13 +33,21 @@ def under_torchrun() -> bool:
 def get_torchrun_env() -> DistEnv:
     env = os.environ
     if "RANK" in env or under_torchrun():
-        return DistEnv(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
-                       int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)),
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)))
+        return DistEnv(
+            int(env.get("RANK", 0)),
+            int(env.get("WORLD_SIZE", 1)),
+            int(env.get("LOCAL_RANK", 0)),
+            int(env.get("LOCAL_WORLD_SIZE", 1)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+        )
     if "SLURM_PROCID" in env:
-        return DistEnv(int(env["SLURM_PROCID"]), int(env.get("SLURM_NTASKS", 1)),
-                       int(env.get("SLURM_LOCALID", 0)),
-                       int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]),
-                       env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
-                       int(env.get("MASTER_PORT", 29500)))
+        return DistEnv(
+            int(env["SLURM_PROCID"]),
+            int(env.get("SLURM_NTASKS", 1)),
+            int(env.get("SLURM_LOCALID", 0)),
+            int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]),
+            env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
+            int(env.get("MASTER_PORT", 29500)),
+        )
     return DistEnv()

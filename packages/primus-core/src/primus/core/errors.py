@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,12 +18,16 @@ class Origin:
     detail: str | None = None  # the env var name, or the CLI token
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.file and self.line else (self.file or "")
+        path = self.file or ""
+        if path:
+            rel = os.path.relpath(path)
+            path = path if rel.startswith("..") else rel
+        where = f"{path}:{self.line}" if path and self.line else path
         if self.kind == "file":
             return where
         if self.kind == "env":
             return f"env {self.detail}" + (f" (at {where})" if where else "")
-        return self.kind
+        return f"{self.kind} ({self.detail})" if self.detail else self.kind
 
 
 class PrimusError(Exception):
@@ -37,7 +42,9 @@ class PrimusError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        text = f"{self.origin}: {self.message}" if self.origin and str(self.origin) else self.message
+        text = (
+            f"{self.origin}: {self.message}" if self.origin and str(self.origin) else self.message
+        )
         return f"{text}\n  hint: {self.hint}" if self.hint else text
 
 

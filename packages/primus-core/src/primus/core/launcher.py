@@ -14,13 +14,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun_args(worker_argv: list[str], nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                  master_addr: str | None = None, master_port: int | None = None) -> list[str]:
+def torchrun_args(
+    worker_argv: list[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> list[str]:
     """torchrun's arguments to run `python -m primus.cli <worker_argv>` in every worker."""
     addr = master_addr or "127.0.0.1"
     port = master_port or (free_port() if nnodes == 1 else 29500)
-    return [f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-            f"--master-addr={addr}", f"--master-port={port}", "-m", "primus.cli", *worker_argv]
+    return [
+        f"--nproc-per-node={nproc_per_node}",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+        f"--master-addr={addr}",
+        f"--master-port={port}",
+        "-m",
+        "primus.cli",
+        *worker_argv,
+    ]
 
 
 def launch(args: list[str]) -> int:
@@ -29,8 +43,10 @@ def launch(args: list[str]) -> int:
         from torch.distributed import run as torchrun
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     except ImportError:
-        raise PrimusError("starting several workers needs PyTorch, which is not installed",
-                          hint="pip install torch (or the backend package, which brings it)") from None
+        raise PrimusError(
+            "starting several workers needs PyTorch, which is not installed",
+            hint="pip install torch (or the backend package, which brings it)",
+        ) from None
     print(f"[primus] torchrun {' '.join(args)}", file=sys.stderr)
     try:
         torchrun.main(args)

@@ -27,8 +27,9 @@ def get_logger(name: str | None = None) -> logging.Logger:
     return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
 
 
-def setup_logging(level: str = "INFO", log_dir: Path | None = None,
-                  console_all_ranks: bool = False) -> Path | None:
+def setup_logging(
+    level: str = "INFO", log_dir: Path | None = None, console_all_ranks: bool = False
+) -> Path | None:
     """Log to `log_dir/rank-N.log` (appending) and, on rank 0, to stderr. Returns the file."""
     rank = get_torchrun_env().rank
     logger = get_logger()
@@ -40,8 +41,13 @@ def setup_logging(level: str = "INFO", log_dir: Path | None = None,
     rank_filter = _RankFilter(rank)
     if rank == 0 or console_all_ranks:
         console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter("[primus] %(message)s" if rank == 0 and
-                                               not console_all_ranks else f"[primus rank{rank}] %(message)s"))
+        console.setFormatter(
+            logging.Formatter(
+                "[primus] %(message)s"
+                if rank == 0 and not console_all_ranks
+                else f"[primus rank{rank}] %(message)s"
+            )
+        )
         console.addFilter(rank_filter)
         logger.addHandler(console)
     log_file = None

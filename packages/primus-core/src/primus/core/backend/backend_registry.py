@@ -35,12 +35,15 @@ class BackendRegistry:
         infos = dict(cls._discovered)
         for name, adapter_cls in cls._registered.items():
             ep_info = infos.get(name)
-            info = BackendInfo(name=name, entry_point=f"{adapter_cls.__module__}:{adapter_cls.__qualname__}",
-                               distribution=ep_info.distribution if ep_info else None,
-                               version=ep_info.version if ep_info else None,
-                               upstream_requirement=adapter_cls.upstream_requirement
-                               or (ep_info.upstream_requirement if ep_info else None),
-                               adapter_class=adapter_cls)
+            info = BackendInfo(
+                name=name,
+                entry_point=f"{adapter_cls.__module__}:{adapter_cls.__qualname__}",
+                distribution=ep_info.distribution if ep_info else None,
+                version=ep_info.version if ep_info else None,
+                upstream_requirement=adapter_cls.upstream_requirement
+                or (ep_info.upstream_requirement if ep_info else None),
+                adapter_class=adapter_cls,
+            )
             check_upstream(info)
             infos[name] = info
         return infos
@@ -50,9 +53,11 @@ class BackendRegistry:
         infos = cls.backends()
         if name not in infos:
             installed = ", ".join(sorted(infos)) or "none"
-            raise BackendError(f"unknown framework '{name}'{did_you_mean(name, infos)}",
-                               hint=f"installed backends: {installed}; "
-                               f"install one with pip install primus-<backend>")
+            raise BackendError(
+                f"unknown framework '{name}'{did_you_mean(name, infos)}",
+                hint=f"installed backends: {installed}; "
+                f"install one with pip install primus-<backend>",
+            )
         return infos[name]
 
     @classmethod
@@ -60,8 +65,10 @@ class BackendRegistry:
         """The adapter class; with `require_ready`, only if its upstream is installed and fits."""
         info = cls.info(name)
         if info.adapter_class is None or (require_ready and info.status != READY):
-            raise BackendError(f"backend '{name}' cannot be used: {info.status}: {info.reason}",
-                               hint=info.install_hint())
+            raise BackendError(
+                f"backend '{name}' cannot be used: {info.status}: {info.reason}",
+                hint=info.install_hint(),
+            )
         adapter_cls = info.adapter_class
         if adapter_cls.upstream_requirement is None and info.upstream_requirement:
             adapter_cls.upstream_requirement = info.upstream_requirement

@@ -18,7 +18,11 @@ from primus.core.backend.backend_adapter import BackendAdapter
 
 BACKENDS_GROUP = "primus.backends"
 READY, UPSTREAM_MISSING, INCOMPATIBLE, FAILED = (
-    "ready", "upstream missing", "incompatible version", "failed to load")
+    "ready",
+    "upstream missing",
+    "incompatible version",
+    "failed to load",
+)
 
 
 @dataclass
@@ -37,16 +41,26 @@ class BackendInfo:
     load_traceback: str | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        keys = ("name", "distribution", "version", "upstream_requirement", "upstream_version",
-                "status", "reason", "entry_point")
+        keys = (
+            "name",
+            "distribution",
+            "version",
+            "upstream_requirement",
+            "upstream_version",
+            "status",
+            "reason",
+            "entry_point",
+        )
         return {k: getattr(self, k) for k in keys}
 
     def install_hint(self) -> str | None:
         if self.status in (UPSTREAM_MISSING, INCOMPATIBLE) and self.upstream_requirement:
             return f'pip install "{self.upstream_requirement}"'
         if self.status == FAILED and self.distribution:
-            return (f"reinstall it (pip install --force-reinstall {self.distribution}); "
-                    "--debug shows the import traceback")
+            return (
+                f"reinstall it (pip install --force-reinstall {self.distribution}); "
+                "--debug shows the import traceback"
+            )
         return None
 
 
@@ -67,8 +81,11 @@ def upstream_requirement_of(dist: importlib_metadata.Distribution) -> str | None
             req = Requirement(line)
         except InvalidRequirement:
             continue
-        if req.marker and req.marker.evaluate({"extra": "upstream"}) \
-                and not req.marker.evaluate({"extra": ""}):
+        if (
+            req.marker
+            and req.marker.evaluate({"extra": "upstream"})
+            and not req.marker.evaluate({"extra": ""})
+        ):
             req.marker = None
             return str(req)
     return None
@@ -95,9 +112,12 @@ def discover_entry_points() -> dict[str, BackendInfo]:
     for ep in importlib_metadata.entry_points(group=BACKENDS_GROUP):
         dist = ep.dist
         info = BackendInfo(
-            name=ep.name, entry_point=ep.value,
-            distribution=dist.name if dist else None, version=dist.version if dist else None,
-            upstream_requirement=upstream_requirement_of(dist) if dist else None)
+            name=ep.name,
+            entry_point=ep.value,
+            distribution=dist.name if dist else None,
+            version=dist.version if dist else None,
+            upstream_requirement=upstream_requirement_of(dist) if dist else None,
+        )
         if ep.name in found:
             other = found[ep.name].distribution
             info.status, info.reason = FAILED, f"the name '{ep.name}' is also claimed by {other}"

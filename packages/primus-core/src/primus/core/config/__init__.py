@@ -3,5 +3,11 @@
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import ParamSchema, ParamSpec, register_params
 
-__all__ = ["Experiment", "ModuleConfig", "ParamSchema", "ParamSpec", "load_experiment",
-           "register_params"]
+__all__ = [
+    "Experiment",
+    "ModuleConfig",
+    "ParamSchema",
+    "ParamSpec",
+    "load_experiment",
+    "register_params",
+]

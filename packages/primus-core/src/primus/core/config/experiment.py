@@ -17,17 +17,23 @@ from primus.core.errors import ConfigError, Origin, PrimusError, did_you_mean
 
 PresetDirs = Callable[[str], list[Path]]
 
-EXPERIMENT_SCHEMA = ParamSchema({
-    "work_group": ParamSpec(str, "team or project folder under the workspace"),
-    "user_name": ParamSpec(str, "user folder under the work group"),
-    "exp_name": ParamSpec(str, "experiment name: the run directory's last part"),
-    "workspace": ParamSpec(str, "root folder of run directories"),
-    "log_level": ParamSpec(str, "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
-    "env": ParamSpec(dict, "environment variables set before any backend is imported"),
-    "patches.select": ParamSpec((str, list), "which patches may run (same syntax as PRIMUS_PATCHES)"),
-    "patches.on_error": ParamSpec(str, "a failing patch stops the run, or warns", choices=("fail", "warn")),
-    "modules": ParamSpec(dict, "the modules (trainers) of this experiment"),
-})
+EXPERIMENT_SCHEMA = ParamSchema(
+    {
+        "work_group": ParamSpec(str, "team or project folder under the workspace"),
+        "user_name": ParamSpec(str, "user folder under the work group"),
+        "exp_name": ParamSpec(str, "experiment name: the run directory's last part"),
+        "workspace": ParamSpec(str, "root folder of run directories"),
+        "log_level": ParamSpec(str, "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+        "env": ParamSpec(dict, "environment variables set before any backend is imported"),
+        "patches.select": ParamSpec(
+            (str, list), "which patches may run (same syntax as PRIMUS_PATCHES)"
+        ),
+        "patches.on_error": ParamSpec(
+            str, "a failing patch stops the run, or warns", choices=("fail", "warn")
+        ),
+        "modules": ParamSpec(dict, "the modules (trainers) of this experiment"),
+    }
+)
 MODULE_KEYS = ("framework", "config", "model", "overrides")
 
 
@@ -73,14 +79,17 @@ class Experiment:
         return Path(self.workspace) / self.work_group / self.user_name / self.exp_name
 
 
-def _find_preset(name: str, kind: str, framework: str, base: Path, dirs: list[Path],
-                 origin: Origin | None) -> Path:
+def _find_preset(
+    name: str, kind: str, framework: str, base: Path, dirs: list[Path], origin: Origin | None
+) -> Path:
     names = [name] if name.endswith((".yaml", ".yml")) else [f"{name}.yaml", name]
     candidates = [base / n for n in names] + [d / kind / n for d in dirs for n in names]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    available = sorted(p.name for d in dirs if (d / kind).is_dir() for p in (d / kind).glob("*.yaml"))
+    available = sorted(
+        p.name for d in dirs if (d / kind).is_dir() for p in (d / kind).glob("*.yaml")
+    )
     searched = ", ".join(str(d / kind) for d in dirs) or "no preset folders"
     raise ConfigError(
         f"{kind[:-1]} preset '{name}' for framework '{framework}' not found"
@@ -91,16 +100,20 @@ def _find_preset(name: str, kind: str, framework: str, base: Path, dirs: list[Pa
     )
 
 
-def _resolve_module(exp: ConfigTree, name: str, base: Path, preset_dirs: PresetDirs,
-                    cli: list[ConfigTree]) -> ModuleConfig:
+def _resolve_module(
+    exp: ConfigTree, name: str, base: Path, preset_dirs: PresetDirs, cli: list[ConfigTree]
+) -> ModuleConfig:
     path: KeyPath = ("modules", name)
     section = exp.get(path)
     if not isinstance(section, dict):
         raise ConfigError(f"module '{name}' must be a mapping", exp.origin(path))
     for key in section:
         if key not in MODULE_KEYS:
-            raise ConfigError(f"unknown module key '{key}'{did_you_mean(key, MODULE_KEYS)}",
-                              exp.origin((*path, key)), hint=f"a module has {', '.join(MODULE_KEYS)}")
+            raise ConfigError(
+                f"unknown module key '{key}'{did_you_mean(key, MODULE_KEYS)}",
+                exp.origin((*path, key)),
+                hint=f"a module has {', '.join(MODULE_KEYS)}",
+            )
     framework = section.get("framework")
     if not isinstance(framework, str) or not framework:
         raise ConfigError(f"module '{name}' needs 'framework: <backend name>'", exp.origin(path))
@@ -134,13 +147,22 @@ def _defaults(path: Path) -> dict[str, str]:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "local"
-    return {"workspace": "./output", "work_group": "local", "user_name": user,
-            "exp_name": path.stem, "log_level": "INFO"}
+    return {
+        "workspace": "./output",
+        "work_group": "local",
+        "user_name": user,
+        "exp_name": path.stem,
+        "log_level": "INFO",
+    }
 
 
-def load_experiment(path: Path, overrides: list[str] | None = None,
-                    preset_dirs: PresetDirs | None = None, module: str | None = None,
-                    single: bool = False) -> Experiment:
+def load_experiment(
+    path: Path,
+    overrides: list[str] | None = None,
+    preset_dirs: PresetDirs | None = None,
+    module: str | None = None,
+    single: bool = False,
+) -> Experiment:
     """Resolve an experiment file: extends, interpolation, presets, `overrides:`, CLI overrides.
 
     Precedence, low to high: module preset < model preset < `overrides:` < CLI. CLI keys that
@@ -161,19 +183,27 @@ def load_experiment(path: Path, overrides: list[str] | None = None,
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
     modules = exp.data.get("modules")
     if not isinstance(modules, dict) or not modules:
-        raise ConfigError("the experiment has no modules", Origin("file", str(path.resolve()), 1),
-                          hint="add modules: {<name>: {framework: ..., config: ..., model: ...}}")
+        raise ConfigError(
+            "the experiment has no modules",
+            Origin("file", str(path.resolve()), 1),
+            hint="add modules: {<name>: {framework: ..., config: ..., model: ...}}",
+        )
     if module is not None and module not in modules:
-        raise ConfigError(f"no module '{module}' in the experiment{did_you_mean(module, modules)}",
-                          hint=f"modules: {', '.join(modules)}")
+        raise ConfigError(
+            f"no module '{module}' in the experiment{did_you_mean(module, modules)}",
+            hint=f"modules: {', '.join(modules)}",
+        )
     if single and module is None and len(modules) > 1:
-        raise ConfigError(f"the experiment has several modules ({', '.join(modules)})",
-                          hint="choose one with --module NAME")
+        raise ConfigError(
+            f"the experiment has several modules ({', '.join(modules)})",
+            hint="choose one with --module NAME",
+        )
     names = [module] if module else list(modules)
     lookup = preset_dirs or (lambda framework: [])
-    resolved = {n: _resolve_module(exp, n, path.resolve().parent, lookup, cli_params) for n in names}
+    resolved = {
+        n: _resolve_module(exp, n, path.resolve().parent, lookup, cli_params) for n in names
+    }
     return Experiment(path, exp, resolved)
-
 
 
 def resolved_tree(experiment: Experiment) -> ConfigTree:

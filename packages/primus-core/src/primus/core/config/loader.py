@@ -9,15 +9,16 @@ from primus.core.config.yaml_io import load_yaml_file
 from primus.core.errors import ConfigError, Origin
 
 
-def load_config_file(path: Path, referenced_at: Origin | None = None,
-                     _chain: tuple[Path, ...] = ()) -> ConfigTree:
+def load_config_file(
+    path: Path, referenced_at: Origin | None = None, _chain: tuple[Path, ...] = ()
+) -> ConfigTree:
     """Load `path`, merging the files it `extends` (left to right) under its own keys.
 
     `extends` is one path or a list of paths, each relative to the file that names it.
     """
     path = path.resolve()
     if path in _chain:
-        cycle = " -> ".join(p.name for p in (*_chain[_chain.index(path):], path))
+        cycle = " -> ".join(p.name for p in (*_chain[_chain.index(path) :], path))
         raise ConfigError(f"extends cycle: {cycle}", referenced_at)
     try:
         data, origins = load_yaml_file(path)

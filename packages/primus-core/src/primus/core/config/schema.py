@@ -13,8 +13,14 @@ from typing import Any
 from primus.core.config.tree import ConfigTree
 from primus.core.errors import ConfigError, did_you_mean
 
-_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-               list: "a list", dict: "a mapping"}
+_TYPE_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,12 @@ class ParamSchema:
                 section = f"{key}." if isinstance(value, dict) else None
                 if section and any(k.startswith(section) for k in self.specs):
                     continue  # an empty section that the schema knows
-                errors.append(ConfigError(
-                    f"unknown {what} '{key}'{did_you_mean(key, self.specs)}", params.origin(path)))
+                errors.append(
+                    ConfigError(
+                        f"unknown {what} '{key}'{did_you_mean(key, self.specs)}",
+                        params.origin(path),
+                    )
+                )
         return errors
 
 

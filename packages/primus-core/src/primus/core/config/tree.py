@@ -19,8 +19,9 @@ class ConfigTree:
     recorded: there are no silent merges. Lists and scalars replace; mappings merge key by key.
     """
 
-    def __init__(self, data: dict[str, Any] | None = None,
-                 origins: dict[KeyPath, Origin] | None = None) -> None:
+    def __init__(
+        self, data: dict[str, Any] | None = None, origins: dict[KeyPath, Origin] | None = None
+    ) -> None:
         self.data: dict[str, Any] = data if data is not None else {}
         self.origins: dict[KeyPath, Origin] = origins if origins is not None else {}
         self.replaced: dict[KeyPath, Replaced] = {}

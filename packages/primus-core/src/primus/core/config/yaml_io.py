@@ -118,5 +118,7 @@ def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]]:
     finally:
         loader.dispose()
     if not isinstance(data, dict):
-        raise ConfigError("the top level must be a mapping (key: value)", Origin("file", str(path), 1))
+        raise ConfigError(
+            "the top level must be a mapping (key: value)", Origin("file", str(path), 1)
+        )
     return data, builder.origins

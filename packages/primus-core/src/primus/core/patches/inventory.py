@@ -10,13 +10,31 @@ from primus.core.patches.patch import Patch
 
 PHASE_TIMING = {
     "setup": "before the backend is prepared and its config converted (upstream not yet imported "
-             "by Primus)",
+    "by Primus)",
     "build_args": "after the backend args are built, before the trainer exists",
     "before_train": "after trainer.setup() and trainer.init(), right before training",
     "after_train": "after training returns, before cleanup",
 }
-COLUMNS = ("id", "what it does", "target", "code location", "how to enable",
-           "phase", "priority", "version gate")
+COLUMNS = (
+    "id",
+    "what it does",
+    "target",
+    "code location",
+    "how to enable",
+    "phase",
+    "priority",
+    "version gate",
+)
+
+
+def _balanced(text: str) -> str:
+    """A lambda's text up to where its enclosing call closes (`lambda c: f(c)), x` -> `lambda c: f(c)`)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if depth < 0 or (depth == 0 and ch in ",\n"):
+            return text[:i].strip()
+    return text.strip()
 
 
 def condition_text(patch: Patch) -> str:
@@ -30,7 +48,7 @@ def condition_text(patch: Patch) -> str:
     if getattr(cond, "__name__", "") == "<lambda>":
         try:
             src = inspect.getsource(cond)
-            return src[src.index("lambda"):].strip().rstrip(",)").strip()
+            return _balanced(src[src.index("lambda") :])
         except (OSError, ValueError):
             return "a lambda"
     return f"{getattr(cond, '__module__', '')}.{getattr(cond, '__qualname__', repr(cond))}"
@@ -43,11 +61,16 @@ def how_to_enable(patch: Patch) -> str:
 
 def row(patch: Patch) -> dict[str, str]:
     return {
-        "id": patch.id, "backend": patch.backend, "what it does": patch.description,
+        "id": patch.id,
+        "backend": patch.backend,
+        "what it does": patch.description,
         "target": patch.target or "N/A (rewrites args / sets env / lifecycle hook)",
-        "code location": patch.location, "how to enable": how_to_enable(patch),
-        "phase": patch.phase, "priority": str(patch.priority),
-        "version gate": str(patch.backend_versions or "any"), "tags": ", ".join(patch.tags),
+        "code location": patch.location,
+        "how to enable": how_to_enable(patch),
+        "phase": patch.phase,
+        "priority": str(patch.priority),
+        "version gate": str(patch.backend_versions or "any"),
+        "tags": ", ".join(patch.tags),
     }
 
 
@@ -58,15 +81,19 @@ def render(patches: list[Patch], fmt: str) -> str:
     if fmt == "markdown":
         out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         out += ["| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |" for r in rows]
-        out.append("\nPRIMUS_PATCHES (all / none / a,b / -a) filters on top of each patch's condition.")
+        out.append(
+            "\nPRIMUS_PATCHES (all / none / a,b / -a) filters on top of each patch's condition."
+        )
         return "\n".join(out)
     if not rows:
         return "no patches registered"
     blocks = []
     for r in rows:
-        blocks.append(f"{r['id']}  [{r['backend']} · {r['phase']} · priority {r['priority']}]\n"
-                      f"  {r['what it does']}\n  target:   {r['target']}\n"
-                      f"  enable:   {r['how to enable']}\n  location: {r['code location']}")
+        blocks.append(
+            f"{r['id']}  [{r['backend']} · {r['phase']} · priority {r['priority']}]\n"
+            f"  {r['what it does']}\n  target:   {r['target']}\n"
+            f"  enable:   {r['how to enable']}\n  location: {r['code location']}"
+        )
     return "\n\n".join(blocks)
 
 
@@ -78,22 +105,25 @@ def deep_dive(patch: Patch) -> str:
     except (OSError, TypeError):
         source = "(source not available)"
     target = patch.target
-    rebind = (f"Rebind or wrap `{target}` in the module that defines it and in every module that "
-              f"imported the name before the patch runs (a `from x import y` copy is not updated by "
-              f"rebinding `x.y`)." if target else
-              "No upstream symbol is replaced: the handler rewrites the backend args, sets the "
-              "environment, or acts at a lifecycle point.")
+    rebind = (
+        f"Rebind or wrap `{target}` in the module that defines it and in every module that "
+        f"imported the name before the patch runs (a `from x import y` copy is not updated by "
+        f"rebinding `x.y`)."
+        if target
+        else "No upstream symbol is replaced: the handler rewrites the backend args, sets the "
+        "environment, or acts at a lifecycle point."
+    )
     return f"""# {patch.id}  ({patch.backend})
 
 ## What it does
 {patch.description}
 
 ## Patch logic
-- target: {r['target']}
+- target: {r["target"]}
 - phase: {patch.phase} ({PHASE_TIMING[patch.phase]}), priority {patch.priority}
 - condition: {condition_text(patch)}
-- upstream versions: {r['version gate']}
-- tags: {r['tags'] or '-'}
+- upstream versions: {r["version gate"]}
+- tags: {r["tags"] or "-"}
 
 ## Code location
 {patch.location}
@@ -108,7 +138,7 @@ def deep_dive(patch: Patch) -> str:
 3. Apply it at the same point: {PHASE_TIMING[patch.phase]}, so it lands before the patched
    code is first used.
 4. Keep its constraints: condition `{condition_text(patch)}`; upstream versions
-   `{r['version gate']}`.
+   `{r["version gate"]}`.
 5. Or reuse the engine instead of hand-porting: `pip install primus-core`, register the handler
    with `@register_patch("{patch.id}", backend="{patch.backend}", phase="{patch.phase}", ...)`
    and drive your trainer with `PrimusRuntime`; `PRIMUS_PATCHES=-{patch.id}` turns it off.

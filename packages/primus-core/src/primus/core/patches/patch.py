@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,12 +64,14 @@ class Patch:
 
     @property
     def location(self) -> str:
-        """file:line of the handler."""
+        """file:line of the handler, relative to the import root (`primus/backends/x/p.py:12`)."""
         fn = inspect.unwrap(self.handler)
         try:
-            return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+            path, line = inspect.getsourcefile(fn) or "?", inspect.getsourcelines(fn)[1]
         except (OSError, TypeError):
             return getattr(fn, "__module__", "?")
+        roots = [r for r in sys.path if r and path.startswith(r.rstrip("/") + "/")]
+        return f"{path[len(max(roots, key=len).rstrip('/')) + 1 :] if roots else path}:{line}"
 
     @property
     def module(self) -> str:

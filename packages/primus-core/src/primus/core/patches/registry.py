@@ -42,10 +42,14 @@ def register_patch(
         if not isinstance(patch_id, str) or not patch_id.strip():
             raise PatchError(f"patch at {where}: the id must be a non-empty string")
         if patch_id in _patches:
-            raise PatchError(f"duplicate patch id '{patch_id}': registered by "
-                             f"{_patches[patch_id].module} and again by {handler.__module__}")
+            raise PatchError(
+                f"duplicate patch id '{patch_id}': registered by "
+                f"{_patches[patch_id].module} and again by {handler.__module__}"
+            )
         if phase not in PHASES:
-            raise PatchError(f"patch '{patch_id}': unknown phase '{phase}' (one of {', '.join(PHASES)})")
+            raise PatchError(
+                f"patch '{patch_id}': unknown phase '{phase}' (one of {', '.join(PHASES)})"
+            )
         if not isinstance(backend, str) or not backend:
             raise PatchError(f"patch '{patch_id}': backend must be a backend name")
         if not callable(handler) or (condition is not None and not callable(condition)):
@@ -53,13 +57,26 @@ def register_patch(
         try:
             gate = SpecifierSet(backend_versions) if backend_versions else None
         except InvalidSpecifier:
-            raise PatchError(f"patch '{patch_id}': backend_versions '{backend_versions}' "
-                             "is not a PEP 440 specifier set") from None
+            raise PatchError(
+                f"patch '{patch_id}': backend_versions '{backend_versions}' "
+                "is not a PEP 440 specifier set"
+            ) from None
         text = description or (handler.__doc__ or "").strip().split("\n\n")[0].strip()
         if not text:
             raise PatchError(f"patch '{patch_id}': give a description or a docstring")
-        _patches[patch_id] = Patch(patch_id, backend, phase, handler, " ".join(text.split()),
-                                   condition, priority, gate, tuple(tags), target, next(_seq))
+        _patches[patch_id] = Patch(
+            patch_id,
+            backend,
+            phase,
+            handler,
+            " ".join(text.split()),
+            condition,
+            priority,
+            gate,
+            tuple(tags),
+            target,
+            next(_seq),
+        )
         return handler
 
     return decorate
@@ -100,7 +117,12 @@ def load_patch_modules() -> list[PatchModuleFailure]:
             try:
                 ep.load()
             except Exception as exc:  # one broken plugin must not break the others
-                _load_failures.append(PatchModuleFailure(
-                    f"{ep.name} = {ep.value}", ep.dist.name if ep.dist else None,
-                    f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+                _load_failures.append(
+                    PatchModuleFailure(
+                        f"{ep.name} = {ep.value}",
+                        ep.dist.name if ep.dist else None,
+                        f"{type(exc).__name__}: {exc}",
+                        traceback.format_exc(),
+                    )
+                )
     return _load_failures

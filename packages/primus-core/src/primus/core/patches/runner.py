@@ -40,9 +40,17 @@ class PatchRunner:
         self.selection = selection
         self.on_error = on_error
         self.patches = all_patches(backend)
-        self.outcomes = {p.id: PatchOutcome(p.id, p.phase, NOT_RUN, "the run stopped before this phase",
-                                            target=p.target, location=p.location)
-                         for p in self.patches}
+        self.outcomes = {
+            p.id: PatchOutcome(
+                p.id,
+                p.phase,
+                NOT_RUN,
+                "the run stopped before this phase",
+                target=p.target,
+                location=p.location,
+            )
+            for p in self.patches
+        }
 
     def skip_reason(self, patch: Patch, ctx: PatchContext) -> str | None:
         """Why `patch` will not run in `ctx`, or None. Raises what the condition raises."""
@@ -66,11 +74,16 @@ class PatchRunner:
             except Exception as exc:
                 outcome.status, outcome.reason = FAILED, f"{type(exc).__name__}: {exc}"
                 outcome.seconds = time.perf_counter() - start
-                message = (f"patch '{patch.id}' ({patch.location}) failed in phase "
-                           f"{ctx.phase}: {type(exc).__name__}: {exc}")
+                message = (
+                    f"patch '{patch.id}' ({patch.location}) failed in phase "
+                    f"{ctx.phase}: {type(exc).__name__}: {exc}"
+                )
                 if self.on_error != "warn":
-                    raise PatchError(message, hint="set patches.on_error: warn to go on, "
-                                     f"or PRIMUS_PATCHES=-{patch.id} to turn it off") from exc
+                    raise PatchError(
+                        message,
+                        hint="set patches.on_error: warn to go on, "
+                        f"or PRIMUS_PATCHES=-{patch.id} to turn it off",
+                    ) from exc
                 get_logger().warning(message)
                 continue
             outcome.seconds = time.perf_counter() - start
@@ -90,9 +103,15 @@ class PatchRunner:
 
     def report(self) -> dict[str, Any]:
         rows = [asdict(o) for o in self.outcomes.values()]
-        counts = {s: sum(r["status"] == s for r in rows) for s in (APPLIED, SKIPPED, FAILED, NOT_RUN)}
-        return {"backend": self.backend, "selection": self.selection.source, "summary": counts,
-                "patches": rows}
+        counts = {
+            s: sum(r["status"] == s for r in rows) for s in (APPLIED, SKIPPED, FAILED, NOT_RUN)
+        }
+        return {
+            "backend": self.backend,
+            "selection": self.selection.source,
+            "summary": counts,
+            "patches": rows,
+        }
 
     def write_report(self, path: Path) -> None:
         path.write_text(json.dumps(self.report(), indent=2) + "\n")
@@ -101,8 +120,12 @@ class PatchRunner:
         rows = [(o.id, o.phase, o.status, o.reason) for o in self.outcomes.values()]
         if not rows:
             return f"no patches registered for {self.backend}"
-        widths = [max(len(r[i]) for r in [("patch", "phase", "status", "reason"), *rows])
-                  for i in range(3)]
+        widths = [
+            max(len(r[i]) for r in [("patch", "phase", "status", "reason"), *rows])
+            for i in range(3)
+        ]
         lines = [f"{'patch':<{widths[0]}}  {'phase':<{widths[1]}}  {'status':<{widths[2]}}  reason"]
-        lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows]
+        lines += [
+            f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows
+        ]
         return "\n".join(lines)

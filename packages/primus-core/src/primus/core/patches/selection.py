@@ -27,8 +27,10 @@ class PatchSelection:
         known = set(known)
         for pid in sorted((self.include or frozenset()) | self.exclude):
             if pid not in known:
-                raise ConfigError(f"{self.source} names unknown patch '{pid}'{did_you_mean(pid, known)}",
-                                  hint="`primus patches list` shows every patch")
+                raise ConfigError(
+                    f"{self.source} names unknown patch '{pid}'{did_you_mean(pid, known)}",
+                    hint="`primus patches list` shows every patch",
+                )
 
 
 def parse_selection(spec: str | list[str] | None, source: str) -> PatchSelection:
@@ -50,7 +52,9 @@ def parse_selection(spec: str | list[str] | None, source: str) -> PatchSelection
         include = None  # only exclusions: everything else runs
     if not words:
         include = None
-    return PatchSelection(source, None if include is None else frozenset(include), frozenset(exclude))
+    return PatchSelection(
+        source, None if include is None else frozenset(include), frozenset(exclude)
+    )
 
 
 def selection_for(config_select: str | list[str] | None) -> PatchSelection:

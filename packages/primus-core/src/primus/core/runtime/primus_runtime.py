@@ -55,8 +55,14 @@ class PrimusRuntime:
     -> convert_config -> patches[build_args] -> trainer setup/init -> patches[before_train]
     -> train -> patches[after_train] -> cleanup (also on error, with on_error=True)."""
 
-    def __init__(self, config: Path, overrides: list[str] | None = None, stage: str = "pretrain",
-                 module: str | None = None, debug: bool = False) -> None:
+    def __init__(
+        self,
+        config: Path,
+        overrides: list[str] | None = None,
+        stage: str = "pretrain",
+        module: str | None = None,
+        debug: bool = False,
+    ) -> None:
         self.experiment: Experiment = resolution.load(config, overrides, module, single=True)
         self.module = next(iter(self.experiment.modules.values()))
         self.stage = stage
@@ -64,16 +70,24 @@ class PrimusRuntime:
         self.adapter = BackendRegistry.get_adapter(self.module.framework)
         resolution.validate(self.module, self.adapter)
         self.selection = resolution.patch_selection(self.experiment)
-        self.runner = PatchRunner(self.module.framework, self.selection,
-                                  self.experiment.patches.get("on_error", "fail"))
+        self.runner = PatchRunner(
+            self.module.framework, self.selection, self.experiment.patches.get("on_error", "fail")
+        )
         self.run_dir = self.experiment.run_dir.resolve()
         self.rank = get_torchrun_env().rank
         self.log = get_logger()
 
     def _context(self, version: str | None) -> PatchContext:
-        return PatchContext(self.module.framework, "setup", version, __version__,
-                            self.module.params, run_dir=self.run_dir, stage=self.stage,
-                            extra={"experiment": self.experiment, "module": self.module})
+        return PatchContext(
+            self.module.framework,
+            "setup",
+            version,
+            __version__,
+            self.module.params,
+            run_dir=self.run_dir,
+            stage=self.stage,
+            extra={"experiment": self.experiment, "module": self.module},
+        )
 
     def _phase(self, ctx: PatchContext, phase: str) -> None:
         ctx.phase = phase
@@ -84,19 +98,24 @@ class PrimusRuntime:
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(level, None if dry_run else self.run_dir / "logs")
         for failure in load_patch_modules():
-            self.log.warning(f"patch module {failure.entry_point} ({failure.distribution}) "
-                             f"failed to import: {failure.error}")
+            self.log.warning(
+                f"patch module {failure.entry_point} ({failure.distribution}) "
+                f"failed to import: {failure.error}"
+            )
         info = BackendRegistry.info(self.module.framework)
         self.adapter.setup_backend_path()
         version = self.adapter.detect_backend_version()
-        self.log.info(f"primus {__version__} | {self.stage} | backend {info.name} "
-                      f"({info.distribution} {info.version}) | upstream {info.upstream_requirement}"
-                      f" = {version} | run dir {self.run_dir}")
+        self.log.info(
+            f"primus {__version__} | {self.stage} | backend {info.name} "
+            f"({info.distribution} {info.version}) | upstream {info.upstream_requirement}"
+            f" = {version} | run dir {self.run_dir}"
+        )
         if self.rank == 0 and not dry_run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.resolved.yaml").write_text(
                 f"# resolved by primus {__version__} from {self.experiment.path}\n"
-                + to_yaml(resolved_tree(self.experiment), provenance=True))
+                + to_yaml(resolved_tree(self.experiment), provenance=True)
+            )
         ctx = self._context(version)
         try:
             self._phase(ctx, "setup")
@@ -106,8 +125,9 @@ class PrimusRuntime:
             if dry_run:
                 self._print_plan(ctx)
                 return
-            trainer_cls = self.adapter.load_trainer_class(self.stage)
-            self._drive(trainer_cls(backend_args=ctx.backend_args), ctx)
+            trainer = self.adapter.load_trainer_class(self.stage)(backend_args=ctx.backend_args)
+            ctx.extra["trainer"] = trainer
+            self._drive(trainer, ctx)
         finally:
             if self.rank == 0 and not dry_run:
                 self.runner.write_report(self.run_dir / "patch_report.json")
@@ -128,8 +148,9 @@ class PrimusRuntime:
                 self.log.exception("cleanup(on_error=True) failed as well")
             raise
         trainer.cleanup()
-        self.log.info(f"{self.stage} finished in {time.perf_counter() - start:.1f} s; "
-                      f"run dir {self.run_dir}")
+        self.log.info(
+            f"{self.stage} finished in {time.perf_counter() - start:.1f} s; run dir {self.run_dir}"
+        )
 
     def _print_plan(self, ctx: PatchContext) -> None:
         contexts = {p: dataclasses.replace(ctx, phase=p) for p in ("before_train", "after_train")}
@@ -141,4 +162,6 @@ class PrimusRuntime:
         for patch, verdict in plan:
             done = self.runner.outcomes[patch.id]
             status = done.status if done.status != "not run" else verdict
-            print(f"{patch.phase:<13} {patch.id:<40} {status}{': ' + done.reason if done.reason and done.status != 'not run' else ''}")
+            print(
+                f"{patch.phase:<13} {patch.id:<40} {status}{': ' + done.reason if done.reason and done.status != 'not run' else ''}"
+            )

@@ -20,8 +20,12 @@ def preset_dirs(framework: str) -> list[Path]:
     return user + BackendRegistry.get_adapter_class(framework, require_ready=False).preset_dirs()
 
 
-def load(config: Path, overrides: list[str] | None = None, module: str | None = None,
-         single: bool = False) -> Experiment:
+def load(
+    config: Path,
+    overrides: list[str] | None = None,
+    module: str | None = None,
+    single: bool = False,
+) -> Experiment:
     return load_experiment(config, overrides, preset_dirs, module, single)
 
 
@@ -30,8 +34,10 @@ def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
     load_patch_modules()
     schema = adapter.param_schema()
     if schema is None:
-        get_logger().warning(f"backend '{module.framework}' declares no parameter schema: "
-                             "unknown keys cannot be detected")
+        get_logger().warning(
+            f"backend '{module.framework}' declares no parameter schema: "
+            "unknown keys cannot be detected"
+        )
         return
     raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
 
