@@ -54,7 +54,7 @@ class ConfigError(PrimusError):
     exit_code = 2
 
 
-class BackendError(PrimusError):
+class BackendError(ConfigError):
     """A backend that is unknown, failed to load, or whose upstream is missing or incompatible."""
 
     exit_code = 2

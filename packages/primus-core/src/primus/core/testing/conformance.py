@@ -1,0 +1,129 @@
+"""BackendConformance: the contract tests, written once in core and run by every backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from packaging.requirements import Requirement
+
+from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.backend.discovery import READY
+from primus.core.config.loader import load_config_file
+from primus.core.config.schema import registered_params
+from primus.core.errors import ConfigError
+from primus.core.patches.patch import PHASES
+from primus.core.patches.registry import all_patches, load_patch_modules
+from primus.core.runtime import resolution
+
+_IMPORT_PROBE = """
+import importlib.abc, json, sys
+blocked = set(sys.argv[2].split(","))
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in blocked:
+            raise ImportError("conformance probe: upstream import of " + name)
+sys.meta_path.insert(0, Block())
+from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.patches.registry import all_patches, load_patch_modules
+info = BackendRegistry.backends()[sys.argv[1]]
+failures = [f.entry_point + ": " + f.error for f in load_patch_modules()]
+print(json.dumps({"loaded": info.adapter_class is not None, "reason": info.reason,
+                  "patch_failures": failures, "patches": len(all_patches(sys.argv[1])),
+                  "upstream_imported": sorted(blocked & set(sys.modules))}))
+"""
+
+
+class BackendConformance:
+    """Set the class attributes in a subclass named `Test...`; pytest collects the tests."""
+
+    backend: ClassVar[str]
+    upstream_modules: ClassVar[tuple[str, ...]] = ()
+    example_config: ClassVar[Path]
+    smoke_overrides: ClassVar[list[str]] = []
+
+    def adapter(self) -> BackendAdapter:
+        return BackendRegistry.get_adapter(self.backend)
+
+    def primus(self, *args: str, workspace: Path) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace)}
+        return subprocess.run([sys.executable, "-m", "primus.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    def test_discovered_through_entry_point_and_ready(self) -> None:
+        info = BackendRegistry.backends()[self.backend]
+        assert info.distribution, "register the adapter through the primus.backends entry point"
+        assert info.status == READY, f"{info.status}: {info.reason}"
+        assert issubclass(info.adapter_class, BackendAdapter)
+
+    def test_upstream_requirement_and_version_from_metadata(self) -> None:
+        info = BackendRegistry.backends()[self.backend]
+        assert info.upstream_requirement, "declare the upstream in the `upstream` extra"
+        req = Requirement(info.upstream_requirement)
+        assert req.specifier.contains(info.upstream_version, prereleases=True)
+        assert self.adapter().detect_backend_version() == info.upstream_version
+
+    def test_adapter_and_patches_import_without_upstream(self) -> None:
+        assert self.upstream_modules, "name the upstream's top-level modules"
+        out = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE, self.backend, ",".join(self.upstream_modules)],
+            capture_output=True, text=True, timeout=120, check=True)
+        probe = json.loads(out.stdout.strip().splitlines()[-1])
+        assert probe["loaded"], probe["reason"]
+        assert probe["patch_failures"] == []
+        assert probe["upstream_imported"] == []
+
+    def test_schema_is_declared(self) -> None:
+        schema = self.adapter().param_schema()
+        assert schema is not None and len(schema) > 0
+
+    def test_presets_resolve_and_validate(self) -> None:
+        adapter = self.adapter()
+        load_patch_modules()
+        schema = adapter.param_schema().merged(registered_params(self.backend))
+        presets = [p for d in adapter.preset_dirs() for kind in ("modules", "models")
+                   for p in sorted((d / kind).glob("*.yaml"))]
+        assert presets, "ship module and model presets under configs/modules and configs/models"
+        for preset in presets:
+            assert schema.check(load_config_file(preset)) == [], preset
+
+    def test_patches_are_well_formed(self) -> None:
+        load_patch_modules()
+        for patch in all_patches(self.backend):
+            assert patch.phase in PHASES and patch.description, patch.id
+            assert ".py:" in patch.location, f"{patch.id}: handler source not found"
+
+    def test_unknown_parameter_is_a_config_error(self) -> None:
+        experiment = resolution.load(self.example_config, ["no_such_param_zz=1"], single=True)
+        module = next(iter(experiment.modules.values()))
+        try:
+            resolution.validate(module, self.adapter())
+        except ConfigError as exc:
+            assert "no_such_param_zz" in exc.message and exc.origin is not None
+        else:
+            raise AssertionError("an unknown parameter was accepted")
+
+    def test_dry_run_trains_nothing(self, tmp_path: Path) -> None:
+        result = self.primus("train", "pretrain", "--config", str(self.example_config),
+                             "--dry-run", *self.smoke_overrides, workspace=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "# patch plan" in result.stdout
+        assert not any(tmp_path.iterdir()), "a dry run must not write a run directory"
+
+    def test_lifecycle_end_to_end(self, tmp_path: Path) -> None:
+        result = self.primus("train", "pretrain", "--config", str(self.example_config),
+                             *self.smoke_overrides, workspace=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        run_dirs = [p.parent for p in tmp_path.rglob("patch_report.json")]
+        assert len(run_dirs) == 1
+        run_dir = run_dirs[0]
+        assert (run_dir / "config.resolved.yaml").is_file()
+        assert (run_dir / "logs" / "rank-0.log").is_file()
+        report = json.loads((run_dir / "patch_report.json").read_text())
+        assert report["backend"] == self.backend
+        assert [p["id"] for p in report["patches"] if p["status"] in ("failed", "not run")] == []
