@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
@@ -69,9 +68,15 @@ class ToyAdapter(BackendAdapter):
         return RecordingTrainer
 
     def param_schema(self) -> ParamSchema:
-        return ParamSchema({"lr": ParamSpec(float), "layers": ParamSpec(int),
-                            "name": ParamSpec(str), "optim.beta": ParamSpec(float),
-                            "extra": ParamSpec(dict)})
+        return ParamSchema(
+            {
+                "lr": ParamSpec(float),
+                "layers": ParamSpec(int),
+                "name": ParamSpec(str),
+                "optim.beta": ParamSpec(float),
+                "extra": ParamSpec(dict),
+            }
+        )
 
     @classmethod
     def preset_dirs(cls) -> list[Path]:

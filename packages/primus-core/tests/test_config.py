@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from primus.core.config.experiment import load_experiment, resolved_tree
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
@@ -26,24 +25,30 @@ def test_yaml_1_2_floats_and_cli_values_are_typed_alike(write) -> None:
 def test_interpolation_types_plain_scalars_and_keeps_quoted_ones(write, monkeypatch) -> None:
     monkeypatch.setenv("LAYERS", "12")
     monkeypatch.delenv("UNSET_X", raising=False)
-    path = write("a.yaml", """
+    path = write(
+        "a.yaml",
+        """
         layers: ${LAYERS}
         lr: ${UNSET_X:3e-4}
         tag: "${UNSET_X:7}"
         name: run-${LAYERS}
-    """)
+    """,
+    )
     data, origins = load_yaml_file(path)
     assert data == {"layers": 12, "lr": 3e-4, "tag": "7", "name": "run-12"}
     assert origins[("layers",)].kind == "env" and origins[("layers",)].detail == "LAYERS"
     assert origins[("lr",)].kind == "file" and origins[("lr",)].line == 2
 
 
-@pytest.mark.parametrize(("text", "line", "message"), [
-    ("a: 1\nb: ${PRIMUS_TEST_UNSET}\n", 2, "PRIMUS_TEST_UNSET is not set"),
-    ("a: 1\nb: [1, 2\nc: 3\n", 3, "YAML syntax error"),
-    ("a: 1\na: 2\n", 2, "duplicate key 'a'"),
-    ("- 1\n- 2\n", 1, "top level must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("a: 1\nb: ${PRIMUS_TEST_UNSET}\n", 2, "PRIMUS_TEST_UNSET is not set"),
+        ("a: 1\nb: [1, 2\nc: 3\n", 3, "YAML syntax error"),
+        ("a: 1\na: 2\n", 2, "duplicate key 'a'"),
+        ("- 1\n- 2\n", 1, "top level must be a mapping"),
+    ],
+)
 def test_file_errors_carry_file_and_line(write, text, line, message) -> None:
     path = write("bad.yaml", text)
     with pytest.raises(ConfigError) as err:
@@ -86,11 +91,17 @@ def test_extends_cycle_and_missing_base_name_the_extends_line(write) -> None:
 
 
 def test_overrides_syntax() -> None:
-    parsed = parse_overrides(["--lr", "1e-4", "a.b=[1,2]", "--train-iters=3", "--flag",
-                              "--shift", "-1", "--last"])
+    parsed = parse_overrides(
+        ["--lr", "1e-4", "a.b=[1,2]", "--train-iters=3", "--flag", "--shift", "-1", "--last"]
+    )
     assert [(k, v) for k, v, _ in parsed] == [
-        (("lr",), 1e-4), (("a", "b"), [1, 2]), (("train_iters",), 3), (("flag",), True),
-        (("shift",), -1), (("last",), True)]
+        (("lr",), 1e-4),
+        (("a", "b"), [1, 2]),
+        (("train_iters",), 3),
+        (("flag",), True),
+        (("shift",), -1),
+        (("last",), True),
+    ]
     assert str(parsed[0][2]) == "cli (--lr 1e-4)"
     with pytest.raises(ConfigError, match="cannot read override 'oops'"):
         parse_overrides(["oops"])
@@ -118,10 +129,15 @@ def test_precedence_module_preset_model_preset_overrides_cli(toy_backend, write)
     history = [v for v, _ in module.tree.replaced[("name",)]]
     assert history == ["module", "model", "overrides"]
     assert module.origin("layers").file.endswith("toy_model.yaml")
-    assert exp.exp_name == "from-cli" and exp.run_dir == Path("/tmp/ws/local") / exp.user_name / "from-cli"
+    assert (
+        exp.exp_name == "from-cli"
+        and exp.run_dir == Path("/tmp/ws/local") / exp.user_name / "from-cli"
+    )
 
 
-def test_presets_from_primus_config_path_shadow_the_backend(toy_backend, write, tmp_path, monkeypatch) -> None:
+def test_presets_from_primus_config_path_shadow_the_backend(
+    toy_backend, write, tmp_path, monkeypatch
+) -> None:
     write("user/models/toy_model.yaml", "layers: 9\n")
     monkeypatch.setenv("PRIMUS_CONFIG_PATH", str(tmp_path / "user"))
     exp = resolution.load(write("exp.yaml", EXPERIMENT))
@@ -130,17 +146,30 @@ def test_presets_from_primus_config_path_shadow_the_backend(toy_backend, write, 
 
 def test_preset_not_found_suggests_close_names(toy_backend, write) -> None:
     path = write("exp.yaml", EXPERIMENT.replace("model: toy_model", "model: toy_modle"))
-    with pytest.raises(ConfigError, match=r"model preset 'toy_modle' .*did you mean: toy_model.yaml") as err:
+    with pytest.raises(
+        ConfigError, match=r"model preset 'toy_modle' .*did you mean: toy_model.yaml"
+    ) as err:
         resolution.load(path)
     assert err.value.origin.line == 7
 
 
-@pytest.mark.parametrize(("edit", "message", "line"), [
-    (("config: toy_trainer.yaml", "confg: toy_trainer.yaml"), "unknown module key 'confg' (did you mean: config?)", 6),
-    (("framework: toy", "framework: toyy"), "unknown framework 'toyy' (did you mean: toy?)", 5),
-    (("exp_name: demo", "exp_nam: demo"), "unknown experiment key 'exp_nam' (did you mean: exp_name, user_name?)", 2),
-    (("exp_name: demo", "exp_name: [1]"), "exp_name: must be a string", 2),
-])
+@pytest.mark.parametrize(
+    ("edit", "message", "line"),
+    [
+        (
+            ("config: toy_trainer.yaml", "confg: toy_trainer.yaml"),
+            "unknown module key 'confg' (did you mean: config?)",
+            6,
+        ),
+        (("framework: toy", "framework: toyy"), "unknown framework 'toyy' (did you mean: toy?)", 5),
+        (
+            ("exp_name: demo", "exp_nam: demo"),
+            "unknown experiment key 'exp_nam' (did you mean: exp_name, user_name?)",
+            2,
+        ),
+        (("exp_name: demo", "exp_name: [1]"), "exp_name: must be a string", 2),
+    ],
+)
 def test_experiment_errors(toy_backend, write, edit, message, line) -> None:
     path = write("exp.yaml", EXPERIMENT.replace(*edit))
     with pytest.raises(ConfigError) as err:
@@ -162,15 +191,24 @@ def test_schema_check_unknown_keys_types_and_open_sections(toy_backend, write) -
     exp = resolution.load(path, ["lrr=1", "layers=2.5", "optim.beta=0.9", "extra.anything.deep=1"])
     errors = ToySchema().check(exp.modules["trainer"].tree)
     messages = sorted(e.message for e in errors)
-    assert messages == ["layers: must be an integer, got float 2.5",
-                        "unknown parameter 'lrr' (did you mean: lr?)"]
+    assert messages == [
+        "layers: must be an integer, got float 2.5",
+        "unknown parameter 'lrr' (did you mean: lr?)",
+    ]
     assert all(str(e.origin).startswith("cli") for e in errors)
 
 
 def ToySchema() -> ParamSchema:
-    return ParamSchema({"lr": ParamSpec(float), "layers": ParamSpec(int), "name": ParamSpec(str),
-                        "optim.beta": ParamSpec(float), "extra": ParamSpec(dict),
-                        "mode": ParamSpec(str, choices=("a", "b"))})
+    return ParamSchema(
+        {
+            "lr": ParamSpec(float),
+            "layers": ParamSpec(int),
+            "name": ParamSpec(str),
+            "optim.beta": ParamSpec(float),
+            "extra": ParamSpec(dict),
+            "mode": ParamSpec(str, choices=("a", "b")),
+        }
+    )
 
 
 def test_spec_types() -> None:
@@ -189,7 +227,10 @@ def test_rendered_provenance_names_what_was_overridden(toy_backend, write) -> No
 
     data = json.loads(to_json(resolved_tree(exp), provenance=True))
     entry = data["provenance"]["modules.trainer.overrides.lr"]
-    assert entry["source"] == "cli (--lr 1e-3)" and [o["value"] for o in entry["overrode"]] == [0.1, 0.5]
+    assert entry["source"] == "cli (--lr 1e-3)" and [o["value"] for o in entry["overrode"]] == [
+        0.1,
+        0.5,
+    ]
 
 
 def test_resolved_config_is_itself_a_runnable_experiment(toy_backend, write, tmp_path) -> None:
@@ -200,4 +241,9 @@ def test_resolved_config_is_itself_a_runnable_experiment(toy_backend, write, tmp
 
 def test_defaults_when_fields_are_absent(write) -> None:
     exp = load_experiment(write("my-exp.yaml", "modules: {m: {framework: x}}\n"))
-    assert (exp.workspace, exp.work_group, exp.exp_name, exp.log_level) == ("./output", "local", "my-exp", "INFO")
+    assert (exp.workspace, exp.work_group, exp.exp_name, exp.log_level) == (
+        "./output",
+        "local",
+        "my-exp",
+        "INFO",
+    )

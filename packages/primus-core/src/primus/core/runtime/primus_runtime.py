@@ -105,10 +105,10 @@ class PrimusRuntime:
         info = BackendRegistry.info(self.module.framework)
         self.adapter.setup_backend_path()
         version = self.adapter.detect_backend_version()
+        origin = f"{info.distribution} {info.version}" if info.distribution else "in-process"
         self.log.info(
-            f"primus {__version__} | {self.stage} | backend {info.name} "
-            f"({info.distribution} {info.version}) | upstream {info.upstream_requirement}"
-            f" = {version} | run dir {self.run_dir}"
+            f"primus {__version__} | {self.stage} | backend {info.name} ({origin}) | "
+            f"upstream {info.upstream_requirement} = {version} | run dir {self.run_dir}"
         )
         if self.rank == 0 and not dry_run:
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from packaging.requirements import Requirement
-
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.backend.discovery import READY
@@ -52,8 +51,13 @@ class BackendConformance:
 
     def primus(self, *args: str, workspace: Path) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace)}
-        return subprocess.run([sys.executable, "-m", "primus.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "primus.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     def test_discovered_through_entry_point_and_ready(self) -> None:
         info = BackendRegistry.backends()[self.backend]
@@ -72,7 +76,11 @@ class BackendConformance:
         assert self.upstream_modules, "name the upstream's top-level modules"
         out = subprocess.run(
             [sys.executable, "-c", _IMPORT_PROBE, self.backend, ",".join(self.upstream_modules)],
-            capture_output=True, text=True, timeout=120, check=True)
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         probe = json.loads(out.stdout.strip().splitlines()[-1])
         assert probe["loaded"], probe["reason"]
         assert probe["patch_failures"] == []
@@ -86,8 +94,12 @@ class BackendConformance:
         adapter = self.adapter()
         load_patch_modules()
         schema = adapter.param_schema().merged(registered_params(self.backend))
-        presets = [p for d in adapter.preset_dirs() for kind in ("modules", "models")
-                   for p in sorted((d / kind).glob("*.yaml"))]
+        presets = [
+            p
+            for d in adapter.preset_dirs()
+            for kind in ("modules", "models")
+            for p in sorted((d / kind).glob("*.yaml"))
+        ]
         assert presets, "ship module and model presets under configs/modules and configs/models"
         for preset in presets:
             assert schema.check(load_config_file(preset)) == [], preset
@@ -109,15 +121,28 @@ class BackendConformance:
             raise AssertionError("an unknown parameter was accepted")
 
     def test_dry_run_trains_nothing(self, tmp_path: Path) -> None:
-        result = self.primus("train", "pretrain", "--config", str(self.example_config),
-                             "--dry-run", *self.smoke_overrides, workspace=tmp_path)
+        result = self.primus(
+            "train",
+            "pretrain",
+            "--config",
+            str(self.example_config),
+            "--dry-run",
+            *self.smoke_overrides,
+            workspace=tmp_path,
+        )
         assert result.returncode == 0, result.stderr
         assert "# patch plan" in result.stdout
         assert not any(tmp_path.iterdir()), "a dry run must not write a run directory"
 
     def test_lifecycle_end_to_end(self, tmp_path: Path) -> None:
-        result = self.primus("train", "pretrain", "--config", str(self.example_config),
-                             *self.smoke_overrides, workspace=tmp_path)
+        result = self.primus(
+            "train",
+            "pretrain",
+            "--config",
+            str(self.example_config),
+            *self.smoke_overrides,
+            workspace=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-4000:]
         run_dirs = [p.parent for p in tmp_path.rglob("patch_report.json")]
         assert len(run_dirs) == 1

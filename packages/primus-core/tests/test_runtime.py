@@ -1,0 +1,119 @@
+"""PrimusRuntime: the lifecycle order, failures, the run directory (in-process toy backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from primus.core.errors import PatchError
+from primus.core.patches import PatchContext, register_patch
+from primus.core.runtime import PrimusRuntime
+
+from .conftest import EVENTS, RecordingTrainer
+
+EXP = """
+    workspace: {ws}
+    exp_name: run
+    user_name: me
+    env:
+      PRIMUS_TEST_FLAG: true
+      PRIMUS_TEST_VALUE: 3
+    modules:
+      trainer:
+        framework: toy
+        config: toy_trainer.yaml
+"""
+
+
+@pytest.fixture
+def experiment(toy_backend, write, tmp_path):
+    for phase in ("setup", "build_args", "before_train", "after_train"):
+        register_patch(f"toy.{phase}", backend="toy", phase=phase, description=f"records {phase}")(
+            lambda ctx: EVENTS.append(f"patch {ctx.phase}")
+        )
+    return write("exp.yaml", EXP.format(ws=tmp_path / "ws"))
+
+
+def test_lifecycle_runs_in_design_order_and_writes_the_run_dir(
+    experiment, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.delenv("PRIMUS_TEST_FLAG", raising=False)
+    runtime = PrimusRuntime(experiment, ["layers=3"])
+    runtime.run()
+    assert EVENTS == [
+        "patch setup",
+        "prepare_backend",
+        "convert_config",
+        "patch build_args",
+        "trainer.setup",
+        "trainer.init",
+        "patch before_train",
+        "trainer.train",
+        "patch after_train",
+        "trainer.cleanup(on_error=False)",
+    ]
+    assert os.environ["PRIMUS_TEST_FLAG"] == "1" and os.environ["PRIMUS_TEST_VALUE"] == "3"
+    run_dir = tmp_path / "ws" / "local" / "me" / "run"
+    assert runtime.run_dir == run_dir
+    resolved = (run_dir / "config.resolved.yaml").read_text()
+    assert "layers: 3  # cli (layers=3) (overrode 1 from" in resolved
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    assert report["summary"]["applied"] == 4
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "INFO [rank0] primus: primus" in log and "backend toy (in-process)" in log
+    assert re.search(r"toy.after_train\s+after_train\s+applied", log)
+
+
+def test_a_training_error_cleans_up_and_is_reraised_unchanged(experiment) -> None:
+    error = RuntimeError("out of memory")
+    RecordingTrainer.fail_in, RecordingTrainer.error = "trainer.train", error
+    with pytest.raises(RuntimeError) as raised:
+        PrimusRuntime(experiment).run()
+    assert raised.value is error
+    assert EVENTS[-2:] == ["trainer.train", "trainer.cleanup(on_error=True)"]
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), SystemExit(3)])
+def test_interrupts_pass_through_after_cleanup(experiment, interrupt) -> None:
+    RecordingTrainer.fail_in, RecordingTrainer.error = "trainer.init", interrupt
+    with pytest.raises(type(interrupt)):
+        PrimusRuntime(experiment).run()
+    assert EVENTS[-1] == "trainer.cleanup(on_error=True)"
+
+
+def test_a_failing_setup_patch_stops_before_any_training(experiment, tmp_path) -> None:
+    @register_patch("toy.broken", backend="toy", phase="setup", priority=1)
+    def broken(ctx: PatchContext) -> None:
+        """Fails."""
+        raise KeyError("missing symbol")
+
+    with pytest.raises(PatchError, match="patch 'toy.broken'"):
+        PrimusRuntime(experiment).run()
+    assert EVENTS == []
+    report = json.loads((tmp_path / "ws/local/me/run/patch_report.json").read_text())
+    statuses = {p["id"]: p["status"] for p in report["patches"]}
+    assert statuses["toy.broken"] == "failed" and statuses["toy.after_train"] == "not run"
+
+
+def test_config_patch_selection_and_on_error(experiment, tmp_path) -> None:
+    register_patch("toy.broken", backend="toy", phase="before_train", description="fails")(
+        lambda ctx: 1 / 0
+    )
+    PrimusRuntime(experiment, ["patches.select=all,-toy.setup", "patches.on_error=warn"]).run()
+    report = json.loads((tmp_path / "ws/local/me/run/patch_report.json").read_text())
+    statuses = {p["id"]: (p["status"], p["reason"]) for p in report["patches"]}
+    assert statuses["toy.setup"] == ("skipped", "filtered by patches.select")
+    assert statuses["toy.broken"][0] == "failed" and "trainer.train" in EVENTS
+
+
+def test_dry_run_converts_but_trains_nothing_and_writes_nothing(
+    experiment, tmp_path, capsys
+) -> None:
+    PrimusRuntime(experiment, ["lr=0.25"]).run(dry_run=True)
+    out = capsys.readouterr().out
+    assert "lr: 0.25" in out and "# patch plan" in out
+    assert "before_train  toy.before_train" in out and "will apply" in out
+    assert EVENTS == ["patch setup", "prepare_backend", "convert_config", "patch build_args"]
+    assert not (tmp_path / "ws").exists()

@@ -1,0 +1,258 @@
+"""The `primus` command end to end, as real subprocesses, with the dummy plugin installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def primus(
+    *args: str, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "primus.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=full_env,
+        timeout=300,
+    )
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def test_help_and_core_import_no_framework() -> None:
+    probe = textwrap.dedent("""
+        import sys
+        import primus.core, primus.core.config, primus.core.patches, primus.core.runtime
+        import primus.core.backend.backend_registry, primus.core.testing
+        from primus.cli.main import main
+        try:
+            main(["--help"])
+        except SystemExit as exc:
+            assert exc.code == 0
+        heavy = {"torch", "jax", "dummytrain", "numpy", "triton"} & {m.split(".")[0] for m in sys.modules}
+        print("HEAVY", sorted(heavy))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "train" in out.stdout and "HEAVY []" in out.stdout
+
+
+GOOD = """
+    workspace: {ws}
+    modules:
+      pre_trainer:
+        framework: dummy
+        config: dummy_trainer.yaml
+        model: dummy_tiny.yaml
+        overrides:
+          train_iters: 5
+"""
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({}, r"error: config file not found: .*nope.yaml"),
+        ({"exp.yaml": "modules:\n  m: [1, 2\n"}, r"error: exp.yaml:3: YAML syntax error"),
+        (
+            {"exp.yaml": "extends: b.yaml\n", "b.yaml": "extends: exp.yaml\n"},
+            r"error: b.yaml:1: extends cycle: exp.yaml -> b.yaml -> exp.yaml",
+        ),
+        (
+            {"exp.yaml": "exp_name: ${PRIMUS_NOT_SET_ANYWHERE}\n"},
+            r"error: exp.yaml:1: environment variable PRIMUS_NOT_SET_ANYWHERE is not set",
+        ),
+        (
+            {"exp.yaml": GOOD.replace("model:", "modle:")},
+            r"error: exp.yaml:6: unknown module key 'modle' \(did you mean: model\?\)",
+        ),
+        (
+            {"exp.yaml": GOOD.replace("train_iters: 5", "train_itres: 5")},
+            r"error: exp.yaml:8: unknown parameter 'train_itres' \(did you mean: train_iters\?\)",
+        ),
+        (
+            {"exp.yaml": GOOD.replace("train_iters: 5", "lr: fast")},
+            r"error: exp.yaml:8: lr: must be a number, got str 'fast'",
+        ),
+        (
+            {"exp.yaml": GOOD.replace("framework: dummy", "framework: dumy")},
+            r"error: exp.yaml:4: unknown framework 'dumy' \(did you mean: dummy\?\)\n  hint: installed backends: dummy",
+        ),
+    ],
+)
+def test_config_errors_are_one_message_with_file_line_and_exit_2(tmp_path, files, message) -> None:
+    for name, text in files.items():
+        write(tmp_path, name, text.replace("{ws}", str(tmp_path / "ws")))
+    exp = "exp.yaml" if files else "nope.yaml"
+    for command in (["config", "validate", exp], ["train", "pretrain", "--config", exp]):
+        result = primus(*command, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert re.search(message, result.stderr), result.stderr
+        assert "Traceback" not in result.stderr
+    debug = primus("train", "pretrain", "--config", exp, "--debug", cwd=tmp_path)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_cli_override_errors_point_at_the_command_line(tmp_path) -> None:
+    exp = write(tmp_path, "exp.yaml", GOOD.format(ws=tmp_path / "ws"))
+    result = primus("train", "pretrain", "--config", str(exp), "--lr", "[1]", "--seeed", "3")
+    assert result.returncode == 2
+    assert "2 config errors:" in result.stderr
+    assert "cli (--lr [1]): lr: must be a number, got list [1]" in result.stderr
+    assert "cli (--seeed 3): unknown parameter 'seeed' (did you mean: seed?)" in result.stderr
+
+
+def test_config_show_and_validate(tmp_path) -> None:
+    shown = primus("config", "show", str(QUICKSTART), "--provenance", "--lr", "1e-3")
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(
+        r"lr: 0.001  # cli \(--lr 1e-3\) \(overrode 0.05 from .*dummy_trainer.yaml:4\)",
+        shown.stdout,
+    )
+    as_json = json.loads(primus("config", "show", str(QUICKSTART), "--format", "json").stdout)
+    assert as_json["modules"]["pre_trainer"]["overrides"]["train_iters"] == 200
+    valid = primus("config", "validate", str(QUICKSTART))
+    assert valid.returncode == 0 and "valid" in valid.stdout
+
+
+def test_dry_run_prints_args_and_plan(tmp_path) -> None:
+    result = primus(
+        "train",
+        "pretrain",
+        "--config",
+        str(QUICKSTART),
+        "--dry-run",
+        env={"PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "# backend args (TrainConfig)" in result.stdout and "train_iters: 200" in result.stdout
+    assert re.search(r"build_args\s+dummy.checkpoint_dir\s+applied", result.stdout)
+    assert re.search(r"before_train\s+dummy.finite_loss\s+will apply", result.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
+def losses(log: str) -> list[float]:
+    return [float(x) for x in re.findall(r"loss (\d+\.\d+)", log)]
+
+
+def test_quickstart_trains_and_fills_the_run_directory(tmp_path) -> None:
+    result = primus(
+        "train", "pretrain", "--config", str(QUICKSTART), env={"PRIMUS_WORKSPACE": str(tmp_path)}
+    )
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "local" / "local" / "quickstart"
+    curve = losses((run_dir / "logs" / "rank-0.log").read_text())
+    assert len(curve) == 10 and curve[-1] < curve[0] / 100
+    assert "samples/s" in result.stderr
+    assert (run_dir / "checkpoints" / "checkpoint.json").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 200 and summary["last_loss"] < summary["first_loss"]
+    assert "# resolved by primus" in (run_dir / "config.resolved.yaml").read_text()
+
+
+def test_a_crash_in_training_cleans_up_and_exits_1(tmp_path) -> None:
+    result = primus(
+        "train",
+        "pretrain",
+        "--config",
+        str(QUICKSTART),
+        "lr=100",
+        env={"PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 1
+    assert re.search(r"(FloatingPointError: non-finite loss|OverflowError)", result.stderr)
+    log = (tmp_path / "local/local/quickstart/logs/rank-0.log").read_text()
+    assert "trainer.cleanup(on_error=True)" in log
+    report = json.loads((tmp_path / "local/local/quickstart/patch_report.json").read_text())
+    assert {p["id"]: p["status"] for p in report["patches"]}["dummy.summary"] == "not run"
+
+
+def test_patch_selection_from_the_environment(tmp_path) -> None:
+    result = primus(
+        "train",
+        "pretrain",
+        "--config",
+        str(QUICKSTART),
+        "train_iters=3",
+        env={"PRIMUS_WORKSPACE": str(tmp_path), "PRIMUS_PATCHES": "-dummy.summary"},
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "local/local/quickstart/patch_report.json").read_text())
+    assert report["selection"] == "PRIMUS_PATCHES"
+    assert not (tmp_path / "local/local/quickstart/summary.json").exists()
+    typo = primus(
+        "train", "pretrain", "--config", str(QUICKSTART), env={"PRIMUS_PATCHES": "dummy.sumary"}
+    )
+    assert typo.returncode == 2 and "did you mean: dummy.summary" in typo.stderr
+
+
+def test_two_workers_through_torchrun(tmp_path) -> None:
+    result = primus(
+        "train",
+        "pretrain",
+        "--config",
+        str(QUICKSTART),
+        "--nproc-per-node",
+        "2",
+        "train_iters=20",
+        env={"PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "torchrun --nproc-per-node=2" in result.stderr
+    logs = tmp_path / "local" / "local" / "quickstart" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
+    assert "rank 0 of 2" in (logs / "rank-0.log").read_text()
+    assert "[rank1]" in (logs / "rank-1.log").read_text()
+
+
+def test_a_failing_worker_fails_the_launch(tmp_path) -> None:
+    result = primus(
+        "train",
+        "pretrain",
+        "--config",
+        str(QUICKSTART),
+        "--nproc-per-node",
+        "2",
+        "lr=100",
+        env={"PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 1 and "a worker failed" in result.stderr
+
+
+def test_inventory_commands() -> None:
+    listed = json.loads(primus("patches", "list", "--backend", "dummy", "--format", "json").stdout)
+    assert [r["id"] for r in listed] == [
+        "dummy.hash_seed",
+        "dummy.checkpoint_dir",
+        "dummy.finite_loss",
+        "dummy.summary",
+    ]
+    assert listed[2]["target"] == "dummytrain.loop.mse_loss"
+    assert listed[2]["code location"].startswith("primus/backends/dummy/patches.py:")
+    show = primus("patches", "show", "dummy.finite_loss")
+    assert show.returncode == 0 and "## Porting into your own framework" in show.stdout
+    missing = primus("patches", "show", "dummy.finite")
+    assert missing.returncode == 2 and "did you mean: dummy.finite_loss" in missing.stderr
+    backends = primus("backends", "list")
+    assert re.search(
+        r"dummy\s+primus-backend-dummy 0.1.0\s+dummytrain<2,>=1.0\s+1.0.0\s+ready", backends.stdout
+    )
+    versions = primus("--version").stdout.split("\n")
+    assert "primus-core 0.1.0" in versions and "primus-backend-dummy 0.1.0" in versions

@@ -1,0 +1,404 @@
+"""End to end through real wheels (issue 2, section 7: proof with a third-party backend).
+
+`primus-core`, the toy upstream `dummytrain`, the third-party `primus-backend-dummy` and two
+deliberately faulty plugins (`primus-backend-broken`: its adapter raises on import;
+`primus-backend-future`: it needs `dummytrain>=2`) are built with `uv build` and installed into
+fresh virtual environments. The `primus` executable of those environments is then run as a
+subprocess, from a scratch folder, so that nothing of this checkout (its sources, its
+`third_party/`, its `.venv`) can stand in for what the wheels ship. (uv itself runs from the
+checkout, where `.python-version` tells it, and pyenv, which Python 3.12 to use.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+PROJECTS = {
+    "primus-core": REPO / "packages" / "primus-core",
+    "dummytrain": FIXTURES / "dummytrain",
+    "primus-backend-dummy": FIXTURES / "primus-backend-dummy",
+    "primus-backend-broken": FIXTURES / "primus-backend-broken",
+    "primus-backend-future": FIXTURES / "primus-backend-future",
+}
+DUMMY_EXPERIMENT = FIXTURES / "primus-backend-dummy" / "examples" / "dummy_tiny-pretrain.yaml"
+FUTURE_EXPERIMENT = FIXTURES / "primus-backend-future" / "examples" / "future-pretrain.yaml"
+BROKEN_EXPERIMENT = FIXTURES / "primus-backend-broken" / "examples" / "broken-pretrain.yaml"
+
+DUMMY_PATCHES = {
+    "dummy.hash_seed": "setup",
+    "dummy.checkpoint_dir": "build_args",
+    "dummy.finite_loss": "before_train",
+    "dummy.summary": "after_train",
+}
+# DESIGN.md's lifecycle, as the dummy backend logs it.
+LIFECYCLE = [
+    "patch setup",
+    "prepare_backend",
+    "convert_config",
+    "patch build_args",
+    "trainer.setup",
+    "trainer.init",
+    "patch before_train",
+    "trainer.train",
+    "patch after_train",
+    "trainer.cleanup(on_error=False)",
+]
+BASE_DISTS = ("primus-core", "dummytrain", "primus-backend-dummy")
+ALL_DISTS = (*BASE_DISTS, "primus-backend-broken", "primus-backend-future")
+
+
+def _uv() -> str:
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed")
+    return uv
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 120):
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _check(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert proc.returncode == 0, (
+        f"{proc.args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
+    return proc
+
+
+@dataclass
+class Venv:
+    """A fresh virtual environment holding some of the wheels."""
+
+    root: Path
+    wheels: Path
+    scratch: Path  # cwd of every command: outside the checkout
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def primus_exe(self) -> Path:
+        return self.root / "bin" / "primus"
+
+    def env(self, workspace: Path | None = None) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PRIMUS_", "UV_", "PYTHON"))
+            and k not in ("VIRTUAL_ENV", "BACKEND_PATH", "CONDA_PREFIX")
+        }
+        env["PATH"] = f"{self.root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(self.root)
+        env["NO_COLOR"] = "1"
+        env["COLUMNS"] = "200"
+        if workspace is not None:
+            env["PRIMUS_WORKSPACE"] = str(workspace)
+        return env
+
+    def pip(self, *args: str) -> None:
+        _check(_run([_uv(), "pip", *args, "--python", str(self.python)], cwd=REPO))
+
+    def install(self, *dists: str) -> None:
+        self.pip("install", "--find-links", str(self.wheels), *dists)
+
+    def uninstall(self, *dists: str) -> None:
+        self.pip("uninstall", *dists)
+
+    def primus(self, *args: str, workspace: Path | None = None):
+        return _run([str(self.primus_exe), *args], cwd=self.scratch, env=self.env(workspace))
+
+    def installed(self) -> set[str]:
+        proc = _check(
+            _run(
+                [_uv(), "pip", "list", "--format", "json", "--python", str(self.python)],
+                cwd=REPO,
+            )
+        )
+        return {d["name"] for d in json.loads(proc.stdout)}
+
+
+def _make_venv(root: Path, wheels: Path, scratch: Path, dists: tuple[str, ...]) -> Venv:
+    _check(_run([_uv(), "venv", "--python", "3.12", "--quiet", str(root)], cwd=REPO))
+    venv = Venv(root, wheels, scratch)
+    venv.install(*dists)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every distribution built once, as a wheel, the way a release would build it."""
+    uv = _uv()
+    out = tmp_path_factory.mktemp("wheels")
+    for name, project in PROJECTS.items():
+        _check(_run([uv, "build", "--wheel", "--quiet", "--out-dir", str(out), str(project)], REPO))
+        assert list(out.glob(f"{name.replace('-', '_')}-*.whl")), f"no wheel for {name}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cwd")
+
+
+@pytest.fixture(scope="module")
+def venv(wheels: Path, scratch: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """primus-core + dummytrain + primus-backend-dummy only. Tests leave it as they found it."""
+    return _make_venv(tmp_path_factory.mktemp("venv") / "venv", wheels, scratch, BASE_DISTS)
+
+
+@pytest.fixture(scope="module")
+def crowded(wheels: Path, scratch: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """The base set plus the broken and the future plugin."""
+    return _make_venv(tmp_path_factory.mktemp("crowded") / "venv", wheels, scratch, ALL_DISTS)
+
+
+def _backends(venv: Venv) -> dict[str, dict]:
+    proc = _check(venv.primus("backends", "list", "--json"))
+    rows = json.loads(proc.stdout)
+    assert isinstance(rows, list)
+    return {row["name"]: row for row in rows}
+
+
+def _assert_clean_failure(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit 2, a short message naming the cause, no traceback. Returns stderr's first line."""
+    where = f"\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 2, f"exit code {proc.returncode}{where}"
+    assert "Traceback" not in proc.stderr + proc.stdout, where
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, f"no error message{where}"
+    assert len(lines) <= 3, f"the error should be short{where}"
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in the error{where}"
+    return lines[0]
+
+
+# -- a healthy install: core + one third-party backend ---------------------------------------
+
+
+def test_wheels_are_pep420_namespaces(wheels: Path) -> None:
+    import zipfile
+
+    for wheel in wheels.glob("*.whl"):
+        names = zipfile.ZipFile(wheel).namelist()
+        assert "primus/__init__.py" not in names, wheel.name
+        assert "primus/backends/__init__.py" not in names, wheel.name
+    dummy = next(wheels.glob("primus_backend_dummy-*.whl"))
+    names = zipfile.ZipFile(dummy).namelist()
+    # presets ship inside the backend's wheel as package data
+    assert "primus/backends/dummy/configs/modules/dummy_trainer.yaml" in names
+    assert "primus/backends/dummy/configs/models/dummy_tiny.yaml" in names
+
+
+def test_venv_is_fresh(venv: Venv) -> None:
+    assert venv.installed() >= set(BASE_DISTS)
+    assert not venv.installed() & {"primus-backend-broken", "primus-backend-future"}
+    # the installed primus comes from the wheel, not from this checkout
+    proc = _check(
+        _run(
+            [str(venv.python), "-c", "import primus.core; print(primus.core.__file__)"],
+            cwd=venv.scratch,
+            env=venv.env(),
+        )
+    )
+    assert Path(proc.stdout.strip()).is_relative_to(venv.root), proc.stdout
+    assert not Path(proc.stdout.strip()).is_relative_to(REPO), proc.stdout
+
+
+def test_backends_list(venv: Venv) -> None:
+    backends = _backends(venv)
+    assert set(backends) == {"dummy"}
+    dummy = backends["dummy"]
+    assert dummy["status"] == "ready", dummy
+    assert dummy["distribution"] == "primus-backend-dummy"
+    assert dummy["version"] == "0.1.0"
+    assert dummy["upstream_requirement"].replace(" ", "") in (
+        "dummytrain<2,>=1.0",
+        "dummytrain>=1.0,<2",
+    )
+    assert dummy["upstream_version"] == "1.0.0"
+
+    table = _check(venv.primus("backends", "list"))
+    assert "dummy" in table.stdout and "ready" in table.stdout
+
+
+def test_backends_list_imports_no_upstream(venv: Venv) -> None:
+    code = (
+        "import sys\n"
+        "from primus.core.backend.backend_registry import BackendRegistry\n"
+        "infos = BackendRegistry.backends()\n"
+        "assert infos['dummy'].status == 'ready', infos\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dummytrain'))\n"
+    )
+    proc = _check(_run([str(venv.python), "-c", code], cwd=venv.scratch, env=venv.env()))
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_patches_list(venv: Venv) -> None:
+    proc = _check(venv.primus("patches", "list", "--format", "json"))
+    rows = json.loads(proc.stdout)
+    assert {row["id"]: row["phase"] for row in rows} == DUMMY_PATCHES
+    by_id = {row["id"]: row for row in rows}
+    assert all(row["backend"] == "dummy" for row in rows)
+    assert by_id["dummy.checkpoint_dir"]["target"] == "dummytrain.TrainConfig.save_dir"
+    assert by_id["dummy.finite_loss"]["target"] == "dummytrain.loop.mse_loss"
+    assert all(row["target"] for row in rows)
+    assert all("patches.py" in row["code location"] for row in rows)
+
+
+def test_version(venv: Venv) -> None:
+    proc = _check(venv.primus("--version"))
+    assert "primus-core 0.1.0" in proc.stdout
+    assert "primus-backend-dummy 0.1.0" in proc.stdout
+
+
+def test_train_pretrain(venv: Venv, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    proc = _check(
+        venv.primus("train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=workspace)
+    )
+    assert "Traceback" not in proc.stderr
+
+    run_dir = workspace / "local" / "local" / "dummy_tiny-pretrain"
+    assert run_dir.is_dir(), sorted(str(p) for p in workspace.rglob("*"))
+    resolved = (run_dir / "config.resolved.yaml").read_text()
+    assert "dummy" in resolved and "train_iters" in resolved
+
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    statuses = {p["id"]: p["status"] for p in report["patches"]}
+    assert statuses == dict.fromkeys(DUMMY_PATCHES, "applied"), report
+
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    marker = "[dummy] lifecycle: "
+    events = [line.split(marker, 1)[1].strip() for line in log.splitlines() if marker in line]
+    events = [e.split(" (rank", 1)[0] for e in events]  # "trainer.setup (rank 0 of 1)"
+    assert events == LIFECYCLE, log
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 30  # the experiment's `overrides: train_iters: 30`
+    assert summary["last_loss"] < summary["first_loss"], summary
+
+
+# -- one broken plugin and one with an unmet upstream next to the healthy one ----------------
+
+
+def test_faulty_plugins_are_reported_not_fatal(crowded: Venv) -> None:
+    backends = _backends(crowded)
+    assert set(backends) == {"dummy", "broken", "future"}
+
+    assert backends["dummy"]["status"] == "ready", backends["dummy"]
+
+    broken = backends["broken"]
+    assert broken["status"] == "failed to load", broken
+    assert broken["distribution"] == "primus-backend-broken"
+    assert "simulated broken plugin" in broken["reason"]
+
+    future = backends["future"]
+    assert future["status"] == "incompatible version", future
+    assert future["distribution"] == "primus-backend-future"
+    assert future["upstream_requirement"] == "dummytrain>=2"
+    assert future["upstream_version"] == "1.0.0"
+    assert "dummytrain" in future["reason"]
+
+    table = _check(crowded.primus("backends", "list"))
+    assert "failed to load" in table.stdout and "incompatible version" in table.stdout
+    _check(crowded.primus("patches", "list"))
+    version = _check(crowded.primus("--version")).stdout
+    assert "primus-backend-broken" in version and "primus-backend-future" in version
+
+
+def test_train_with_incompatible_backend(crowded: Venv, tmp_path: Path) -> None:
+    proc = crowded.primus(
+        "train", "pretrain", "--config", str(FUTURE_EXPERIMENT), workspace=tmp_path
+    )
+    first = _assert_clean_failure(proc, 'pip install "dummytrain>=2"')
+    assert "future" in first and "incompatible version" in first, proc.stderr
+    assert not (tmp_path / "local" / "local" / "future-pretrain" / "summary.json").exists()
+
+
+def test_train_with_broken_backend(crowded: Venv, tmp_path: Path) -> None:
+    proc = crowded.primus(
+        "train", "pretrain", "--config", str(BROKEN_EXPERIMENT), workspace=tmp_path
+    )
+    first = _assert_clean_failure(proc)
+    assert "broken" in first and "failed to load" in first, proc.stderr
+    assert "simulated broken plugin" in proc.stderr
+
+
+def test_healthy_backend_still_trains_next_to_faulty_ones(crowded: Venv, tmp_path: Path) -> None:
+    _check(
+        crowded.primus("train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=tmp_path)
+    )
+    assert (tmp_path / "local" / "local" / "dummy_tiny-pretrain" / "summary.json").is_file()
+
+
+# -- removing things (each test puts back what it removed) ------------------------------------
+
+
+@pytest.fixture
+def without(crowded: Venv) -> Iterator:
+    removed: list[str] = []
+
+    def remove(dist: str) -> None:
+        crowded.uninstall(dist)
+        removed.append(dist)
+        assert dist not in crowded.installed()
+
+    yield remove
+    if removed:
+        crowded.install(*removed)
+
+
+def test_upstream_missing(crowded: Venv, without, tmp_path: Path) -> None:
+    without("dummytrain")
+    backends = _backends(crowded)
+    assert backends["dummy"]["status"] == "upstream missing", backends["dummy"]
+    assert backends["dummy"]["upstream_version"] is None
+    assert "dummytrain" in backends["dummy"]["reason"]
+    assert backends["broken"]["status"] == "failed to load"
+
+    proc = crowded.primus(
+        "train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=tmp_path
+    )
+    first = _assert_clean_failure(proc, "pip install", "dummytrain")
+    assert "upstream missing" in first, proc.stderr
+    # the inventory works without the upstream installed
+    rows = json.loads(_check(crowded.primus("patches", "list", "--format", "json")).stdout)
+    assert {row["id"] for row in rows} == set(DUMMY_PATCHES)
+
+
+def test_backend_wheel_removed(crowded: Venv, without, tmp_path: Path) -> None:
+    without("primus-backend-dummy")
+    table = crowded.primus("backends", "list")
+    _check(table)
+    assert "dummy" not in table.stdout.replace("dummytrain", "")
+    backends = _backends(crowded)
+    assert "dummy" not in backends
+    assert {"broken", "future"} <= set(backends)
+    assert "primus-backend-dummy" not in _check(crowded.primus("--version")).stdout
+
+    proc = crowded.primus(
+        "train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=tmp_path
+    )
+    first = _assert_clean_failure(proc)
+    assert "unknown framework 'dummy'" in first, proc.stderr
+
+
+def test_reinstalled_state_is_whole_again(crowded: Venv) -> None:
+    """The removal tests put everything back: the crowded venv is as it started."""
+    assert crowded.installed() >= set(ALL_DISTS)
+    assert _backends(crowded)["dummy"]["status"] == "ready"
