@@ -58,7 +58,7 @@ def test_file_errors_carry_file_and_line(write, text, line, message) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match=r"config file not found"):
         load_yaml_file(tmp_path / "nope.yaml")
 
 
@@ -85,7 +85,7 @@ def test_extends_cycle_and_missing_base_name_the_extends_line(write) -> None:
     with pytest.raises(ConfigError, match=r"extends cycle: a.yaml -> b.yaml -> a.yaml") as err:
         load_config_file(write("a.yaml", "extends: b.yaml\n"))
     assert err.value.origin.file.endswith("b.yaml") and err.value.origin.line == 2
-    with pytest.raises(ConfigError, match="not found") as err:
+    with pytest.raises(ConfigError, match=r"not found") as err:
         load_config_file(write("c.yaml", "k: 1\nextends: [missing.yaml]\n"))
     assert err.value.origin.line == 2
 
@@ -103,7 +103,7 @@ def test_overrides_syntax() -> None:
         (("last",), True),
     ]
     assert str(parsed[0][2]) == "cli (--lr 1e-4)"
-    with pytest.raises(ConfigError, match="cannot read override 'oops'"):
+    with pytest.raises(ConfigError, match=r"cannot read override 'oops'"):
         parse_overrides(["oops"])
 
 
@@ -181,7 +181,7 @@ def test_several_modules_need_a_choice(toy_backend, write) -> None:
     text = EXPERIMENT + "      other:\n        framework: toy\n"
     path = write("exp.yaml", text)
     assert set(resolution.load(path).modules) == {"trainer", "other"}
-    with pytest.raises(ConfigError, match="several modules"):
+    with pytest.raises(ConfigError, match=r"several modules"):
         resolution.load(path, single=True)
     assert list(resolution.load(path, module="other", single=True).modules) == ["other"]
 

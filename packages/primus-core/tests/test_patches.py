@@ -24,13 +24,13 @@ def noop(ctx: PatchContext) -> None:
 
 def test_registration_is_validated_on_the_spot() -> None:
     register_patch("t.one", backend="toy", phase="setup")(noop)
-    with pytest.raises(PatchError, match="duplicate patch id 't.one'"):
+    with pytest.raises(PatchError, match=r"duplicate patch id 't.one'"):
         register_patch("t.one", backend="toy", phase="setup")(noop)
-    with pytest.raises(PatchError, match="unknown phase 'setpu'"):
+    with pytest.raises(PatchError, match=r"unknown phase 'setpu'"):
         register_patch("t.two", backend="toy", phase="setpu")(noop)
-    with pytest.raises(PatchError, match="not a PEP 440 specifier"):
+    with pytest.raises(PatchError, match=r"not a PEP 440 specifier"):
         register_patch("t.three", backend="toy", phase="setup", backend_versions="~~1")(noop)
-    with pytest.raises(PatchError, match="description or a docstring"):
+    with pytest.raises(PatchError, match=r"description or a docstring"):
         register_patch("t.four", backend="toy", phase="setup")(lambda c: None)
 
 

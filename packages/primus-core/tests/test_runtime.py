@@ -89,7 +89,7 @@ def test_a_failing_setup_patch_stops_before_any_training(experiment, tmp_path) -
         """Fails."""
         raise KeyError("missing symbol")
 
-    with pytest.raises(PatchError, match="patch 'toy.broken'"):
+    with pytest.raises(PatchError, match=r"patch 'toy.broken'"):
         PrimusRuntime(experiment).run()
     assert EVENTS == []
     report = json.loads((tmp_path / "ws/local/me/run/patch_report.json").read_text())
