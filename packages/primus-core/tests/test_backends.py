@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.backend.discovery import upstream_requirement_of

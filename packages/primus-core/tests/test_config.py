@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from primus.core.config.experiment import load_experiment, resolved_tree
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides

@@ -6,6 +6,7 @@ import inspect
 import json
 
 import pytest
+
 from primus.core.errors import ConfigError, PatchError
 from primus.core.patches import PatchContext, get_args, get_param, register_patch
 from primus.core.patches.inventory import deep_dive, render

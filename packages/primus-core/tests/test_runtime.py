@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+
 from primus.core.errors import PatchError
 from primus.core.patches import PatchContext, register_patch
 from primus.core.runtime import PrimusRuntime

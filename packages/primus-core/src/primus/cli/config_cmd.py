@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from primus.cli.common import OVERRIDES, Debug, Module
 
 app = typer.Typer(help="Inspect and check experiment configs.", no_args_is_help=True)

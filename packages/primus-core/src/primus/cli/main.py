@@ -8,6 +8,7 @@ import traceback
 from typing import Annotated
 
 import typer
+
 from primus.cli import backends_cmd, config_cmd, patches_cmd, train
 from primus.cli.common import DEBUG
 

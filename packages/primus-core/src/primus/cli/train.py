@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
 app = typer.Typer(help="Train a model with the backend the experiment names.", no_args_is_help=True)

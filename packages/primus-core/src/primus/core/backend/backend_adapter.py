@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import importlib_metadata
 from packaging.requirements import Requirement
+
 from primus.core.logging import log_rank_0
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from typing import Any
 
 import importlib_metadata
 from packaging.requirements import InvalidRequirement, Requirement
+
 from primus.core.backend.backend_adapter import BackendAdapter
 
 BACKENDS_GROUP = "primus.backends"

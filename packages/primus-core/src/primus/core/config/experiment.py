@@ -61,10 +61,14 @@ class Experiment:
     tree: ConfigTree
     modules: dict[str, ModuleConfig]
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("work_group", "user_name", "exp_name", "workspace", "log_level"):
-            return self.tree.data[name]
-        raise AttributeError(name)
+    def _field(self, name: str) -> str:
+        return self.tree.data[name]
+
+    work_group = property(lambda self: self._field("work_group"))
+    user_name = property(lambda self: self._field("user_name"))
+    exp_name = property(lambda self: self._field("exp_name"))
+    workspace = property(lambda self: self._field("workspace"))
+    log_level = property(lambda self: self._field("log_level"))
 
     @property
     def env(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import yaml
+
 from primus.core.config.tree import ConfigTree
 from primus.core.config.yaml_io import KeyPath
 

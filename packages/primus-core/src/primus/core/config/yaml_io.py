@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from primus.core.errors import ConfigError, Origin
 
 KeyPath = tuple[str, ...]

@@ -87,14 +87,24 @@ def render(patches: list[Patch], fmt: str) -> str:
         return "\n".join(out)
     if not rows:
         return "no patches registered"
-    blocks = []
+    columns = (
+        "id",
+        "phase",
+        "priority",
+        "version gate",
+        "target",
+        "how to enable",
+        "code location",
+        "what it does",
+    )
+    widths = [max(len(c), *(len(r[c]) for r in rows)) for c in columns[:-1]]
+    lines = [
+        "  ".join(f"{c:<{w}}" for c, w in zip(columns, widths, strict=False)) + "  what it does"
+    ]
     for r in rows:
-        blocks.append(
-            f"{r['id']}  [{r['backend']} · {r['phase']} · priority {r['priority']}]\n"
-            f"  {r['what it does']}\n  target:   {r['target']}\n"
-            f"  enable:   {r['how to enable']}\n  location: {r['code location']}"
-        )
-    return "\n\n".join(blocks)
+        cells = "  ".join(f"{r[c]:<{w}}" for c, w in zip(columns, widths, strict=False))
+        lines.append(f"{cells}  {r['what it does']}")
+    return "\n".join(lines)
 
 
 def deep_dive(patch: Patch) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import importlib_metadata
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from primus.core.errors import PatchError
 from primus.core.patches.patch import PHASES, Patch, PatchContext
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from primus.core import __version__
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.config.experiment import Experiment, resolved_tree

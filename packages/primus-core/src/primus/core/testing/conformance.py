@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from packaging.requirements import Requirement
+
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.backend.discovery import READY

@@ -1,0 +1,86 @@
+"""Rank and address from torchrun's or Slurm's environment; the torchrun command we build."""
+
+from __future__ import annotations
+
+import pytest
+
+from primus.core.dist_env import DistEnv, first_slurm_host, get_torchrun_env
+from primus.core.launcher import torchrun_args
+
+ALL = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ALL:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_single_process_defaults() -> None:
+    assert get_torchrun_env() == DistEnv()
+
+
+def test_torchrun_environment(monkeypatch) -> None:
+    for k, v in {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "1234",
+        "SLURM_PROCID": "7",
+    }.items():
+        monkeypatch.setenv(k, v)
+    assert get_torchrun_env() == DistEnv(3, 8, 1, 2, "node0", 1234)
+
+
+def test_slurm_environment_when_torchrun_is_absent(monkeypatch) -> None:
+    for k, v in {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS_PER_NODE": "8(x2)",
+        "SLURM_JOB_NODELIST": "gpu[003-004,9]",
+    }.items():
+        monkeypatch.setenv(k, v)
+    assert get_torchrun_env() == DistEnv(5, 16, 1, 8, "gpu003", 29500)
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [("gpu[003-005,9],cpu1", "gpu003"), ("node7", "node7"), ("a1,b2", "a1"), ("n[12]", "n12")],
+)
+def test_first_slurm_host(nodelist, host) -> None:
+    assert first_slurm_host(nodelist) == host
+
+
+def test_torchrun_args() -> None:
+    args = torchrun_args(
+        ["train", "pretrain"], 4, nnodes=2, node_rank=1, master_addr="h0", master_port=9
+    )
+    assert args == [
+        "--nproc-per-node=4",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=h0",
+        "--master-port=9",
+        "-m",
+        "primus.cli",
+        "train",
+        "pretrain",
+    ]
+    single = torchrun_args(["x"], 2)
+    assert single[3] == "--master-addr=127.0.0.1" and int(single[4].split("=")[1]) > 0
