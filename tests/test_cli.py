@@ -31,6 +31,14 @@ def primus(
     )
 
 
+def train_quickstart(
+    workspace: Path, *args: str, env: dict | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`primus train pretrain --config configs/quickstart.yaml ARGS` writing under `workspace`."""
+    extra_env = {"PRIMUS_WORKSPACE": str(workspace), **(env or {})}
+    return primus("train", "pretrain", "--config", str(QUICKSTART), *args, env=extra_env)
+
+
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text).lstrip())
@@ -133,14 +141,7 @@ def test_config_show_and_validate(tmp_path) -> None:
 
 
 def test_dry_run_prints_args_and_plan(tmp_path) -> None:
-    result = primus(
-        "train",
-        "pretrain",
-        "--config",
-        str(QUICKSTART),
-        "--dry-run",
-        env={"PRIMUS_WORKSPACE": str(tmp_path)},
-    )
+    result = primus("train", "pretrain", "--config", str(QUICKSTART), "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "# backend args (TrainConfig)" in result.stdout and "train_iters: 200" in result.stdout
     assert re.search(r"build_args\s+dummy.checkpoint_dir\s+applied", result.stdout)
@@ -153,9 +154,7 @@ def losses(log: str) -> list[float]:
 
 
 def test_quickstart_trains_and_fills_the_run_directory(tmp_path) -> None:
-    result = primus(
-        "train", "pretrain", "--config", str(QUICKSTART), env={"PRIMUS_WORKSPACE": str(tmp_path)}
-    )
+    result = train_quickstart(tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "local" / "local" / "quickstart"
     curve = losses((run_dir / "logs" / "rank-0.log").read_text())
@@ -168,14 +167,7 @@ def test_quickstart_trains_and_fills_the_run_directory(tmp_path) -> None:
 
 
 def test_a_crash_in_training_cleans_up_and_exits_1(tmp_path) -> None:
-    result = primus(
-        "train",
-        "pretrain",
-        "--config",
-        str(QUICKSTART),
-        "lr=100",
-        env={"PRIMUS_WORKSPACE": str(tmp_path)},
-    )
+    result = train_quickstart(tmp_path, "lr=100")
     assert result.returncode == 1
     assert re.search(r"(FloatingPointError: non-finite loss|OverflowError)", result.stderr)
     log = (tmp_path / "local/local/quickstart/logs/rank-0.log").read_text()
@@ -185,35 +177,17 @@ def test_a_crash_in_training_cleans_up_and_exits_1(tmp_path) -> None:
 
 
 def test_patch_selection_from_the_environment(tmp_path) -> None:
-    result = primus(
-        "train",
-        "pretrain",
-        "--config",
-        str(QUICKSTART),
-        "train_iters=3",
-        env={"PRIMUS_WORKSPACE": str(tmp_path), "PRIMUS_PATCHES": "-dummy.summary"},
-    )
+    result = train_quickstart(tmp_path, "train_iters=3", env={"PRIMUS_PATCHES": "-dummy.summary"})
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "local/local/quickstart/patch_report.json").read_text())
     assert report["selection"] == "PRIMUS_PATCHES"
     assert not (tmp_path / "local/local/quickstart/summary.json").exists()
-    typo = primus(
-        "train", "pretrain", "--config", str(QUICKSTART), env={"PRIMUS_PATCHES": "dummy.sumary"}
-    )
+    typo = train_quickstart(tmp_path, env={"PRIMUS_PATCHES": "dummy.sumary"})
     assert typo.returncode == 2 and "did you mean: dummy.summary" in typo.stderr
 
 
 def test_two_workers_through_torchrun(tmp_path) -> None:
-    result = primus(
-        "train",
-        "pretrain",
-        "--config",
-        str(QUICKSTART),
-        "--nproc-per-node",
-        "2",
-        "train_iters=20",
-        env={"PRIMUS_WORKSPACE": str(tmp_path)},
-    )
+    result = train_quickstart(tmp_path, "--nproc-per-node", "2", "train_iters=20")
     assert result.returncode == 0, result.stderr
     assert "torchrun --nproc-per-node=2" in result.stderr
     logs = tmp_path / "local" / "local" / "quickstart" / "logs"
@@ -223,16 +197,7 @@ def test_two_workers_through_torchrun(tmp_path) -> None:
 
 
 def test_a_failing_worker_fails_the_launch(tmp_path) -> None:
-    result = primus(
-        "train",
-        "pretrain",
-        "--config",
-        str(QUICKSTART),
-        "--nproc-per-node",
-        "2",
-        "lr=100",
-        env={"PRIMUS_WORKSPACE": str(tmp_path)},
-    )
+    result = train_quickstart(tmp_path, "--nproc-per-node", "2", "lr=100")
     assert result.returncode == 1 and "a worker failed" in result.stderr
 
 

@@ -76,6 +76,7 @@ class ToyAdapter(BackendAdapter):
                 "name": ParamSpec(str),
                 "optim.beta": ParamSpec(float),
                 "extra": ParamSpec(dict),
+                "mode": ParamSpec(str, choices=("a", "b")),
             }
         )
 

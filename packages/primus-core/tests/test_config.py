@@ -10,7 +10,7 @@ from primus.core.config.experiment import load_experiment, resolved_tree
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
 from primus.core.config.render import to_json, to_yaml
-from primus.core.config.schema import ParamSchema, ParamSpec
+from primus.core.config.schema import ParamSpec
 from primus.core.config.yaml_io import load_yaml_file, parse_scalar
 from primus.core.errors import ConfigError
 from primus.core.runtime import resolution
@@ -190,26 +190,13 @@ def test_several_modules_need_a_choice(toy_backend, write) -> None:
 def test_schema_check_unknown_keys_types_and_open_sections(toy_backend, write) -> None:
     path = write("exp.yaml", EXPERIMENT)
     exp = resolution.load(path, ["lrr=1", "layers=2.5", "optim.beta=0.9", "extra.anything.deep=1"])
-    errors = ToySchema().check(exp.modules["trainer"].tree)
+    errors = toy_backend("toy").param_schema().check(exp.modules["trainer"].tree)
     messages = sorted(e.message for e in errors)
     assert messages == [
         "layers: must be an integer, got float 2.5",
         "unknown parameter 'lrr' (did you mean: lr?)",
     ]
     assert all(str(e.origin).startswith("cli") for e in errors)
-
-
-def ToySchema() -> ParamSchema:
-    return ParamSchema(
-        {
-            "lr": ParamSpec(float),
-            "layers": ParamSpec(int),
-            "name": ParamSpec(str),
-            "optim.beta": ParamSpec(float),
-            "extra": ParamSpec(dict),
-            "mode": ParamSpec(str, choices=("a", "b")),
-        }
-    )
 
 
 def test_spec_types() -> None:
