@@ -141,7 +141,7 @@ def test_config_show_and_validate(tmp_path) -> None:
 
 
 def test_dry_run_prints_args_and_plan(tmp_path) -> None:
-    result = primus("train", "pretrain", "--config", str(QUICKSTART), "--dry-run")
+    result = train_quickstart(tmp_path, "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "# backend args (TrainConfig)" in result.stdout and "train_iters: 200" in result.stdout
     assert re.search(r"build_args\s+dummy.checkpoint_dir\s+applied", result.stdout)
