@@ -34,8 +34,15 @@ def _command(stage: str) -> Callable[..., None]:
         ] = 1,
         nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
         node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
-        master_addr: Annotated[str | None, typer.Option("--master-addr")] = None,
-        master_port: Annotated[int | None, typer.Option("--master-port")] = None,
+        master_addr: Annotated[
+            str | None, typer.Option("--master-addr", help="Rendezvous host (default: this host).")
+        ] = None,
+        master_port: Annotated[
+            int | None,
+            typer.Option(
+                "--master-port", help="Rendezvous port (default: a free one on one node)."
+            ),
+        ] = None,
         debug: Debug = False,
     ) -> None:
         from primus.core.dist_env import under_torchrun
@@ -67,5 +74,11 @@ def _command(stage: str) -> Callable[..., None]:
     return command
 
 
-app.command("pretrain", context_settings=OVERRIDES)(_command("pretrain"))
-app.command("posttrain", context_settings=OVERRIDES)(_command("posttrain"))
+EPILOG = (
+    "Overrides follow the options: key=value, --key value or --key=value; dotted keys reach "
+    "nested params (optimizer.lr=1e-4); values are typed as YAML (1e-4 is a float, [1,2] a "
+    "list); dashes become underscores. They beat every file (see primus config show "
+    "--provenance). Under torchrun, --nproc-per-node and the node flags are ignored."
+)
+app.command("pretrain", context_settings=OVERRIDES, epilog=EPILOG)(_command("pretrain"))
+app.command("posttrain", context_settings=OVERRIDES, epilog=EPILOG)(_command("posttrain"))

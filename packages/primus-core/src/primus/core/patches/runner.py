@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -89,16 +90,21 @@ class PatchRunner:
             outcome.seconds = time.perf_counter() - start
             outcome.status, outcome.reason = (APPLIED, "") if reason is None else (SKIPPED, reason)
 
-    def plan(self, ctx_for_phase: dict[str, PatchContext]) -> list[tuple[Patch, str]]:
-        """What each not-yet-run patch would do: 'will apply' or the skip reason."""
+    def plan(self, ctx: PatchContext) -> list[tuple[Patch, str]]:
+        """Each patch with what happened to it or, for phases still ahead, what would happen."""
         rows = []
         for patch in self.patches:
-            ctx = ctx_for_phase[patch.phase]
+            done = self.outcomes[patch.id]
+            if done.status != NOT_RUN:
+                rows.append(
+                    (patch, f"{done.status}: {done.reason}" if done.reason else done.status)
+                )
+                continue
             try:
-                reason = self.skip_reason(patch, ctx) or "will apply"
+                reason = self.skip_reason(patch, dataclasses.replace(ctx, phase=patch.phase))
             except Exception as exc:
                 reason = f"condition raised {type(exc).__name__}: {exc}"
-            rows.append((patch, reason))
+            rows.append((patch, f"would skip: {reason}" if reason else "will apply"))
         return rows
 
     def report(self) -> dict[str, Any]:

@@ -130,9 +130,10 @@ class PrimusRuntime:
             ctx.extra["trainer"] = trainer
             self._drive(trainer, ctx)
         finally:
-            if self.rank == 0 and not dry_run:
-                self.runner.write_report(self.run_dir / "patch_report.json")
-            self.log.info("patches:\n" + self.runner.table())
+            if not dry_run:
+                if self.rank == 0:
+                    self.runner.write_report(self.run_dir / "patch_report.json")
+                self.log.info("patches:\n" + self.runner.table())
 
     def _drive(self, trainer: BaseTrainer, ctx: PatchContext) -> None:
         start = time.perf_counter()
@@ -154,15 +155,8 @@ class PrimusRuntime:
         )
 
     def _print_plan(self, ctx: PatchContext) -> None:
-        contexts = {p: dataclasses.replace(ctx, phase=p) for p in ("before_train", "after_train")}
-        contexts |= {"setup": ctx, "build_args": ctx}
-        plan = self.runner.plan(contexts)
         print(f"# backend args ({type(ctx.backend_args).__name__})")
         print(args_summary(ctx.backend_args), end="")
         print("# patch plan")
-        for patch, verdict in plan:
-            done = self.runner.outcomes[patch.id]
-            status = done.status if done.status != "not run" else verdict
-            print(
-                f"{patch.phase:<13} {patch.id:<40} {status}{': ' + done.reason if done.reason and done.status != 'not run' else ''}"
-            )
+        for patch, verdict in self.runner.plan(ctx):
+            print(f"{patch.phase:<13} {patch.id:<40} {verdict}")
