@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,8 +19,6 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 def primus(
     *args: str, cwd: Path | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess[str]:
-    import os
-
     full_env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"} | (env or {})
     return subprocess.run(
         [sys.executable, "-m", "primus.cli", *args],
@@ -56,6 +55,7 @@ def test_help_and_core_import_no_framework() -> None:
         except SystemExit as exc:
             assert exc.code == 0
         heavy = {"torch", "jax", "dummytrain", "numpy", "triton"} & {m.split(".")[0] for m in sys.modules}
+        heavy |= {m for m in sys.modules if m.startswith("primus.backends")}
         print("HEAVY", sorted(heavy))
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
@@ -194,6 +194,30 @@ def test_two_workers_through_torchrun(tmp_path) -> None:
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
     assert "rank 0 of 2" in (logs / "rank-0.log").read_text()
     assert "[rank1]" in (logs / "rank-1.log").read_text()
+
+
+def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:
+    blocked = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class NoTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ImportError("No module named 'torch'")
+        sys.meta_path.insert(0, NoTorch())
+        from primus.cli.main import main
+        main(["train", "pretrain", "--config", {str(QUICKSTART)!r}, "--nproc-per-node", "2"])
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", blocked],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert (
+        "needs PyTorch, which is not installed" in result.stderr
+        and "pip install torch" in result.stderr
+    )
 
 
 def test_a_failing_worker_fails_the_launch(tmp_path) -> None:
