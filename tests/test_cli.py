@@ -78,7 +78,7 @@ GOOD = """
     ("files", "message"),
     [
         ({}, r"error: config file not found: .*nope.yaml"),
-        ({"exp.yaml": "modules:\n  m: [1, 2\n"}, r"error: exp.yaml:3: YAML syntax error"),
+        ({"exp.yaml": "modules:\n  m: [1, 2\n"}, r"error: exp.yaml:2: YAML syntax error"),
         (
             {"exp.yaml": "extends: b.yaml\n", "b.yaml": "extends: exp.yaml\n"},
             r"error: b.yaml:1: extends cycle: exp.yaml -> b.yaml -> exp.yaml",

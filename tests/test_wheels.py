@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -336,6 +337,13 @@ def test_train_with_broken_backend(crowded: Venv, tmp_path: Path) -> None:
     first = _assert_clean_failure(proc)
     assert "broken" in first and "failed to load" in first, proc.stderr
     assert "simulated broken plugin" in proc.stderr
+    debug = crowded.primus(
+        "--debug", "train", "pretrain", "--config", str(BROKEN_EXPERIMENT), workspace=tmp_path
+    )
+    assert debug.returncode == 2
+    assert re.search(r"Traceback[\s\S]*primus/backends/broken/__init__.py", debug.stderr), (
+        debug.stderr
+    )
 
 
 def test_healthy_backend_still_trains_next_to_faulty_ones(crowded: Venv, tmp_path: Path) -> None:

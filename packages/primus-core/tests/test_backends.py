@@ -84,3 +84,9 @@ def test_setup_backend_path_prefers_a_source_tree(tmp_path, monkeypatch) -> None
     assert folder == str(tmp_path / "third_party" / "toy") and sys.path[0] == folder
     monkeypatch.setenv("BACKEND_PATH", str(tmp_path))
     assert adapter.setup_backend_path() == str(tmp_path)
+
+
+def test_a_subclassed_adapter_keeps_its_parents_presets() -> None:
+    dummy = BackendRegistry.get_adapter_class("dummy")
+    child = type("Child", (dummy,), {})
+    assert child.preset_dirs() == dummy.preset_dirs() != []

@@ -235,3 +235,36 @@ def test_defaults_when_fields_are_absent(write) -> None:
         "my-exp",
         "INFO",
     )
+
+
+def test_presets_resolve_next_to_the_file_that_names_them(toy_backend, write) -> None:
+    write(
+        "shared/base.yaml",
+        "modules:\n  trainer:\n    framework: toy\n    model: local_model.yaml\n",
+    )
+    write("shared/local_model.yaml", "layers: 5\n")
+    exp = resolution.load(write("exp.yaml", "extends: shared/base.yaml\n"))
+    assert exp.modules["trainer"].params == {"layers": 5}
+
+
+def test_float_like_strings_and_cli_mappings_round_trip_with_provenance(toy_backend, write) -> None:
+    exp = resolution.load(write("exp.yaml", EXPERIMENT), ["name='1e-4'", "--extra", "{a: 1}"])
+    assert exp.modules["trainer"].params["name"] == "1e-4"
+    text = to_yaml(resolved_tree(exp), provenance=True)
+    assert "name: '1e-4'" in text and "a: 1  # cli (--extra {a: 1})" in text
+    again = resolution.load(write("resolved.yaml", text))
+    assert again.modules["trainer"].params == exp.modules["trainer"].params
+
+
+def test_a_bare_flag_before_an_assignment_is_true() -> None:
+    parsed = parse_overrides(["--save", "exp_name=x", "--name=a=b"])
+    assert [(k, v) for k, v, _ in parsed] == [
+        (("save",), True),
+        (("exp_name",), "x"),
+        (("name",), "a=b"),
+    ]
+
+
+def test_log_level_is_case_insensitive(write) -> None:
+    exp = load_experiment(write("e.yaml", "log_level: debug\nmodules: {m: {framework: x}}\n"))
+    assert exp.log_level == "DEBUG"

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 import pytest
 
-from primus.core.errors import PatchError
+from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.errors import BackendError, PatchError
 from primus.core.patches import PatchContext, register_patch
 from primus.core.runtime import PrimusRuntime
 
-from .conftest import EVENTS, RecordingTrainer
+from .conftest import EVENTS, RecordingTrainer, ToyAdapter
 
 EXP = """
     workspace: {ws}
@@ -118,3 +120,52 @@ def test_dry_run_converts_but_trains_nothing_and_writes_nothing(
     assert "before_train  toy.before_train" in out and "will apply" in out
     assert EVENTS == ["patch setup", "prepare_backend", "convert_config", "patch build_args"]
     assert not (tmp_path / "ws").exists()
+
+
+def test_env_is_applied_before_the_schema_reads_the_upstream(
+    experiment, toy_backend, monkeypatch
+) -> None:
+    monkeypatch.delenv("PRIMUS_TEST_FLAG", raising=False)
+    seen = []
+    monkeypatch.setattr(
+        toy_backend,
+        "param_schema",
+        lambda self: (
+            seen.append(os.environ.get("PRIMUS_TEST_FLAG")) or ToyAdapter.param_schema(self)
+        ),
+    )
+    PrimusRuntime(experiment)
+    assert seen == ["1"]
+
+
+def test_a_source_tree_stands_in_for_a_missing_upstream(
+    experiment, toy_backend, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(toy_backend, "upstream_requirement", "no-such-upstream-dist>=1")
+    with pytest.raises(BackendError, match="upstream missing"):
+        PrimusRuntime(experiment)
+    (tmp_path / "src_tree").mkdir()
+    monkeypatch.setenv("BACKEND_PATH", str(tmp_path / "src_tree"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert PrimusRuntime(experiment).source_tree == str(tmp_path / "src_tree")
+
+
+def test_a_broken_patch_module_of_the_backend_itself_is_fatal(write, tmp_path, monkeypatch) -> None:
+    from primus.core.patches import registry
+    from primus.core.patches.registry import PatchModuleFailure
+    from primus.core.runtime import resolution
+
+    error = ImportError("boom")
+    failure = PatchModuleFailure("dummy = x", "primus-backend-dummy", "ImportError: boom", error)
+    monkeypatch.setattr(registry, "_load_failures", [failure])
+    exp = resolution.load(write("e.yaml", "modules: {m: {framework: dummy}}\n"), single=True)
+    module = exp.modules["m"]
+    with pytest.raises(
+        PatchError, match=r"patch module dummy = x \(primus-backend-dummy\) failed"
+    ) as err:
+        resolution.validate(module, BackendRegistry.get_adapter("dummy"))
+    assert err.value.__cause__ is error
+    monkeypatch.setattr(
+        registry, "_load_failures", [PatchModuleFailure("t", "other-dist", "E", error)]
+    )
+    resolution.validate(module, BackendRegistry.get_adapter("dummy"))  # another plugin's: a warning

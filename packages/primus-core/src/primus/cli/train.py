@@ -67,10 +67,7 @@ def _command(stage: str) -> Callable[..., None]:
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run)
 
-    command.__doc__ = (
-        f"Run the {stage} stage: primus train {stage} --config EXP.yaml "
-        "[key=value | --key value ...]"
-    )
+    command.__doc__ = f"Run the {stage} stage of an experiment. Overrides may follow the options."
     return command
 
 

@@ -81,7 +81,13 @@ class BackendAdapter(ABC):
     def preset_dirs(cls) -> list[Path]:
         """Folders holding `modules/*.yaml` and `models/*.yaml` presets shipped with the backend.
 
-        Default: a `configs` folder beside the module that defines the adapter class.
+        Default: the `configs` folder beside the module of the adapter class and of each
+        adapter it derives from (a subclass's own presets first).
         """
-        folder = Path(inspect.getfile(cls)).parent / "configs"
-        return [folder] if folder.is_dir() else []
+        folders = []
+        for klass in cls.__mro__:
+            if issubclass(klass, BackendAdapter) and klass is not BackendAdapter:
+                folder = Path(inspect.getfile(klass)).parent / "configs"
+                if folder.is_dir() and folder not in folders:
+                    folders.append(folder)
+        return folders

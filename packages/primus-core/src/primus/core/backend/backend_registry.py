@@ -68,7 +68,7 @@ class BackendRegistry:
             raise BackendError(
                 f"backend '{name}' cannot be used: {info.status}: {info.reason}",
                 hint=info.install_hint(),
-            )
+            ) from info.load_error
         adapter_cls = info.adapter_class
         if adapter_cls.upstream_requirement is None and info.upstream_requirement:
             adapter_cls.upstream_requirement = info.upstream_requirement

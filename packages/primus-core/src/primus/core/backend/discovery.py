@@ -8,7 +8,6 @@ whose upstream is missing or of the wrong version, is reported, never fatal to t
 from __future__ import annotations
 
 import inspect
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +38,7 @@ class BackendInfo:
     status: str = READY
     reason: str | None = None
     adapter_class: Any = field(default=None, repr=False)
-    load_traceback: str | None = field(default=None, repr=False)
+    load_error: BaseException | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         keys = (
@@ -128,7 +127,7 @@ def discover_entry_points() -> dict[str, BackendInfo]:
             adapter_cls = ep.load()
         except Exception as exc:  # a broken plugin is reported, not fatal
             info.status, info.reason = FAILED, f"{type(exc).__name__}: {exc}"
-            info.load_traceback = traceback.format_exc()
+            info.load_error = exc
         else:
             problem = contract_problem(adapter_cls)
             if problem:

@@ -135,7 +135,8 @@ def _resolve_module(
         where = exp.origin((*path, key))
         if not isinstance(ref, str):
             raise ConfigError(f"'{key}' must be a preset name or path", where)
-        files[key] = _find_preset(ref, kind, framework, base, dirs, where)
+        naming_dir = Path(where.file).parent if where and where.file else base
+        files[key] = _find_preset(ref, kind, framework, naming_dir, dirs, where)
         params.merge(load_config_file(files[key], where))
     overrides = section.get("overrides")
     if overrides is not None and not isinstance(overrides, dict):
@@ -184,6 +185,8 @@ def load_experiment(
         layer = single_value_tree(keypath, value, origin)
         is_experiment_key = keypath[0] in {k.split(".")[0] for k in EXPERIMENT_SCHEMA.specs}
         (exp.merge(layer) if is_experiment_key else cli_params.append(layer))
+    if isinstance(exp.data.get("log_level"), str):
+        exp.data["log_level"] = exp.data["log_level"].upper()
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
     modules = exp.data.get("modules")
     if not isinstance(modules, dict) or not modules:

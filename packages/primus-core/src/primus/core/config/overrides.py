@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from primus.core.config.yaml_io import KeyPath, parse_scalar
 from primus.core.errors import ConfigError, Origin
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][\w.\-]*=")
 
 
 def _key(raw: str, token: str) -> KeyPath:
@@ -18,7 +21,8 @@ def _key(raw: str, token: str) -> KeyPath:
 def parse_overrides(tokens: list[str]) -> list[tuple[KeyPath, Any, Origin]]:
     """Turn override tokens into (key path, typed value, origin) in command-line order.
 
-    A `--flag` with no value (last, or followed by another `--option`) means `true`.
+    A `--flag` with no value (last, or followed by another `--option` or a `key=value`) means
+    `true`; write `--name=a=b` for a value that looks like an assignment.
     Dashes in keys become underscores: `--train-iters 10` sets `train_iters`.
     """
     result: list[tuple[KeyPath, Any, Origin]] = []
@@ -29,7 +33,11 @@ def parse_overrides(tokens: list[str]) -> list[tuple[KeyPath, Any, Origin]]:
             body = token[2:]
             if "=" in body:
                 raw, value = body.split("=", 1)
-            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            elif (
+                i + 1 < len(tokens)
+                and not tokens[i + 1].startswith("--")
+                and not _ASSIGNMENT.match(tokens[i + 1])
+            ):
                 raw, value = body, tokens[i + 1]
                 token = f"{token} {value}"
                 i += 1

@@ -8,11 +8,11 @@ from typing import Any
 import yaml
 
 from primus.core.config.tree import ConfigTree
-from primus.core.config.yaml_io import KeyPath
+from primus.core.config.yaml_io import KeyPath, PrimusDumper
 
 
 def _scalar(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30)
+    text = yaml.dump(value, Dumper=PrimusDumper, default_flow_style=True, width=1 << 30)
     return text.removesuffix("\n").removesuffix("\n...").removesuffix("...").strip()
 
 

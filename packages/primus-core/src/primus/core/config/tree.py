@@ -106,4 +106,12 @@ def single_value_tree(path: KeyPath, value: Any, origin: Origin) -> ConfigTree:
         node = node.setdefault(key, {})
     node[path[-1]] = value
     origins = {path[:i]: origin for i in range(1, len(path) + 1)}
+
+    def nested(node: Any, prefix: KeyPath) -> None:
+        if isinstance(node, dict):
+            for key, sub in node.items():
+                origins[(*prefix, key)] = origin
+                nested(sub, (*prefix, key))
+
+    nested(value, path)
     return ConfigTree(data, origins)

@@ -23,11 +23,16 @@ class PrimusLoader(yaml.SafeLoader):
     """SafeLoader that also reads `1e-4` and `1E5` as floats (YAML 1.2)."""
 
 
-PrimusLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)[eE][-+]?\d+$"),
-    list("-+0123456789."),
-)
+class PrimusDumper(yaml.SafeDumper):
+    """SafeDumper that quotes strings PrimusLoader would read back as floats ("1e-4")."""
+
+
+for _cls in (PrimusLoader, PrimusDumper):
+    _cls.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)[eE][-+]?\d+$"),
+        list("-+0123456789."),
+    )
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 
@@ -114,7 +119,8 @@ def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]]:
         data = builder.build(node, ()) if node is not None else {}
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = Origin("file", str(path), mark.line + 1 if mark else None)
+        last_line = max(1, len(text.splitlines()))
+        where = Origin("file", str(path), min(mark.line + 1, last_line) if mark else None)
         raise ConfigError(f"YAML syntax error: {exc.problem or exc.context}", where) from None
     finally:
         loader.dispose()

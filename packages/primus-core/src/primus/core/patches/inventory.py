@@ -9,8 +9,8 @@ import textwrap
 from primus.core.patches.patch import Patch
 
 PHASE_TIMING = {
-    "setup": "before the backend is prepared and its config converted (upstream not yet imported "
-    "by Primus)",
+    "setup": "before the backend is prepared and its config converted (the config is already "
+    "validated, which may have read the upstream's own schema)",
     "build_args": "after the backend args are built, before the trainer exists",
     "before_train": "after trainer.setup() and trainer.init(), right before training",
     "after_train": "after training returns, before cleanup",

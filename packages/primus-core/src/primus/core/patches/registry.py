@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +102,7 @@ class PatchModuleFailure:
     entry_point: str
     distribution: str | None
     error: str
-    traceback: str
+    exception: BaseException
 
 
 _load_failures: list[PatchModuleFailure] | None = None
@@ -123,7 +122,7 @@ def load_patch_modules() -> list[PatchModuleFailure]:
                         f"{ep.name} = {ep.value}",
                         ep.dist.name if ep.dist else None,
                         f"{type(exc).__name__}: {exc}",
-                        traceback.format_exc(),
+                        exc,
                     )
                 )
     return _load_failures

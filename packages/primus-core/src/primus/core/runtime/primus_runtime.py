@@ -17,7 +17,6 @@ from primus.core.config.render import to_yaml
 from primus.core.dist_env import get_torchrun_env
 from primus.core.logging import get_logger, setup_logging
 from primus.core.patches.patch import PatchContext
-from primus.core.patches.registry import load_patch_modules
 from primus.core.patches.runner import PatchRunner
 from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
@@ -68,7 +67,12 @@ class PrimusRuntime:
         self.module = next(iter(self.experiment.modules.values()))
         self.stage = stage
         self.debug = debug
-        self.adapter = BackendRegistry.get_adapter(self.module.framework)
+        apply_env(self.experiment.env)  # before anything of the backend's upstream is imported
+        framework = self.module.framework
+        self.adapter = BackendRegistry.get_adapter_class(framework, require_ready=False)(framework)
+        self.source_tree = self.adapter.setup_backend_path()
+        if not self.source_tree:  # an installed upstream must be there and fit
+            BackendRegistry.get_adapter_class(framework)
         resolution.validate(self.module, self.adapter)
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(
@@ -95,16 +99,11 @@ class PrimusRuntime:
         self.runner.run(ctx)
 
     def run(self, dry_run: bool = False) -> None:
-        apply_env(self.experiment.env)
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(level, None if dry_run else self.run_dir / "logs")
-        for failure in load_patch_modules():
-            self.log.warning(
-                f"patch module {failure.entry_point} ({failure.distribution}) "
-                f"failed to import: {failure.error}"
-            )
         info = BackendRegistry.info(self.module.framework)
-        self.adapter.setup_backend_path()
+        if self.source_tree:
+            self.log.info(f"upstream source tree: {self.source_tree}")
         version = self.adapter.detect_backend_version()
         origin = f"{info.distribution} {info.version}" if info.distribution else "in-process"
         self.log.info(

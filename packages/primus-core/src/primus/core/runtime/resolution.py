@@ -9,6 +9,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
+from primus.core.errors import PatchError
 from primus.core.logging import get_logger
 from primus.core.patches.registry import all_patches, load_patch_modules
 from primus.core.patches.selection import PatchSelection, selection_for
@@ -30,8 +31,19 @@ def load(
 
 
 def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
-    """Check a module's params against the backend schema plus registered Primus keys."""
-    load_patch_modules()
+    """Check a module's params against the backend schema plus registered Primus keys.
+
+    A patch module of the backend's own distribution that fails to import stops here (the
+    backend is broken); one from another distribution is a warning.
+    """
+    own = BackendRegistry.info(module.framework).distribution
+    for failure in load_patch_modules():
+        message = f"patch module {failure.entry_point} ({failure.distribution}) failed to import: {failure.error}"
+        if own is not None and failure.distribution == own:
+            raise PatchError(
+                message, hint="--debug shows the import traceback"
+            ) from failure.exception
+        get_logger().warning(message)
     schema = adapter.param_schema()
     if schema is None:
         get_logger().warning(
