@@ -22,7 +22,9 @@ def list_backends(
         typer.echo(json.dumps([i.as_dict() for i in infos], indent=2))
         return
     if not infos:
-        typer.echo("no backends installed (pip install primus-megatron, primus-torchtitan, ...)")
+        typer.echo(
+            "no backends installed (install a backend package: pip install primus-<backend>)"
+        )
         return
     rows = [("backend", "distribution", "upstream requirement", "installed", "status")]
     for i in infos:

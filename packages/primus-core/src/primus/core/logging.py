@@ -23,7 +23,7 @@ class _RankFilter(logging.Filter):
 
 
 def get_logger(name: str | None = None) -> logging.Logger:
-    """The Primus logger, or a child of it (`get_logger("megatron")` -> "primus.megatron")."""
+    """The Primus logger, or a child of it (`get_logger("mybackend")` -> "primus.mybackend")."""
     return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
 
 

@@ -24,7 +24,7 @@ class BackendAdapter(ABC):
     """Integrates one training framework. Subclasses import their upstream lazily, never at
     module import time, so discovery, inventories and `primus --help` stay instant.
 
-    `upstream_requirement` (PEP 508, e.g. "megatron-core>=0.17,<0.20") defaults to the
+    `upstream_requirement` (PEP 508, e.g. "someframework>=0.17,<0.20") defaults to the
     `upstream` extra of the distribution that ships the adapter; set it here for adapters
     registered in-process with `BackendRegistry.register_adapter`.
     """

@@ -34,7 +34,7 @@ def register_patch(
 
     Lower `priority` runs first; equal priorities run in registration order.
     `backend_versions` is a PEP 440 specifier set ("<0.20,>=0.17"); `target` names the
-    upstream symbol replaced or wrapped ("megatron.training.initialize._compile_dependencies").
+    upstream symbol replaced or wrapped ("someframework.training.initialize.compile_helpers").
     """
 
     def decorate(handler: Callable[[PatchContext], Any]) -> Callable[[PatchContext], Any]:

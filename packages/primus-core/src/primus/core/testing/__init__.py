@@ -2,9 +2,9 @@
 
     from primus.core.testing import BackendConformance
 
-    class TestMegatronConformance(BackendConformance):
-        backend = "megatron"
-        upstream_modules = ("megatron",)
+    class TestMyBackendConformance(BackendConformance):
+        backend = "mybackend"
+        upstream_modules = ("myframework",)
         example_config = Path(__file__).parent / "tiny.yaml"
         smoke_overrides = ["train_iters=2"]
 
