@@ -194,6 +194,11 @@ def test_two_workers_through_torchrun(tmp_path) -> None:
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
     assert "rank 0 of 2" in (logs / "rank-0.log").read_text()
     assert "[rank1]" in (logs / "rank-1.log").read_text()
+    assert "[primus rank1]" not in result.stderr  # the console is rank 0's by default
+    loud = train_quickstart(
+        tmp_path, "--nproc-per-node", "2", "train_iters=2", env={"PRIMUS_LOG_ALL_RANKS": "1"}
+    )
+    assert loud.returncode == 0 and "[primus rank1]" in loud.stderr
 
 
 def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:

@@ -30,7 +30,7 @@ def get_logger(name: str | None = None) -> logging.Logger:
 def setup_logging(
     level: str = "INFO", log_dir: Path | None = None, console_all_ranks: bool = False
 ) -> Path | None:
-    """Log to `log_dir/rank-N.log` (appending) and, on rank 0, to stderr. Returns the file."""
+    """Log to `log_dir/rank-N.log` (appending) and, on rank 0 (or every rank), to stderr."""
     rank = get_torchrun_env().rank
     logger = get_logger()
     for handler in list(logger.handlers):

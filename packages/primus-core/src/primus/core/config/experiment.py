@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import getpass
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ class ModuleConfig:
     framework: str
     params: dict[str, Any]
     tree: ConfigTree
-    preset_files: dict[str, Path] = field(default_factory=dict)
 
     def origin(self, dotted_key: str) -> Origin | None:
         return self.tree.origin(tuple(dotted_key.split(".")))
@@ -127,7 +126,6 @@ def _resolve_module(
         exc.origin = exc.origin or exp.origin((*path, "framework"))
         raise
     params = ConfigTree()
-    files: dict[str, Path] = {}
     for key, kind in (("config", "modules"), ("model", "models")):
         ref = section.get(key)
         if ref is None:
@@ -136,15 +134,15 @@ def _resolve_module(
         if not isinstance(ref, str):
             raise ConfigError(f"'{key}' must be a preset name or path", where)
         naming_dir = Path(where.file).parent if where and where.file else base
-        files[key] = _find_preset(ref, kind, framework, naming_dir, dirs, where)
-        params.merge(load_config_file(files[key], where))
+        preset = _find_preset(ref, kind, framework, naming_dir, dirs, where)
+        params.merge(load_config_file(preset, where))
     overrides = section.get("overrides")
     if overrides is not None and not isinstance(overrides, dict):
         raise ConfigError("'overrides' must be a mapping", exp.origin((*path, "overrides")))
     params.merge(exp.subtree((*path, "overrides")))
     for layer in cli:
         params.merge(layer)
-    return ModuleConfig(name, framework, params.data, params, files)
+    return ModuleConfig(name, framework, params.data, params)
 
 
 def _defaults(path: Path) -> dict[str, str]:

@@ -92,11 +92,6 @@ def get_patch(patch_id: str) -> Patch | None:
     return _patches.get(patch_id)
 
 
-def unregister_patch(patch_id: str) -> None:
-    """Remove a patch (tests, and plugins that replace another's patch)."""
-    _patches.pop(patch_id, None)
-
-
 @dataclass(frozen=True)
 class PatchModuleFailure:
     entry_point: str

@@ -100,7 +100,11 @@ class PrimusRuntime:
 
     def run(self, dry_run: bool = False) -> None:
         level = "DEBUG" if self.debug else self.experiment.log_level
-        setup_logging(level, None if dry_run else self.run_dir / "logs")
+        setup_logging(
+            level,
+            None if dry_run else self.run_dir / "logs",
+            console_all_ranks=os.environ.get("PRIMUS_LOG_ALL_RANKS") == "1",
+        )
         info = BackendRegistry.info(self.module.framework)
         if self.source_tree:
             self.log.info(f"upstream source tree: {self.source_tree}")
