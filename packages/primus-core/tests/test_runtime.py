@@ -12,7 +12,7 @@ import pytest
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import BackendError, PatchError
 from primus.core.patches import PatchContext, register_patch
-from primus.core.runtime import PrimusRuntime
+from primus.core.runtime import PrimusRuntime, resolution
 
 from .conftest import EVENTS, RecordingTrainer, ToyAdapter
 
@@ -43,6 +43,7 @@ def test_lifecycle_runs_in_design_order_and_writes_the_run_dir(
     experiment, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.delenv("PRIMUS_TEST_FLAG", raising=False)
+    monkeypatch.setenv("PRIMUS_TEST_VALUE", "2")
     runtime = PrimusRuntime(experiment, ["layers=3"])
     runtime.run()
     assert EVENTS == [
@@ -66,6 +67,7 @@ def test_lifecycle_runs_in_design_order_and_writes_the_run_dir(
     assert report["summary"]["applied"] == 4
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "INFO [rank0] primus: primus" in log and "backend toy (in-process)" in log
+    assert "env: PRIMUS_TEST_VALUE=3 (was 2)" in log
     assert re.search(r"toy.after_train\s+after_train\s+applied", log)
 
 
@@ -148,12 +150,13 @@ def test_a_source_tree_stands_in_for_a_missing_upstream(
     monkeypatch.setenv("BACKEND_PATH", str(tmp_path / "src_tree"))
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert PrimusRuntime(experiment).source_tree == str(tmp_path / "src_tree")
+    module = resolution.load(experiment, single=True).modules["trainer"]
+    assert resolution.backend_for(module)[1] == str(tmp_path / "src_tree")  # as `config validate`
 
 
 def test_a_broken_patch_module_of_the_backend_itself_is_fatal(write, tmp_path, monkeypatch) -> None:
     from primus.core.patches import registry
     from primus.core.patches.registry import PatchModuleFailure
-    from primus.core.runtime import resolution
 
     error = ImportError("boom")
     failure = PatchModuleFailure("dummy = x", "primus-backend-dummy", "ImportError: boom", error)
@@ -161,7 +164,7 @@ def test_a_broken_patch_module_of_the_backend_itself_is_fatal(write, tmp_path, m
     exp = resolution.load(write("e.yaml", "modules: {m: {framework: dummy}}\n"), single=True)
     module = exp.modules["m"]
     with pytest.raises(
-        PatchError, match=r"patch module dummy = x \(primus-backend-dummy\) failed"
+        BackendError, match=r"patch module dummy = x \(primus-backend-dummy\) failed"
     ) as err:
         resolution.validate(module, BackendRegistry.get_adapter("dummy"))
     assert err.value.__cause__ is error

@@ -49,12 +49,12 @@ def validate(
     ctx: typer.Context, config: ConfigArg, module: Module = None, debug: Debug = False
 ) -> None:
     """Check an experiment against each backend's schema. Exit 0 if valid, 2 if not."""
-    from primus.core.backend.backend_registry import BackendRegistry
     from primus.core.runtime import resolution
 
     experiment = resolution.load(config, list(ctx.args), module)
+    resolution.apply_env(experiment.env)
     for name, mod in experiment.modules.items():
-        resolution.validate(mod, BackendRegistry.get_adapter(mod.framework))
+        resolution.backend_for(mod)
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     resolution.patch_selection(experiment)
     typer.echo(f"{config}: valid")

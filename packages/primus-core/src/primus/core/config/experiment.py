@@ -93,13 +93,12 @@ def _find_preset(
     available = sorted(
         p.name for d in dirs if (d / kind).is_dir() for p in (d / kind).glob("*.yaml")
     )
-    searched = ", ".join(str(d / kind) for d in dirs) or "no preset folders"
+    searched = ", ".join([str(base), *(str(d / kind) for d in dirs)])
     raise ConfigError(
         f"{kind[:-1]} preset '{name}' for framework '{framework}' not found"
         f"{did_you_mean(names[0], available)}",
         origin,
-        hint=f"searched next to the experiment file and in {searched}; "
-        "add folders with PRIMUS_CONFIG_PATH",
+        hint=f"searched {searched}; add folders with PRIMUS_CONFIG_PATH",
     )
 
 
@@ -183,8 +182,9 @@ def load_experiment(
         layer = single_value_tree(keypath, value, origin)
         is_experiment_key = keypath[0] in {k.split(".")[0] for k in EXPERIMENT_SCHEMA.specs}
         (exp.merge(layer) if is_experiment_key else cli_params.append(layer))
-    if isinstance(exp.data.get("log_level"), str):
-        exp.data["log_level"] = exp.data["log_level"].upper()
+    level = exp.data.get("log_level")
+    if isinstance(level, str) and level.upper() in EXPERIMENT_SCHEMA.specs["log_level"].choices:
+        exp.data["log_level"] = level.upper()
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
     modules = exp.data.get("modules")
     if not isinstance(modules, dict) or not modules:

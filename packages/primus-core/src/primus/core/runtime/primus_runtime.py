@@ -22,15 +22,6 @@ from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
 
 
-def apply_env(env: dict[str, Any]) -> None:
-    """Set the experiment's `env:` variables (booleans as 1/0), saying what each replaced."""
-    for name, value in env.items():
-        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        if os.environ.get(name, text) != text:
-            get_logger().info(f"env: {name}={text} (was {os.environ[name]})")
-        os.environ[name] = text
-
-
 def args_summary(args: Any) -> str:
     """Backend args as YAML, whatever their type (namespace, dataclass, dict)."""
     if dataclasses.is_dataclass(args) and not isinstance(args, type):
@@ -67,13 +58,9 @@ class PrimusRuntime:
         self.module = next(iter(self.experiment.modules.values()))
         self.stage = stage
         self.debug = debug
-        apply_env(self.experiment.env)  # before anything of the backend's upstream is imported
-        framework = self.module.framework
-        self.adapter = BackendRegistry.get_adapter_class(framework, require_ready=False)(framework)
-        self.source_tree = self.adapter.setup_backend_path()
-        if not self.source_tree:  # an installed upstream must be there and fit
-            BackendRegistry.get_adapter_class(framework)
-        resolution.validate(self.module, self.adapter)
+        setup_logging("DEBUG" if debug else self.experiment.log_level)  # console, until run()
+        self.env_changes = resolution.apply_env(self.experiment.env)
+        self.adapter, self.source_tree = resolution.backend_for(self.module)
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(
             self.module.framework, self.selection, self.experiment.patches.get("on_error", "fail")
@@ -106,6 +93,8 @@ class PrimusRuntime:
             console_all_ranks=os.environ.get("PRIMUS_LOG_ALL_RANKS") == "1",
         )
         info = BackendRegistry.info(self.module.framework)
+        for change in self.env_changes:
+            self.log.info(change)
         if self.source_tree:
             self.log.info(f"upstream source tree: {self.source_tree}")
         version = self.adapter.detect_backend_version()

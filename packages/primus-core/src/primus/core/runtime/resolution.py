@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
-from primus.core.errors import PatchError
+from primus.core.errors import BackendError
 from primus.core.logging import get_logger
 from primus.core.patches.registry import all_patches, load_patch_modules
 from primus.core.patches.selection import PatchSelection, selection_for
@@ -30,6 +31,32 @@ def load(
     return load_experiment(config, overrides, preset_dirs, module, single)
 
 
+def apply_env(env: dict[str, Any]) -> list[str]:
+    """Set the experiment's `env:` variables (booleans as 1/0); say which values they replaced."""
+    changes = []
+    for name, value in env.items():
+        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        if os.environ.get(name, text) != text:
+            changes.append(f"env: {name}={text} (was {os.environ[name]})")
+        os.environ[name] = text
+    return changes
+
+
+def backend_for(module: ModuleConfig) -> tuple[BackendAdapter, str]:
+    """The module's adapter, checked as training checks it; also its upstream source tree.
+
+    A source tree (`setup_backend_path`) stands in for an installed upstream; without one the
+    backend must be ready. Then the params are validated.
+    """
+    framework = module.framework
+    adapter = BackendRegistry.get_adapter_class(framework, require_ready=False)(framework)
+    source_tree = adapter.setup_backend_path()
+    if not source_tree:
+        BackendRegistry.get_adapter_class(framework)  # raises unless ready
+    validate(module, adapter)
+    return adapter, source_tree
+
+
 def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
     """Check a module's params against the backend schema plus registered Primus keys.
 
@@ -40,7 +67,7 @@ def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
     for failure in load_patch_modules():
         message = f"patch module {failure.entry_point} ({failure.distribution}) failed to import: {failure.error}"
         if own is not None and failure.distribution == own:
-            raise PatchError(
+            raise BackendError(
                 message, hint="--debug shows the import traceback"
             ) from failure.exception
         get_logger().warning(message)
