@@ -33,30 +33,35 @@ def test_single_process_defaults() -> None:
     assert get_torchrun_env() == DistEnv()
 
 
-def test_torchrun_environment(monkeypatch) -> None:
-    for k, v in {
-        "RANK": "3",
-        "WORLD_SIZE": "8",
-        "LOCAL_RANK": "1",
-        "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "node0",
-        "MASTER_PORT": "1234",
-        "SLURM_PROCID": "7",
-    }.items():
-        monkeypatch.setenv(k, v)
-    assert get_torchrun_env() == DistEnv(3, 8, 1, 2, "node0", 1234)
+TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "8",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node0",
+    "MASTER_PORT": "1234",
+    "SLURM_PROCID": "7",
+}
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "16",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS_PER_NODE": "8(x2)",
+    "SLURM_JOB_NODELIST": "gpu[003-004,9]",
+}
 
 
-def test_slurm_environment_when_torchrun_is_absent(monkeypatch) -> None:
-    for k, v in {
-        "SLURM_PROCID": "5",
-        "SLURM_NTASKS": "16",
-        "SLURM_LOCALID": "1",
-        "SLURM_NTASKS_PER_NODE": "8(x2)",
-        "SLURM_JOB_NODELIST": "gpu[003-004,9]",
-    }.items():
-        monkeypatch.setenv(k, v)
-    assert get_torchrun_env() == DistEnv(5, 16, 1, 8, "gpu003", 29500)
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (TORCHRUN, DistEnv(3, 8, 1, 2, "node0", 1234)),  # torchrun's wins over Slurm's
+        (SLURM, DistEnv(5, 16, 1, 8, "gpu003", 29500)),  # Slurm's when torchrun's is absent
+    ],
+)
+def test_environment(monkeypatch, env, expected) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert get_torchrun_env() == expected
 
 
 @pytest.mark.parametrize(

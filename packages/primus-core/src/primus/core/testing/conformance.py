@@ -50,10 +50,12 @@ class BackendConformance:
     def adapter(self) -> BackendAdapter:
         return BackendRegistry.get_adapter(self.backend)
 
-    def primus(self, *args: str, workspace: Path) -> subprocess.CompletedProcess[str]:
+    def train(self, *args: str, workspace: Path) -> subprocess.CompletedProcess[str]:
+        """`primus train pretrain --config <example> ARGS <smoke overrides>` under `workspace`."""
         env = {**os.environ, "PRIMUS_WORKSPACE": str(workspace)}
+        command = ["train", "pretrain", "--config", str(self.example_config), *args]
         return subprocess.run(
-            [sys.executable, "-m", "primus.cli", *args],
+            [sys.executable, "-m", "primus.cli", *command, *self.smoke_overrides],
             env=env,
             capture_output=True,
             text=True,
@@ -122,28 +124,13 @@ class BackendConformance:
             raise AssertionError("an unknown parameter was accepted")
 
     def test_dry_run_trains_nothing(self, tmp_path: Path) -> None:
-        result = self.primus(
-            "train",
-            "pretrain",
-            "--config",
-            str(self.example_config),
-            "--dry-run",
-            *self.smoke_overrides,
-            workspace=tmp_path,
-        )
+        result = self.train("--dry-run", workspace=tmp_path)
         assert result.returncode == 0, result.stderr
         assert "# patch plan" in result.stdout
         assert not any(tmp_path.iterdir()), "a dry run must not write a run directory"
 
     def test_lifecycle_end_to_end(self, tmp_path: Path) -> None:
-        result = self.primus(
-            "train",
-            "pretrain",
-            "--config",
-            str(self.example_config),
-            *self.smoke_overrides,
-            workspace=tmp_path,
-        )
+        result = self.train(workspace=tmp_path)
         assert result.returncode == 0, result.stderr[-4000:]
         run_dirs = [p.parent for p in tmp_path.rglob("patch_report.json")]
         assert len(run_dirs) == 1
