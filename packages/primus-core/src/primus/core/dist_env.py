@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass
 
 
@@ -15,6 +16,28 @@ class DistEnv:
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+
+    def export(self) -> None:
+        """Set the env:// rendezvous variables that are not set yet (Slurm, or a lone process).
+
+        A lone process not started by a launcher gets a free port, so that runs side by side
+        do not collide.
+        """
+        port = self.master_port
+        if self.world_size == 1 and "MASTER_PORT" not in os.environ:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        values = {
+            "RANK": self.rank,
+            "WORLD_SIZE": self.world_size,
+            "LOCAL_RANK": self.local_rank,
+            "LOCAL_WORLD_SIZE": self.local_world_size,
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": port,
+        }
+        for name, value in values.items():
+            os.environ.setdefault(name, str(value))
 
 
 def first_slurm_host(nodelist: str) -> str:

@@ -57,10 +57,16 @@ def _fits(value: Any, wanted: type) -> bool:
 
 
 class ParamSchema:
-    """Dotted key -> ParamSpec, e.g. `"optimizer.lr": ParamSpec(float)`."""
+    """Dotted key -> ParamSpec, e.g. `"optimizer.lr": ParamSpec(float)`.
 
-    def __init__(self, specs: Mapping[str, ParamSpec] | None = None) -> None:
+    `hints` maps spellings that are not keys (an upstream's flag names, say) to what to write.
+    """
+
+    def __init__(
+        self, specs: Mapping[str, ParamSpec] | None = None, hints: Mapping[str, str] | None = None
+    ) -> None:
         self.specs: dict[str, ParamSpec] = dict(specs or {})
+        self.hints: dict[str, str] = dict(hints or {})
 
     def __contains__(self, key: str) -> bool:
         return key in self.specs
@@ -69,10 +75,11 @@ class ParamSchema:
         return len(self.specs)
 
     def merged(self, *others: ParamSchema) -> ParamSchema:
-        specs = dict(self.specs)
+        specs, hints = dict(self.specs), dict(self.hints)
         for other in others:
             specs.update(other.specs)
-        return ParamSchema(specs)
+            hints.update(other.hints)
+        return ParamSchema(specs, hints)
 
     def _is_open(self, parts: tuple[str, ...]) -> bool:
         for i in range(1, len(parts)):
@@ -99,6 +106,7 @@ class ParamSchema:
                     ConfigError(
                         f"unknown {what} '{key}'{did_you_mean(key, self.specs)}",
                         params.origin(path),
+                        hint=self.hints.get(key),
                     )
                 )
         return errors

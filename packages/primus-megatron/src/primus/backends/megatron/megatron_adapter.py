@@ -1,0 +1,60 @@
+"""Adapter for Megatron-LM's training loop (`megatron.training` in the megatron-core wheel)."""
+
+from __future__ import annotations
+
+import argparse
+
+from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import ConfigError
+from primus.core.logging import log_rank_0
+from primus.core.trainer.base_trainer import BaseTrainer
+
+# Keys Primus defines for this backend; every other key is a Megatron argument (its dest name).
+PRIMUS_KEYS = ParamSchema(
+    {
+        "model_name": ParamSpec(str, "name of the model (set by model presets, shown in logs)"),
+        "device": ParamSpec(
+            str,
+            "where to train: auto (the GPU when there is one, else CPU), cuda or cpu",
+            choices=("auto", "cuda", "cpu"),
+            default="auto",
+        ),
+    }
+)
+
+
+class MegatronAdapter(BackendAdapter):
+    """Builds Megatron's args namespace; the trainer calls `megatron.training.pretrain`."""
+
+    def prepare_backend(self, config: ModuleConfig) -> None:
+        import importlib.util
+
+        from primus.backends.megatron.arguments import silence_import_notices
+
+        silence_import_notices()
+        get_torchrun_env().export()  # Megatron reads RANK & co.; env:// needs MASTER_ADDR/PORT
+        missing = [
+            name for name in ("transformer_engine", "apex") if importlib.util.find_spec(name) is None
+        ]
+        if missing:
+            log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")
+
+    def param_schema(self) -> ParamSchema:
+        from primus.backends.megatron.arguments import megatron_schema
+
+        return megatron_schema().merged(PRIMUS_KEYS)
+
+    def convert_config(self, config: ModuleConfig) -> argparse.Namespace:
+        from primus.backends.megatron.arguments import build_megatron_args, megatron_actions
+
+        actions = megatron_actions()
+        return build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
+
+    def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
+        if stage != "pretrain":
+            raise ConfigError(f"the megatron backend has no '{stage}' stage yet (it has: pretrain)")
+        from primus.backends.megatron.pretrain_trainer import MegatronPretrainTrainer
+
+        return MegatronPretrainTrainer

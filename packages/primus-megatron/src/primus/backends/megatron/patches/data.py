@@ -1,0 +1,36 @@
+"""Data wiring: mock data when the experiment names no data."""
+
+from __future__ import annotations
+
+from primus.core.logging import log_rank_0
+from primus.core.patches import PatchContext, register_patch
+
+DATA_KEYS = (
+    "data_path",
+    "train_data_path",
+    "valid_data_path",
+    "test_data_path",
+    "data_args_path",
+    "per_split_data_args_path",
+    "mock_data",
+)
+
+
+def _no_data(ctx: PatchContext) -> bool:
+    """no data_path (or other data source) and no mock_data given"""
+    return all(ctx.params.get(key) in (None, False, []) for key in DATA_KEYS)
+
+
+@register_patch(
+    "megatron.mock_data",
+    backend="megatron",
+    phase="setup",
+    condition=_no_data,
+    target="megatron args: mock_data, tokenizer_type",
+    tags=("data",),
+)
+def mock_data(ctx: PatchContext) -> None:
+    """Train on Megatron's mock GPT dataset (NullTokenizer over vocab_size) when no data is given."""
+    ctx.params["mock_data"] = True
+    ctx.params.setdefault("tokenizer_type", "NullTokenizer")
+    log_rank_0("[megatron] no data_path: training on mock data (set data_path to train on data)")

@@ -1,0 +1,60 @@
+"""Where Megatron runs: on the GPU as upstream intends, or on the CPU with gloo."""
+
+from __future__ import annotations
+
+from primus.core.logging import log_rank_0
+from primus.core.patches import PatchContext, get_args, get_param, register_patch
+
+TESTED = ">=0.19,<0.20"  # the megatron-core versions the CPU path was tested on
+
+
+def _wants_cpu(ctx: PatchContext) -> bool:
+    """device is cpu, or auto and no GPU is visible"""
+    device = get_param(ctx, "device", "auto")
+    if device != "auto":
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+@register_patch(
+    "megatron.cpu",
+    backend="megatron",
+    phase="setup",
+    condition=_wants_cpu,
+    backend_versions=TESTED,
+    target="torch.cuda, torch.distributed.init_process_group",
+    tags=("device",),
+)
+def cpu(ctx: PatchContext) -> None:
+    """Answer megatron.training's CUDA calls on the CPU and use gloo (tests, laptops, CI)."""
+    from primus.backends.megatron import cpu as shims
+
+    for change in shims.enable():
+        log_rank_0(f"[megatron] cpu: {change}")
+
+
+def _cpu_enabled(ctx: PatchContext) -> bool:
+    """the megatron.cpu patch applied"""
+    import sys
+
+    shims = sys.modules.get("primus.backends.megatron.cpu")
+    return bool(shims and shims._ENABLED)
+
+
+@register_patch(
+    "megatron.cpu_args",
+    backend="megatron",
+    phase="build_args",
+    condition=_cpu_enabled,
+    backend_versions=TESTED,
+    target="megatron args, megatron.core.tensor_parallel.random (CUDA RNG state)",
+    tags=("device",),
+)
+def cpu_args(ctx: PatchContext) -> None:
+    """CPU initialization, gloo, CUDA-only fusions off, the RNG tracker on the CPU generator."""
+    from primus.backends.megatron import cpu as shims
+
+    for change in shims.cpu_args(get_args(ctx)):
+        log_rank_0(f"[megatron] cpu: {change}")

@@ -1,0 +1,35 @@
+"""Outputs go into the run directory: checkpoints, tensorboard, wandb."""
+
+from __future__ import annotations
+
+from primus.core.logging import log_rank_0
+from primus.core.patches import PatchContext, get_args, register_patch
+
+
+@register_patch(
+    "megatron.run_dir",
+    backend="megatron",
+    phase="build_args",
+    condition=lambda ctx: ctx.run_dir is not None,
+    target="megatron args: save, load, tensorboard_dir, wandb_save_dir",
+    tags=("io",),
+)
+def run_dir(ctx: PatchContext) -> None:
+    """Checkpoints (when save_interval is set), tensorboard and wandb into the run directory;
+    `load` defaults to `save`, so running the experiment again resumes it."""
+    args = get_args(ctx)
+    routed = []
+    if args.save is None and args.save_interval:
+        args.save = str(ctx.run_dir / "checkpoints")
+        routed.append(f"save={args.save}")
+    if args.load is None and args.save is not None:
+        args.load = args.save
+        routed.append("load=save (resumes from the latest checkpoint there)")
+    if args.tensorboard_dir is None:
+        args.tensorboard_dir = str(ctx.run_dir / "tensorboard")
+        routed.append(f"tensorboard_dir={args.tensorboard_dir}")
+    if args.wandb_project and not args.wandb_save_dir:
+        args.wandb_save_dir = str(ctx.run_dir / "wandb")
+        routed.append(f"wandb_save_dir={args.wandb_save_dir}")
+    for item in routed:
+        log_rank_0(f"[megatron] {item}")

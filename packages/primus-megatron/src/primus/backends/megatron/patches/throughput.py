@@ -1,0 +1,102 @@
+"""Step metrics in Primus's format: loss, tokens/s/GPU, TFLOP/s/GPU, MFU, peak memory.
+
+FLOPs per step are Megatron's own count (`num_floating_point_operations`: forward and
+backward, causal attention counted as half the full score matrix). See primus.core.metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from primus.core.config import ParamSpec, register_params
+from primus.core.logging import get_logger
+from primus.core.metrics import append_metrics, peak_tflops, step_metrics
+from primus.core.patches import PatchContext, get_param, register_patch
+
+register_params(
+    "megatron",
+    {
+        "log_step_metrics": ParamSpec(
+            bool, "log tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval (default true)"
+        ),
+        "peak_tflops": ParamSpec(float, "the GPU's dense bf16 peak for MFU (default: by name)"),
+    },
+)
+
+
+class StepMeter:
+    """Wraps megatron's `training_log`: times the steps between logs and reports them."""
+
+    def __init__(self, ctx: PatchContext, original: Any) -> None:
+        import torch
+
+        self.original = original
+        self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
+        on_gpu = torch.cuda.is_available() and torch.cuda.get_device_name() != "cpu"
+        self.on_gpu = on_gpu
+        self.peak = get_param(ctx, "peak_tflops") or (
+            peak_tflops(torch.cuda.get_device_name()) if on_gpu else None
+        )
+        self.last: tuple[int, float] | None = None
+
+    def __call__(self, loss_dict: dict[str, Any], total_loss_dict: Any, lr: Any, iteration: int,
+                 *args: Any, **kwargs: Any) -> Any:
+        result = self.original(loss_dict, total_loss_dict, lr, iteration, *args, **kwargs)
+        from megatron.training import get_args, get_tensorboard_writer
+        from megatron.training.training import num_floating_point_operations
+        from megatron.training.utils import is_last_rank
+
+        args = get_args()
+        now = time.perf_counter()
+        if self.last is None or iteration % args.log_interval:
+            self.last = self.last or (iteration, now)
+            return result
+        steps, start = iteration - self.last[0], self.last[1]
+        self.last = (iteration, now)
+        if steps <= 0 or not is_last_rank():
+            return result
+        import torch
+
+        loss = loss_dict.get("lm loss")
+        metrics = step_metrics(
+            iteration,
+            args.train_iters,
+            float(loss) if loss is not None else None,
+            (now - start) / steps,
+            args.global_batch_size * args.seq_length,
+            num_floating_point_operations(args, args.global_batch_size),
+            args.world_size,
+            self.peak,
+            lr=float(lr) if lr is not None else None,
+            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if self.on_gpu else None,
+        )
+        get_logger("megatron").info(metrics.line())
+        if args.rank != 0:
+            print(metrics.line(), flush=True)  # the console shows rank 0's log only
+        if self.metrics_file:
+            append_metrics(self.metrics_file, metrics)
+        writer = get_tensorboard_writer()
+        if writer:
+            writer.add_scalar("primus/tokens_per_s_per_gpu", metrics.tokens_per_s_per_gpu, iteration)
+            writer.add_scalar("primus/tflops_per_gpu", metrics.tflops_per_gpu, iteration)
+            if metrics.mfu is not None:
+                writer.add_scalar("primus/mfu", metrics.mfu, iteration)
+        return result
+
+
+@register_patch(
+    "megatron.step_metrics",
+    backend="megatron",
+    phase="before_train",
+    condition=lambda ctx: get_param(ctx, "log_step_metrics", True),
+    target="megatron.training.training.training_log",
+    tags=("observability",),
+)
+def step_metrics_patch(ctx: PatchContext) -> None:
+    """Log loss, tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval; write metrics.jsonl
+    and tensorboard scalars."""
+    from megatron.training import training
+
+    if not isinstance(training.training_log, StepMeter):
+        training.training_log = StepMeter(ctx, training.training_log)

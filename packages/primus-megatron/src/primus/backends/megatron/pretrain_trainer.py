@@ -1,0 +1,48 @@
+"""The pretrain trainer: megatron.training's `pretrain()` with Primus's providers."""
+
+from __future__ import annotations
+
+import warnings
+
+from primus.core.logging import log_rank_0
+from primus.core.trainer.base_trainer import BaseTrainer
+
+
+class MegatronPretrainTrainer(BaseTrainer):
+    """`backend_args` is Megatron's validated args namespace."""
+
+    def setup(self) -> None:
+        from megatron.training.global_vars import set_global_variables
+
+        # pretrain() reads the global args; set them from ours, not from sys.argv.
+        set_global_variables(self.backend_args)
+
+    def init(self) -> None:
+        from megatron.training.argument_utils import pretrain_cfg_container_from_args
+
+        with warnings.catch_warnings():  # Primus passes a model provider, not a ModelConfig
+            warnings.filterwarnings("ignore", message=r"\s*It is recommended to use a ModelConfig")
+            self.cfg = pretrain_cfg_container_from_args(self.backend_args)
+
+    def train(self) -> None:
+        from megatron.core.enums import ModelType
+        from megatron.training import pretrain
+
+        from primus.backends.megatron import providers
+
+        log_rank_0(f"[megatron] pretrain: {self.backend_args.train_iters} iterations")
+        pretrain(
+            self.cfg,
+            providers.datasets_provider,
+            ModelType.encoder_or_decoder,
+            providers.forward_step,
+            model_provider=providers.model_provider,
+        )
+
+    def cleanup(self, on_error: bool = False) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            if not on_error:
+                dist.barrier()
+            dist.destroy_process_group()

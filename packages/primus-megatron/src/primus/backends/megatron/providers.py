@@ -1,0 +1,183 @@
+"""The functions megatron.training's `pretrain()` calls: model, datasets, forward step and loss.
+
+`layer_spec` is the slot kernel packages fill: a patch rebinds it here to swap modules in
+the transformer layer (it is looked up at call time).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.rerun_state_machine import get_rerun_state_machine
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import get_batch_on_this_cp_rank, get_batch_on_this_tp_rank
+from megatron.training import get_args, get_timers, get_tokenizer, print_rank_0
+from megatron.training.argument_utils import core_transformer_config_from_args
+from megatron.training.utils.common_utils import get_blend_and_blend_per_split
+
+
+def layer_spec(args: Any, config: TransformerConfig, vp_stage: int | None) -> Any:
+    """The transformer layer (or block) spec: Transformer Engine's when `transformer_impl` asks
+    for it, else Megatron's local modules; MoE models get the per-layer block spec."""
+    use_te = args.transformer_impl == "transformer_engine"
+    if args.num_experts:
+        return get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=use_te,
+            normalization=args.normalization,
+            qk_l2_norm=args.qk_l2_norm,
+            vp_stage=vp_stage,
+        )
+    make = get_gpt_layer_with_transformer_engine_spec if use_te else get_gpt_layer_local_spec
+    kwargs = {} if use_te else {"normalization": args.normalization}
+    return make(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm, **kwargs)
+
+
+def model_provider(
+    pre_process: bool = True,
+    post_process: bool = True,
+    vp_stage: int | None = None,
+    config: TransformerConfig | None = None,
+    pg_collection: Any = None,
+) -> GPTModel:
+    """A GPT model (Llama-style or MoE, as the args say) for one pipeline stage."""
+    args = get_args()
+    config = config or core_transformer_config_from_args(args)
+    spec = layer_spec(args, config, vp_stage)
+    if not isinstance(spec, ModuleSpec | list) and not hasattr(spec, "layer_specs"):
+        raise TypeError(f"layer_spec returned {type(spec).__name__}, not a ModuleSpec")
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        vp_stage=vp_stage,
+        pg_collection=pg_collection,
+    )
+
+
+def _dataset_config(args: Any) -> GPTDatasetConfig:
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    return GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=args.split,
+        num_dataset_builder_threads=args.num_dataset_builder_threads,
+        path_to_cache=args.data_cache_path,
+        mmap_bin_files=args.mmap_bin_files,
+        tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.create_attention_mask_in_dataloader,
+        data_parallel_size=args.data_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+    )
+
+
+def _built_on_this_rank() -> bool:
+    """Data is read on the first and last pipeline stages, on tensor-parallel rank 0."""
+    stage = parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
+    return stage and parallel_state.get_tensor_model_parallel_rank() == 0
+
+
+def datasets_provider(train_val_test_num_samples: list[int], vp_stage: int | None = None) -> Any:
+    """Megatron indexed datasets from `data_path`, or mock data with `mock_data: true`."""
+    args = get_args()
+    dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    print_rank_0(f"> building {dataset_type.__name__} train, validation and test datasets")
+    return BlendedMegatronDatasetBuilder(
+        dataset_type, train_val_test_num_samples, _built_on_this_rank, _dataset_config(args)
+    ).build()
+
+
+# Every rank calls the provider; the builder decides which ranks read (TP>1 deadlocks otherwise).
+datasets_provider.is_distributed = True  # type: ignore[attr-defined]
+
+
+def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
+    """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP."""
+    args = get_args()
+    first = parallel_state.is_pipeline_first_stage()
+    last = parallel_state.is_pipeline_last_stage()
+    if not (first or last):
+        return {k: None for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")}
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    batch = get_batch_on_this_tp_rank(
+        next(data_iterator) if data_iterator is not None else None,
+        has_cu_seqlens=False,
+        is_hybrid_cp=False,
+        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
+        broadcast_src_rank=parallel_state.get_tensor_model_parallel_src_rank(),
+        broadcast_group=tp_group,
+        cp_size=args.context_parallel_size,
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        micro_batch_size=args.micro_batch_size,
+        seq_length=args.seq_length,
+        mtp_on_this_rank=False,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        is_pipeline_first_stage=first,
+        is_pipeline_last_stage=last,
+    )
+    if args.context_parallel_size > 1:
+        cp_group = parallel_state.get_context_parallel_group()
+        batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp_group)
+    return batch
+
+
+def loss_func(
+    loss_mask: torch.Tensor, output_tensor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum of masked token losses, the token count, and both for logging (`lm loss`)."""
+    losses = output_tensor.view(-1).float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    get_rerun_state_machine().validate_result(
+        result=loss,
+        rejection_func=torch.isnan,
+        message="found NaN in local forward loss calculation",
+        tolerance=0.0,
+        fatal=True,
+    )
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator: Any, model: GPTModel) -> tuple[torch.Tensor, Any]:
+    """One micro-batch forward: the per-token losses, and how to reduce them."""
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    batch = _get_batch(data_iterator)
+    timers("batch-generator").stop()
+    output = model(
+        batch["tokens"],
+        batch["position_ids"],
+        batch["attention_mask"],
+        labels=batch["labels"],
+        loss_mask=batch["loss_mask"],
+    )
+    return output, partial(loss_func, batch["loss_mask"])
