@@ -105,7 +105,7 @@ def test_runner_applies_and_skips_with_reasons(tmp_path) -> None:
     assert status == {
         "t.apply": ("applied", ""),
         "t.old": ("skipped", "version mismatch: 1.5.0 not in <1"),
-        "t.cond": ("skipped", "condition false"),
+        "t.cond": ("skipped", 'condition false: lambda c: get_param(c, "flag", False)'),
         "t.filtered": ("skipped", "filtered by PRIMUS_PATCHES"),
         "t.args": ("applied", ""),
         "t.later": ("not run", "the run stopped before this phase"),

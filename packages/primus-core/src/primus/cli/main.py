@@ -1,4 +1,7 @@
-"""The `primus` command. Subcommand modules import Primus internals lazily: `--help` stays light."""
+"""The `primus` command. Subcommand modules import Primus internals lazily: `--help` stays light.
+
+Installed distributions may add top-level command groups (see `primus.cli.plugins`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import typer
 
 from primus.cli import backends_cmd, config_cmd, patches_cmd, train
 from primus.cli.common import DEBUG
+from primus.cli.plugins import COMMANDS_GROUP, PrimusGroup
 
 app = typer.Typer(
     name="primus",
@@ -18,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=PrimusGroup,
 )
 app.add_typer(train.app, name="train")
 app.add_typer(config_cmd.app, name="config")
@@ -30,7 +35,7 @@ def _print_versions(value: bool) -> None:
         return
     import importlib_metadata
 
-    groups = {"primus.backends", "primus.patches"}
+    groups = {"primus.backends", "primus.patches", COMMANDS_GROUP}
     for dist in sorted(importlib_metadata.distributions(), key=lambda d: d.name):
         if dist.name.startswith("primus") or groups & {ep.group for ep in dist.entry_points}:
             typer.echo(f"{dist.name} {dist.version}")

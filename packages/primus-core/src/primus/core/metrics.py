@@ -1,9 +1,9 @@
 """Training metrics every backend reports the same way: the step line and metrics.jsonl.
 
-    tokens/s/GPU = global batch tokens per step / step seconds / world size
-    TFLOP/s/GPU  = model FLOPs per step (forward + backward, the backend's count, which it
-                   names) / step seconds / world size / 1e12
-    MFU          = TFLOP/s/GPU / the GPU's dense bf16 peak (PEAK_TFLOPS; `peak_tflops` overrides)
+tokens/s/GPU = global batch tokens per step / step seconds / world size
+TFLOP/s/GPU  = model FLOPs per step (forward + backward, the backend's count, which it
+               names) / step seconds / world size / 1e12
+MFU          = TFLOP/s/GPU / the GPU's dense bf16 peak (PEAK_TFLOPS; `peak_tflops` overrides)
 """
 
 from __future__ import annotations

@@ -27,36 +27,9 @@ COLUMNS = (
 )
 
 
-def _balanced(text: str) -> str:
-    """A lambda's text up to where its enclosing call closes (`lambda c: f(c)), x` -> `lambda c: f(c)`)."""
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
-        if depth < 0 or (depth == 0 and ch in ",\n"):
-            return text[:i].strip()
-    return text.strip()
-
-
-def condition_text(patch: Patch) -> str:
-    """The condition as a reader needs it: its docstring, a lambda's source, or its name."""
-    cond = patch.condition
-    if cond is None:
-        return "always"
-    doc = inspect.getdoc(cond)
-    if doc:
-        return doc.splitlines()[0]
-    if getattr(cond, "__name__", "") == "<lambda>":
-        try:
-            src = inspect.getsource(cond)
-            return _balanced(src[src.index("lambda") :])
-        except (OSError, ValueError):
-            return "a lambda"
-    return f"{getattr(cond, '__module__', '')}.{getattr(cond, '__qualname__', repr(cond))}"
-
-
 def how_to_enable(patch: Patch) -> str:
     gate = f"; upstream {patch.backend_versions}" if patch.backend_versions else ""
-    return f"{condition_text(patch)}{gate}"
+    return f"{patch.condition_text}{gate}"
 
 
 def row(patch: Patch) -> dict[str, str]:
@@ -131,7 +104,7 @@ def deep_dive(patch: Patch) -> str:
 ## Patch logic
 - target: {r["target"]}
 - phase: {patch.phase} ({PHASE_TIMING[patch.phase]}), priority {patch.priority}
-- condition: {condition_text(patch)}
+- condition: {patch.condition_text}
 - upstream versions: {r["version gate"]}
 - tags: {r["tags"] or "-"}
 
@@ -147,7 +120,7 @@ def deep_dive(patch: Patch) -> str:
 2. {rebind}
 3. Apply it at the same point: {PHASE_TIMING[patch.phase]}, so it lands before the patched
    code is first used.
-4. Keep its constraints: condition `{condition_text(patch)}`; upstream versions
+4. Keep its constraints: condition `{patch.condition_text}`; upstream versions
    `{r["version gate"]}`.
 5. Or reuse the engine instead of hand-porting: `pip install primus-core`, register the handler
    with `@register_patch("{patch.id}", backend="{patch.backend}", phase="{patch.phase}", ...)`

@@ -15,6 +15,32 @@ from packaging.version import InvalidVersion, Version
 PHASES = ("setup", "build_args", "before_train", "after_train")
 
 
+def _balanced(text: str) -> str:
+    """A lambda's text up to where its enclosing call closes (`lambda c: f(c)), x` -> `lambda c: f(c)`)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if depth < 0 or (depth == 0 and ch in ",\n"):
+            return text[:i].strip()
+    return text.strip()
+
+
+def _condition_text(cond: Callable[..., Any] | None) -> str:
+    """The condition as a reader needs it: its docstring, a lambda's source, or its name."""
+    if cond is None:
+        return "always"
+    doc = inspect.getdoc(cond)
+    if doc:
+        return doc.splitlines()[0]
+    if getattr(cond, "__name__", "") == "<lambda>":
+        try:
+            src = inspect.getsource(cond)
+            return _balanced(src[src.index("lambda") :])
+        except (OSError, ValueError):
+            return "a lambda"
+    return f"{getattr(cond, '__module__', '')}.{getattr(cond, '__qualname__', repr(cond))}"
+
+
 @dataclass
 class PatchContext:
     """What a patch (and its condition) sees."""
@@ -72,6 +98,10 @@ class Patch:
             return getattr(fn, "__module__", "?")
         roots = [r for r in sys.path if r and path.startswith(r.rstrip("/") + "/")]
         return f"{path[len(max(roots, key=len).rstrip('/')) + 1 :] if roots else path}:{line}"
+
+    @property
+    def condition_text(self) -> str:
+        return _condition_text(self.condition)
 
     @property
     def module(self) -> str:

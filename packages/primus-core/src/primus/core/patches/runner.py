@@ -61,7 +61,7 @@ class PatchRunner:
         if mismatch:
             return mismatch
         if patch.condition is not None and not patch.condition(ctx):
-            return "condition false"
+            return f"condition false: {patch.condition_text}"
         return None
 
     def run(self, ctx: PatchContext) -> None:
@@ -88,7 +88,11 @@ class PatchRunner:
                 get_logger().warning(message)
                 continue
             outcome.seconds = time.perf_counter() - start
-            outcome.status, outcome.reason = (APPLIED, "") if reason is None else (SKIPPED, reason)
+            if reason is None:  # applied: say why, when a condition decided it
+                outcome.status = APPLIED
+                outcome.reason = patch.condition_text if patch.condition else ""
+            else:
+                outcome.status, outcome.reason = SKIPPED, reason
 
     def plan(self, ctx: PatchContext) -> list[tuple[Patch, str]]:
         """Each patch with what happened to it or, for phases still ahead, what would happen."""

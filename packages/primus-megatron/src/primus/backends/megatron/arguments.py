@@ -131,7 +131,9 @@ def _validation_error(exc: BaseException, config: ModuleConfig) -> ConfigError:
     )
 
 
-def build_megatron_args(config: ModuleConfig, megatron_params: dict[str, Any]) -> argparse.Namespace:
+def build_megatron_args(
+    config: ModuleConfig, megatron_params: dict[str, Any]
+) -> argparse.Namespace:
     """parse_args([]) for the defaults, the params on top, then Megatron's `validate_args`."""
     from megatron.training.arguments import validate_args
 
@@ -149,7 +151,7 @@ def build_megatron_args(config: ModuleConfig, megatron_params: dict[str, Any]) -
     try:
         with contextlib.redirect_stdout(dump):  # validate_args prints every arg: keep it at DEBUG
             validate_args(args, {})
-    except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
+    except (AssertionError, ValueError) as exc:
         raise _validation_error(exc, config) from exc
     finally:
         get_logger("megatron").debug(dump.getvalue())

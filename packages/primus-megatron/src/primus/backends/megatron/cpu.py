@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 from typing import Any
 
 import torch
@@ -110,6 +111,11 @@ def enable() -> list[str]:
         "memory_stats": lambda *a, **k: {},
         "get_device_name": _returns("cpu"),
         "get_device_capability": _returns((0, 0)),
+        "get_device_properties": _returns(
+            types.SimpleNamespace(
+                name="cpu", major=0, minor=0, total_memory=0, multi_processor_count=1
+            )
+        ),
         "get_rng_state": lambda *a, **k: torch.get_rng_state(),
         "set_rng_state": lambda state, *a, **k: torch.set_rng_state(state),
         "manual_seed": lambda seed: torch.default_generator.manual_seed(int(seed)),

@@ -36,7 +36,9 @@ class MegatronAdapter(BackendAdapter):
         silence_import_notices()
         get_torchrun_env().export()  # Megatron reads RANK & co.; env:// needs MASTER_ADDR/PORT
         missing = [
-            name for name in ("transformer_engine", "apex") if importlib.util.find_spec(name) is None
+            name
+            for name in ("transformer_engine", "apex")
+            if importlib.util.find_spec(name) is None
         ]
         if missing:
             log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")

@@ -124,7 +124,9 @@ def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
     first = parallel_state.is_pipeline_first_stage()
     last = parallel_state.is_pipeline_last_stage()
     if not (first or last):
-        return {k: None for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")}
+        return {
+            k: None for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+        }
     tp_group = parallel_state.get_tensor_model_parallel_group()
     batch = get_batch_on_this_tp_rank(
         next(data_iterator) if data_iterator is not None else None,

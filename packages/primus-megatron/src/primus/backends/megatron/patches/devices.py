@@ -58,3 +58,31 @@ def cpu_args(ctx: PatchContext) -> None:
 
     for change in shims.cpu_args(get_args(ctx)):
         log_rank_0(f"[megatron] cpu: {change}")
+
+
+def _needs_one_connection(ctx: PatchContext) -> bool:
+    """tensor or context parallel > 1 and CUDA_DEVICE_MAX_CONNECTIONS is unset"""
+    import os
+
+    parallel = max(
+        get_param(ctx, "tensor_model_parallel_size", 1) or 1,
+        get_param(ctx, "context_parallel_size", 1) or 1,
+    )
+    return parallel > 1 and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ
+
+
+@register_patch(
+    "megatron.cuda_device_max_connections",
+    backend="megatron",
+    phase="setup",
+    condition=_needs_one_connection,
+    target="env CUDA_DEVICE_MAX_CONNECTIONS",
+    tags=("device",),
+)
+def cuda_device_max_connections(ctx: PatchContext) -> None:
+    """Set CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron requires with TP or CP (it orders the
+    communication kernels before the GEMMs that depend on them)."""
+    import os
+
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    log_rank_0("[megatron] CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor/context parallel)")

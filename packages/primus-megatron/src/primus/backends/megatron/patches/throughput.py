@@ -40,8 +40,15 @@ class StepMeter:
         )
         self.last: tuple[int, float] | None = None
 
-    def __call__(self, loss_dict: dict[str, Any], total_loss_dict: Any, lr: Any, iteration: int,
-                 *args: Any, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        loss_dict: dict[str, Any],
+        total_loss_dict: Any,
+        lr: Any,
+        iteration: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         result = self.original(loss_dict, total_loss_dict, lr, iteration, *args, **kwargs)
         from megatron.training import get_args, get_tensorboard_writer
         from megatron.training.training import num_floating_point_operations
@@ -73,12 +80,14 @@ class StepMeter:
         )
         get_logger("megatron").info(metrics.line())
         if args.rank != 0:
-            print(metrics.line(), flush=True)  # the console shows rank 0's log only
+            print(f"[primus] {metrics.line()}", flush=True)  # the console shows rank 0 only
         if self.metrics_file:
             append_metrics(self.metrics_file, metrics)
         writer = get_tensorboard_writer()
         if writer:
-            writer.add_scalar("primus/tokens_per_s_per_gpu", metrics.tokens_per_s_per_gpu, iteration)
+            writer.add_scalar(
+                "primus/tokens_per_s_per_gpu", metrics.tokens_per_s_per_gpu, iteration
+            )
             writer.add_scalar("primus/tflops_per_gpu", metrics.tflops_per_gpu, iteration)
             if metrics.mfu is not None:
                 writer.add_scalar("primus/mfu", metrics.mfu, iteration)
