@@ -36,7 +36,8 @@ def args_summary(args: Any) -> str:
             return {str(k): plain(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [plain(v) for v in value]
-        return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+        plain_types = (str, int, float, bool, type(None))  # exact: an IntEnum is shown by repr
+        return value if type(value) in plain_types else repr(value)
 
     return yaml.safe_dump(plain(data), sort_keys=True, width=100)
 

@@ -12,7 +12,9 @@ import enum
 import functools
 import io
 import re
+import traceback
 import warnings
+from pathlib import Path
 from typing import Any
 
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
@@ -89,8 +91,8 @@ def megatron_schema() -> ParamSchema:
 
 
 def _coerce_one(action: argparse.Action, value: Any) -> Any:
-    convert = action.type
-    if convert is None or isinstance(value, enum.Enum):
+    convert = action.type or str  # argparse hands untyped options their text
+    if isinstance(value, enum.Enum):
         return value
     if convert in (int, float) and isinstance(value, int | float) and not isinstance(value, bool):
         if convert is int and value != int(value):
@@ -121,7 +123,10 @@ def coerce(action: argparse.Action, value: Any) -> Any:
 
 def _validation_error(exc: BaseException, config: ModuleConfig) -> ConfigError:
     """A validate_args failure as a config error at the first key its message names."""
-    message = str(exc).strip() or type(exc).__name__
+    message = str(exc).strip()
+    if not message:  # a bare assert: show the check itself
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        message = f"`{frame.line}` failed ({Path(frame.filename).name}:{frame.lineno})"
     named = [k for k in config.params if re.search(rf"\b{k}\b|--{k.replace('_', '-')}\b", message)]
     origin = config.origin(named[0]) if named else None
     return ConfigError(

@@ -27,7 +27,6 @@ class MegatronPretrainTrainer(BaseTrainer):
     def train(self) -> None:
         from megatron.core.enums import ModelType
         from megatron.training import pretrain
-
         from primus.backends.megatron import providers
 
         log_rank_0(f"[megatron] pretrain: {self.backend_args.train_iters} iterations")

@@ -25,6 +25,11 @@ def _no_te(ctx: PatchContext) -> bool:
     return not _installed("transformer_engine")
 
 
+def _no_te_nor_apex(ctx: PatchContext) -> bool:
+    """neither transformer_engine nor apex is installed"""
+    return _no_te(ctx) and not _installed("apex")
+
+
 def _turn_off(ctx: PatchContext, key: str, value: object, reason: str) -> None:
     """Set params[key] = value, warning when that overrides what the config asked for."""
     asked = ctx.params.get(key)
@@ -53,7 +58,7 @@ def local_layers_without_te(ctx: PatchContext) -> None:
     "megatron.fusions_without_te",
     backend="megatron",
     phase="setup",
-    condition=lambda ctx: _no_te(ctx) and not _installed("apex"),
+    condition=_no_te_nor_apex,
     target="megatron args: " + ", ".join(TE_OR_APEX_KERNELS),
     tags=("fallback",),
 )

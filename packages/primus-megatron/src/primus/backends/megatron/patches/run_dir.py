@@ -10,15 +10,14 @@ from primus.core.patches import PatchContext, get_args, register_patch
     "megatron.run_dir",
     backend="megatron",
     phase="build_args",
-    condition=lambda ctx: ctx.run_dir is not None,
     target="megatron args: save, load, tensorboard_dir, wandb_save_dir",
     tags=("io",),
 )
 def run_dir(ctx: PatchContext) -> None:
     """Checkpoints (when save_interval is set), tensorboard and wandb into the run directory;
     `load` defaults to `save`, so running the experiment again resumes it."""
-    args = get_args(ctx)
-    routed = []
+    args, routed = get_args(ctx), []
+    assert ctx.run_dir is not None, "the runtime always sets the run directory"
     if args.save is None and args.save_interval:
         args.save = str(ctx.run_dir / "checkpoints")
         routed.append(f"save={args.save}")

@@ -1,0 +1,108 @@
+"""`primus train` through megatron.training on CPU: real training steps, real processes.
+
+Each run is a `primus train pretrain` subprocess on the tiny recipe (gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+pytestmark = pytest.mark.slow
+
+
+def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
+    """Run the tiny recipe; return its run directory (asserting success)."""
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "primus.cli",
+            "train",
+            "pretrain",
+            "--config",
+            str(RECIPE),
+            *launch,
+            *overrides,
+        ],
+        env={**os.environ, "PRIMUS_WORKSPACE": str(workspace)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    name = next(o.split("=", 1)[1] for o in overrides if o.startswith("exp_name="))
+    return next(workspace.rglob(name))
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {m["step"]: m["loss"] for m in map(json.loads, lines)}
+
+
+def assert_loss_falls(curve: dict[int, float]) -> None:
+    steps = sorted(curve)
+    first, last = curve[steps[0]], curve[steps[-1]]
+    assert last < first - 0.5, f"loss did not fall: {first:.3f} -> {last:.3f}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "train_iters=20")
+
+
+def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
+    curve = losses(uninterrupted)
+    assert sorted(curve) == list(range(2, 21))  # the first step only starts the clock
+    assert_loss_falls(curve)
+    metrics = json.loads((uninterrupted / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["tokens_per_s_per_gpu"] > 0 and metrics["tflops_per_gpu"] > 0
+    assert metrics["mfu"] is None  # no peak is known for a CPU
+    report = json.loads((uninterrupted / "patch_report.json").read_text())
+    status = {p["id"]: (p["status"], p["reason"]) for p in report["patches"]}
+    assert status["megatron.cpu"] == ("applied", "device is cpu, or auto and no GPU is visible")
+    assert status["megatron.mock_data"][0] == "applied"
+    assert status["megatron.cuda_device_max_connections"][0] == "skipped"
+    assert status["megatron.step_metrics"][0] == "applied"
+    assert report["summary"]["failed"] == 0 and report["summary"]["not run"] == 0
+    log = (uninterrupted / "logs" / "rank-0.log").read_text()
+    assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+
+
+@pytest.mark.parametrize("parallel", ["data_parallel", "tensor_model_parallel_size=2"])
+def test_two_processes_over_gloo(tmp_path: Path, parallel: str) -> None:
+    overrides = [] if parallel == "data_parallel" else [parallel]
+    run_dir = train(
+        tmp_path, f"exp_name={parallel.split('=')[0]}", "train_iters=12", *overrides, nproc=2
+    )
+    assert_loss_falls(losses(run_dir))
+    config = (run_dir / "config.resolved.yaml").read_text()
+    assert ("tensor_model_parallel_size: 2" in config) == bool(overrides)
+
+
+def test_checkpoint_then_resume_matches_the_uninterrupted_run(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    # Stop at step 10 (Megatron's exit_interval) with checkpoints every 5, then run again.
+    run_dir = train(
+        tmp_path, "exp_name=resumed", "train_iters=20", "save_interval=5", "exit_interval=10"
+    )
+    tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    assert tracker.read_text().strip() == "10"
+    assert max(losses(run_dir)) == 10
+    train(tmp_path, "exp_name=resumed", "train_iters=20", "save_interval=5")
+    steps = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == list(range(2, 11)) + list(range(12, 21))  # continues at 11, repeats nothing
+    assert tracker.read_text().strip() == "20"
+    whole, resumed = losses(uninterrupted), losses(run_dir)
+    for step in (12, 15, 20):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-4), step
