@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+DUMMY_QUICKSTART = ROOT / "tests" / "fixtures" / "dummy-quickstart.yaml"
 
 
 def primus(
@@ -35,7 +35,7 @@ def train_quickstart(
 ) -> subprocess.CompletedProcess[str]:
     """`primus train pretrain --config configs/quickstart.yaml ARGS` writing under `workspace`."""
     extra_env = {"PRIMUS_WORKSPACE": str(workspace), **(env or {})}
-    return primus("train", "pretrain", "--config", str(QUICKSTART), *args, env=extra_env)
+    return primus("train", "pretrain", "--config", str(DUMMY_QUICKSTART), *args, env=extra_env)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -128,15 +128,15 @@ def test_cli_override_errors_point_at_the_command_line(tmp_path) -> None:
 
 
 def test_config_show_and_validate(tmp_path) -> None:
-    shown = primus("config", "show", str(QUICKSTART), "--provenance", "--lr", "1e-3")
+    shown = primus("config", "show", str(DUMMY_QUICKSTART), "--provenance", "--lr", "1e-3")
     assert shown.returncode == 0, shown.stderr
     assert re.search(
         r"lr: 0.001  # cli \(--lr 1e-3\) \(overrode 0.05 from .*dummy_trainer.yaml:4\)",
         shown.stdout,
     )
-    as_json = json.loads(primus("config", "show", str(QUICKSTART), "--format", "json").stdout)
+    as_json = json.loads(primus("config", "show", str(DUMMY_QUICKSTART), "--format", "json").stdout)
     assert as_json["modules"]["pre_trainer"]["overrides"]["train_iters"] == 200
-    valid = primus("config", "validate", str(QUICKSTART))
+    valid = primus("config", "validate", str(DUMMY_QUICKSTART))
     assert valid.returncode == 0 and "valid" in valid.stdout
 
 
@@ -210,7 +210,7 @@ def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:
                     raise ImportError("No module named 'torch'")
         sys.meta_path.insert(0, NoTorch())
         from primus.cli.main import main
-        main(["train", "pretrain", "--config", {str(QUICKSTART)!r}, "--nproc-per-node", "2"])
+        main(["train", "pretrain", "--config", {str(DUMMY_QUICKSTART)!r}, "--nproc-per-node", "2"])
     """)
     result = subprocess.run(
         [sys.executable, "-c", blocked],

@@ -58,15 +58,15 @@ class PluginCommand(TyperCommand):
             raise PrimusError(
                 f"the '{self.name}' command from {dist} failed to load "
                 f"({ep.value}): {type(exc).__name__}: {exc}",
-                hint=f"reinstall {dist}, or run with --debug for the traceback",
+                hint=f"reinstall {dist}; `primus --debug {self.name} ...` shows the traceback",
             ) from exc
-        if isinstance(target, typer.Typer):
-            return typer.main.get_command(target)
+        if isinstance(target, typer.Typer):  # mounted like `add_typer`: always a group
+            return typer.main.get_group(target)
         if isinstance(target, TyperCommand | TyperGroup):
             return target
         raise PrimusError(
-            f"the '{self.name}' command from {dist} ({ep.value}) is a "
-            f"{type(target).__name__}, not a typer.Typer app"
+            f"the '{self.name}' command from {dist}: {ep.value} is not a typer.Typer app "
+            f"(got {type(target).__name__})"
         )
 
     def make_context(
@@ -100,7 +100,7 @@ class PrimusGroup(TyperGroup):
             if name in self.commands:
                 self._shadowed[name] = [_dist_name(ep) for ep in eps]
             else:
-                self.commands[name] = PluginCommand(name, eps)
+                self.commands[name] = PluginCommand(name, sorted(eps, key=_dist_name))
 
     def list_commands(self, ctx: Any) -> list[str]:
         self._add_plugins()

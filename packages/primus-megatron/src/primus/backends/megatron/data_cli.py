@@ -28,12 +28,11 @@ from primus.cli.common import Debug
 if TYPE_CHECKING:
     from primus.backends.megatron.data_prepare import Eod, Prepared
 
-app = typer.Typer(help="Prepare training data for the Megatron backend.", no_args_is_help=True)
-
-
-@app.callback()
-def data() -> None:
-    """Prepare training data for the Megatron backend."""
+app = typer.Typer(
+    help="Prepare training data for the Megatron backend.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 class Rates(ProgressColumn):
@@ -58,18 +57,14 @@ def _short(x: float) -> str:
 
 
 def _size(path: Path) -> str:
-    size = float(path.stat().st_size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
-        size /= 1000
-    raise AssertionError
+    size = path.stat().st_size
+    return f"{size:,} B" if size < 1000 else f"{_short(size)}B"
 
 
 def training_overrides(result: Prepared) -> dict[str, str | int]:
     """The Megatron params that train on the prepared data (pre-tokenized: NullTokenizer)."""
     params: dict[str, str | int] = {
-        "data_path": str(Path(f"{result.bin_path}".removesuffix(".bin")).resolve()),
+        "data_path": str(result.bin_path.with_suffix("").resolve()),
         "tokenizer_type": "NullTokenizer",
         "vocab_size": result.vocab_size,
     }
@@ -178,5 +173,6 @@ def prepare(
             on_batch=on_batch,
         )
     finally:
-        progress.stop()
+        if progress.live.is_started:
+            progress.stop()
     sys.stdout.write(_summary(result) + "\n")

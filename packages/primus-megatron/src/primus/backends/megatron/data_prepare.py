@@ -7,12 +7,14 @@ uint16 ids when the vocabulary allows. Writes through megatron-core's IndexedDat
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -51,9 +53,8 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, Path]:
     """A tokenizer from a tokenizer.json file or a directory holding one, and its directory."""
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        where = f"no tokenizer.json in {path}" if path.is_dir() else f"not found: {path}"
         raise ConfigError(
-            f"tokenizer {where}",
+            f"no tokenizer.json in {path}" if path.is_dir() else f"tokenizer not found: {path}",
             hint="pass a Hugging Face tokenizer directory or its tokenizer.json file",
         )
     try:
@@ -114,7 +115,9 @@ def read_documents(path: Path, key: str) -> Iterator[tuple[str | None, int]]:
             try:
                 record = json.loads(line)
             except ValueError as exc:
-                reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                reason = str(exc)
+                if isinstance(exc, json.JSONDecodeError):
+                    reason = f"{exc.msg}: column {exc.colno}"
                 raise ConfigError(f"not valid JSON: {reason}", origin=where) from None
             if not isinstance(record, dict):
                 raise ConfigError(f"expected a JSON object, got {type(record).__name__}", where)
@@ -125,7 +128,7 @@ def read_documents(path: Path, key: str) -> Iterator[tuple[str | None, int]]:
                 )
             text = record[key]
             if not isinstance(text, str):
-                raise ConfigError(f"'{key}' is a {type(text).__name__}, not a string", where)
+                raise ConfigError(f"'{key}' must be a string, got {type(text).__name__}", where)
             yield text, len(line)
 
 
@@ -157,6 +160,33 @@ def _import_builder() -> tuple[type, type]:
     return DType, IndexedDatasetBuilder
 
 
+def _write(
+    builder: Any,
+    batches: Iterable[tuple[list[str], int]],
+    tokenizer: Tokenizer,
+    eod: Eod | None,
+    on_batch: Callable[[int, int, int], None] | None,
+) -> tuple[int, int, int]:
+    """Tokenize each batch into the builder: (documents, empty documents, tokens)."""
+    documents = empty = tokens = 0
+    for texts, nbytes in batches:
+        batch_tokens = 0
+        for encoding in tokenizer.encode_batch(texts) if texts else []:
+            ids = encoding.ids
+            if not ids:  # Megatron skips empty documents too (and adds no EOD)
+                empty += 1
+                continue
+            if eod is not None:
+                ids = [*ids, eod.id]
+            builder.add_document(ids, [len(ids)])
+            batch_tokens += len(ids)
+        documents += len(texts)
+        tokens += batch_tokens
+        if on_batch:
+            on_batch(len(texts), batch_tokens, nbytes)
+    return documents - empty, empty, tokens
+
+
 def prepare(
     input_path: Path,
     tokenizer_path: Path,
@@ -165,67 +195,50 @@ def prepare(
     append_eod: bool = True,
     eod_token: str | None = None,
     workers: int | None = None,
-    on_batch: Callable[[int, int, int], None] | None = None,
     on_start: Callable[[Eod | None, int], None] | None = None,
+    on_batch: Callable[[int, int, int], None] | None = None,
 ) -> Prepared:
-    """Write PREFIX.bin and PREFIX.idx; nothing is left at PREFIX on failure.
+    """Write PREFIX.bin and PREFIX.idx (to temporary names, renamed at the end).
 
-    `on_start(eod, vocab_size)` is called right before the corpus is read and `on_batch(documents, tokens, bytes)` after
-    each batch. `workers` caps the tokenizer's threads (default: all cores).
+    Bad input fails before megatron-core is imported where it can: the tokenizer, and the
+    first lines of the corpus. `on_start(eod, vocab_size)` is called before tokenizing,
+    `on_batch(documents, tokens, bytes)` after each batch. `workers` caps the tokenizer's
+    threads (default: all cores).
     """
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
     tokenizer, directory = load_tokenizer(tokenizer_path)
     eod = find_eod(tokenizer, directory, eod_token) if append_eod else None
     vocab = max(vocab_size_of(tokenizer), eod.id + 1 if eod else 0)
+    batches = _batches(read_documents(input_path, json_key))
+    first = next(batches, ([], 0))
     dtype_cls, builder_cls = _import_builder()
+    dtype = dtype_cls.optimal_dtype(vocab)
+    if workers is not None:  # the tokenizer's thread pool reads it when it first starts
+        os.environ["RAYON_NUM_THREADS"] = str(workers)
     if on_start:
         on_start(eod, vocab)
-    dtype = dtype_cls.optimal_dtype(vocab)
 
-    if workers is not None:  # the Rust thread pool reads this when it first starts
-        os.environ["RAYON_NUM_THREADS"] = str(workers)
     bin_path, idx_path = Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
     tmp_bin, tmp_idx = (Path(f"{p}.{os.getpid()}.tmp") for p in (bin_path, idx_path))
-    start, documents, empty, tokens = time.monotonic(), 0, 0, 0
-    builder = None
+    start, builder = time.monotonic(), None
     try:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         builder = builder_cls(str(tmp_bin), dtype=dtype)
-        for texts, nbytes in _batches(read_documents(input_path, json_key)):
-            batch_tokens = 0
-            for encoding in tokenizer.encode_batch(texts) if texts else []:
-                ids = encoding.ids
-                if not ids:  # Megatron skips empty documents too (and adds no EOD)
-                    empty += 1
-                    continue
-                if eod is not None:
-                    ids = [*ids, eod.id]
-                builder.add_document(ids, [len(ids)])
-                batch_tokens += len(ids)
-            documents += len(texts)
-            tokens += batch_tokens
-            if on_batch:
-                on_batch(len(texts), batch_tokens, nbytes)
+        counts = _write(builder, itertools.chain([first], batches), tokenizer, eod, on_batch)
         builder.finalize(str(tmp_idx))
         idx_path.unlink(missing_ok=True)  # never pair an old .idx with the new .bin
         os.replace(tmp_bin, bin_path)
         os.replace(tmp_idx, idx_path)
     except OSError as exc:
-        raise PrimusError(f"cannot write {prefix}: {exc}") from exc
+        raise PrimusError(f"cannot write {prefix}.bin/.idx: {exc}") from exc
     finally:
         if builder is not None:
             builder.data_file.close()
         for tmp in (tmp_bin, tmp_idx):
             tmp.unlink(missing_ok=True)
+    documents, empty, tokens = counts
+    seconds = time.monotonic() - start
     return Prepared(
-        documents=documents - empty,
-        empty=empty,
-        tokens=tokens,
-        vocab_size=vocab,
-        eod=eod,
-        dtype=dtype.__name__,
-        bin_path=bin_path,
-        idx_path=idx_path,
-        seconds=time.monotonic() - start,
+        documents, empty, tokens, vocab, eod, dtype.__name__, bin_path, idx_path, seconds
     )

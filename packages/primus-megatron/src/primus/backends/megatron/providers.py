@@ -73,6 +73,8 @@ def model_provider(
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
         rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
         vp_stage=vp_stage,
         pg_collection=pg_collection,
     )
@@ -119,6 +121,10 @@ def datasets_provider(train_val_test_num_samples: list[int], vp_stage: int | Non
 datasets_provider.is_distributed = True  # type: ignore[attr-defined]
 
 
+def _to_gpu(value: Any) -> Any:
+    return value.cuda(non_blocking=True) if isinstance(value, torch.Tensor) else value
+
+
 def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
     """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP."""
     args = get_args()
@@ -129,8 +135,11 @@ def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
             k: None for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
         }
     tp_group = parallel_state.get_tensor_model_parallel_group()
+    local = None
+    if data_iterator is not None:  # TP rank 0 reads; the others receive the broadcast
+        local = {k: _to_gpu(v) for k, v in next(data_iterator).items()}
     batch = get_batch_on_this_tp_rank(
-        next(data_iterator) if data_iterator is not None else None,
+        local,
         has_cu_seqlens=False,
         is_hybrid_cp=False,
         create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,

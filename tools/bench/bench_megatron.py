@@ -1,0 +1,162 @@
+"""Primus vs plain megatron-core on the same GPU, same model, same flags, in one run.
+
+    python tools/bench/bench_megatron.py --config configs/megatron/llama3.2_1B-pretrain.yaml \
+        --iters 25 --warmup 5 --rounds 1 --out bench.json
+
+Runs `primus train pretrain --config ...` and tools/bench/megatron_plain.py (no Primus) with the
+flags the resolved experiment stands for, alternating, `--rounds` times each. Both runs are
+measured by Megatron's own log line (elapsed time per iteration, TFLOP/s/GPU by Megatron's
+count), so the two numbers come from the same clock and the same formula; the first
+`--warmup` iterations are dropped and the median is taken. Prints a Markdown table and
+writes the raw numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PRIMUS_KEYS = {"model_name", "device", "log_step_metrics", "peak_tflops"}
+# What Primus's fallback patches do without Transformer Engine/Apex, as a plain user writes it.
+NO_TE_FLAGS = [
+    "--transformer-impl", "local", "--no-rope-fusion", "--no-masked-softmax-fusion",
+    "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
+]  # fmt: skip
+ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
+TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
+MEMORY = re.compile(r"max allocated: ([\d.]+)")
+
+
+def resolved_params(config: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "primus.cli", "config", "show", str(config), "--format", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    modules = json.loads(out.stdout)["modules"]
+    return next(iter(modules.values()))["overrides"]
+
+
+def megatron_flags(params: dict[str, Any]) -> list[str]:
+    """The Megatron command line for `params` (dest names) through Megatron's own parser."""
+    from primus.backends.megatron.arguments import megatron_actions
+
+    actions, flags = megatron_actions(), []
+    for key, value in params.items():
+        if key in PRIMUS_KEYS or value is None:
+            continue
+        action = actions[key]
+        option = action.option_strings[0]
+        if action.nargs == 0:  # store_true / store_false: the flag when it changes the default
+            if value != action.default:
+                flags.append(option)
+        elif isinstance(value, list):
+            flags += [option, *map(str, value)]
+        else:
+            flags += [option, str(value)]
+    return flags + NO_TE_FLAGS + ["--mock-data", "--tokenizer-type", "NullTokenizer"]
+
+
+def parse_log(text: str, warmup: int) -> dict[str, float]:
+    times, tflops = [], []
+    for line in text.splitlines():
+        step = ITERATION.search(line)
+        flops = TFLOPS.search(line)
+        if step and flops and int(step.group(1)) > warmup:
+            times.append(float(step.group(2)))
+            tflops.append(float(flops.group(1)))
+    if not times:
+        raise SystemExit("no iteration lines after warm-up in:\n" + text[-3000:])
+    memory = [float(m) for m in MEMORY.findall(text)]
+    return {
+        "ms_per_iter": statistics.median(times),
+        "tflops_per_gpu": statistics.median(tflops),
+        "iterations_measured": len(times),
+        "peak_memory_gib": max(memory) / 1024 if memory else float("nan"),
+    }
+
+
+def run(command: list[str], log: Path) -> str:
+    print("$", " ".join(command), flush=True)
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
+    log.write_text(result.stdout + result.stderr)
+    if result.returncode:
+        raise SystemExit(f"failed ({result.returncode}); see {log}:\n{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--iters", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("megatron-bench.json"))
+    opts = parser.parse_args()
+    import torch
+
+    params = resolved_params(opts.config)
+    params.update(train_iters=opts.iters, log_interval=1, log_throughput=True, eval_iters=0)
+    flags = megatron_flags(params)
+    overrides = [f"train_iters={opts.iters}", "log_interval=1", "log_throughput=true"]
+    logs = opts.out.parent
+    results: dict[str, list[dict[str, float]]] = {"primus": [], "plain": []}
+    for i in range(opts.rounds):
+        primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+                  str(opts.config), *overrides, f"exp_name=bench-{i}"]  # fmt: skip
+        plain = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                 str(HERE / "megatron_plain.py"), *flags]  # fmt: skip
+        for name, command in (("primus", primus), ("plain", plain)):
+            text = run(command, logs / f"{name}-{i}.log")
+            results[name].append(parse_log(text, opts.warmup))
+    tokens = params["global_batch_size"] * params["seq_length"]
+    peak = 989.0  # dense bf16 of H100 SXM and H200; see primus.core.metrics
+    summary = {}
+    for name, runs in results.items():
+        ms = statistics.median(r["ms_per_iter"] for r in runs)
+        tflops = statistics.median(r["tflops_per_gpu"] for r in runs)
+        summary[name] = {
+            "ms_per_iter": ms,
+            "tokens_per_s_per_gpu": tokens / (ms / 1000),
+            "tflops_per_gpu": tflops,
+            "mfu": tflops / peak,
+            "peak_memory_gib": max(r["peak_memory_gib"] for r in runs),
+            "runs": runs,
+        }
+    ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["plain"]["tokens_per_s_per_gpu"]
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "versions": {
+            "python": platform.python_version(),
+            **{d: metadata.version(d) for d in ("torch", "megatron-core", "primus-megatron")},
+        },
+        "config": str(opts.config),
+        "plain_flags": flags,
+        "primus_over_plain": ratio,
+        **summary,
+    }
+    opts.out.write_text(json.dumps(report, indent=2))
+    print("| run | ms/iter | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |")
+    print("|---|---|---|---|---|---|")
+    for name in ("primus", "plain"):
+        s = summary[name]
+        print(
+            f"| {name} | {s['ms_per_iter']:.1f} | {s['tokens_per_s_per_gpu']:,.0f} | "
+            f"{s['tflops_per_gpu']:.1f} | {s['mfu']:.1%} | {s['peak_memory_gib']:.1f} |"
+        )
+    print(f"primus / plain (tokens/s): {ratio:.4f}")
+
+
+if __name__ == "__main__":
+    main()
