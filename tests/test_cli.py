@@ -138,6 +138,10 @@ def test_config_show_and_validate(tmp_path) -> None:
     assert as_json["modules"]["pre_trainer"]["overrides"]["train_iters"] == 200
     valid = primus("config", "validate", str(DUMMY_QUICKSTART))
     assert valid.returncode == 0 and "valid" in valid.stdout
+    as_in_train = primus("config", "validate", "--config", str(DUMMY_QUICKSTART))
+    assert as_in_train.returncode == 0 and as_in_train.stdout == valid.stdout
+    twice = primus("config", "validate", str(DUMMY_QUICKSTART), "-c", str(DUMMY_QUICKSTART))
+    assert twice.returncode == 2 and "give the experiment YAML once" in twice.stderr
 
 
 def test_dry_run_prints_args_and_plan(tmp_path) -> None:

@@ -247,6 +247,13 @@ def test_presets_resolve_next_to_the_file_that_names_them(toy_backend, write) ->
     assert exp.modules["trainer"].params == {"layers": 5}
 
 
+def test_an_experiment_named_like_a_preset_does_not_load_itself(toy_backend, write) -> None:
+    exp = resolution.load(
+        write("toy_model.yaml", "modules:\n  trainer:\n    framework: toy\n    model: toy_model\n")
+    )
+    assert exp.modules["trainer"].params == {"layers": 2, "name": "model"}  # the shipped preset
+
+
 def test_float_like_strings_and_cli_mappings_round_trip_with_provenance(toy_backend, write) -> None:
     exp = resolution.load(write("exp.yaml", EXPERIMENT), ["name='1e-4'", "--extra", "{a: 1}"])
     assert exp.modules["trainer"].params["name"] == "1e-4"

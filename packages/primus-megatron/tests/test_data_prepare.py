@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -183,3 +184,33 @@ def test_eod_choice(tmp_path: Path, tokenizer_dir: Path) -> None:
     assert (fresh.id, fresh.token) == (plain.get_vocab_size(), None)  # past the vocabulary
     with pytest.raises(ConfigError, match=r"no tokenizer\.json in"):
         load_tokenizer(tmp_path)
+
+
+@pytest.mark.slow
+def test_training_on_prepared_data(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """Prepare a corpus, then train the tiny recipe on it with the overrides prepare printed."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", corpus_texts(600, seed=3))
+    prefix = tmp_path / "data" / "corpus"
+    prepared = subprocess.run(
+        [sys.executable, "-m", "primus.cli", "data", "prepare", "-i", str(corpus),
+         "-t", str(tokenizer_dir), "-o", str(prefix)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    line = next(x for x in prepared.stdout.splitlines() if x.startswith("or on the command line: "))
+    overrides = shlex.split(line.removeprefix("or on the command line: "))
+    recipe = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+    trained = subprocess.run(
+        [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config", str(recipe),
+         *overrides, "exp_name=on-data", "train_iters=15", "split=100,0,0"],  # a few dozen samples: all for training
+        env={**os.environ, "PRIMUS_WORKSPACE": str(tmp_path / "ws")},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_dir = next((tmp_path / "ws").rglob("on-data"))
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    mock = next(p for p in report["patches"] if p["id"] == "megatron.mock_data")
+    assert mock["status"] == "skipped"  # it trained on the data, not on mock data
+    assert "GPTDataset" in trained.stdout + trained.stderr
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["step"] == 15 and steps[-1]["loss"] < steps[0]["loss"] - 0.5

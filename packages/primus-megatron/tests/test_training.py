@@ -106,3 +106,11 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     whole, resumed = losses(uninterrupted), losses(run_dir)
     for step in (12, 15, 20):
         assert resumed[step] == pytest.approx(whole[step], rel=1e-4), step
+
+
+def test_mixtral_style_moe(tmp_path: Path) -> None:
+    run_dir = train(
+        tmp_path, "modules.pre_trainer.model=tiny_moe", "exp_name=moe", "train_iters=12"
+    )
+    assert_loss_falls(losses(run_dir))
+    assert "num_experts: 4" in (run_dir / "config.resolved.yaml").read_text()

@@ -11,7 +11,21 @@ import typer
 from primus.cli.common import OVERRIDES, Debug, Module
 
 app = typer.Typer(help="Inspect and check experiment configs.", no_args_is_help=True)
-ConfigArg = Annotated[Path, typer.Argument(help="The experiment YAML.", show_default=False)]
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="The experiment YAML (or --config).", show_default=False)
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="The experiment YAML, as `train` takes it.", show_default=False
+    ),
+]
+
+
+def _experiment_file(argument: Path | None, option: Path | None) -> Path:
+    if (argument is None) == (option is None):
+        raise typer.BadParameter("give the experiment YAML once: as an argument or with --config")
+    return argument or option  # type: ignore[return-value]
 
 
 class Format(StrEnum):
@@ -22,7 +36,8 @@ class Format(StrEnum):
 @app.command(context_settings=OVERRIDES)
 def show(
     ctx: typer.Context,
-    config: ConfigArg,
+    config: ConfigArg = None,
+    config_option: ConfigOpt = None,
     module: Module = None,
     provenance: Annotated[
         bool,
@@ -36,6 +51,7 @@ def show(
     from primus.core.config.render import to_json, to_yaml
     from primus.core.runtime import resolution
 
+    config = _experiment_file(config, config_option)
     tree = resolved_tree(resolution.load(config, list(ctx.args), module))
     typer.echo(
         to_json(tree, provenance) if fmt is Format.json else to_yaml(tree, provenance), nl=False
@@ -46,11 +62,16 @@ def show(
 
 @app.command(context_settings=OVERRIDES)
 def validate(
-    ctx: typer.Context, config: ConfigArg, module: Module = None, debug: Debug = False
+    ctx: typer.Context,
+    config: ConfigArg = None,
+    config_option: ConfigOpt = None,
+    module: Module = None,
+    debug: Debug = False,
 ) -> None:
     """Check an experiment against each backend's schema. Exit 0 if valid, 2 if not."""
     from primus.core.runtime import resolution
 
+    config = _experiment_file(config, config_option)
     experiment = resolution.load(config, list(ctx.args), module)
     resolution.apply_env(experiment.env)
     for name, mod in experiment.modules.items():

@@ -87,8 +87,9 @@ def _find_preset(
 ) -> Path:
     names = [name] if name.endswith((".yaml", ".yml")) else [f"{name}.yaml", name]
     candidates = [base / n for n in names] + [d / kind / n for d in dirs for n in names]
+    naming_file = Path(origin.file).resolve() if origin and origin.file else None
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate.is_file() and candidate.resolve() != naming_file:  # never itself
             return candidate
     available = sorted(
         p.name for d in dirs if (d / kind).is_dir() for p in (d / kind).glob("*.yaml")
