@@ -94,11 +94,16 @@ class StepMeter:
         return result
 
 
+def _wanted(ctx: PatchContext) -> bool:
+    """log_step_metrics is true (default true)"""
+    return bool(get_param(ctx, "log_step_metrics", True))
+
+
 @register_patch(
     "megatron.step_metrics",
     backend="megatron",
     phase="before_train",
-    condition=lambda ctx: get_param(ctx, "log_step_metrics", True),
+    condition=_wanted,
     target="megatron.training.training.training_log",
     tags=("observability",),
 )
