@@ -114,8 +114,10 @@ def main() -> None:
     for i in range(opts.rounds):
         primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
                   str(opts.config), *overrides, f"exp_name=bench-{i}"]  # fmt: skip
+        # Primus writes tensorboard into the run directory by default: the peer does the same.
         plain = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                 str(HERE / "megatron_plain.py"), *flags]  # fmt: skip
+                 str(HERE / "megatron_plain.py"), *flags,
+                 "--tensorboard-dir", str(logs / f"plain-tensorboard-{i}")]  # fmt: skip
         for name, command in (("primus", primus), ("plain", plain)):
             text = run(command, logs / f"{name}-{i}.log")
             results[name].append(parse_log(text, opts.warmup))

@@ -114,3 +114,14 @@ def test_mixtral_style_moe(tmp_path: Path) -> None:
     )
     assert_loss_falls(losses(run_dir))
     assert "num_experts: 4" in (run_dir / "config.resolved.yaml").read_text()
+
+
+@pytest.mark.gpu
+def test_tiny_model_on_the_gpu(tmp_path: Path) -> None:
+    run_dir = train(tmp_path, "exp_name=gpu", "device=cuda", "bf16=true", "train_iters=30")
+    assert_loss_falls(losses(run_dir))
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["mfu"] is not None and last["peak_memory_gib"] > 0
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    cpu = next(p for p in report["patches"] if p["id"] == "megatron.cpu")
+    assert cpu["status"] == "skipped"
