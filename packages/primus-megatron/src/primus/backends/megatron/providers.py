@@ -138,22 +138,25 @@ def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
     local = None
     if data_iterator is not None:  # TP rank 0 reads; the others receive the broadcast
         local = {k: _to_gpu(v) for k, v in next(data_iterator).items()}
-    batch = get_batch_on_this_tp_rank(
-        local,
-        has_cu_seqlens=False,
-        is_hybrid_cp=False,
-        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
-        broadcast_src_rank=parallel_state.get_tensor_model_parallel_src_rank(),
-        broadcast_group=tp_group,
-        cp_size=args.context_parallel_size,
-        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-        micro_batch_size=args.micro_batch_size,
-        seq_length=args.seq_length,
-        mtp_on_this_rank=False,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        is_pipeline_first_stage=first,
-        is_pipeline_last_stage=last,
-    )
+    if local is not None and first and last and tp_group.size() == 1:
+        batch = local  # one TP rank, one stage: nothing to broadcast or drop
+    else:
+        batch = get_batch_on_this_tp_rank(
+            local,
+            has_cu_seqlens=False,
+            is_hybrid_cp=False,
+            create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
+            broadcast_src_rank=parallel_state.get_tensor_model_parallel_src_rank(),
+            broadcast_group=tp_group,
+            cp_size=args.context_parallel_size,
+            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+            micro_batch_size=args.micro_batch_size,
+            seq_length=args.seq_length,
+            mtp_on_this_rank=False,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            is_pipeline_first_stage=first,
+            is_pipeline_last_stage=last,
+        )
     if args.context_parallel_size > 1:
         cp_group = parallel_state.get_context_parallel_group()
         batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp_group)
