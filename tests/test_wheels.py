@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 PROJECTS = {
     "primus-core": REPO / "packages" / "primus-core",
+    "primus-megatron": REPO / "packages" / "primus-megatron",  # built and inspected, not installed
     "dummytrain": FIXTURES / "dummytrain",
     "primus-backend-dummy": FIXTURES / "primus-backend-dummy",
     "primus-backend-broken": FIXTURES / "primus-backend-broken",
@@ -202,6 +203,28 @@ def test_wheels_are_pep420_namespaces(wheels: Path) -> None:
     # presets ship inside the backend's wheel as package data
     assert "primus/backends/dummy/configs/modules/dummy_trainer.yaml" in names
     assert "primus/backends/dummy/configs/models/dummy_tiny.yaml" in names
+
+
+def test_megatron_wheel_ships_presets_entry_points_and_its_upstream(wheels: Path) -> None:
+    import zipfile
+
+    wheel = zipfile.ZipFile(next(wheels.glob("primus_megatron-*.whl")))
+    names = wheel.namelist()
+    for preset in (
+        "modules/megatron_pretrain",
+        "models/tiny",
+        "models/llama3.2_1B",
+        "models/mixtral_8x7B",
+    ):
+        assert f"primus/backends/megatron/configs/{preset}.yaml" in names
+    info = next(n for n in names if n.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
+    entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+    assert "[primus.backends]\nmegatron = primus.backends.megatron:MegatronAdapter" in entry_points
+    assert "[primus.patches]\nmegatron = primus.backends.megatron.patches" in entry_points
+    assert "[primus.commands]\ndata = primus.backends.megatron.data_cli:app" in entry_points
+    metadata = wheel.read(f"{info}/METADATA").decode()
+    assert "Provides-Extra: upstream" in metadata
+    assert "Requires-Dist: megatron-core<0.20,>=0.17; extra == 'upstream'" in metadata
 
 
 def test_venv_is_fresh(venv: Venv) -> None:
