@@ -89,3 +89,29 @@ def test_torchrun_args() -> None:
     ]
     single = torchrun_args(["x"], 2)
     assert single[3] == "--master-addr=127.0.0.1" and int(single[4].split("=")[1]) > 0
+
+
+def test_export_fills_the_rendezvous_for_a_lone_process_with_a_free_port() -> None:
+    import os
+    import socket
+
+    DistEnv().export()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_ADDR"]) == (
+        "0",
+        "1",
+        "127.0.0.1",
+    )
+    with socket.socket() as probe:  # the chosen port is free to bind
+        probe.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+
+
+def test_export_keeps_what_the_launcher_set(monkeypatch) -> None:
+    import os
+
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[007-008]")
+    monkeypatch.setenv("MASTER_PORT", "6000")
+    get_torchrun_env().export()
+    assert os.environ["RANK"] == "3" and os.environ["WORLD_SIZE"] == "8"
+    assert os.environ["MASTER_ADDR"] == "gpu007" and os.environ["MASTER_PORT"] == "6000"

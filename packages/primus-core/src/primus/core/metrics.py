@@ -36,6 +36,10 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
+def _flops(tflops: float) -> str:
+    return f"{tflops:.1f}" if tflops >= 1 else f"{tflops:.3g}"  # a CPU run shows its digits
+
+
 @dataclass
 class StepMetrics:
     """One logged step: what the step line shows and metrics.jsonl holds."""
@@ -59,7 +63,7 @@ class StepMetrics:
         parts += [
             f"{self.step_seconds * 1000:.1f} ms/step",
             f"{self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
-            f"{self.tflops_per_gpu:.3g} TFLOP/s/GPU",
+            f"{_flops(self.tflops_per_gpu)} TFLOP/s/GPU",
             f"MFU {self.mfu:.1%}" if self.mfu is not None else "MFU n/a",
         ]
         if self.peak_memory_gib is not None:
