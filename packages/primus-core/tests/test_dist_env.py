@@ -25,8 +25,9 @@ ALL = (
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in ALL:
-        monkeypatch.delenv(name, raising=False)
+    for name in ALL:  # set, then delete: monkeypatch restores the original state afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 def test_single_process_defaults() -> None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from primus.core.backend.backend_registry import BackendRegistry
-from primus.core.errors import BackendError, PatchError
+from primus.core.errors import BackendError, ConfigError, PatchError
 from primus.core.patches import PatchContext, register_patch
 from primus.core.runtime import PrimusRuntime, resolution
 
@@ -100,6 +100,18 @@ def test_a_failing_setup_patch_stops_before_any_training(experiment, tmp_path) -
     report = json.loads((tmp_path / "ws/local/me/run/patch_report.json").read_text())
     statuses = {p["id"]: p["status"] for p in report["patches"]}
     assert statuses["toy.broken"] == "failed" and statuses["toy.after_train"] == "not run"
+
+
+def test_an_unknown_stage_fails_before_anything_runs_or_is_written(
+    experiment, tmp_path, monkeypatch
+) -> None:
+    def no_posttrain(self, stage: str = "pretrain") -> type:
+        raise ConfigError(f"the toy backend has no '{stage}' stage")
+
+    monkeypatch.setattr(ToyAdapter, "load_trainer_class", no_posttrain)
+    with pytest.raises(ConfigError, match="no 'posttrain' stage"):
+        PrimusRuntime(experiment, stage="posttrain").run()
+    assert EVENTS == [] and not (tmp_path / "ws").exists()
 
 
 def test_config_patch_selection_and_on_error(experiment, tmp_path) -> None:

@@ -87,6 +87,7 @@ class PrimusRuntime:
         self.runner.run(ctx)
 
     def run(self, dry_run: bool = False) -> None:
+        trainer_class = self.adapter.load_trainer_class(self.stage)  # a bad stage: nothing written
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
             level,
@@ -119,7 +120,7 @@ class PrimusRuntime:
             if dry_run:
                 self._print_plan(ctx)
                 return
-            trainer = self.adapter.load_trainer_class(self.stage)(backend_args=ctx.backend_args)
+            trainer = trainer_class(backend_args=ctx.backend_args)
             ctx.extra["trainer"] = trainer
             self._drive(trainer, ctx)
         finally:

@@ -36,7 +36,7 @@ _NOTICES = r".*(Transformer Engine|transformer-engine|Apex|apex|absl\.logging).*
 
 def silence_import_notices() -> None:
     warnings.filterwarnings("ignore", message=_NOTICES, category=UserWarning)
-    warnings.filterwarnings("ignore", category=SyntaxWarning, module=r"megatron\..*")
+    warnings.filterwarnings("ignore", message="invalid escape sequence", category=SyntaxWarning)
 
 
 @functools.cache

@@ -40,6 +40,9 @@ class MegatronAdapter(BackendAdapter):
             for name in ("transformer_engine", "apex")
             if importlib.util.find_spec(name) is None
         ]
+        model = config.params.get("model_name")
+        if model:
+            log_rank_0(f"[megatron] model: {model}")
         if missing:
             log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")
 

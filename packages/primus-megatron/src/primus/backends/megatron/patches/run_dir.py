@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, get_args, register_patch
 
@@ -14,7 +16,7 @@ from primus.core.patches import PatchContext, get_args, register_patch
     tags=("io",),
 )
 def run_dir(ctx: PatchContext) -> None:
-    """Checkpoints (when save_interval is set), tensorboard and wandb into the run directory;
+    """Checkpoints (when save_interval is set), tensorboard (when installed) and wandb into the run directory;
     `load` defaults to `save`, so running the experiment again resumes it."""
     args, routed = get_args(ctx), []
     assert ctx.run_dir is not None, "the runtime always sets the run directory"
@@ -24,9 +26,11 @@ def run_dir(ctx: PatchContext) -> None:
     if args.load is None and args.save is not None:
         args.load = args.save
         routed.append("load=save (resumes from the latest checkpoint there)")
-    if args.tensorboard_dir is None:
+    if args.tensorboard_dir is None and importlib.util.find_spec("tensorboard") is not None:
         args.tensorboard_dir = str(ctx.run_dir / "tensorboard")
         routed.append(f"tensorboard_dir={args.tensorboard_dir}")
+    elif args.tensorboard_dir is None:
+        routed.append("no tensorboard logs: the tensorboard package is not installed")
     if args.wandb_project and not args.wandb_save_dir:
         args.wandb_save_dir = str(ctx.run_dir / "wandb")
         routed.append(f"wandb_save_dir={args.wandb_save_dir}")
