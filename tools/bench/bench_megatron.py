@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PRIMUS_KEYS = {"model_name", "device", "log_step_metrics", "peak_tflops"}
 # What Primus's fallback patches do without Transformer Engine/Apex, as a plain user writes it.
 NO_TE_FLAGS = [
     "--transformer-impl", "local", "--no-rope-fusion", "--no-masked-softmax-fusion",
@@ -53,7 +52,7 @@ def megatron_flags(params: dict[str, Any]) -> list[str]:
 
     actions, flags = megatron_actions(), []
     for key, value in params.items():
-        if key in PRIMUS_KEYS or value is None:
+        if key not in actions or value is None:  # Primus's own keys are no Megatron flags
             continue
         action = actions[key]
         option = action.option_strings[0]

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+RECIPE = CONFIGS / "megatron" / "tiny-cpu.yaml"
 pytestmark = pytest.mark.slow
 
 
-def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
-    """Run the tiny recipe; return its run directory (asserting success)."""
+def train(workspace: Path, *overrides: str, nproc: int = 1, config: Path = RECIPE) -> Path:
+    """Run the tiny recipe (or `config`); return its run directory (asserting success)."""
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
     result = subprocess.run(
         [
@@ -28,7 +29,7 @@ def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
             "train",
             "pretrain",
             "--config",
-            str(RECIPE),
+            str(config),
             *launch,
             *overrides,
         ],
@@ -125,3 +126,12 @@ def test_tiny_model_on_the_gpu(tmp_path: Path) -> None:
     report = json.loads((run_dir / "patch_report.json").read_text())
     cpu = next(p for p in report["patches"] if p["id"] == "megatron.cpu")
     assert cpu["status"] == "skipped"
+
+
+def test_the_readme_quickstart_trains_as_shipped(tmp_path: Path) -> None:
+    run_dir = train(tmp_path, "exp_name=quickstart", config=CONFIGS / "quickstart.yaml")
+    curve = losses(run_dir)
+    assert sorted(curve) == list(range(20, 201, 20))  # every log_interval, to the last step
+    assert curve[200] < curve[20] - 2.0, curve  # visibly falling
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "step 200/200 | loss" in log and "tokens/s/GPU" in log

@@ -35,7 +35,10 @@ def _print_versions(value: bool) -> None:
         return
     import importlib_metadata
 
-    groups = {"primus.backends", "primus.patches", COMMANDS_GROUP}
+    from primus.core.backend.discovery import BACKENDS_GROUP
+    from primus.core.patches.registry import PATCHES_GROUP
+
+    groups = {BACKENDS_GROUP, PATCHES_GROUP, COMMANDS_GROUP}
     for dist in sorted(importlib_metadata.distributions(), key=lambda d: d.name):
         if dist.name.startswith("primus") or groups & {ep.group for ep in dist.entry_points}:
             typer.echo(f"{dist.name} {dist.version}")

@@ -31,6 +31,16 @@ class StepMeter:
     def __init__(self, ctx: PatchContext, original: Any) -> None:
         import torch
 
+        from megatron.training import get_args, get_tensorboard_writer
+        from megatron.training.training import num_floating_point_operations
+        from megatron.training.utils import is_last_rank
+
+        # looked up once here, not on every step
+        self.megatron_args = get_args
+        self.tensorboard = get_tensorboard_writer
+        self.is_last_rank = is_last_rank
+        self.flops = num_floating_point_operations
+        self.max_memory = torch.cuda.max_memory_allocated
         self.original = original
         self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
         on_gpu = torch.cuda.is_available() and torch.cuda.get_device_name() != "cpu"
@@ -50,21 +60,15 @@ class StepMeter:
         **kwargs: Any,
     ) -> Any:
         result = self.original(loss_dict, total_loss_dict, lr, iteration, *args, **kwargs)
-        from megatron.training import get_args, get_tensorboard_writer
-        from megatron.training.training import num_floating_point_operations
-        from megatron.training.utils import is_last_rank
-
-        args = get_args()
+        args = self.megatron_args()
         now = time.perf_counter()
         if self.last is None or iteration % args.log_interval:
             self.last = self.last or (iteration, now)
             return result
         steps, start = iteration - self.last[0], self.last[1]
         self.last = (iteration, now)
-        if steps <= 0 or not is_last_rank():
+        if steps <= 0 or not self.is_last_rank():
             return result
-        import torch
-
         loss = loss_dict.get("lm loss")
         metrics = step_metrics(
             iteration,
@@ -72,18 +76,18 @@ class StepMeter:
             float(loss) if loss is not None else None,
             (now - start) / steps,
             args.global_batch_size * args.seq_length,
-            num_floating_point_operations(args, args.global_batch_size),
+            self.flops(args, args.global_batch_size),
             args.world_size,
             self.peak,
             lr=float(lr) if lr is not None else None,
-            peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if self.on_gpu else None,
+            peak_memory_gib=self.max_memory() / 2**30 if self.on_gpu else None,
         )
         get_logger("megatron").info(metrics.line())
         if args.rank != 0:
             print(f"[primus] {metrics.line()}", flush=True)  # the console shows rank 0 only
         if self.metrics_file:
             append_metrics(self.metrics_file, metrics)
-        writer = get_tensorboard_writer()
+        writer = self.tensorboard()
         if writer:
             writer.add_scalar(
                 "primus/tokens_per_s_per_gpu", metrics.tokens_per_s_per_gpu, iteration
