@@ -1,0 +1,119 @@
+"""Step metrics in Primus's format: loss, tokens/s/GPU, TFLOP/s/GPU, MFU, peak memory.
+
+FLOPs per token are TorchTitan's own count (`num_flops_per_token`: 6 x parameters plus the
+attention term, forward and backward). See primus.core.metrics for the formulas.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from primus.core.config import ParamSpec, register_params
+from primus.core.logging import get_logger
+from primus.core.metrics import StepMetrics, append_metrics, peak_tflops, step_metrics
+from primus.core.patches import PatchContext, get_param, register_patch
+
+register_params(
+    "torchtitan",
+    {
+        "log_step_metrics": ParamSpec(
+            bool, "log tokens/s/GPU, TFLOP/s/GPU and MFU every metrics.log_freq (default true)"
+        ),
+        "peak_tflops": ParamSpec(float, "the GPU's dense bf16 peak for MFU (default: by name)"),
+    },
+)
+
+
+class StepMeter:
+    """Reads a MetricsProcessor's counters around its `log` and reports the steps since the last."""
+
+    def __init__(self, ctx: PatchContext) -> None:
+        self.training = ctx.backend_args.training
+        self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
+        self.peak = get_param(ctx, "peak_tflops")
+
+    def measure(self, processor: Any, step: int, loss: float) -> StepMetrics | None:
+        """Called just before the processor's own `log` resets its counters."""
+        dims, training = processor.parallel_dims, self.training
+        batch_degree = dims.world_size // dims.non_data_parallel_size
+        global_batch = training.global_batch_size
+        if global_batch <= 0:
+            global_batch = training.local_batch_size * batch_degree
+        tokens = global_batch * training.seq_len  # per step, all ranks
+        # steps since the last log, from this rank's token count (right after a resume too)
+        steps = round(processor.ntokens_since_last_log * batch_degree / tokens)
+        if steps <= 0:
+            return None
+        seconds = (time.perf_counter() - processor.time_last_log) / steps
+        monitor = processor.device_memory_monitor
+        on_gpu = monitor.device.type != "cpu"
+        return step_metrics(
+            step,
+            training.steps,
+            float(loss),
+            seconds,
+            tokens,
+            processor.num_flops_per_token * tokens,
+            dims.world_size,
+            self.peak or (peak_tflops(monitor.device_name) if on_gpu else None),
+            lr=_lr(processor),
+            peak_memory_gib=monitor.get_peak_stats().max_active_gib if on_gpu else None,
+        )
+
+    def report(self, processor: Any, metrics: StepMetrics) -> None:
+        get_logger("torchtitan").info(metrics.line())
+        if processor.parallel_dims.world_size == 1 or _rank() == 0:
+            if self.metrics_file:
+                append_metrics(self.metrics_file, metrics)
+            scalars = {
+                "primus/tokens_per_s_per_gpu": metrics.tokens_per_s_per_gpu,
+                "primus/tflops_per_gpu": metrics.tflops_per_gpu,
+            }
+            if metrics.mfu is not None:
+                scalars["primus/mfu"] = metrics.mfu
+            processor.logger.log(scalars, metrics.step)
+
+
+def _lr(processor: Any) -> float | None:
+    optimizers = getattr(processor, "optimizers", None)
+    for optimizer in getattr(optimizers, "optimizers", ()):
+        return float(optimizer.param_groups[0]["lr"])
+    return None
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _wanted(ctx: PatchContext) -> bool:
+    """log_step_metrics is true (default true)"""
+    return bool(get_param(ctx, "log_step_metrics", True))
+
+
+@register_patch(
+    "torchtitan.step_metrics",
+    backend="torchtitan",
+    phase="before_train",
+    condition=_wanted,
+    target="torchtitan.components.metrics.MetricsProcessor.log",
+    tags=("observability",),
+)
+def step_metrics_patch(ctx: PatchContext) -> None:
+    """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory every metrics.log_freq steps;
+    write metrics.jsonl and tensorboard scalars (when tensorboard is on)."""
+    from torchtitan.components.metrics import MetricsProcessor
+
+    original = getattr(MetricsProcessor.log, "primus_original", MetricsProcessor.log)
+    meter = StepMeter(ctx)
+
+    def log(self: Any, step: int, global_avg_loss: float, *args: Any, **kwargs: Any) -> None:
+        metrics = meter.measure(self, step, global_avg_loss)
+        original(self, step, global_avg_loss, *args, **kwargs)
+        if metrics is not None:
+            meter.report(self, metrics)
+
+    log.primus_original = original  # type: ignore[attr-defined]
+    MetricsProcessor.log = log

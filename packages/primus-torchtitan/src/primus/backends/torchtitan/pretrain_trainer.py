@@ -1,0 +1,30 @@
+"""The pretrain trainer: TorchTitan's own Trainer, built from the Trainer.Config Primus made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from primus.core.logging import log_rank_0
+from primus.core.trainer.base_trainer import BaseTrainer
+
+
+class TorchTitanPretrainTrainer(BaseTrainer):
+    """`backend_args` is TorchTitan's `Trainer.Config`."""
+
+    trainer: Any = None
+
+    def init(self) -> None:
+        self.trainer = self.backend_args.build()
+
+    def train(self) -> None:
+        log_rank_0(f"[torchtitan] training: {self.backend_args.training.steps} steps")
+        self.trainer.train()
+
+    def cleanup(self, on_error: bool = False) -> None:
+        import torch.distributed as dist
+
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

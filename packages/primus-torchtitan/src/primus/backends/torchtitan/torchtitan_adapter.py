@@ -1,0 +1,68 @@
+"""Adapter for TorchTitan's Trainer (the torchtitan wheel)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.schema import registered_params
+from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import ConfigError
+from primus.core.logging import log_rank_0
+from primus.core.trainer.base_trainer import BaseTrainer
+
+# Keys Primus defines for this backend; the rest is TorchTitan's Trainer.Config (nested YAML).
+PRIMUS_KEYS = ParamSchema(
+    {
+        "model_name": ParamSpec(str, "name of the model (set by model presets; the flavor's name)"),
+        "device": ParamSpec(
+            str,
+            "where to train: auto (the GPU when there is one, else CPU), cuda or cpu",
+            choices=("auto", "cuda", "cpu"),
+            default="auto",
+        ),
+        "mock_data": ParamSpec(
+            bool, "train on a synthetic token stream (no tokenizer or dataset needed)"
+        ),
+    }
+)
+
+
+def owned_keys() -> ParamSchema:
+    """Keys Primus consumes itself; every other param becomes a TorchTitan CLI flag."""
+    from primus.backends.torchtitan.flavors import MODEL_KEYS
+    from primus.backends.torchtitan.job_config import AC_MODE, OPTIMIZER_KEYS
+
+    return PRIMUS_KEYS.merged(
+        ParamSchema({**MODEL_KEYS, **OPTIMIZER_KEYS, AC_MODE: ParamSpec(str)}),
+        registered_params("torchtitan"),
+    )
+
+
+class TorchTitanAdapter(BackendAdapter):
+    """Builds TorchTitan's Trainer.Config; the trainer builds and runs TorchTitan's Trainer."""
+
+    def prepare_backend(self, config: ModuleConfig) -> None:
+        get_torchrun_env().export()  # torch.distributed reads RANK & co. and MASTER_ADDR/PORT
+        model = config.params.get("model_name")
+        if model:
+            log_rank_0(f"[torchtitan] model: {model}")
+
+    def param_schema(self) -> ParamSchema:
+        from primus.backends.torchtitan.flavors import MODEL_KEYS
+        from primus.backends.torchtitan.job_config import torchtitan_schema
+
+        return torchtitan_schema().merged(PRIMUS_KEYS, ParamSchema(MODEL_KEYS))
+
+    def convert_config(self, config: ModuleConfig) -> Any:
+        from primus.backends.torchtitan.job_config import build_trainer_config
+
+        return build_trainer_config(config, owned_keys(), bool(config.params.get("mock_data")))
+
+    def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
+        if stage != "pretrain":
+            raise ConfigError(f"the torchtitan backend has no '{stage}' stage yet (it has: pretrain)")
+        from primus.backends.torchtitan.pretrain_trainer import TorchTitanPretrainTrainer
+
+        return TorchTitanPretrainTrainer
