@@ -6,12 +6,11 @@ Each run is a `primus train pretrain` subprocess on the tiny recipe (gloo on CPU
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from primus.core.testing.runs import assert_loss_falls, losses, train_run
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 RECIPE = CONFIGS / "megatron" / "tiny-cpu.yaml"
@@ -19,39 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def train(workspace: Path, *overrides: str, nproc: int = 1, config: Path = RECIPE) -> Path:
-    """Run the tiny recipe (or `config`); return its run directory (asserting success)."""
-    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "primus.cli",
-            "train",
-            "pretrain",
-            "--config",
-            str(config),
-            *launch,
-            *overrides,
-        ],
-        env={**os.environ, "PRIMUS_WORKSPACE": str(workspace)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    name = next(o.split("=", 1)[1] for o in overrides if o.startswith("exp_name="))
-    return next(workspace.rglob(name))
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {m["step"]: m["loss"] for m in map(json.loads, lines)}
-
-
-def assert_loss_falls(curve: dict[int, float]) -> None:
-    steps = sorted(curve)
-    first, last = curve[steps[0]], curve[steps[-1]]
-    assert last < first - 0.5, f"loss did not fall: {first:.3f} -> {last:.3f}"
+    return train_run(config, workspace, *overrides, nproc=nproc)
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,7 @@ def _dense_flex_attention(
 def use_dense_attention() -> None:
     """FlexAttention -> SDPA over the dense mask; block masks built eagerly."""
     from torch.nn.attention.flex_attention import create_block_mask
+
     from torchtitan.models.common import attention
 
     attention.FlexAttention.compiled_flex_attn = staticmethod(_dense_flex_attention)
@@ -85,6 +86,7 @@ def use_dense_attention() -> None:
 def force_fsdp_sum_reduction() -> None:
     """FSDP modules reduce with a plain sum (torchtitan already divides gradients itself)."""
     from torch.distributed.fsdp import FSDPModule
+
     from torchtitan.distributed import fsdp
 
     original = fsdp.disable_fsdp_gradient_division

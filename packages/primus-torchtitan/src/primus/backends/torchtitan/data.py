@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
+
+from primus.backends.torchtitan.job_config import LOCAL_FORMATS
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.hf_datasets import DatasetConfig
-
-from primus.backends.torchtitan.job_config import LOCAL_FORMATS
 
 
 class MockTokenizer(BaseTokenizer):

@@ -166,14 +166,13 @@ def cli_args(params: dict[str, Any], owned: ParamSchema) -> list[str]:
 
 def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     """Trainer.Config with what TorchTitan's CLI cannot set: model, loss, optimizer, data."""
+    from primus.backends.torchtitan.data import MockDataLoader, MockTokenizer
+    from primus.backends.torchtitan.flavors import register_flavor
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.models.common.config_utils import decoder_vocab_size
     from torchtitan.trainer import Trainer
-
-    from primus.backends.torchtitan.data import MockDataLoader, MockTokenizer
-    from primus.backends.torchtitan.flavors import register_flavor
 
     params = config.params
     compile_params = params.get("compile") or {}

@@ -1,0 +1,149 @@
+"""`primus train` through TorchTitan's Trainer on CPU: real training steps, real processes.
+
+Each run is a `primus train pretrain` subprocess on the tiny recipe (gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from primus.core.testing.runs import assert_loss_falls, losses, step_metrics, train_run
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+RECIPE = CONFIGS / "torchtitan" / "tiny-cpu.yaml"
+pytestmark = pytest.mark.slow
+# The lr schedule spans 20 steps even when a run stops at 10, so a resumed run matches.
+SCHEDULE = ("lr_scheduler.total_steps=20", "metrics.log_freq=1")
+
+
+def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
+    return train_run(RECIPE, workspace, *SCHEDULE, *overrides, nproc=nproc)
+
+
+def patch_status(run_dir: Path) -> dict[str, tuple[str, str]]:
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    assert report["summary"]["failed"] == 0 and report["summary"]["not run"] == 0
+    return {p["id"]: (p["status"], p["reason"]) for p in report["patches"]}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "training.steps=20")
+
+
+def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
+    curve = losses(uninterrupted)
+    assert sorted(curve) == list(range(1, 21))
+    assert_loss_falls(curve)
+    last = step_metrics(uninterrupted)[-1]
+    assert last["tokens_per_s_per_gpu"] > 0 and last["tflops_per_gpu"] > 0
+    assert last["mfu"] is None  # no peak is known for a CPU
+    status = patch_status(uninterrupted)
+    assert status["torchtitan.cpu"] == ("applied", "device is cpu, or auto and no GPU is visible")
+    assert status["torchtitan.mock_data"][0] == "skipped"  # the recipe sets mock_data itself
+    assert status["torchtitan.local_datasets"][0] == "skipped"
+    for applied in ("torchtitan.logging", "torchtitan.run_dir", "torchtitan.step_metrics"):
+        assert status[applied][0] == "applied", applied
+    log = (uninterrupted / "logs" / "rank-0.log").read_text()
+    assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+    assert "Training starts at step 1" in log  # TorchTitan's own log, through Primus's logger
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    ["parallelism.data_parallel_shard_degree=2", "parallelism.tensor_parallel_degree=2"],
+)
+def test_two_processes_over_gloo(tmp_path: Path, parallel: str) -> None:
+    name = parallel.split(".")[1].split("=")[0]
+    run_dir = train(tmp_path, f"exp_name={name}", "training.steps=12", parallel, nproc=2)
+    assert_loss_falls(losses(run_dir))
+    resolved = (run_dir / "config.resolved.yaml").read_text()
+    assert f"{parallel.split('.')[1].split('=')[0]}: 2" in resolved
+    assert (run_dir / "logs" / "rank-1.log").exists()
+
+
+def test_checkpoint_then_resume_matches_the_uninterrupted_run(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    keep = ("exp_name=resumed", "checkpoint.enable=true", "checkpoint.interval=5")
+    run_dir = train(tmp_path, *keep, "training.steps=10")
+    checkpoints = run_dir / "checkpoint"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-10", "step-5"]
+    assert max(losses(run_dir)) == 10
+    train(tmp_path, *keep, "training.steps=20")
+    steps = [m["step"] for m in step_metrics(run_dir)]
+    assert steps == list(range(1, 21))  # continues at 11, repeats nothing
+    assert (checkpoints / "step-20").is_dir()
+    whole, resumed = losses(uninterrupted), losses(run_dir)
+    for step in (11, 15, 20):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-4), step
+
+
+def write_tokenizer(folder: Path, texts: list[str]) -> int:
+    """A small BPE tokenizer in TorchTitan's hf_assets_path layout; returns its vocab size."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = ["<unk>", "<s>", "</s>"]
+    tokenizer.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=300, special_tokens=special)
+    )
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return tokenizer.get_vocab_size()
+
+
+def test_trains_on_a_local_jsonl_dataset_with_a_local_tokenizer(tmp_path: Path) -> None:
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "cats",
+        "sleep",
+    ]
+    texts = [" ".join(words[i % 7 :] + words[: i % 7]) for i in range(400)]
+    vocab = write_tokenizer(tmp_path / "tokenizer", texts)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    run_dir = train(
+        tmp_path,
+        "exp_name=jsonl",
+        "training.steps=20",
+        "mock_data=false",
+        "dataloader.dataset=jsonl",
+        f"dataloader.dataset_path={corpus}",
+        f"hf_assets_path={tmp_path / 'tokenizer'}",
+        f"model.vocab_size={vocab}",
+    )
+    assert_loss_falls(losses(run_dir), by=1.0)
+    assert patch_status(run_dir)["torchtitan.local_datasets"][0] == "applied"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_tiny_model_on_the_gpu(tmp_path: Path, compile_model: bool) -> None:
+    run_dir = train(
+        tmp_path,
+        f"exp_name=gpu{int(compile_model)}",
+        "device=cuda",
+        "training.steps=30",
+        "training.dtype=bfloat16",
+        f"compile.enable={str(compile_model).lower()}",
+    )
+    assert_loss_falls(losses(run_dir))
+    last = step_metrics(run_dir)[-1]
+    assert last["mfu"] is not None and last["peak_memory_gib"] > 0
+    assert patch_status(run_dir)["torchtitan.cpu"][0] == "skipped"
