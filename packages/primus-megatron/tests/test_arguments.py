@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from primus.backends.megatron.arguments import coerce, megatron_actions, megatron_schema
+from primus.core.testing.runs import primus
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 
@@ -78,16 +77,6 @@ def test_flag_spellings_get_a_hint_naming_the_key() -> None:
     )
     assert (
         hints["disable_bias_linear"] == "--disable-bias-linear is written 'add_bias_linear: false'"
-    )
-
-
-def primus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "primus.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
     )
 
 

@@ -9,18 +9,26 @@ import sys
 from pathlib import Path
 
 
-def train_run(config: Path, workspace: Path, *overrides: str, nproc: int = 1) -> Path:
-    """Run `primus train pretrain --config config` (exp_name=... among the overrides) in
-    `workspace`; assert it succeeded and return its run directory."""
-    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
-    command = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config", str(config)]
-    result = subprocess.run(
-        [*command, *launch, *overrides],
-        env={**os.environ, "PRIMUS_WORKSPACE": str(workspace)},
+def primus(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """`primus ARGS` in a subprocess (the installed CLI of this interpreter), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "primus.cli", *args],
+        env={**os.environ, **env},
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def train_run(config: Path, workspace: Path, *overrides: str, nproc: int = 1) -> Path:
+    """Run `primus train pretrain --config config` (exp_name=... among the overrides) in
+    `workspace`; assert it succeeded and return its run directory."""
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    result = primus(
+        "train", "pretrain", "--config", str(config), *launch, *overrides,
+        PRIMUS_WORKSPACE=str(workspace),
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     name = next(o.split("=", 1)[1] for o in overrides if o.startswith("exp_name="))
     return next(workspace.rglob(name))

@@ -113,7 +113,7 @@ def _qwen3(m: dict[str, Any]) -> Callable[..., Any]:
                 rope=CosSinRoPE.Config(
                     dim=head_dim,
                     max_seq_len=m.get("max_seq_len", 40960),
-                    theta=m.get("rope_theta", 1000000.0),
+                    theta=float(m.get("rope_theta", 1000000.0)),
                 ),
             ),
         )

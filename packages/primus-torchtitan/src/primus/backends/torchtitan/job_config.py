@@ -203,11 +203,25 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     )
 
 
+def _tyro_message(text: str) -> str:
+    """The message inside tyro's error box (its first section), on one line."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("╭")), None)
+    if start is None:
+        return " ".join(line.strip() for line in lines if line.strip())
+    body = []
+    for line in lines[start + 1 :]:
+        inner = line.strip().strip("│").strip()
+        if line.startswith("╰") or (inner and set(inner) <= {"─"}):
+            break
+        body.append(inner)
+    return " ".join(filter(None, body))
+
+
 def _rejected(config: ModuleConfig, message: str, schema: ParamSchema) -> ConfigError:
     """A ConfigError at the first key TorchTitan's message names (flag or dotted spelling)."""
-    message = re.sub(r"[│╭╮╰╯─]+", " ", message)
-    message = "\n".join(line.strip() for line in message.splitlines() if line.strip())
-    for match in re.finditer(r"--?([a-z0-9_.-]+)|([a-z_]+\.[a-z_.]+)", message):
+    message = _tyro_message(message)
+    for match in re.finditer(r"--([a-z0-9_.-]+)|\b([a-z_]+(?:\.[a-z_]+)+)", message):
         key = (match.group(1) or match.group(2)).replace("-", "_").strip(".")
         if key in schema and config.origin(key) is not None:
             return config.error(key, f"TorchTitan rejected the config: {message}")

@@ -1,0 +1,125 @@
+"""Building TorchTitan's Trainer.Config from Primus params (real torchtitan, in process) and the
+errors bad params give (real `primus` subprocesses)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from primus.backends.torchtitan.job_config import cli_args
+from primus.backends.torchtitan.torchtitan_adapter import owned_keys
+from primus.core.runtime.resolution import backend_for, load
+from primus.core.testing.runs import primus
+
+RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
+
+
+def trainer_config(*overrides: str):
+    module = next(iter(load(RECIPE, list(overrides)).modules.values()))
+    adapter, _ = backend_for(module)  # validates the params as `train` does
+    return adapter.convert_config(module)
+
+
+def test_params_become_torchtitans_own_flags() -> None:
+    params = {
+        "training": {"steps": 20, "dtype": "float32"},
+        "compile": {"enable": True, "components": ["model", "loss"]},
+        "metrics": {"enable_tensorboard": False},
+        "checkpoint": {"load_step": None},
+        "activation_checkpoint": {"mode": "full", "preserve_rng_state": False},
+        "model": {"family": "llama3"},
+        "optimizer": {"lr": 1e-3},
+        "device": "cpu",
+    }
+    assert cli_args(params, owned_keys()) == [
+        "--training.steps", "20", "--training.dtype", "float32",
+        "--compile.enable", "--compile.components", "model,loss",
+        "--metrics.no-enable-tensorboard",
+        "--checkpoint.load-step", "None",
+        "activation-checkpoint:full", "--activation-checkpoint.no-preserve-rng-state",
+    ]  # fmt: skip
+
+
+def test_the_recipe_builds_torchtitans_config() -> None:
+    from primus.backends.torchtitan.data import MockDataLoader, MockTokenizer
+
+    config = trainer_config("training.steps=7", "optimizer.lr=0.01", "optimizer.betas=[0.8,0.9]")
+    assert config.training.steps == 7 and config.training.local_batch_size == 4
+    group = config.optimizer.param_groups[0]
+    assert group.optimizer_kwargs["lr"] == 0.01 and group.optimizer_kwargs["betas"] == (0.8, 0.9)
+    assert config.activation_checkpoint is None  # the recipe's mode: none
+    assert config.model_spec.name == "llama3" and config.model_spec.flavor == "tiny"
+    assert isinstance(config.dataloader, MockDataLoader.Config)
+    assert isinstance(config.tokenizer, MockTokenizer.Config)
+    assert config.tokenizer.vocab_size == 512
+    assert config.debug.seed == 1234  # the module preset's
+    full = trainer_config("activation_checkpoint.mode=full")
+    assert type(full.activation_checkpoint).__qualname__ == "FullAC.Config"
+
+
+@pytest.mark.parametrize(
+    ("preset", "family", "flavor"),
+    [
+        ("llama3_debug", "llama3", "debugmodel"),
+        ("llama3.2_1B", "llama3", "1B"),
+        ("llama3.1_8B", "llama3", "8B"),
+        ("qwen3_0.6B", "qwen3", "0.6B"),
+        ("qwen3_8B", "qwen3", "8B"),
+    ],
+)
+def test_presets_equal_torchtitans_own_flavors(preset: str, family: str, flavor: str) -> None:
+    import importlib
+
+    config = trainer_config(f"modules.pre_trainer.model={preset}")
+    upstream = importlib.import_module(f"torchtitan.models.{family}").model_registry(flavor)
+    assert config.model_spec.flavor == preset
+
+    def shape(model: object) -> str:  # the whole config tree; init closures by name
+        return re.sub(r" at 0x[0-9a-f]+", "", repr(model.to_dict()))  # type: ignore[attr-defined]
+
+    assert shape(config.model_spec.model) == shape(upstream.model)
+
+
+def validate(tmp_path: Path, *lines: str, train: bool = False):
+    exp = tmp_path / "exp.yaml"
+    body = "".join(f"      {line}\n" for line in lines)
+    exp.write_text(f"extends: {RECIPE}\nmodules:\n  pre_trainer:\n    overrides:\n{body}")
+    args = ("train", "pretrain", "--config", str(exp), "--dry-run") if train else (
+        "config", "validate", str(exp))  # fmt: skip
+    result = primus(*args, cwd=tmp_path, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path: Path) -> None:
+    err = validate(
+        tmp_path,
+        "training:",
+        "  step: 5",
+        "  local_batch_size: four",
+        "model:",
+        "  family: gpt2",
+    )
+    assert "exp.yaml:6: unknown parameter 'training.step' (did you mean: training.steps" in err
+    assert "exp.yaml:7: training.local_batch_size: must be an integer, got str 'four'" in err
+    assert "exp.yaml:9: model.family: must be one of 'llama3', 'qwen3'" in err
+
+
+def test_torchtitans_own_rejections_are_config_errors_at_the_key(tmp_path: Path) -> None:
+    err = validate(tmp_path, "training:", "  dtype: float33", train=True)
+    assert "exp.yaml:6: TorchTitan rejected the config: invalid choice 'float33'" in err
+    assert "--training.dtype" in err and "'bfloat16', 'float32'" in err
+    err = validate(
+        tmp_path,
+        "parallelism: {pipeline_parallel_degree: 2, pipeline_parallel_microbatch_size: 3}",
+        train=True,
+    )
+    assert "TorchTitan rejected the config" in err and "evenly divisible" in err
+
+
+def test_a_model_section_without_dimensions_says_what_is_missing(tmp_path: Path) -> None:
+    err = validate(tmp_path, "model: {dim: null, n_layers: null}", train=True)
+    assert "missing model.dim, model.n_layers" in err and "model preset" in err
