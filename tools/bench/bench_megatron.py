@@ -14,17 +14,14 @@ writes the raw numbers as JSON.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from common import environment, resolved_params, run
 
 HERE = Path(__file__).resolve().parent
 # What Primus's fallback patches do without Transformer Engine/Apex, as a plain user writes it.
@@ -35,15 +32,6 @@ NO_TE_FLAGS = [
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 MEMORY = re.compile(r"max allocated: ([\d.]+)")
-
-
-def resolved_params(config: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "primus.cli", "config", "show", str(config), "--format", "json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    modules = json.loads(out.stdout)["modules"]
-    return next(iter(modules.values()))["overrides"]
 
 
 def megatron_flags(params: dict[str, Any]) -> list[str]:
@@ -85,15 +73,6 @@ def parse_log(text: str, warmup: int) -> dict[str, float]:
     }
 
 
-def run(command: list[str], log: Path) -> str:
-    print("$", " ".join(command), flush=True)
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
-    log.write_text(result.stdout + result.stderr)
-    if result.returncode:
-        raise SystemExit(f"failed ({result.returncode}); see {log}:\n{result.stderr[-3000:]}")
-    return result.stdout + result.stderr
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True)
@@ -102,8 +81,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("megatron-bench.json"))
     opts = parser.parse_args()
-    import torch
-
     params = resolved_params(opts.config)
     params.update(train_iters=opts.iters, log_interval=1, log_throughput=True, eval_iters=0)
     flags = megatron_flags(params)
@@ -136,12 +113,7 @@ def main() -> None:
         }
     ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["plain"]["tokens_per_s_per_gpu"]
     report = {
-        "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(),
-        "versions": {
-            "python": platform.python_version(),
-            **{d: metadata.version(d) for d in ("torch", "megatron-core", "primus-megatron")},
-        },
+        **environment(("torch", "megatron-core", "primus-megatron")),
         "config": str(opts.config),
         "plain_flags": flags,
         "primus_over_plain": ratio,

@@ -1,0 +1,116 @@
+"""Primus vs TorchTitan run directly, same GPU, same model, same settings, in one run.
+
+    python tools/bench/bench_torchtitan.py --config configs/torchtitan/llama3.2_1B-pretrain.yaml \
+        --steps 30 --warmup 5 --rounds 1 [--compile] --out bench.json
+
+Runs `primus train pretrain --config ...` and TorchTitan's own entry point (`python -m
+torchtitan.train`, tools/bench/torchtitan_plain.py for the model and synthetic data, no Primus)
+with the flags the resolved experiment stands for, alternating, `--rounds` times each. Both are
+measured by TorchTitan's own step line (tps, TFLOP/s, MFU, memory), which Primus keeps in its log:
+one clock, one formula. The first `--warmup` steps are dropped and the median is taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from common import environment, resolved_params, run
+
+HERE = Path(__file__).resolve().parent
+STEP = re.compile(
+    r"step:\s*(\d+)\s+loss:.*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)\s+tflops:\s*([\d,.]+)\s+mfu:\s*([\d.]+)%"
+)
+
+
+def torchtitan_flags(params: dict) -> list[str]:
+    """TorchTitan's CLI flags for the experiment, through the same function Primus uses."""
+    from primus.backends.torchtitan.job_config import cli_args
+    from primus.backends.torchtitan.torchtitan_adapter import owned_keys
+
+    optimizer = params.get("optimizer", {})
+    lr = optimizer.get("lr")  # a Primus shorthand: TorchTitan spells it per param group
+    lr_flag = ["--optimizer.param-groups.0.optimizer-kwargs.lr", str(lr)] if lr else []
+    return lr_flag + cli_args(params, owned_keys())  # before any subcommand and its flags
+
+
+def parse_log(text: str, warmup: int) -> dict[str, float]:
+    rows = [m.groups() for m in STEP.finditer(text) if int(m.group(1)) > warmup]
+    if not rows:
+        raise SystemExit("no step lines after warm-up in:\n" + text[-3000:])
+    column = lambda i: [float(r[i].replace(",", "")) for r in rows]  # noqa: E731
+    return {
+        "tokens_per_s_per_gpu": statistics.median(column(2)),
+        "tflops_per_gpu": statistics.median(column(3)),
+        "mfu": statistics.median(column(4)) / 100,
+        "peak_memory_gib": max(column(1)),
+        "steps_measured": len(rows),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (both runs)")
+    parser.add_argument("--out", type=Path, default=Path("torchtitan-bench.json"))
+    opts = parser.parse_args()
+    settings = {"training": {"steps": opts.steps}, "metrics": {"log_freq": 1}}
+    if opts.compile:
+        settings["compile"] = {"enable": True}
+    params = resolved_params(opts.config)
+    for section, values in settings.items():
+        params.setdefault(section, {}).update(values)
+    flags = torchtitan_flags(params)
+    overrides = [f"{s}.{k}={str(v).lower() if isinstance(v, bool) else v}"
+                 for s, values in settings.items() for k, v in values.items()]  # fmt: skip
+    logs = opts.out.parent
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    results: dict[str, list[dict[str, float]]] = {"primus": [], "torchtitan": []}
+    for i in range(opts.rounds):
+        primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+                  str(opts.config), *overrides, f"exp_name=bench-{i}"]  # fmt: skip
+        plain = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                 "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",
+                 "llama3_1b_synthetic", *flags, "--dump-folder", str(logs / f"plain-{i}")]  # fmt: skip
+        for name, command in (("primus", primus), ("torchtitan", plain)):
+            text = run(command, logs / f"{name}-{i}{'-compile' * opts.compile}.log", env)
+            results[name].append(parse_log(text, opts.warmup))
+    summary = {
+        name: {
+            key: statistics.median(r[key] for r in runs)
+            for key in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
+        }
+        | {"peak_memory_gib": max(r["peak_memory_gib"] for r in runs), "runs": runs}
+        for name, runs in results.items()
+    }
+    ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["torchtitan"]["tokens_per_s_per_gpu"]
+    report = {
+        **environment(("torch", "torchtitan", "primus-torchtitan")),
+        "config": str(opts.config),
+        "compile": opts.compile,
+        "torchtitan_flags": flags,
+        "primus_over_torchtitan": ratio,
+        **summary,
+    }
+    opts.out.write_text(json.dumps(report, indent=2))
+    print("| run | compile | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |")
+    print("|---|---|---|---|---|---|")
+    for name in ("primus", "torchtitan"):
+        s = summary[name]
+        print(
+            f"| {name} | {opts.compile} | {s['tokens_per_s_per_gpu']:,.0f} | "
+            f"{s['tflops_per_gpu']:.1f} | {s['mfu']:.1%} | {s['peak_memory_gib']:.1f} |"
+        )
+    print(f"primus / torchtitan (tokens/s): {ratio:.4f}")
+
+
+if __name__ == "__main__":
+    main()
