@@ -6,6 +6,7 @@ import argparse
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
@@ -15,12 +16,7 @@ from primus.core.trainer.base_trainer import BaseTrainer
 PRIMUS_KEYS = ParamSchema(
     {
         "model_name": ParamSpec(str, "name of the model (set by model presets, shown in logs)"),
-        "device": ParamSpec(
-            str,
-            "where to train: auto (the GPU when there is one, else CPU), cuda or cpu",
-            choices=("auto", "cuda", "cpu"),
-            default="auto",
-        ),
+        "device": DEVICE_PARAM,
     }
 )
 

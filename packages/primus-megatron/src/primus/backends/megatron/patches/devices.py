@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
+from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, get_args, get_param, register_patch
 
 TESTED = ">=0.19,<0.20"  # the megatron-core versions the CPU path was tested on
 
 
-def _wants_cpu(ctx: PatchContext) -> bool:
-    """device is cpu, or auto and no GPU is visible"""
-    device = get_param(ctx, "device", "auto")
-    if device != "auto":
-        return device == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
-
 
 @register_patch(
     "megatron.cpu",
     backend="megatron",
     phase="setup",
-    condition=_wants_cpu,
+    condition=wants_cpu,
     backend_versions=TESTED,
     target="torch.cuda, torch.distributed.init_process_group",
     tags=("device",),

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
+from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, get_param, register_patch
+from primus.core.patches import PatchContext, register_patch
 
 TESTED = ">=0.3,<0.4"  # the torchtitan versions these patches were tested on
 
-
-def _wants_cpu(ctx: PatchContext) -> bool:
-    """device is cpu, or auto and no GPU is visible"""
-    device = get_param(ctx, "device", "auto")
-    if device != "auto":
-        return device == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
 
 
 @register_patch(
     "torchtitan.cpu",
     backend="torchtitan",
     phase="setup",
-    condition=_wants_cpu,
+    condition=wants_cpu,
     backend_versions=TESTED,
     target="torchtitan.tools.utils.device_type, FlexAttention, fsdp.disable_fsdp_gradient_division",
     tags=("device",),
