@@ -79,7 +79,7 @@ def main() -> None:
                   str(opts.config), *overrides, f"exp_name=bench-{i}"]  # fmt: skip
         plain = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                  "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",
-                 "llama3_1b_synthetic", *flags, "--dump-folder", str(logs / f"plain-{i}")]  # fmt: skip
+                 "llama3_1b_synthetic", "--dump-folder", str(logs / f"plain-{i}"), *flags]  # fmt: skip
         for name, command in (("primus", primus), ("torchtitan", plain)):
             text = run(command, logs / f"{name}-{i}{'-compile' * opts.compile}.log", env)
             results[name].append(parse_log(text, opts.warmup))
