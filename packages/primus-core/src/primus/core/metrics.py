@@ -4,6 +4,7 @@ tokens/s/GPU = global batch tokens per step / step seconds / world size
 TFLOP/s/GPU  = model FLOPs per step (forward + backward, the backend's count, which it
                names) / step seconds / world size / 1e12
 MFU          = TFLOP/s/GPU / the GPU's dense bf16 peak (PEAK_TFLOPS; `peak_tflops` overrides)
+peak mem     = the most device memory tensors held (allocated, not the allocator's reserve)
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class StepMeter:
         self.training = ctx.backend_args.training
         self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
         self.peak = get_param(ctx, "peak_tflops")
+        self.pp_schedule = ctx.backend_args.parallelism.pipeline_parallel_schedule
 
     def measure(self, processor: Any, step: int, loss: float) -> StepMetrics | None:
         """Called just before the processor's own `log` resets its counters."""
@@ -82,6 +83,20 @@ def _lr(processor: Any) -> float | None:
     return None
 
 
+def _from_loss_rank(dims: Any, pp_schedule: str, *losses: float) -> tuple[float, ...]:
+    """The losses as the first rank of the last pipeline stage has them (TorchTitan's metrics
+    rank; the other stages hold -1). V schedules end on rank 0, which has them already."""
+    if not dims.pp_enabled or pp_schedule == "ZBVZeroBubble":
+        return losses
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu" if dist.get_backend() == "gloo" else torch.accelerator.current_accelerator()
+    values = torch.tensor(losses, dtype=torch.float64, device=device)
+    dist.broadcast(values, src=dims.world_size // dims.pp * (dims.pp - 1))
+    return tuple(values.tolist())
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -103,15 +118,19 @@ def _wanted(ctx: PatchContext) -> bool:
 )
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory every metrics.log_freq steps;
-    write metrics.jsonl and tensorboard scalars (when tensorboard is on)."""
+    write metrics.jsonl and tensorboard scalars (when tensorboard is on). Under pipeline
+    parallelism the loss comes from the last stage, so rank 0 logs it instead of -1."""
     from torchtitan.components.metrics import MetricsProcessor
 
     original = getattr(MetricsProcessor.log, "primus_original", MetricsProcessor.log)
     meter = StepMeter(ctx)
 
-    def log(self: Any, step: int, global_avg_loss: float, *args: Any, **kwargs: Any) -> None:
-        metrics = meter.measure(self, step, global_avg_loss)
-        original(self, step, global_avg_loss, *args, **kwargs)
+    def log(self: Any, step: int, avg_loss: float, max_loss: float, *args: Any, **kw: Any) -> None:
+        avg_loss, max_loss = _from_loss_rank(
+            self.parallel_dims, meter.pp_schedule, avg_loss, max_loss
+        )
+        metrics = meter.measure(self, step, avg_loss)
+        original(self, step, avg_loss, max_loss, *args, **kw)
         if metrics is not None:
             meter.report(self, metrics)
 
