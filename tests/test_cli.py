@@ -229,6 +229,32 @@ def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:
     )
 
 
+def test_a_backend_with_the_spawn_launcher_starts_workers_without_torch(tmp_path) -> None:
+    spawning = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None  # not importable here; the workers need none either
+        from primus.backends.dummy import DummyAdapter
+        from primus.core.backend.backend_registry import BackendRegistry
+        class SpawnedDummy(DummyAdapter):
+            launcher = "spawn"
+        BackendRegistry.register_adapter("dummy", SpawnedDummy)
+        from primus.cli.main import main
+        main(["train", "pretrain", "--config", {str(DUMMY_QUICKSTART)!r}, "--nproc-per-node", "2",
+              "train_iters=2"])
+    """)
+    script = write(tmp_path, "spawning.py", spawning)  # a file: presets are found beside classes
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[primus] spawning ranks 0-1 of 2, master 127.0.0.1:" in result.stderr
+    logs = next(tmp_path.rglob("logs"))
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
+
+
 def test_a_failing_worker_fails_the_launch(tmp_path) -> None:
     result = train_quickstart(tmp_path, "--nproc-per-node", "2", "lr=100")
     assert result.returncode == 1 and "a worker failed" in result.stderr

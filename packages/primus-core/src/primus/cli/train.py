@@ -29,7 +29,9 @@ def _command(stage: str) -> Callable[..., None]:
         nproc_per_node: Annotated[
             int,
             typer.Option(
-                "--nproc-per-node", min=1, help="Worker processes on this node (via torchrun)."
+                "--nproc-per-node",
+                min=1,
+                help="Worker processes on this node (via torchrun, or the backend's launcher).",
             ),
         ] = 1,
         nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
@@ -46,7 +48,7 @@ def _command(stage: str) -> Callable[..., None]:
         debug: Debug = False,
     ) -> None:
         from primus.core.dist_env import under_torchrun
-        from primus.core.launcher import launch, torchrun_args
+        from primus.core.launcher import launch_workers
         from primus.core.runtime import PrimusRuntime
 
         overrides = list(ctx.args)
@@ -61,8 +63,14 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
-            code = launch(
-                torchrun_args(worker, nproc_per_node, nnodes, node_rank, master_addr, master_port)
+            code = launch_workers(
+                runtime.adapter.launcher,
+                worker,
+                nproc_per_node,
+                nnodes,
+                node_rank,
+                master_addr,
+                master_port,
             )
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run)

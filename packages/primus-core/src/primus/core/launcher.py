@@ -1,17 +1,30 @@
-"""Starting worker processes through torch.distributed.run (torchrun), imported only here."""
+"""Starting worker processes: through torchrun (torch.distributed.run, imported only here), or
+through Primus's own spawner for backends that declare `launcher = "spawn"` (no torch needed)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import sys
+import time
+from typing import Any
 
 from primus.core.errors import PrimusError
+
+LAUNCHERS = ("torchrun", "spawn")
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def rendezvous(nnodes: int, master_addr: str | None, master_port: int | None) -> tuple[str, int]:
+    """The master address and port: as given, else this host and a free port on one node."""
+    return master_addr or "127.0.0.1", master_port or (free_port() if nnodes == 1 else 29500)
 
 
 def torchrun_args(
@@ -23,8 +36,7 @@ def torchrun_args(
     master_port: int | None = None,
 ) -> list[str]:
     """torchrun's arguments to run `python -m primus.cli <worker_argv>` in every worker."""
-    addr = master_addr or "127.0.0.1"
-    port = master_port or (free_port() if nnodes == 1 else 29500)
+    addr, port = rendezvous(nnodes, master_addr, master_port)
     return [
         f"--nproc-per-node={nproc_per_node}",
         f"--nnodes={nnodes}",
@@ -54,3 +66,108 @@ def launch(args: list[str]) -> int:
         print(f"[primus] a worker failed:\n{exc.format_msg()}", file=sys.stderr)
         return 1
     return 0
+
+
+def worker_env(
+    local_rank: int, nproc_per_node: int, nnodes: int, node_rank: int, addr: str, port: int
+) -> dict[str, str]:
+    """The variables torchrun gives a worker (static rendezvous)."""
+    values = {
+        "RANK": node_rank * nproc_per_node + local_rank,
+        "WORLD_SIZE": nnodes * nproc_per_node,
+        "LOCAL_RANK": local_rank,
+        "LOCAL_WORLD_SIZE": nproc_per_node,
+        "GROUP_RANK": node_rank,
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
+    return {name: str(value) for name, value in values.items()}
+
+
+def _terminate(*_: Any) -> None:
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def _wait(workers: list[subprocess.Popen[bytes]], first_rank: int, poll_s: float) -> int:
+    while True:
+        codes = [w.poll() for w in workers]
+        for i, code in enumerate(codes):
+            if code not in (None, 0):
+                print(
+                    f"[primus] a worker failed: rank {first_rank + i} exited with code {code}; "
+                    "stopping the others",
+                    file=sys.stderr,
+                )
+                return 1
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(poll_s)
+
+
+def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM to the workers still running, SIGKILL to those still running `grace_s` later."""
+    running = [w for w in workers if w.poll() is None]
+    for worker in running:
+        worker.terminate()
+    deadline = time.monotonic() + grace_s
+    for worker in running:
+        try:
+            worker.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def spawn(
+    command: list[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    grace_s: float = 10.0,
+    poll_s: float = 0.1,
+) -> int:
+    """Run `command` in `nproc_per_node` processes with torchrun's variables, without torch.
+
+    Nothing listens on MASTER_PORT: it is the workers' own to use (a JAX coordinator, say).
+    The first worker to fail stops the others; returns 0, or 1 when a worker failed. Each node
+    runs this with its `node_rank`.
+    """
+    addr, port = rendezvous(nnodes, master_addr, master_port)
+    first = node_rank * nproc_per_node
+    print(
+        f"[primus] spawning ranks {first}-{first + nproc_per_node - 1} of "
+        f"{nnodes * nproc_per_node}, master {addr}:{port}",
+        file=sys.stderr,
+    )
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        for local_rank in range(nproc_per_node):
+            env = worker_env(local_rank, nproc_per_node, nnodes, node_rank, addr, port)
+            workers.append(subprocess.Popen(command, env={**os.environ, **env}))
+        return _wait(workers, first, poll_s)
+    finally:
+        _stop(workers, grace_s)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def launch_workers(
+    launcher: str,
+    worker_argv: list[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> int:
+    """Run `python -m primus.cli <worker_argv>` in every worker, through the backend's launcher."""
+    if launcher == "spawn":
+        command = [sys.executable, "-m", "primus.cli", *worker_argv]
+        return spawn(command, nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    if launcher == "torchrun":
+        return launch(
+            torchrun_args(worker_argv, nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        )
+    raise PrimusError(f"unknown launcher '{launcher}' (one of {', '.join(LAUNCHERS)})")

@@ -31,6 +31,9 @@ class BackendAdapter(ABC):
 
     upstream_requirement: ClassVar[str | None] = None
     third_party_dir_name: ClassVar[str | None] = None  # default: the framework name
+    # How `--nproc-per-node`/`--nnodes` start workers: "torchrun" (torch.distributed.run), or
+    # "spawn" (Primus's spawner: torchrun's variables, no torch, nothing bound to MASTER_PORT).
+    launcher: ClassVar[str] = "torchrun"
 
     def __init__(self, framework: str) -> None:
         self.framework = framework

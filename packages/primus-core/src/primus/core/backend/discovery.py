@@ -15,6 +15,7 @@ import importlib_metadata
 from packaging.requirements import InvalidRequirement, Requirement
 
 from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.launcher import LAUNCHERS
 
 BACKENDS_GROUP = "primus.backends"
 READY, UPSTREAM_MISSING, INCOMPATIBLE, FAILED = (
@@ -71,6 +72,8 @@ def contract_problem(adapter_cls: Any) -> str | None:
     if inspect.isabstract(adapter_cls):
         missing = ", ".join(sorted(adapter_cls.__abstractmethods__))
         return f"{adapter_cls.__name__} does not implement {missing}"
+    if adapter_cls.launcher not in LAUNCHERS:
+        return f"{adapter_cls.__name__}.launcher must be one of {', '.join(LAUNCHERS)}"
     return None
 
 
