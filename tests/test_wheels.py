@@ -29,6 +29,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 PROJECTS = {
     "primus-core": REPO / "packages" / "primus-core",
     "primus-megatron": REPO / "packages" / "primus-megatron",  # built and inspected, not installed
+    "primus-maxtext": REPO / "packages" / "primus-maxtext",  # installed alone, without torch
     "dummytrain": FIXTURES / "dummytrain",
     "primus-backend-dummy": FIXTURES / "primus-backend-dummy",
     "primus-backend-broken": FIXTURES / "primus-backend-broken",
@@ -225,6 +226,27 @@ def test_megatron_wheel_ships_presets_entry_points_and_its_upstream(wheels: Path
     metadata = wheel.read(f"{info}/METADATA").decode()
     assert "Provides-Extra: upstream" in metadata
     assert "Requires-Dist: megatron-core<0.20,>=0.17; extra == 'upstream'" in metadata
+
+
+def test_maxtext_wheel_alone_trains_through_maxtext_without_torch(
+    wheels: Path, scratch: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`pip install primus-core primus-maxtext`, then `primus train` (the JAX stack from PyPI)."""
+    root = tmp_path_factory.mktemp("maxtext") / "venv"
+    venv = _make_venv(root, wheels, scratch, ("primus-core", "primus-maxtext"))
+    assert {"maxtext", "jax", "flax", "orbax-checkpoint"} <= venv.installed()
+    assert "torch" not in venv.installed()
+    recipe = REPO / "configs" / "maxtext" / "tiny-cpu.yaml"
+    workspace = tmp_path_factory.mktemp("ws")
+    proc = _check(
+        venv.primus("train", "pretrain", "--config", str(recipe), "steps=3", workspace=workspace)
+    )
+    assert "step 3/3 | loss" in proc.stderr
+    assert "backend maxtext (primus-maxtext 0.1.0) | upstream maxtext<0.3,>=0.2.5 = " in proc.stderr
+    metadata = next(root.glob("lib/python*/site-packages/primus_maxtext-*.dist-info/METADATA"))
+    text = metadata.read_text()
+    assert "Requires-Dist: maxtext<0.3,>=0.2.5; extra == 'upstream'" in text
+    assert "Provides-Extra: cuda" in text and "jax[cuda13]" in text
 
 
 def test_venv_is_fresh(venv: Venv) -> None:

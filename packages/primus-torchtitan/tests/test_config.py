@@ -11,7 +11,7 @@ import pytest
 from primus.backends.torchtitan.job_config import cli_args
 from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 from primus.core.runtime.resolution import backend_for, load
-from primus.core.testing.runs import primus
+from primus.core.testing.runs import rejected
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
 
@@ -82,16 +82,8 @@ def test_presets_equal_torchtitans_own_flavors(preset: str, family: str, flavor:
     assert shape(config.model_spec.model) == shape(upstream.model)
 
 
-def validate(tmp_path: Path, *lines: str, train: bool = False):
-    exp = tmp_path / "exp.yaml"
-    body = "".join(f"      {line}\n" for line in lines)
-    exp.write_text(f"extends: {RECIPE}\nmodules:\n  pre_trainer:\n    overrides:\n{body}")
-    args = ("train", "pretrain", "--config", str(exp), "--dry-run") if train else (
-        "config", "validate", str(exp))  # fmt: skip
-    result = primus(*args, cwd=tmp_path, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    return result.stderr
+def validate(tmp_path: Path, *lines: str, train: bool = False) -> str:
+    return rejected(RECIPE, tmp_path, *lines, train=train)
 
 
 def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path: Path) -> None:

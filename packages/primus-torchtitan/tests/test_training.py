@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from primus.core.testing.runs import assert_loss_falls, losses, step_metrics, train_run
+from primus.core.testing.runs import (
+    assert_loss_falls,
+    losses,
+    patch_status,
+    step_metrics,
+    train_run,
+)
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 RECIPE = CONFIGS / "torchtitan" / "tiny-cpu.yaml"
@@ -22,12 +28,6 @@ SCHEDULE = ("lr_scheduler.total_steps=20", "metrics.log_freq=1")
 
 def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
     return train_run(RECIPE, workspace, *SCHEDULE, *overrides, nproc=nproc)
-
-
-def patch_status(run_dir: Path) -> dict[str, tuple[str, str]]:
-    report = json.loads((run_dir / "patch_report.json").read_text())
-    assert report["summary"]["failed"] == 0 and report["summary"]["not run"] == 0
-    return {p["id"]: (p["status"], p["reason"]) for p in report["patches"]}
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,28 @@ def train_run(config: Path, workspace: Path, *overrides: str, nproc: int = 1) ->
     return next(workspace.rglob(name))
 
 
+def rejected(recipe: Path, tmp_path: Path, *lines: str, train: bool = False) -> str:
+    """Extend `recipe` with override `lines` (YAML, indented under the module's overrides) and
+    run `config validate`, or `train --dry-run` with `train`; assert it fails as bad config
+    (exit 2, no traceback) and return its stderr."""
+    exp = tmp_path / "exp.yaml"
+    body = "".join(f"      {line}\n" for line in lines)
+    exp.write_text(f"extends: {recipe}\nmodules:\n  pre_trainer:\n    overrides:\n{body}")
+    args = ("train", "pretrain", "--config", str(exp), "--dry-run") if train else (
+        "config", "validate", str(exp))  # fmt: skip
+    result = primus(*args, cwd=tmp_path, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def patch_status(run_dir: Path) -> dict[str, tuple[str, str]]:
+    """Patch id -> (status, reason) from the run's patch_report.json; none failed or not run."""
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    assert report["summary"]["failed"] == 0 and report["summary"]["not run"] == 0
+    return {p["id"]: (p["status"], p["reason"]) for p in report["patches"]}
+
+
 def step_metrics(run_dir: Path) -> list[dict]:
     """Every line of the run's metrics.jsonl."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,6 @@
+"""The maxtext backend's patches. Importing this package registers them (entry point
+`primus.patches`); maxtext and JAX are imported only inside the handlers."""
+
+from primus.backends.maxtext.patches import config_errors, devices, log_routing, run_dir, throughput
+
+__all__ = ["config_errors", "devices", "log_routing", "run_dir", "throughput"]

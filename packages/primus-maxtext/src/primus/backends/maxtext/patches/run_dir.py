@@ -1,0 +1,38 @@
+"""MaxText's outputs (checkpoints, tensorboard, metrics) go into the run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from primus.backends.maxtext.maxtext_adapter import TESTED
+from primus.core.logging import log_rank_0
+from primus.core.patches import PatchContext, get_param, register_patch
+
+
+def _no_output_directory(ctx: PatchContext) -> bool:
+    """base_output_directory is not set"""
+    return not get_param(ctx, "base_output_directory")
+
+
+@register_patch(
+    "maxtext.run_dir",
+    backend="maxtext",
+    phase="setup",
+    condition=_no_output_directory,
+    backend_versions=TESTED,
+    target="MaxText config base_output_directory, run_name",
+    tags=("io",),
+)
+def run_dir(ctx: PatchContext) -> None:
+    """MaxText writes to <base_output_directory>/<run_name>/: that becomes the run directory
+    (or <run dir>/<run_name> when run_name is set), so checkpoints land in <run dir>/checkpoints
+    and tensorboard in <run dir>/tensorboard; running the experiment again resumes from the
+    latest checkpoint there."""
+    assert ctx.run_dir is not None, "the runtime always sets the run directory"
+    if get_param(ctx, "run_name"):
+        ctx.params["base_output_directory"] = str(ctx.run_dir)
+    else:
+        ctx.params["base_output_directory"] = str(ctx.run_dir.parent)
+        ctx.params["run_name"] = ctx.run_dir.name
+    out = Path(ctx.params["base_output_directory"]) / ctx.params["run_name"]
+    log_rank_0(f"[maxtext] outputs: {out} (checkpoints/, tensorboard/)")

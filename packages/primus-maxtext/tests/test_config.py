@@ -1,0 +1,145 @@
+"""MaxText's config from Primus params (real maxtext: pyconfig in process) and the errors bad
+params give (real `primus` subprocesses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from primus.backends.maxtext.maxtext_config import base_config, maxtext_argv
+from primus.core.config import ParamSchema, ParamSpec
+from primus.core.config.loader import load_config_file
+from primus.core.errors import ConfigError
+from primus.core.runtime.resolution import backend_for, load
+from primus.core.testing.runs import rejected
+
+RECIPES = Path(__file__).resolve().parents[3] / "configs" / "maxtext"
+RECIPE = RECIPES / "tiny-cpu.yaml"
+PRESETS = Path(__file__).resolve().parents[1] / "src/primus/backends/maxtext/configs/models"
+
+
+def test_params_become_maxtexts_command_line() -> None:
+    params = {
+        "steps": 20,
+        "learning_rate": 3e-3,
+        "mlp_activations": ["silu", "linear"],
+        "run_name": "1234",
+        "enable_dropout": False,
+        "tokenizer_path": "",
+        "dpo": {"beta": 0.1},
+        "peak_tflops": 989.0,
+    }
+    argv = maxtext_argv(params, ParamSchema({"peak_tflops": ParamSpec(float)}))
+    assert argv[:2] == ["", base_config()] and Path(argv[1]).is_file()
+    assert argv[2:] == [
+        "steps=20",
+        "learning_rate=0.003",
+        "mlp_activations=[silu, linear]",
+        "run_name='1234'",
+        "enable_dropout=false",
+        "tokenizer_path=''",
+        "dpo={beta: 0.1}",
+    ]
+    # MaxText's own parser (OmegaConf's command line) reads back the very same values
+    del params["peak_tflops"]
+    assert OmegaConf.to_container(OmegaConf.from_cli(argv[2:])) == params
+
+
+def test_the_schema_is_maxtexts_config_model() -> None:
+    from maxtext.configs.types import MaxTextConfig
+
+    from primus.backends.maxtext.maxtext_config import maxtext_schema
+
+    specs = maxtext_schema().specs
+    assert set(specs) == set(MaxTextConfig.model_fields)
+    assert specs["steps"].type is int and specs["learning_rate"].type is float
+    assert specs["per_device_batch_size"].type == (int, float)
+    assert specs["hardware"].choices == ("tpu", "gpu", "gpu_multiprocess", "cpu")
+    assert "bfloat16" in specs["dtype"].choices and specs["dtype"].type is str
+    assert specs["mlp_activations"].type is list and specs["dpo"].type is dict
+    assert specs["logical_axis_rules"].type is None  # any: pydantic checks it
+    assert specs["base_emb_dim"].help and specs["base_emb_dim"].default == 2048
+
+
+def _yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.mark.parametrize(
+    ("preset", "upstream"), [("llama3.1_8B", "llama3.1-8b"), ("mixtral_8x7B", "mixtral-8x7b")]
+)
+def test_presets_equal_maxtexts_own_model_configs(preset: str, upstream: str) -> None:
+    models = Path(base_config()).parent / "models"
+    assert load_config_file(PRESETS / f"{preset}.yaml").data == _yaml(models / f"{upstream}.yml")
+
+
+def test_the_1b_preset_has_the_8b_presets_keys() -> None:
+    small, large = _yaml(PRESETS / "llama3.2_1B.yaml"), _yaml(PRESETS / "llama3.1_8B.yaml")
+    assert small.keys() == large.keys()
+    assert (small["base_emb_dim"], small["head_dim"], small["logits_via_embedding"]) == (
+        2048,
+        64,
+        True,
+    )
+
+
+@pytest.fixture(scope="module")
+def convert():
+    """The adapter's convert_config on the tiny recipe plus overrides, in this process."""
+    from primus.backends.maxtext.patches.config_errors import config_errors
+
+    config_errors(None)  # as in a run: pyconfig raises, never writes /dev/termination-log
+
+    def build(*overrides: str):
+        module = next(iter(load(RECIPE, list(overrides)).modules.values()))
+        adapter, _ = backend_for(module)  # validates the params as `train` does
+        return adapter.convert_config(module)
+
+    return build
+
+
+def test_the_recipe_builds_maxtexts_config(convert) -> None:
+    args = convert("steps=7", "base_emb_dim=32")
+    assert "hardware=cpu" in args.argv and "steps=7" in args.argv
+    config = args.config
+    assert (config["steps"], config["base_emb_dim"], config["base_num_decoder_layers"]) == (
+        7,
+        32,
+        2,
+    )
+    assert (config["dtype"], config["decoder_block"], config["vocab_size"]) == (
+        "float32",
+        "llama2",
+        256,
+    )
+    assert config["emb_dim"] == 32  # derived by MaxText from base_emb_dim
+
+
+def test_pydantic_rejections_are_config_errors_at_the_key(convert) -> None:
+    with pytest.raises(ConfigError) as caught:
+        convert("hidden_size_per_layer_input=-1")
+    error = caught.value
+    assert str(error.origin) == "cli (hidden_size_per_layer_input=-1)"
+    assert "MaxText rejected the config: hidden_size_per_layer_input: " in error.message
+    assert "greater than or equal to 0 (got -1)" in error.message
+
+
+def validate(tmp_path: Path, *lines: str, train: bool = False) -> str:
+    return rejected(RECIPE, tmp_path, *lines, train=train)
+
+
+def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path: Path) -> None:
+    err = validate(tmp_path, "base_emb_dimm: 64", "steps: twenty", "hardware: cpuu")
+    assert "exp.yaml:5: unknown parameter 'base_emb_dimm' (did you mean: base_emb_dim" in err
+    assert "exp.yaml:6: steps: must be an integer, got str 'twenty'" in err
+    assert "exp.yaml:7: hardware: must be one of 'tpu', 'gpu', 'gpu_multiprocess', 'cpu'" in err
+
+
+def test_maxtexts_own_rejections_are_config_errors_at_the_key(tmp_path: Path) -> None:
+    err = validate(tmp_path, "rope_interleave: false", "rope_pairwise: true", train=True)
+    assert "exp.yaml:6: MaxText rejected the config:" in err
+    assert "rope_pairwise=True requires rope_interleave=True" in err
+    assert not (tmp_path / "ws").exists()

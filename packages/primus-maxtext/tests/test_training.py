@@ -1,0 +1,110 @@
+"""`primus train` through MaxText's training loop on CPU: real steps, real processes.
+
+Each run is a `primus train pretrain` subprocess on the tiny recipe (synthetic data: one fixed
+random batch, which the model learns). Runs are shared across tests to keep JAX's start-up and
+compile time (about 20 s a run) within CI's budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.runs import (
+    assert_loss_falls,
+    losses,
+    patch_status,
+    step_metrics,
+    train_run,
+)
+
+RECIPE = Path(__file__).resolve().parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
+pytestmark = pytest.mark.slow
+# The lr schedule spans 20 steps even when a run stops at 10, so a resumed run matches.
+SCHEDULE = ("learning_rate_schedule_steps=20",)
+CHECKPOINTS = ("enable_checkpointing=true", "checkpoint_period=5")
+
+
+def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
+    return train_run(RECIPE, workspace, *SCHEDULE, *overrides, nproc=nproc)
+
+
+def rank_log(run_dir: Path, rank: int = 0) -> str:
+    return (run_dir / "logs" / f"rank-{rank}.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "steps=20")
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    """10 steps with checkpoints, then the same experiment again to 20: (run dir, first steps)."""
+    workspace = tmp_path_factory.mktemp("ws")
+    keep = ("exp_name=resumed", *CHECKPOINTS)
+    run_dir = train(workspace, *keep, "steps=10")
+    first = [m["step"] for m in step_metrics(run_dir)]
+    train(workspace, *keep, "steps=20")
+    return run_dir, first
+
+
+def test_one_process_trains_and_reports(whole: Path) -> None:
+    curve = losses(whole)
+    assert sorted(curve) == list(range(1, 21))
+    assert_loss_falls(curve, by=2.0)
+    last = step_metrics(whole)[-1]
+    assert last["total_steps"] == 20 and last["lr"] > 0
+    assert last["tokens_per_s_per_gpu"] > 0 and last["tflops_per_gpu"] > 0
+    assert last["mfu"] is None and last["peak_memory_gib"] is None  # a CPU: no peak known
+    status = patch_status(whole)
+    assert status["maxtext.cpu"] == ("applied", "hardware is cpu")
+    assert status["maxtext.run_dir"] == ("applied", "base_output_directory is not set")
+    for applied in (
+        "maxtext.logging",
+        "maxtext.config_errors",
+        "maxtext.jax_distributed",
+        "maxtext.step_metrics",
+    ):
+        assert status[applied][0] == "applied", applied
+    log = rank_log(whole)
+    assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+    assert "completed step: 19, seconds:" in log  # MaxText's own step log, in Primus's logger
+    assert "on 1 cpu device(s) in 1 process(es)" in log
+    assert list((whole / "tensorboard").rglob("events.out.tfevents.*"))
+    assert not (whole / "checkpoints").exists()  # the module preset leaves checkpoints off
+
+
+def test_two_processes_through_primus_launcher(tmp_path: Path) -> None:
+    run_dir = train(tmp_path, "exp_name=two", "steps=12", nproc=2)
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 13))  # process 0 only
+    assert_loss_falls(losses(run_dir))
+    log = rank_log(run_dir)
+    assert "[maxtext] JAX distributed: 2 processes, coordinator 127.0.0.1:" in log
+    assert "on 2 cpu device(s) in 2 process(es)" in log
+    assert "step 12/12 | loss" in rank_log(run_dir, 1)
+
+
+def test_checkpoint_then_resume_matches_the_uninterrupted_run(
+    resumed: tuple[Path, list[int]], whole: Path
+) -> None:
+    run_dir, first = resumed
+    assert first == list(range(1, 11))
+    # orbax steps count from 0: 0, 5 and the final 9 of the first run; 10, 15, 19 of the second
+    saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
+    assert saved == [0, 5, 9, 10, 15, 19]
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 21))  # repeats nothing
+    assert "restoring from this run's directory step 9" in rank_log(run_dir)
+    uninterrupted, continued = losses(whole), losses(run_dir)
+    for step in (11, 15, 20):
+        assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
+
+
+@pytest.mark.gpu
+def test_tiny_model_on_the_gpu(tmp_path: Path) -> None:
+    run_dir = train(tmp_path, "exp_name=gpu", "hardware=gpu", "dtype=bfloat16", "steps=30")
+    assert_loss_falls(losses(run_dir))
+    last = step_metrics(run_dir)[-1]
+    assert last["mfu"] is not None and last["peak_memory_gib"] > 0
+    assert patch_status(run_dir)["maxtext.cpu"][0] == "skipped"
