@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import environment, resolved_params, run
+from common import COLUMNS, environment, medians, print_table, resolved_params, run
 
 HERE = Path(__file__).resolve().parent
 # What Primus's fallback patches do without Transformer Engine/Apex, as a plain user writes it.
@@ -101,16 +101,11 @@ def main() -> None:
     peak = 989.0  # dense bf16 of H100 SXM and H200; see primus.core.metrics
     summary = {}
     for name, runs in results.items():
-        ms = statistics.median(r["ms_per_iter"] for r in runs)
-        tflops = statistics.median(r["tflops_per_gpu"] for r in runs)
-        summary[name] = {
-            "ms_per_iter": ms,
-            "tokens_per_s_per_gpu": tokens / (ms / 1000),
-            "tflops_per_gpu": tflops,
-            "mfu": tflops / peak,
-            "peak_memory_gib": max(r["peak_memory_gib"] for r in runs),
-            "runs": runs,
-        }
+        summary[name] = medians(runs, ("ms_per_iter", "tflops_per_gpu"))
+        summary[name]["tokens_per_s_per_gpu"] = tokens / (summary[name]["ms_per_iter"] / 1000)
+        summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak
+        summary[name]["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
+        summary[name]["runs"] = runs
     ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["plain"]["tokens_per_s_per_gpu"]
     report = {
         **environment(("torch", "megatron-core", "primus-megatron")),
@@ -120,16 +115,8 @@ def main() -> None:
         **summary,
     }
     opts.out.write_text(json.dumps(report, indent=2))
-    print("| run | ms/iter | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |")
-    print("|---|---|---|---|---|---|")
-    for name in ("primus", "plain"):
-        s = summary[name]
-        print(
-            f"| {name} | {s['ms_per_iter']:.1f} | {s['tokens_per_s_per_gpu']:,.0f} | "
-            f"{s['tflops_per_gpu']:.1f} | {s['mfu']:.1%} | {s['peak_memory_gib']:.1f} |"
-        )
-    print(f"primus / plain (tokens/s): {ratio:.4f}")
-
+    columns = (("ms/iter", "ms_per_iter", ".1f"), *COLUMNS)
+    print_table(summary, columns, f"primus / plain (tokens/s): {ratio:.4f}")
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import environment, resolved_params, run
+from common import COLUMNS, environment, medians, print_table, resolved_params, run
 
 HERE = Path(__file__).resolve().parent
 STEP = re.compile(
@@ -84,10 +84,7 @@ def main() -> None:
             text = run(command, logs / f"{name}-{i}{'-compile' * opts.compile}.log", env)
             results[name].append(parse_log(text, opts.warmup))
     summary = {
-        name: {
-            key: statistics.median(r[key] for r in runs)
-            for key in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
-        }
+        name: medians(runs, ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"))
         | {"peak_memory_gib": max(r["peak_memory_gib"] for r in runs), "runs": runs}
         for name, runs in results.items()
     }
@@ -101,16 +98,8 @@ def main() -> None:
         **summary,
     }
     opts.out.write_text(json.dumps(report, indent=2))
-    print("| run | compile | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |")
-    print("|---|---|---|---|---|---|")
-    for name in ("primus", "torchtitan"):
-        s = summary[name]
-        print(
-            f"| {name} | {opts.compile} | {s['tokens_per_s_per_gpu']:,.0f} | "
-            f"{s['tflops_per_gpu']:.1f} | {s['mfu']:.1%} | {s['peak_memory_gib']:.1f} |"
-        )
-    print(f"primus / torchtitan (tokens/s): {ratio:.4f}")
-
+    mode = "compiled" if opts.compile else "eager"
+    print_table(summary, COLUMNS, f"primus / torchtitan (tokens/s, {mode}): {ratio:.4f}")
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from importlib import metadata
@@ -26,22 +27,52 @@ def resolved_params(config: Path) -> dict[str, Any]:
 def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> str:
     """Run `command`, keep its output in `log`, stop the benchmark if it fails."""
     print("$", " ".join(command), flush=True)
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     log.write_text(result.stdout + result.stderr)
     if result.returncode:
         raise SystemExit(f"failed ({result.returncode}); see {log}:\n{result.stderr[-3000:]}")
     return result.stdout + result.stderr
 
 
-def environment(distributions: tuple[str, ...]) -> dict[str, Any]:
-    """Date, device and versions for the JSON report."""
-    import torch
+def environment(distributions: tuple[str, ...], device: str | None = None) -> dict[str, Any]:
+    """Date, device (default: torch's name for it) and versions for the JSON report."""
+    if device is None:
+        import torch
 
+        device = torch.cuda.get_device_name()
     return {
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(),
+        "device": device,
         "versions": {
             "python": platform.python_version(),
             **{d: metadata.version(d) for d in distributions},
         },
     }
+
+# The step-metric columns every benchmark table has: (title, summary key, format spec).
+COLUMNS = (
+    ("tokens/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
+    ("TFLOP/s/GPU", "tflops_per_gpu", ".1f"),
+    ("MFU", "mfu", ".1%"),
+    ("peak mem GiB", "peak_memory_gib", ".1f"),
+)
+
+
+def medians(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:
+    """The median over runs of each key."""
+    return {key: statistics.median(r[key] for r in runs) for key in keys}
+
+
+def print_table(
+    summary: dict[str, dict[str, Any]], columns: tuple[tuple[str, str, str], ...], ratio: str
+) -> None:
+    """A Markdown row per run: columns are (title, key, format spec), None prints n/a; then
+    the ratio line."""
+    print("| run | " + " | ".join(title for title, _, _ in columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for name, values in summary.items():
+        cells = ("n/a" if values[k] is None else format(values[k], spec) for _, k, spec in columns)
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(ratio)

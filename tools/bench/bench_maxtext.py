@@ -1,0 +1,122 @@
+"""Primus vs MaxText run directly, same GPU, same model, same settings, in one run.
+
+    python tools/bench/bench_maxtext.py --config configs/maxtext/llama3.2_1B-pretrain.yaml \
+        --steps 30 --warmup 5 --rounds 1 --out bench.json
+
+Runs `primus train pretrain --config ...` and MaxText's own entry point (`python -m
+maxtext.trainers.pre_train.train <base.yml> key=value ...`, no Primus) with the command line
+Primus builds from the resolved experiment (the same `maxtext_argv`), alternating, `--rounds`
+times each. Both are measured by MaxText's own step line (seconds, TFLOP/s/device,
+Tokens/s/device), which Primus keeps in its log: one clock, one formula. MFU is TFLOP/s/device
+over the GPU's dense bf16 peak (MaxText's FLOP count halves causal attention). Memory is XLA's
+compiled estimate, which both print, and for Primus also the peak it measured. Steps before
+`--warmup` (MaxText counts from 0) are dropped and the median is taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from common import COLUMNS, environment, medians, print_table, resolved_params, run
+
+STEP = re.compile(
+    r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([\d.]+), Tokens/s/device: ([\d.]+)"
+)
+ESTIMATE = re.compile(r"\[train\] Total estimated memory size: ([\d.]+) GB")
+PEAK = re.compile(r"\| peak mem ([\d.]+) GiB")
+
+
+def maxtext_command(params: dict, out: Path, run_name: str) -> list[str]:
+    """MaxText's own command line for the experiment, through the function Primus uses."""
+    from primus.backends.maxtext.maxtext_config import maxtext_argv
+    from primus.core.config.schema import registered_params
+    from primus.core.patches.registry import load_patch_modules
+
+    load_patch_modules()  # the keys Primus's patches own are not MaxText's
+    argv = maxtext_argv(params, registered_params("maxtext"))
+    # what Primus's run_dir and jax_distributed patches add in a run
+    outputs = [
+        f"base_output_directory={out}",
+        f"run_name={run_name}",
+        "skip_jax_distributed_system=true",
+    ]
+    return [sys.executable, "-m", "maxtext.trainers.pre_train.train", *argv[1:], *outputs]
+
+
+def parse_log(text: str, warmup: int, peak: float | None) -> dict[str, float | None]:
+    rows = [m.groups() for m in STEP.finditer(text) if int(m.group(1)) >= warmup]
+    if not rows:
+        raise SystemExit("no step lines after warm-up in:\n" + text[-3000:])
+    column = lambda i: [float(r[i]) for r in rows]  # noqa: E731
+    tflops = statistics.median(column(2))
+    measured = [float(m.group(1)) for m in PEAK.finditer(text)]
+    return {
+        "tokens_per_s_per_gpu": statistics.median(column(3)),
+        "tflops_per_gpu": tflops,
+        "mfu": tflops / peak if peak else None,
+        "estimated_memory_gb": max(float(m.group(1)) for m in ESTIMATE.finditer(text)),
+        "peak_memory_gib": max(measured) if measured else None,
+        "steps_measured": len(rows),
+    }
+
+
+def gpu_name() -> str:
+    """From nvidia-smi: JAX in this process would take the GPU memory the runs need."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.splitlines()[0].strip()
+
+
+def main() -> None:
+    from primus.core.metrics import peak_tflops
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("maxtext-bench.json"))
+    opts = parser.parse_args()
+    device = gpu_name()
+    peak = peak_tflops(device)
+    params = resolved_params(opts.config) | {"steps": opts.steps}
+    logs = opts.out.parent.resolve()
+    results: dict[str, list[dict]] = {"primus": [], "maxtext": []}
+    plain = []
+    for i in range(opts.rounds):
+        primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+                  str(opts.config), f"steps={opts.steps}", f"exp_name=bench-{i}"]  # fmt: skip
+        plain = maxtext_command(params, logs / "maxtext-outputs", f"plain-{i}")
+        for name, command in (("primus", primus), ("maxtext", plain)):
+            text = run(command, logs / f"{name}-{i}.log")
+            results[name].append(parse_log(text, opts.warmup, peak))
+    summary = {}
+    for name, runs in results.items():
+        summary[name] = medians(runs, ("tokens_per_s_per_gpu", "tflops_per_gpu"))
+        summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak if peak else None
+        summary[name]["estimated_memory_gb"] = max(r["estimated_memory_gb"] for r in runs)
+        measured = [r["peak_memory_gib"] for r in runs if r["peak_memory_gib"] is not None]
+        summary[name]["peak_memory_gib"] = max(measured) if measured else None
+        summary[name]["runs"] = runs
+    ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["maxtext"]["tokens_per_s_per_gpu"]
+    report = {
+        **environment(("jax", "jaxlib", "maxtext", "primus-maxtext"), device),
+        "config": str(opts.config),
+        "maxtext_command": plain,
+        "primus_over_maxtext": ratio,
+        **summary,
+    }
+    opts.out.write_text(json.dumps(report, indent=2))
+    columns = (*COLUMNS[:3], ("XLA memory estimate GB", "estimated_memory_gb", ".1f"), COLUMNS[3])
+    print_table(summary, columns, f"primus / maxtext (tokens/s): {ratio:.4f}")
+
+if __name__ == "__main__":
+    main()
