@@ -15,6 +15,7 @@ from primus.core.testing.runs import (
     assert_loss_falls,
     losses,
     patch_status,
+    primus,
     step_metrics,
     train_run,
 )
@@ -70,6 +71,21 @@ def test_two_processes_over_gloo(tmp_path: Path, degree: str, extra: tuple[str, 
     resolved = (run_dir / "config.resolved.yaml").read_text()
     assert f"{degree}: 2" in resolved
     assert (run_dir / "logs" / "rank-1.log").exists()
+
+
+def test_a_combination_torchtitan_lacks_is_a_config_error(tmp_path: Path) -> None:
+    """TorchTitan raises NotImplementedError while building (here: tied embeddings under PP)."""
+    result = primus(
+        "train", "pretrain", "--config", str(RECIPE), "--nproc-per-node", "2",
+        "exp_name=tied", "parallelism.pipeline_parallel_degree=2", "model.tie_embeddings=true",
+        "training.disable_cuda_graphs=true", PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]  # the launcher: a worker failed
+    assert (
+        "error: TorchTitan does not support this configuration: "
+        "Weight tying is not supported with Pipeline Parallel." in result.stderr
+    ), result.stderr[-3000:]
+    assert "Traceback (most recent call last)" not in result.stderr
 
 
 def test_checkpoint_then_resume_matches_the_uninterrupted_run(

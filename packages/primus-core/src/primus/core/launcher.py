@@ -62,8 +62,12 @@ def launch(args: list[str]) -> int:
     print(f"[primus] torchrun {' '.join(args)}", file=sys.stderr)
     try:
         torchrun.main(args)
-    except ChildFailedError as exc:
-        print(f"[primus] a worker failed:\n{exc.format_msg()}", file=sys.stderr)
+    except ChildFailedError as exc:  # each worker has reported its own error already
+        for rank, failure in sorted(exc.failures.items()):
+            print(
+                f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
+                file=sys.stderr,
+            )
         return 1
     return 0
 

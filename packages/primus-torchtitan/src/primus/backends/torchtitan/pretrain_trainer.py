@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
 
@@ -14,7 +15,10 @@ class TorchTitanPretrainTrainer(BaseTrainer):
     trainer: Any = None
 
     def init(self) -> None:
-        self.trainer = self.backend_args.build()
+        try:
+            self.trainer = self.backend_args.build()
+        except NotImplementedError as exc:  # TorchTitan's word for a combination it lacks
+            raise ConfigError(f"TorchTitan does not support this configuration: {exc}") from exc
 
     def train(self) -> None:
         log_rank_0(f"[torchtitan] training: {self.backend_args.training.steps} steps")
