@@ -255,6 +255,20 @@ def test_a_backend_with_the_spawn_launcher_starts_workers_without_torch(tmp_path
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--nnodes", "2", "--node-rank", "1"), "Invalid value for --master-addr: several nodes"),
+        (("--nnodes", "2", "--node-rank", "2", "--master-addr", "h0"), "2 is not below --nnodes 2"),
+    ],
+)
+def test_multi_node_flags_are_checked_before_anything_starts(tmp_path, flags, message) -> None:
+    result = train_quickstart(tmp_path, *flags)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in " ".join(result.stderr.split())
+    assert not any(tmp_path.iterdir()) and "Traceback" not in result.stderr
+
+
 def test_a_failing_worker_fails_the_launch(tmp_path) -> None:
     result = train_quickstart(tmp_path, "--nproc-per-node", "2", "lr=100")
     assert result.returncode == 1 and "a worker failed" in result.stderr

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,26 +37,70 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def dump_env(folder: Path) -> list[str]:
+    """A worker that writes its launch variables to folder/<RANK>."""
+    return python(
+        f"import json, os; json.dump({{k: os.environ[k] for k in {VARIABLES!r}}}, "
+        f"open({str(folder)!r} + '/' + os.environ['RANK'], 'w'))"
+    )
+
+
 def test_each_worker_gets_its_rank_and_a_shared_free_port(tmp_path: Path) -> None:
-    dump = f"import json, os; json.dump({{k: os.environ[k] for k in {VARIABLES!r}}}, open({str(tmp_path)!r} + '/' + os.environ['RANK'], 'w'))"
-    assert spawn(python(dump), 3, nnodes=2, node_rank=1) == 0
+    assert spawn(dump_env(tmp_path), 3, nnodes=2, node_rank=1, master_addr="h0") == 0
     seen = [json.loads((tmp_path / str(rank)).read_text()) for rank in (3, 4, 5)]
     assert [(s["RANK"], s["LOCAL_RANK"]) for s in seen] == [("3", "0"), ("4", "1"), ("5", "2")]
     assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["MASTER_ADDR"]) for s in seen} == {
-        ("6", "3", "127.0.0.1")
+        ("6", "3", "h0")
     }
     assert {s["MASTER_PORT"] for s in seen} == {"29500"}  # several nodes: the default port
-    assert spawn(python("pass"), 2, master_port=None) == 0  # one node: a free port
+    one_node = tmp_path / "one"
+    one_node.mkdir()
+    assert spawn(dump_env(one_node), 2) == 0
+    ports = {json.loads((one_node / rank).read_text())["MASTER_PORT"] for rank in ("0", "1")}
+    assert len(ports) == 1 and ports != {"29500"}  # one node: one free port for all
 
 
-def test_one_failing_worker_stops_the_others(capfd: pytest.CaptureFixture[str]) -> None:
-    code = "import os, sys, time; sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(120)"
+@pytest.mark.parametrize(("worker_code", "launch_code"), [(3, 1), (2, 2)])
+def test_one_failing_worker_stops_the_others(
+    capfd: pytest.CaptureFixture[str], worker_code: int, launch_code: int
+) -> None:
+    """A worker's bad-config exit (2) stays 2; any other failure is 1."""
+    code = f"import os, sys, time; sys.exit({worker_code}) if os.environ['RANK'] == '1' else time.sleep(120)"
     start = time.monotonic()
-    assert spawn(python(code), 2, grace_s=2) == 1
+    assert spawn(python(code), 2, grace_s=2) == launch_code
     assert time.monotonic() - start < 30
     assert (
-        "a worker failed: rank 1 exited with code 3; stopping the others" in capfd.readouterr().err
+        f"a worker failed: rank 1 exited with code {worker_code}; stopping the others"
+        in capfd.readouterr().err
     )
+
+
+def test_signals_while_stopping_leave_no_worker_behind(tmp_path: Path) -> None:
+    """Workers that ignore SIGTERM (as JAX's do) are killed even when the launcher is
+    signalled again while it waits for them."""
+    worker = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close(); time.sleep(120)"
+    )
+    launcher = (
+        "import sys; from primus.core.launcher import spawn; "
+        f"sys.exit(spawn([sys.executable, '-c', {worker!r}], 2, grace_s=3))"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher])
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(pids) == 2
+    parent.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    parent.send_signal(signal.SIGTERM)  # while it waits for the workers to stop
+    parent.send_signal(signal.SIGINT)
+    assert parent.wait(timeout=30) != 0
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 class MpiAdapter(BackendAdapter):

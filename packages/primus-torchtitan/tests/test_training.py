@@ -80,7 +80,7 @@ def test_a_combination_torchtitan_lacks_is_a_config_error(tmp_path: Path) -> Non
         "exp_name=tied", "parallelism.pipeline_parallel_degree=2", "model.tie_embeddings=true",
         "training.disable_cuda_graphs=true", PRIMUS_WORKSPACE=str(tmp_path),
     )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]  # the launcher: a worker failed
+    assert result.returncode == 2, result.stderr[-3000:]  # a worker failed on bad config
     assert (
         "error: TorchTitan does not support this configuration: "
         "Weight tying is not supported with Pipeline Parallel." in result.stderr

@@ -54,6 +54,14 @@ def _command(stage: str) -> Callable[..., None]:
         overrides = list(ctx.args)
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
         if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
+            if nnodes > 1 and not master_addr:
+                raise typer.BadParameter(
+                    "several nodes need the address of node 0", param_hint="--master-addr"
+                )
+            if node_rank >= nnodes:
+                raise typer.BadParameter(
+                    f"{node_rank} is not below --nnodes {nnodes}", param_hint="--node-rank"
+                )
             worker = [
                 "train",
                 stage,

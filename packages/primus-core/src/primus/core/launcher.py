@@ -49,8 +49,13 @@ def torchrun_args(
     ]
 
 
+def failure_code(worker_code: int) -> int:
+    """The launcher's exit code for a failed worker's: 2 (bad config) stays 2, the rest is 1."""
+    return 2 if worker_code == 2 else 1
+
+
 def launch(args: list[str]) -> int:
-    """Run torchrun in this process; return 0, or 1 when a worker failed."""
+    """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
     try:
         from torch.distributed import run as torchrun
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -68,7 +73,7 @@ def launch(args: list[str]) -> int:
                 f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
                 file=sys.stderr,
             )
-        return 1
+        return failure_code(exc.get_first_failure()[1].exitcode)
     return 0
 
 
@@ -93,6 +98,7 @@ def _terminate(*_: Any) -> None:
 
 
 def _wait(workers: list[subprocess.Popen[bytes]], first_rank: int, poll_s: float) -> int:
+    """0 when every worker succeeded; at the first failure, its code: 2 (bad config) or 1."""
     while True:
         codes = [w.poll() for w in workers]
         for i, code in enumerate(codes):
@@ -102,24 +108,30 @@ def _wait(workers: list[subprocess.Popen[bytes]], first_rank: int, poll_s: float
                     "stopping the others",
                     file=sys.stderr,
                 )
-                return 1
+                return failure_code(code)
         if all(code == 0 for code in codes):
             return 0
         time.sleep(poll_s)
 
 
 def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float) -> None:
-    """SIGTERM to the workers still running, SIGKILL to those still running `grace_s` later."""
-    running = [w for w in workers if w.poll() is None]
-    for worker in running:
-        worker.terminate()
-    deadline = time.monotonic() + grace_s
-    for worker in running:
-        try:
-            worker.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+    """SIGTERM to the workers still running, SIGKILL to those still running `grace_s` later
+    (JAX workers ignore SIGTERM). Further SIGTERM/SIGINT cannot cut this short."""
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        running = [w for w in workers if w.poll() is None]
+        for worker in running:
+            worker.terminate()
+        deadline = time.monotonic() + grace_s
+        for worker in running:
+            try:
+                worker.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def spawn(
@@ -135,8 +147,8 @@ def spawn(
     """Run `command` in `nproc_per_node` processes with torchrun's variables, without torch.
 
     Nothing listens on MASTER_PORT: it is the workers' own to use (a JAX coordinator, say).
-    The first worker to fail stops the others; returns 0, or 1 when a worker failed. Each node
-    runs this with its `node_rank`.
+    The first worker to fail stops the others; returns 0, or `failure_code` of the first failure.
+    Each node runs this with its `node_rank`.
     """
     addr, port = rendezvous(nnodes, master_addr, master_port)
     first = node_rank * nproc_per_node
