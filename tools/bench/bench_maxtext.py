@@ -55,13 +55,12 @@ def parse_log(text: str, warmup: int, peak: float | None) -> dict[str, float | N
         raise SystemExit("no step lines after warm-up in:\n" + text[-3000:])
     column = lambda i: [float(r[i]) for r in rows]  # noqa: E731
     tflops = statistics.median(column(2))
-    measured = [float(m.group(1)) for m in PEAK.finditer(text)]
     return {
         "tokens_per_s_per_gpu": statistics.median(column(3)),
         "tflops_per_gpu": tflops,
         "mfu": tflops / peak if peak else None,
-        "estimated_memory_gb": max(float(m.group(1)) for m in ESTIMATE.finditer(text)),
-        "peak_memory_gib": max(measured) if measured else None,
+        "estimated_memory_gb": max(map(float, ESTIMATE.findall(text)), default=None),
+        "peak_memory_gib": max(map(float, PEAK.findall(text)), default=None),
         "steps_measured": len(rows),
     }
 
@@ -102,9 +101,8 @@ def main() -> None:
     for name, runs in results.items():
         summary[name] = medians(runs, ("tokens_per_s_per_gpu", "tflops_per_gpu"))
         summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak if peak else None
-        summary[name]["estimated_memory_gb"] = max(r["estimated_memory_gb"] for r in runs)
-        measured = [r["peak_memory_gib"] for r in runs if r["peak_memory_gib"] is not None]
-        summary[name]["peak_memory_gib"] = max(measured) if measured else None
+        for key in ("estimated_memory_gb", "peak_memory_gib"):
+            summary[name][key] = max((r[key] for r in runs if r[key] is not None), default=None)
         summary[name]["runs"] = runs
     ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["maxtext"]["tokens_per_s_per_gpu"]
     report = {

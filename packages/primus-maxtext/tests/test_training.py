@@ -15,6 +15,7 @@ from primus.core.testing.runs import (
     assert_loss_falls,
     losses,
     patch_status,
+    primus,
     step_metrics,
     train_run,
 )
@@ -50,13 +51,20 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return run_dir, first
 
 
+def assert_tokens_per_device(run_dir: Path, tokens: int = 4 * 128) -> None:
+    """tokens/s/GPU x step seconds = per_device_batch_size x max_target_length, every step."""
+    for m in step_metrics(run_dir):
+        assert m["tokens_per_s_per_gpu"] * m["step_seconds"] == pytest.approx(tokens), m
+
+
 def test_one_process_trains_and_reports(whole: Path) -> None:
     curve = losses(whole)
     assert sorted(curve) == list(range(1, 21))
     assert_loss_falls(curve, by=2.0)
     last = step_metrics(whole)[-1]
     assert last["total_steps"] == 20 and last["lr"] > 0
-    assert last["tokens_per_s_per_gpu"] > 0 and last["tflops_per_gpu"] > 0
+    assert last["tflops_per_gpu"] > 0
+    assert_tokens_per_device(whole)
     assert last["mfu"] is None and last["peak_memory_gib"] is None  # a CPU: no peak known
     status = patch_status(whole)
     assert status["maxtext.cpu"] == ("applied", "hardware is cpu")
@@ -84,6 +92,7 @@ def test_two_processes_through_primus_launcher(tmp_path: Path) -> None:
     assert "[maxtext] JAX distributed: 2 processes, coordinator 127.0.0.1:" in log
     assert "on 2 cpu device(s) in 2 process(es)" in log
     assert "step 12/12 | loss" in rank_log(run_dir, 1)
+    assert_tokens_per_device(run_dir)
 
 
 def test_checkpoint_then_resume_matches_the_uninterrupted_run(
@@ -99,6 +108,28 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     uninterrupted, continued = losses(whole), losses(run_dir)
     for step in (11, 15, 20):
         assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
+
+
+def test_running_a_finished_run_again_says_so(resumed: tuple[Path, list[int]]) -> None:
+    run_dir, _ = resumed
+    result = primus(
+        "train", "pretrain", "--config", str(RECIPE), *SCHEDULE, "exp_name=resumed",
+        *CHECKPOINTS, "steps=20", PRIMUS_WORKSPACE=str(run_dir.parents[2]),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: nothing to train: Requested training up to step 20" in result.stderr
+    assert "raise steps above 20 to continue this run" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_mesh_the_devices_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
+    result = primus(
+        "train", "pretrain", "--config", str(RECIPE), "exp_name=mesh", "ici_fsdp_parallelism=3",
+        PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: MaxText cannot lay out its mesh on 1 device(s): " in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.gpu

@@ -120,7 +120,8 @@ def _pydantic_message(exc: ValidationError) -> tuple[str | None, str]:
 
 @contextlib.contextmanager
 def rejections_as_config_errors(config: ModuleConfig) -> Iterator[None]:
-    """MaxText's validation errors (pydantic, ValueError, assert) become ConfigErrors."""
+    """MaxText's validation errors (pydantic's, and any other its config code raises) become
+    ConfigErrors; wrap only the config building."""
     from pydantic import ValidationError
 
     try:
@@ -130,7 +131,7 @@ def rejections_as_config_errors(config: ModuleConfig) -> Iterator[None]:
         if key in config.params and config.origin(key) is not None:
             raise config.error(key, f"MaxText rejected the config: {message}") from None
         raise _rejected(config, message) from None
-    except (ValueError, AssertionError, TypeError) as exc:
+    except Exception as exc:  # pyconfig itself treats any exception as a config error
         raise _rejected(config, str(exc) or type(exc).__name__) from None
     except SystemExit as exc:  # pyconfig exits when the maxtext.config_errors patch is off
         raise ConfigError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
 
@@ -19,9 +20,20 @@ class MaxTextPretrainTrainer(BaseTrainer):
     recorder: Any = None
 
     def init(self) -> None:
+        import jax
+
         from maxtext.trainers.pre_train import train
+        from maxtext.utils.maxtext_utils import create_device_mesh
 
         self.config, self.recorder = train.initialize(self.backend_args.argv)
+        try:  # the mesh MaxText will build: only now are the devices known
+            create_device_mesh(self.config)
+        except (AssertionError, ValueError) as exc:
+            raise ConfigError(
+                f"MaxText cannot lay out its mesh on {jax.device_count()} device(s): {exc}",
+                hint="the ici_*/dcn_* parallelism keys must multiply to the number of devices "
+                "(-1 takes what is left)",
+            ) from exc
 
     def train(self) -> None:
         import jax
@@ -40,4 +52,13 @@ class MaxTextPretrainTrainer(BaseTrainer):
         )
         record_goodput(self.recorder, RECORD_JOB_START_TIME)
         with maybe_monitor_goodput(self.config):
-            train.get_train_func(self.config, self.recorder, self.backend_args.argv)()
+            try:
+                train.get_train_func(self.config, self.recorder, self.backend_args.argv)()
+            except RuntimeError as exc:  # maxtext.utils.train_utils.validate_completed_steps
+                if not str(exc).startswith("Requested training up to step"):
+                    raise
+                raise ConfigError(
+                    f"nothing to train: {exc}".split(" Did you mean")[0],
+                    hint=f"raise steps above {self.config.steps} to continue this run, "
+                    "or give a new exp_name to start another",
+                ) from exc

@@ -65,5 +65,6 @@ def jax_distributed(ctx: PatchContext) -> None:
         num_processes=env.world_size,
         process_id=env.rank,
         local_device_ids=[env.local_rank] if gpu and env.local_world_size > 1 else None,
+        initialization_timeout=get_param(ctx, "jax_distributed_initialization_timeout") or 300,
     )
     log_rank_0(f"[maxtext] JAX distributed: {env.world_size} processes, coordinator {coordinator}")
