@@ -40,3 +40,13 @@ def test_rates_and_mfu_per_gpu(tmp_path) -> None:
     append_metrics(tmp_path / "run" / "metrics.jsonl", m)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[0]["step"] == 10 and rows[0]["mfu"] == pytest.approx(m.mfu)
+
+
+def test_tensorboard_scalars_name_the_rates_and_mfu_only_when_known() -> None:
+    known = step_metrics(3, 10, 2.0, 0.5, 8192, 4e15, 2, 989.0)
+    assert known.scalars() == {
+        "primus/tokens_per_s_per_gpu": 8192.0,
+        "primus/tflops_per_gpu": 4000.0,
+        "primus/mfu": pytest.approx(4000.0 / 989.0),
+    }
+    assert "primus/mfu" not in step_metrics(3, 10, 2.0, 0.5, 8192, 4e15, 2, None).scalars()

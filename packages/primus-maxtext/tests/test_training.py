@@ -80,7 +80,9 @@ def test_one_process_trains_and_reports(whole: Path) -> None:
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
     assert "completed step: 19, seconds:" in log  # MaxText's own step log, in Primus's logger
     assert "on 1 cpu device(s) in 1 process(es)" in log
-    assert list((whole / "tensorboard").rglob("events.out.tfevents.*"))
+    events = list((whole / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events
+    assert any(b"primus/tokens_per_s_per_gpu" in e.read_bytes() for e in events)  # Primus's too
     assert not (whole / "checkpoints").exists()  # the module preset leaves checkpoints off
 
 

@@ -71,6 +71,14 @@ class StepMetrics:
             parts.append(f"peak mem {self.peak_memory_gib:.1f} GiB")
         return " | ".join(parts)
 
+    def scalars(self) -> dict[str, float]:
+        """The tensorboard scalars every backend adds (MFU only when the peak is known)."""
+        values = {
+            "primus/tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "primus/tflops_per_gpu": self.tflops_per_gpu,
+        }
+        return values | ({"primus/mfu": self.mfu} if self.mfu is not None else {})
+
 
 def step_metrics(
     step: int,

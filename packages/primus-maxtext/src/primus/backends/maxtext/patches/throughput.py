@@ -65,13 +65,7 @@ class StepMeter:
         if self.metrics_file:
             append_metrics(self.metrics_file, metrics)
         if metric_logger.config.enable_tensorboard:
-            scalars = {
-                "primus/tokens_per_s_per_gpu": metrics.tokens_per_s_per_gpu,
-                "primus/tflops_per_gpu": metrics.tflops_per_gpu,
-            }
-            if metrics.mfu is not None:
-                scalars["primus/mfu"] = metrics.mfu
-            for name, value in scalars.items():
+            for name, value in metrics.scalars().items():
                 metric_logger.writer.add_scalar(name, value, metrics.step)
 
 

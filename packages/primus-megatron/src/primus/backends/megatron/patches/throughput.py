@@ -89,12 +89,8 @@ class StepMeter:
             append_metrics(self.metrics_file, metrics)
         writer = self.tensorboard()
         if writer:
-            writer.add_scalar(
-                "primus/tokens_per_s_per_gpu", metrics.tokens_per_s_per_gpu, iteration
-            )
-            writer.add_scalar("primus/tflops_per_gpu", metrics.tflops_per_gpu, iteration)
-            if metrics.mfu is not None:
-                writer.add_scalar("primus/mfu", metrics.mfu, iteration)
+            for name, value in metrics.scalars().items():
+                writer.add_scalar(name, value, iteration)
         return result
 
 

@@ -67,13 +67,7 @@ class StepMeter:
         if processor.parallel_dims.world_size == 1 or _rank() == 0:
             if self.metrics_file:
                 append_metrics(self.metrics_file, metrics)
-            scalars = {
-                "primus/tokens_per_s_per_gpu": metrics.tokens_per_s_per_gpu,
-                "primus/tflops_per_gpu": metrics.tflops_per_gpu,
-            }
-            if metrics.mfu is not None:
-                scalars["primus/mfu"] = metrics.mfu
-            processor.logger.log(scalars, metrics.step)
+            processor.logger.log(metrics.scalars(), metrics.step)
 
 
 def _lr(processor: Any) -> float | None:
