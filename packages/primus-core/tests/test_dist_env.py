@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from primus.core.dist_env import DistEnv, first_slurm_host, get_torchrun_env
-from primus.core.launcher import torchrun_args
+from primus.core.launcher import Launch, torchrun_args
 
 ALL = (
     "RANK",
@@ -74,9 +74,7 @@ def test_first_slurm_host(nodelist, host) -> None:
 
 
 def test_torchrun_args() -> None:
-    args = torchrun_args(
-        ["train", "pretrain"], 4, nnodes=2, node_rank=1, master_addr="h0", master_port=9
-    )
+    args = torchrun_args(["train", "pretrain"], Launch(4, 2, 1, "h0", 9))
     assert args == [
         "--nproc-per-node=4",
         "--nnodes=2",
@@ -88,7 +86,7 @@ def test_torchrun_args() -> None:
         "train",
         "pretrain",
     ]
-    single = torchrun_args(["x"], 2)
+    single = torchrun_args(["x"], Launch(2))
     assert single[3] == "--master-addr=127.0.0.1" and int(single[4].split("=")[1]) > 0
 
 

@@ -16,13 +16,13 @@ import pytest
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
-from primus.core.launcher import launch_workers, spawn, worker_env
+from primus.core.launcher import Launch, launch_workers, spawn, worker_env
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def test_worker_env_is_torchruns() -> None:
-    assert worker_env(1, 4, nnodes=2, node_rank=1, addr="h0", port=9) == {
+    assert worker_env(Launch(4, nnodes=2, node_rank=1), 1, addr="h0", port=9) == {
         "RANK": "5",
         "WORLD_SIZE": "8",
         "LOCAL_RANK": "1",
@@ -46,7 +46,7 @@ def dump_env(folder: Path) -> list[str]:
 
 
 def test_each_worker_gets_its_rank_and_a_shared_free_port(tmp_path: Path) -> None:
-    assert spawn(dump_env(tmp_path), 3, nnodes=2, node_rank=1, master_addr="h0") == 0
+    assert spawn(dump_env(tmp_path), Launch(3, nnodes=2, node_rank=1, master_addr="h0")) == 0
     seen = [json.loads((tmp_path / str(rank)).read_text()) for rank in (3, 4, 5)]
     assert [(s["RANK"], s["LOCAL_RANK"]) for s in seen] == [("3", "0"), ("4", "1"), ("5", "2")]
     assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["MASTER_ADDR"]) for s in seen} == {
@@ -55,7 +55,7 @@ def test_each_worker_gets_its_rank_and_a_shared_free_port(tmp_path: Path) -> Non
     assert {s["MASTER_PORT"] for s in seen} == {"29500"}  # several nodes: the default port
     one_node = tmp_path / "one"
     one_node.mkdir()
-    assert spawn(dump_env(one_node), 2) == 0
+    assert spawn(dump_env(one_node), Launch(2)) == 0
     ports = {json.loads((one_node / rank).read_text())["MASTER_PORT"] for rank in ("0", "1")}
     assert len(ports) == 1 and ports != {"29500"}  # one node: one free port for all
 
@@ -67,7 +67,7 @@ def test_one_failing_worker_stops_the_others(
     """A worker's bad-config exit (2) stays 2; any other failure is 1."""
     code = f"import os, sys, time; sys.exit({worker_code}) if os.environ['RANK'] == '1' else time.sleep(120)"
     start = time.monotonic()
-    assert spawn(python(code), 2, grace_s=2) == launch_code
+    assert spawn(python(code), Launch(2), grace_s=2) == launch_code
     assert time.monotonic() - start < 30
     assert (
         f"a worker failed: rank 1 exited with code {worker_code}; stopping the others"
@@ -83,8 +83,8 @@ def test_signals_while_stopping_leave_no_worker_behind(tmp_path: Path) -> None:
         f"open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close(); time.sleep(120)"
     )
     launcher = (
-        "import sys; from primus.core.launcher import spawn; "
-        f"sys.exit(spawn([sys.executable, '-c', {worker!r}], 2, grace_s=3))"
+        "import sys; from primus.core.launcher import Launch, spawn; "
+        f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
     deadline = time.monotonic() + 60
@@ -115,4 +115,4 @@ def test_an_unknown_launcher_is_an_error() -> None:
     with pytest.raises(TypeError, match=r"MpiAdapter\.launcher must be one of torchrun, spawn"):
         BackendRegistry.register_adapter("mpi", MpiAdapter)  # checked when registered
     with pytest.raises(PrimusError, match="unknown launcher 'mpirun'"):
-        launch_workers("mpirun", ["train"], 2)
+        launch_workers("mpirun", ["train"], Launch(2))

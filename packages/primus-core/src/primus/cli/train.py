@@ -48,7 +48,7 @@ def _command(stage: str) -> Callable[..., None]:
         debug: Debug = False,
     ) -> None:
         from primus.core.dist_env import under_torchrun
-        from primus.core.launcher import launch_workers
+        from primus.core.launcher import Launch, launch_workers
         from primus.core.runtime import PrimusRuntime
 
         overrides = list(ctx.args)
@@ -71,15 +71,8 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
-            code = launch_workers(
-                runtime.adapter.launcher,
-                worker,
-                nproc_per_node,
-                nnodes,
-                node_rank,
-                master_addr,
-                master_port,
-            )
+            launch = Launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+            code = launch_workers(runtime.adapter.launcher, worker, launch)
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run)
 

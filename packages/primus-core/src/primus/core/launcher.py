@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from primus.core.errors import PrimusError
@@ -22,25 +23,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rendezvous(nnodes: int, master_addr: str | None, master_port: int | None) -> tuple[str, int]:
-    """The master address and port: as given, else this host and a free port on one node."""
-    return master_addr or "127.0.0.1", master_port or (free_port() if nnodes == 1 else 29500)
+@dataclass(frozen=True)
+class Launch:
+    """Where workers start: how many per node, how many nodes, this node, node 0's address."""
+
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """The master address and port: as given, else this host and a free port on one node."""
+        port = self.master_port or (free_port() if self.nnodes == 1 else 29500)
+        return self.master_addr or "127.0.0.1", port
 
 
-def torchrun_args(
-    worker_argv: list[str],
-    nproc_per_node: int,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> list[str]:
+def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
     """torchrun's arguments to run `python -m primus.cli <worker_argv>` in every worker."""
-    addr, port = rendezvous(nnodes, master_addr, master_port)
+    addr, port = launch.rendezvous()
     return [
-        f"--nproc-per-node={nproc_per_node}",
-        f"--nnodes={nnodes}",
-        f"--node-rank={node_rank}",
+        f"--nproc-per-node={launch.nproc_per_node}",
+        f"--nnodes={launch.nnodes}",
+        f"--node-rank={launch.node_rank}",
         f"--master-addr={addr}",
         f"--master-port={port}",
         "-m",
@@ -54,7 +59,7 @@ def failure_code(worker_code: int) -> int:
     return 2 if worker_code == 2 else 1
 
 
-def launch(args: list[str]) -> int:
+def run_torchrun(args: list[str]) -> int:
     """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
     try:
         from torch.distributed import run as torchrun
@@ -77,16 +82,14 @@ def launch(args: list[str]) -> int:
     return 0
 
 
-def worker_env(
-    local_rank: int, nproc_per_node: int, nnodes: int, node_rank: int, addr: str, port: int
-) -> dict[str, str]:
+def worker_env(launch: Launch, local_rank: int, addr: str, port: int) -> dict[str, str]:
     """The variables torchrun gives a worker (static rendezvous)."""
     values = {
-        "RANK": node_rank * nproc_per_node + local_rank,
-        "WORLD_SIZE": nnodes * nproc_per_node,
+        "RANK": launch.node_rank * launch.nproc_per_node + local_rank,
+        "WORLD_SIZE": launch.nnodes * launch.nproc_per_node,
         "LOCAL_RANK": local_rank,
-        "LOCAL_WORLD_SIZE": nproc_per_node,
-        "GROUP_RANK": node_rank,
+        "LOCAL_WORLD_SIZE": launch.nproc_per_node,
+        "GROUP_RANK": launch.node_rank,
         "MASTER_ADDR": addr,
         "MASTER_PORT": port,
     }
@@ -134,34 +137,25 @@ def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float) -> None:
             signal.signal(sig, handler)
 
 
-def spawn(
-    command: list[str],
-    nproc_per_node: int,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-    grace_s: float = 10.0,
-    poll_s: float = 0.1,
-) -> int:
-    """Run `command` in `nproc_per_node` processes with torchrun's variables, without torch.
+def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: float = 0.1) -> int:
+    """Run `command` in `launch.nproc_per_node` processes with torchrun's variables, no torch.
 
     Nothing listens on MASTER_PORT: it is the workers' own to use (a JAX coordinator, say).
     The first worker to fail stops the others; returns 0, or `failure_code` of the first failure.
     Each node runs this with its `node_rank`.
     """
-    addr, port = rendezvous(nnodes, master_addr, master_port)
-    first = node_rank * nproc_per_node
+    addr, port = launch.rendezvous()
+    first = launch.node_rank * launch.nproc_per_node
     print(
-        f"[primus] spawning ranks {first}-{first + nproc_per_node - 1} of "
-        f"{nnodes * nproc_per_node}, master {addr}:{port}",
+        f"[primus] spawning ranks {first}-{first + launch.nproc_per_node - 1} of "
+        f"{launch.nnodes * launch.nproc_per_node}, master {addr}:{port}",
         file=sys.stderr,
     )
     previous = signal.signal(signal.SIGTERM, _terminate)
     workers: list[subprocess.Popen[bytes]] = []
     try:
-        for local_rank in range(nproc_per_node):
-            env = worker_env(local_rank, nproc_per_node, nnodes, node_rank, addr, port)
+        for local_rank in range(launch.nproc_per_node):
+            env = worker_env(launch, local_rank, addr, port)
             workers.append(subprocess.Popen(command, env={**os.environ, **env}))
         return _wait(workers, first, poll_s)
     finally:
@@ -169,21 +163,10 @@ def spawn(
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch_workers(
-    launcher: str,
-    worker_argv: list[str],
-    nproc_per_node: int,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> int:
+def launch_workers(launcher: str, worker_argv: list[str], launch: Launch) -> int:
     """Run `python -m primus.cli <worker_argv>` in every worker, through the backend's launcher."""
     if launcher == "spawn":
-        command = [sys.executable, "-m", "primus.cli", *worker_argv]
-        return spawn(command, nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        return spawn([sys.executable, "-m", "primus.cli", *worker_argv], launch)
     if launcher == "torchrun":
-        return launch(
-            torchrun_args(worker_argv, nproc_per_node, nnodes, node_rank, master_addr, master_port)
-        )
+        return run_torchrun(torchrun_args(worker_argv, launch))
     raise PrimusError(f"unknown launcher '{launcher}' (one of {', '.join(LAUNCHERS)})")
