@@ -4,7 +4,8 @@
         --iters 25 --warmup 5 --rounds 1 --out bench.json
 
 Runs `primus train pretrain --config ...` and tools/bench/megatron_plain.py (no Primus) with the
-flags the resolved experiment stands for, alternating, `--rounds` times each. Both runs are
+flags the resolved experiment stands for, alternating, `--rounds` times each. `--turbo` adds a
+third run, Primus with `turbo.enable=true` (primus-turbo-kernels installed). Both runs are
 measured by Megatron's own log line (elapsed time per iteration, TFLOP/s/GPU by Megatron's
 count), so the two numbers come from the same clock and the same formula; the first
 `--warmup` iterations are dropped and the median is taken. Prints a Markdown table and
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--turbo", action="store_true", help="also run Primus with turbo on")
     parser.add_argument("--out", type=Path, default=Path("megatron-bench.json"))
     opts = parser.parse_args()
     params = resolved_params(opts.config)
@@ -86,16 +88,21 @@ def main() -> None:
     flags = megatron_flags(params)
     overrides = [f"train_iters={opts.iters}", "log_interval=1", "log_throughput=true"]
     logs = opts.out.parent
-    results: dict[str, list[dict[str, float]]] = {"primus": [], "plain": []}
+    variants = {"primus": overrides, "primus-turbo": [*overrides, "turbo.enable=true"]}
+    names = ("primus", "plain", "primus-turbo") if opts.turbo else ("primus", "plain")
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for i in range(opts.rounds):
-        primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
-                  str(opts.config), *overrides, f"exp_name=bench-{i}"]  # fmt: skip
+        commands = {
+            name: [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+                   str(opts.config), *variants[name], f"exp_name=bench-{name}-{i}"]
+            for name in names if name != "plain"
+        }  # fmt: skip
         # Primus writes tensorboard into the run directory by default: the peer does the same.
-        plain = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+        commands["plain"] = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                  str(HERE / "megatron_plain.py"), *flags,
                  "--tensorboard-dir", str(logs / f"plain-tensorboard-{i}")]  # fmt: skip
-        for name, command in (("primus", primus), ("plain", plain)):
-            text = run(command, logs / f"{name}-{i}.log")
+        for name in names:
+            text = run(commands[name], logs / f"{name}-{i}.log")
             results[name].append(parse_log(text, opts.warmup))
     tokens = params["global_batch_size"] * params["seq_length"]
     peak = 989.0  # dense bf16 of H100 SXM and H200; see primus.core.metrics
@@ -106,17 +113,22 @@ def main() -> None:
         summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak
         summary[name]["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
         summary[name]["runs"] = runs
-    ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["plain"]["tokens_per_s_per_gpu"]
+    plain_rate = summary["plain"]["tokens_per_s_per_gpu"]
+    ratios = {f"{n.replace('-', '_')}_over_plain": summary[n]["tokens_per_s_per_gpu"] / plain_rate for n in names}
+    del ratios["plain_over_plain"]
+    dists = ("torch", "megatron-core", "primus-megatron")
     report = {
-        **environment(("torch", "megatron-core", "primus-megatron")),
+        **environment((*dists, "triton", "primus-turbo-kernels") if opts.turbo else dists),
         "config": str(opts.config),
         "plain_flags": flags,
-        "primus_over_plain": ratio,
+        **ratios,
         **summary,
     }
     opts.out.write_text(json.dumps(report, indent=2))
     columns = (("ms/iter", "ms_per_iter", ".1f"), *COLUMNS)
-    print_table(summary, columns, f"primus / plain (tokens/s): {ratio:.4f}")
+    print_table(
+        summary, columns, ", ".join(f"{k} (tokens/s): {v:.4f}" for k, v in ratios.items())
+    )
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,17 @@
-"""Turbo kernels in Megatron's local (non-Transformer-Engine) layers."""
+"""Turbo kernels in Megatron's local (non-Transformer-Engine) layers.
+
+Each patch rebinds one upstream name at every module that imported it, at `build_args`
+(before `pretrain()` builds the model). The replacements live in primus.turbo.megatron_layers.
+"""
 
 from __future__ import annotations
 
-from primus.turbo.switches import register_switches
+from collections.abc import Callable
+from typing import Any
+
+from primus.core.logging import log_rank_0
+from primus.core.patches import PatchContext, get_args, rebind, register_patch
+from primus.turbo.switches import register_switches, switch
 
 FEATURES = {
     "rms_norm": "Triton RMSNorm in every norm of the local spec",
@@ -13,3 +22,115 @@ FEATURES = {
     "optimizer": "fused Adam and foreach grad-norm/scale instead of the Python fallbacks",
 }
 register_switches("megatron", FEATURES)
+Handler = Callable[[PatchContext], Any]
+
+
+def _installed(feature: str, sites: list[str]) -> None:
+    log_rank_0(f"[turbo] {feature}: {', '.join(sites) or 'already installed'}")
+
+
+def _turbo(feature: str, target: str) -> Callable[[Handler], Handler]:
+    """register_patch for a megatron turbo feature: its id, switch, phase and tag."""
+    return register_patch(
+        f"megatron.turbo_{feature}",
+        backend="megatron",
+        phase="build_args",
+        condition=switch(feature),
+        target=target,
+        tags=("turbo",),
+    )
+
+
+@_turbo("rms_norm", "megatron.core.transformer.torch_norm.WrappedTorchNorm")
+def turbo_rms_norm(ctx: PatchContext) -> None:
+    """RMSNorm layers of the local spec run the Triton kernel (LayerNorm stays PyTorch's)."""
+    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401  (imports every user)
+    from megatron.core.transformer import torch_norm
+
+    from primus.turbo import megatron_layers as layers
+
+    _installed("rms_norm", rebind(torch_norm, "WrappedTorchNorm", layers.TurboWrappedNorm, within="megatron"))
+
+
+@_turbo("swiglu", "megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl")
+def turbo_swiglu(ctx: PatchContext) -> None:
+    """The MLP's SwiGLU runs the Triton kernel (turns on Megatron's bias_swiglu_fusion path)."""
+    import megatron.core.transformer.mlp  # noqa: F401
+    from megatron.core.fusions import fused_bias_swiglu
+
+    from primus.turbo import megatron_layers as layers
+
+    args = get_args(ctx)
+    if args.swiglu and not args.bias_swiglu_fusion:
+        log_rank_0("[turbo] swiglu: bias_swiglu_fusion false -> true (the path turbo replaces)")
+        args.bias_swiglu_fusion = True
+    sites = rebind(fused_bias_swiglu, "bias_swiglu_impl", layers.turbo_bias_swiglu, within="megatron")
+    _installed("swiglu", sites)
+
+
+@_turbo("rope", "megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb")
+def turbo_rope(ctx: PatchContext) -> None:
+    """Rotary embedding of queries and keys runs the Triton kernel."""
+    import megatron.core.transformer.attention  # noqa: F401
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from primus.turbo import megatron_layers as layers
+
+    sites = rebind(rope_utils, "apply_rotary_pos_emb", layers.turbo_apply_rotary_pos_emb, within="megatron")
+    _installed("rope", sites)
+
+
+@_turbo("attention", "megatron.core.transformer.dot_product_attention.DotProductAttention")
+def turbo_attention(ctx: PatchContext) -> None:
+    """Core attention of the local spec runs PyTorch SDPA (flash / memory-efficient, GQA)."""
+    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+    from megatron.core.transformer import dot_product_attention
+
+    from primus.turbo import megatron_layers as layers
+
+    sites = rebind(
+        dot_product_attention, "DotProductAttention", layers.TurboDotProductAttention, within="megatron"
+    )
+    _installed("attention", sites)
+
+
+@_turbo(
+    "cross_entropy",
+    "megatron.core.models.common.language_module.language_module.LanguageModule.compute_language_model_loss",
+)
+def turbo_cross_entropy(ctx: PatchContext) -> None:
+    """The language-model loss runs the Triton cross-entropy (no fp32 copy of the logits)."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    from primus.turbo import megatron_layers as layers
+
+    if get_args(ctx).tensor_model_parallel_size > 1:
+        log_rank_0("[turbo] cross_entropy: tensor parallel logits keep Megatron's vocab-parallel loss")
+        return
+    sites = rebind(
+        LanguageModule, "compute_language_model_loss", layers.turbo_language_model_loss, within="megatron"
+    )
+    _installed("cross_entropy", sites)
+
+
+@_turbo("optimizer", "megatron.core.optimizer.Adam, megatron.core.utils.local_multi_tensor_*")
+def turbo_optimizer(ctx: PatchContext) -> None:
+    """PyTorch's fused Adam and foreach grad-norm/scale replace the Python fallbacks Megatron
+    uses without Apex or Transformer Engine."""
+    import megatron.core.optimizer as optimizer
+    import megatron.core.optimizer.clip_grads  # noqa: F401
+    from megatron.core import utils
+
+    from primus.turbo import megatron_layers as layers
+
+    if optimizer.Adam is not layers.fused_adam and not optimizer.USING_PYTORCH_OPTIMIZER:
+        log_rank_0("[turbo] optimizer: Megatron already has a fused Adam (Apex or TE)")
+        return
+    sites = rebind(utils, "local_multi_tensor_l2_norm", layers.foreach_l2_norm, within="megatron")
+    sites += rebind(utils, "local_multi_tensor_scale", layers.foreach_scale, within="megatron")
+    if get_args(ctx).use_precision_aware_optimizer:
+        log_rank_0("[turbo] optimizer: precision-aware optimizer needs TE's FusedAdam; Adam unchanged")
+    else:
+        optimizer.Adam, optimizer.USING_PYTORCH_OPTIMIZER = layers.fused_adam, False
+        sites.append("megatron.core.optimizer.Adam")
+    _installed("optimizer", sites)

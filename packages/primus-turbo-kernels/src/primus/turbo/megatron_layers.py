@@ -1,0 +1,159 @@
+"""The replacements the megatron turbo patches install (imports megatron: load only from a
+patch handler). Each keeps the upstream signature and hands the cases it does not cover back
+to the upstream code, so turning a feature on never changes what a config means.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.fusions import fused_bias_swiglu
+from megatron.core.models.common.embeddings import rope_utils
+from megatron.core.models.common.language_module.language_module import LanguageModule
+from megatron.core.transformer import torch_norm
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+from primus.turbo.kernels.cross_entropy import cross_entropy
+from primus.turbo.kernels.rms_norm import RMSNorm
+from primus.turbo.kernels.rope import apply_rope
+from primus.turbo.kernels.swiglu import swiglu_packed
+
+UPSTREAM_NORM = torch_norm.WrappedTorchNorm
+UPSTREAM_SWIGLU = fused_bias_swiglu.bias_swiglu_impl
+UPSTREAM_ROPE = rope_utils.apply_rotary_pos_emb
+UPSTREAM_LOSS = LanguageModule.compute_language_model_loss
+
+
+class TurboWrappedNorm:
+    """`WrappedTorchNorm` whose RMSNorm is the Triton kernel (same `weight`, same checks)."""
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> Any:
+        norm = UPSTREAM_NORM(config, hidden_size, eps, **kwargs)
+        if type(norm) is not torch.nn.RMSNorm:
+            return norm
+        weight = norm.weight
+        return RMSNorm(hidden_size, eps=eps, device=weight.device, dtype=weight.dtype)
+
+
+def turbo_bias_swiglu(
+    input: torch.Tensor,
+    bias: torch.Tensor | None,
+    fp8_input_store: bool = False,
+    cpu_offload_input: bool = False,
+) -> torch.Tensor:
+    """`bias_swiglu_impl` on the Triton SwiGLU (the first half of fc1 is the gate); FP8 input
+    storage and CPU offloading stay upstream."""
+    if fp8_input_store or cpu_offload_input:
+        return UPSTREAM_SWIGLU(input, bias, fp8_input_store, cpu_offload_input)
+    return swiglu_packed(input if bias is None else input + bias)
+
+
+def turbo_apply_rotary_pos_emb(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    config: Any,
+    cu_seqlens: torch.Tensor | None = None,
+    mscale: float = 1.0,
+    cp_group: Any = None,
+    mla_rotary_interleaved: bool = False,
+) -> torch.Tensor:
+    """`apply_rotary_pos_emb` on the Triton kernel for [s, b, h, d] input; packed sequences,
+    MLA interleaving, multi-section RoPE and TE's fusion stay upstream."""
+    if (
+        cu_seqlens is not None
+        or mla_rotary_interleaved
+        or config.apply_rope_fusion
+        or freqs.dim() != 4
+        or freqs.shape[1] != 1
+    ):
+        return UPSTREAM_ROPE(t, freqs, config, cu_seqlens, mscale, cp_group, mla_rotary_interleaved)
+    angles = freqs[:, 0, 0].float()
+    # Megatron repeats each angle for the rotated pair: cat(f, f) or interleaved f0 f0 f1 f1.
+    half = angles[:, 0::2] if config.rotary_interleaved else angles[:, : angles.shape[-1] // 2]
+    cos, sin = torch.cos(half) * mscale, torch.sin(half) * mscale
+    return apply_rope(t, cos, sin, seq_dim=0, interleaved=config.rotary_interleaved)
+
+
+class TurboDotProductAttention(DotProductAttention):
+    """Megatron's local core attention through PyTorch SDPA (flash or memory-efficient
+    kernels, GQA without repeating K/V); masks other than causal or none stay upstream."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        mask_type = attn_mask_type or self.attn_mask_type
+        if (
+            mask_type not in (AttnMaskType.causal, AttnMaskType.no_mask)
+            or attention_bias is not None
+            or packed_seq_params is not None
+            or self.softmax_offset is not None
+            or self.scale_mask_softmax.window_size is not None
+        ):
+            return super().forward(
+                query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
+            )
+        scale = self.softmax_scale
+        if self.config.apply_query_key_layer_scaling:  # upstream divides here, softmax multiplies
+            scale *= self.layer_number
+        # [s, b, heads, d] -> [b, heads, s, d] (views; SDPA takes the strides)
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        dropout = self.attention_dropout.p if self.training else 0.0
+        with tensor_parallel.get_cuda_rng_tracker().fork():
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                dropout_p=dropout,
+                is_causal=mask_type == AttnMaskType.causal,
+                scale=scale,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )
+        # [b, heads, s, d] -> [s, b, heads * d]
+        context = context.permute(2, 0, 1, 3).contiguous()
+        return context.view(*context.shape[:2], self.hidden_size_per_partition)
+
+
+def turbo_language_model_loss(
+    self: LanguageModule, labels: torch.Tensor, logits: torch.Tensor
+) -> torch.Tensor:
+    """Per-token loss [b, s] from logits [s, b, V] without an fp32 copy of the logits; tensor
+    parallel logits (vocab split across ranks) and TE's fused loss stay upstream."""
+    if self.config.cross_entropy_loss_fusion or self.pg_collection.tp.size() > 1:
+        return UPSTREAM_LOSS(self, labels, logits)
+    loss = cross_entropy(logits, labels.transpose(0, 1), reduction="none", inplace_grad=True)
+    return loss.transpose(0, 1).contiguous()
+
+
+def foreach_l2_norm(
+    chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch.Tensor]], per_tensor: bool, *_: Any
+) -> tuple[torch.Tensor, None]:
+    """`local_multi_tensor_l2_norm` without a host sync per tensor: one foreach norm."""
+    tensors = [t for tensors in tensor_lists for t in tensors]
+    if not tensors:
+        return torch.zeros(1, dtype=torch.float32, device="cuda"), None
+    norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
+    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
+
+
+def foreach_scale(
+    chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch.Tensor]], scale: float
+) -> None:
+    """`local_multi_tensor_scale` (dst = src * scale) as two foreach ops instead of a loop."""
+    torch._foreach_copy_(tensor_lists[1], torch._foreach_mul(tensor_lists[0], scale))
+
+
+def fused_adam(params: Any, *, adam_w_mode: bool = True, **kwargs: Any) -> torch.optim.Optimizer:
+    """Megatron's fused-Adam constructor (Apex/TE signature) on PyTorch's fused Adam/AdamW."""
+    adam = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    return adam(params, fused=True, **kwargs)
