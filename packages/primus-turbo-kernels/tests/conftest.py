@@ -19,6 +19,8 @@ if not torch.cuda.is_available():
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
+        # Triton 3.9 loads gluon at the first launch, which only works under the interpreter.
+        importlib.import_module("triton.experimental.gluon")
         importlib.import_module("primus.turbo.kernels._common")
         for info in pkgutil.iter_modules(primus.turbo.kernels.__path__):
             importlib.import_module(f"primus.turbo.kernels.{info.name}")

@@ -59,10 +59,12 @@ def turbo_apply_rotary_pos_emb(
     cu_seqlens: torch.Tensor | None = None,
     mscale: float = 1.0,
     cp_group: Any = None,
-    mla_rotary_interleaved: bool = False,
+    mla_rotary_interleaved: bool | None = False,
 ) -> torch.Tensor:
     """`apply_rotary_pos_emb` on the Triton kernel for [s, b, h, d] input; packed sequences,
     MLA interleaving, multi-section RoPE and TE's fusion stay upstream."""
+    if mla_rotary_interleaved is None:  # upstream's meaning: follow the model
+        mla_rotary_interleaved = config.multi_latent_attention
     if (
         cu_seqlens is not None
         or mla_rotary_interleaved

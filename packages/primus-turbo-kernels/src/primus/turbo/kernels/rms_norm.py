@@ -1,0 +1,336 @@
+"""RMSNorm and residual-add + RMSNorm: y = x * rsqrt(mean(x^2) + eps) * weight, in fp32.
+
+The forward keeps whole rows in registers (several rows per program when H is small) and
+stores rstd [rows] for the backward. The backward runs a few programs per SM; each walks a
+band of rows, writes dx per row and one fp32 row of partial weight-grad sums, and the
+partials are summed afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import nn
+
+from primus.turbo.kernels._common import OPS, interpreting, on_triton, row_launch
+
+# Elements a program holds at once: rows are grouped up to this when H is small.
+_TILE = 4096
+# The backward gives each program at least this many rows, so the partial weight grads
+# (one fp32 row per program, written and read back) stay a small share of the traffic.
+_MIN_ROWS_PER_PROGRAM = 16
+
+
+@triton.jit
+def _fwd_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    rstd_ptr,
+    M,
+    H,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < H
+    mask = row_ok[:, None] & col_ok[None, :]
+    offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        h = (x + tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(
+            h_ptr.dtype.element_ty
+        )
+        tl.store(h_ptr + offs, h, mask=mask)
+        x = h.to(tl.float32)  # normalize the stored h, which is what the backward reads
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    dh_ptr,
+    dx_ptr,
+    dw_ptr,
+    M,
+    H,
+    tiles_per_program,
+    HAS_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < H
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid * tiles_per_program
+    for tile in range(first, first + tiles_per_program):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        xhat = x * rstd
+        g = dy * w
+        dot = tl.sum(g * xhat, axis=1)[:, None] / H
+        dx = (g - xhat * dot) * rstd
+        if HAS_DH:
+            dx += tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(dw_ptr + pid * H + cols, tl.sum(dw, axis=0), mask=col_ok)
+
+
+def _tile(rows: int, hidden: int, state_bytes: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for blocks of whole rows, `state_bytes` per element."""
+    block_n = triton.next_power_of_2(hidden)
+    block_m = min(max(1, _TILE // block_n), triton.next_power_of_2(max(rows, 1)))
+    _, warps = row_launch(block_m * block_n, state_bytes)
+    return block_m, block_n, warps
+
+
+@functools.cache
+def _processors(device: torch.device) -> int:
+    """SMs (CUDA), CUs (ROCm) or Xe-cores (XPU) of `device`."""
+    props = getattr(torch, device.type).get_device_properties(device)
+    return getattr(props, "multi_processor_count", None) or props.gpu_subslice_count
+
+
+def _split(tiles: int, rows: int, device: torch.device) -> tuple[int, int]:
+    """(programs, tiles per program) of the backward: one to four programs per SM."""
+    if interpreting():
+        target = 3
+    else:
+        sms = _processors(device)
+        target = min(4 * sms, max(sms, triton.cdiv(rows, _MIN_ROWS_PER_PROGRAM)))
+    per_program = max(1, triton.cdiv(tiles, target))
+    return triton.cdiv(tiles, per_program), per_program
+
+
+def _forward(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(y, h or None, rstd) for x [rows, H]."""
+    x, weight = x.contiguous(), weight.contiguous()
+    rows, hidden = x.shape
+    y = torch.empty_like(x)
+    h = None if residual is None else torch.empty_like(x)
+    rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+    block_m, block_n, warps = _tile(rows, hidden, x.element_size())
+    _fwd_kernel[(triton.cdiv(rows, block_m),)](
+        x,
+        None if residual is None else residual.contiguous(),
+        weight,
+        y,
+        h,
+        rstd,
+        rows,
+        hidden,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=warps,
+    )
+    return y, h, rstd
+
+
+@torch.library.custom_op(f"{OPS}::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd) for x [rows, H]: rstd [rows] fp32 is what the backward needs."""
+    y, _, rstd = _forward(x, None, weight, eps)
+    return y, rstd
+
+
+@torch.library.custom_op(f"{OPS}::add_rms_norm_fwd", mutates_args=())
+def add_rms_norm_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rms_norm(h), h, rstd) with h = x + residual, all [rows, H] but rstd [rows] fp32."""
+    y, h, rstd = _forward(x, residual, weight, eps)
+    return y, h, rstd
+
+
+@torch.library.custom_op(f"{OPS}::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rstd: torch.Tensor,
+    dh: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) for y = rms_norm(x) [rows, H]; `dh`, the grad of the residual sum when
+    there is one, is added to dx."""
+    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
+    rows, hidden = x.shape
+    dx = torch.empty_like(x)
+    block_m, block_n, warps = _tile(rows, hidden, 8)  # x, dy, w and the dw sum in fp32
+    programs, per_program = _split(triton.cdiv(rows, block_m), rows, x.device)
+    partial = torch.empty(programs, hidden, device=x.device, dtype=torch.float32)
+    _bwd_kernel[(programs,)](
+        dy,
+        x,
+        weight,
+        rstd,
+        None if dh is None else dh.contiguous(),
+        dx,
+        partial,
+        rows,
+        hidden,
+        per_program,
+        HAS_DH=dh is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=warps,
+    )
+    return dx, partial.sum(0).to(weight.dtype)
+
+
+@rms_norm_fwd.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@add_rms_norm_fwd.register_fake
+def _(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rstd = x.new_empty(x.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(x.shape), rstd
+
+
+@rms_norm_bwd.register_fake
+def _(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rstd: torch.Tensor,
+    dh: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _save_norm(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1], output[1])
+
+
+def _norm_backward(
+    ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor, _drstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, None]:
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = rms_norm_bwd(dy, x, weight, rstd, None)
+    return dx, dw, None
+
+
+def _save_add_norm(
+    ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple
+) -> None:
+    ctx.save_for_backward(output[1], inputs[2], output[2])
+
+
+def _add_norm_backward(
+    ctx: torch.autograd.function.FunctionCtx,
+    dy: torch.Tensor,
+    dh: torch.Tensor | None,
+    _drstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    h, weight, rstd = ctx.saved_tensors
+    dx, dw = rms_norm_bwd(dy, h, weight, rstd, dh)
+    return dx, dx, dw, None
+
+
+rms_norm_fwd.register_autograd(_norm_backward, setup_context=_save_norm)
+add_rms_norm_fwd.register_autograd(_add_norm_backward, setup_context=_save_add_norm)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Eager PyTorch RMSNorm with fp32 statistics; output in x.dtype."""
+    if weight.dtype != x.dtype:  # F.rms_norm wants one dtype: compute in fp32, like the kernel
+        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager PyTorch (rms_norm(x + residual), x + residual)."""
+    h = x + residual
+    return rms_norm_reference(h, weight, eps), h
+
+
+def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight {tuple(weight.shape)} does not match hidden size {x.shape[-1]}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dim of x [..., H] with weight [H]; fp32 math, output in x.dtype."""
+    _check_weight(x, weight)
+    if not on_triton(x, weight):
+        return rms_norm_reference(x, weight, eps)
+    y, _ = rms_norm_fwd(_rows(x), weight, eps)
+    return y.view(x.shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h), h) with h = x + residual (same shape; h in x.dtype), in one pass."""
+    _check_weight(x, weight)
+    if x.shape != residual.shape:
+        raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
+    if not on_triton(x, residual, weight):
+        return add_rms_norm_reference(x, residual, weight, eps)
+    y, h, _ = add_rms_norm_fwd(_rows(x), _rows(residual), weight, eps)
+    return y.view(x.shape), h.view(x.shape)
+
+
+class RMSNorm(nn.Module):
+    """`torch.nn.RMSNorm` over the last dim (elementwise affine) on the Triton kernel."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
