@@ -25,11 +25,11 @@ from primus.turbo.kernels._common import OPS, interpreting, on_triton
 
 REDUCTIONS = ("none", "sum", "mean")
 
-# Forward blocks: 16 warps is the most a ROCm work-group takes (1024 lanes); 16384 elements is
-# 32 fp32 registers a lane on NVIDIA, streamed with two block reductions per step.
-_FWD_BLOCK, _FWD_WARPS = 16384, 16
-# Backward: a plain elementwise pass, many small programs.
-_BWD_BLOCK, _BWD_WARPS = 4096, 8
+# Forward: (largest BLOCK, elements a warp). 16384 elements on 16 warps, the most a ROCm
+# work-group takes (1024 lanes), is 32 fp32 registers a lane on NVIDIA, with two block
+# reductions per step. Backward: a plain elementwise pass, many programs of 16 elements a lane.
+_FWD_LAUNCH = (16384, 1024)
+_BWD_LAUNCH = (4096, 512)
 # Start of the running max: finite, so a block of -inf logits (a masked vocabulary tail) gives
 # exp(-inf - m) = 0 instead of exp(-inf + inf) = nan.
 _MAX_START = -3.0e38
@@ -124,16 +124,15 @@ def _weights(label_smoothing: float, n_cols: int) -> tuple[float, float]:
     return 1.0 - label_smoothing, label_smoothing / n_cols
 
 
-def _block(n_cols: int, block: int) -> int:
-    return min(block, triton.next_power_of_2(n_cols))
+def _launch(n_cols: int, limits: tuple[int, int]) -> tuple[int, int]:
+    """(BLOCK, num_warps) for rows of `n_cols`, given (largest BLOCK, elements a warp)."""
+    max_block, per_warp = limits
+    block = min(max_block, triton.next_power_of_2(n_cols))
+    return block, 1 if interpreting() else max(1, min(16, block // per_warp))
 
 
-def _warps(warps: int) -> int:
-    return 1 if interpreting() else warps
-
-
-@torch.library.custom_op(f"{OPS}::cross_entropy", mutates_args=())
-def _cross_entropy_op(
+@torch.library.custom_op(f"{OPS}::cross_entropy_fwd", mutates_args=())
+def _cross_entropy_fwd_op(
     logits: Tensor, labels: Tensor, ignore_index: int, label_smoothing: float, inplace_grad: bool
 ) -> tuple[Tensor, Tensor]:
     """Per-row (loss, logsumexp) in fp32 for 2-D `logits` with unit column stride.
@@ -144,6 +143,7 @@ def _cross_entropy_op(
     loss = torch.empty(n_rows, device=logits.device, dtype=torch.float32)
     lse = torch.empty_like(loss)
     target_weight, smooth_weight = _weights(label_smoothing, n_cols)
+    block, warps = _launch(n_cols, _FWD_LAUNCH)
     _ce_forward_kernel[(n_rows,)](
         logits,
         labels,
@@ -156,14 +156,16 @@ def _cross_entropy_op(
         smooth_weight,
         MAX_START=_MAX_START,
         SMOOTHING=label_smoothing > 0.0,
-        BLOCK=_block(n_cols, _FWD_BLOCK),
-        num_warps=_warps(_FWD_WARPS),
+        BLOCK=block,
+        num_warps=warps,
     )
     return loss, lse
 
 
-@_cross_entropy_op.register_fake
-def _(logits, labels, ignore_index, label_smoothing, inplace_grad):
+@_cross_entropy_fwd_op.register_fake
+def _(
+    logits: Tensor, labels: Tensor, ignore_index: int, label_smoothing: float, inplace_grad: bool
+) -> tuple[Tensor, Tensor]:
     loss = logits.new_empty(logits.shape[0], dtype=torch.float32)
     return loss, torch.empty_like(loss)
 
@@ -178,7 +180,7 @@ def _launch_backward(
     label_smoothing: float,
 ) -> None:
     n_rows, n_cols = logits.shape
-    block = _block(n_cols, _BWD_BLOCK)
+    block, warps = _launch(n_cols, _BWD_LAUNCH)
     n_blocks = triton.cdiv(n_cols, block)
     target_weight, smooth_weight = _weights(label_smoothing, n_cols)
     _ce_backward_kernel[(n_rows * n_blocks,)](
@@ -196,12 +198,12 @@ def _launch_backward(
         target_weight,
         smooth_weight,
         BLOCK=block,
-        num_warps=_warps(_BWD_WARPS),
+        num_warps=warps,
     )
 
 
-@torch.library.custom_op(f"{OPS}::cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward_op(
+@torch.library.custom_op(f"{OPS}::cross_entropy_bwd", mutates_args=())
+def _cross_entropy_bwd_op(
     logits: Tensor,
     labels: Tensor,
     lse: Tensor,
@@ -215,13 +217,20 @@ def _cross_entropy_backward_op(
     return grad
 
 
-@_cross_entropy_backward_op.register_fake
-def _(logits, labels, lse, grad_loss, ignore_index, label_smoothing):
+@_cross_entropy_bwd_op.register_fake
+def _(
+    logits: Tensor,
+    labels: Tensor,
+    lse: Tensor,
+    grad_loss: Tensor,
+    ignore_index: int,
+    label_smoothing: float,
+) -> Tensor:
     return torch.empty_like(logits)
 
 
-@torch.library.custom_op(f"{OPS}::cross_entropy_backward_", mutates_args=("logits",))
-def _cross_entropy_backward_inplace_op(
+@torch.library.custom_op(f"{OPS}::cross_entropy_bwd_", mutates_args=("logits",))
+def _cross_entropy_bwd_inplace_op(
     logits: Tensor,
     labels: Tensor,
     lse: Tensor,
@@ -229,16 +238,23 @@ def _cross_entropy_backward_inplace_op(
     ignore_index: int,
     label_smoothing: float,
 ) -> None:
-    """`cross_entropy_backward` written over `logits`."""
+    """`cross_entropy_bwd` written over `logits`."""
     _launch_backward(logits, labels, lse, grad_loss, logits, ignore_index, label_smoothing)
 
 
-@_cross_entropy_backward_inplace_op.register_fake
-def _(logits, labels, lse, grad_loss, ignore_index, label_smoothing):
+@_cross_entropy_bwd_inplace_op.register_fake
+def _(
+    logits: Tensor,
+    labels: Tensor,
+    lse: Tensor,
+    grad_loss: Tensor,
+    ignore_index: int,
+    label_smoothing: float,
+) -> None:
     return None
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
     logits, labels, ignore_index, label_smoothing, inplace_grad = inputs
     _, lse = output
     ctx.mark_non_differentiable(lse)
@@ -250,20 +266,22 @@ def _setup_context(ctx, inputs, output) -> None:
     )
 
 
-def _backward(ctx, grad_loss: Tensor, _grad_lse: Tensor):
+def _backward(
+    ctx: torch.autograd.function.FunctionCtx, grad_loss: Tensor, _grad_lse: Tensor
+) -> tuple[Tensor, None, None, None, None]:
     logits, labels, lse = ctx.saved_tensors
     args = (labels, lse, grad_loss, ctx.ignore_index, ctx.label_smoothing)
     if ctx.inplace_grad:
         # Declared mutation: autograd bumps the logits' version, so another op that saved them
         # and runs its backward later raises instead of reading the gradient.
-        torch.ops.primus_turbo.cross_entropy_backward_(logits, *args)
+        torch.ops.primus_turbo.cross_entropy_bwd_(logits, *args)
         grad = logits
     else:
-        grad = torch.ops.primus_turbo.cross_entropy_backward(logits, *args)
+        grad = torch.ops.primus_turbo.cross_entropy_bwd(logits, *args)
     return grad, None, None, None, None
 
 
-_cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
+_cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def check_args(label_smoothing: float, reduction: str) -> None:
@@ -299,10 +317,12 @@ def cross_entropy(
     outside [0, V) other than `ignore_index` are not checked (no device sync) and give garbage.
 
     inplace_grad: the backward writes the logits' gradient into the logits' storage instead of
-    a new tensor, saving one [N, V] buffer. The logits stay intact until the backward; after it
-    they hold the gradient, so nothing may read them then (Megatron's and TorchTitan's loss
-    paths don't). The write is a declared mutation: an op that saved the same logits for its
-    own backward fails autograd's version check rather than reading the gradient.
+    a new tensor, saving one [N, V] buffer (logits that cannot be viewed as [N, V] rows of unit
+    stride are copied, and the copy takes the gradient). The logits stay intact until the
+    backward; after it they hold the gradient, so nothing may read them then (Megatron's and
+    TorchTitan's loss paths don't). The write is a declared mutation (`mutates_args`): an op
+    that saved the same logits for its own backward fails autograd's version check rather than
+    reading the gradient, and torch.compile sees it (Inductor writes into the saved logits).
     """
     check_args(label_smoothing, reduction)
     if not on_triton(logits):
@@ -316,7 +336,7 @@ def cross_entropy(
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    losses, _ = torch.ops.primus_turbo.cross_entropy(
+    losses, _ = torch.ops.primus_turbo.cross_entropy_fwd(
         rows, labels.reshape(-1), ignore_index, float(label_smoothing), inplace_grad
     )
     return _reduce(losses, labels, ignore_index, reduction)

@@ -11,6 +11,9 @@ work, nothing over the vocabulary of every token.
 grad_weight accumulates in fp32 ([V, H] fp32 for the whole forward): each chunk's product is
 added inside the GEMM (`addmm(..., out_dtype=float32)` on GPUs), so nothing is rounded to bf16
 until the backward's single cast to the weight's dtype.
+
+Autograd is a `torch.autograd.Function` around matmuls and the cross-entropy custom ops;
+torch.compile(fullgraph=True) traces it whole (the chunk loop is unrolled).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         chunk = _chunk_rows(weight.shape[0], weight.element_size(), chunk_size)
         # needs_input_grad ignores no_grad(); the caller's grad mode is passed in.
         need_h, need_w = (grad_enabled and need for need in ctx.needs_input_grad[:2])
-        grad_h = torch.empty_like(h) if need_h else None
+        grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None
         grad_w = weight.new_zeros(weight.shape, dtype=torch.float32) if need_w else None
         # The gradient of each token's loss in the summed loss: 1.
         ones = h.new_ones(1, dtype=torch.float32).expand(chunk)
@@ -75,13 +78,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = min(start + chunk, n_rows)
             h_c, y_c = h[start:end], y[start:end]
             logits = h_c @ weight.t()
-            losses, lse = torch.ops.primus_turbo.cross_entropy(
+            losses, lse = torch.ops.primus_turbo.cross_entropy_fwd(
                 logits, y_c, ignore_index, label_smoothing, False
             )
             total = total + losses.sum()
             if not (need_h or need_w):
                 continue
-            torch.ops.primus_turbo.cross_entropy_backward_(
+            torch.ops.primus_turbo.cross_entropy_bwd_(
                 logits, y_c, lse, ones[: end - start], ignore_index, label_smoothing
             )
             if need_h:
