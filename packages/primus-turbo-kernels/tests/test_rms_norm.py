@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-from unittest import mock
 
 import pytest
 import torch
 
+from primus.turbo.kernels import rms_norm as rms_norm_module
 from primus.turbo.kernels.rms_norm import (
     RMSNorm,
     add_rms_norm,
@@ -31,12 +29,6 @@ TOL = {
 DTYPES = list(TOL)
 SHAPES = [(3, 5, 127), (7, 2050), (1, 64), (4, 96)]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-if DEVICE == "cpu":
-    # Triton imports gluon at the first launch, and that import fails unless the interpreter
-    # is still on when triton.language was imported under it (conftest turns it off again).
-    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):
-        importlib.import_module("triton.experimental.gluon")
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, rows: int = 1) -> None:
@@ -113,6 +105,23 @@ def test_add_rms_norm_grad_through_the_norm_only() -> None:
         _close(got, want, torch.float32, 6)
 
 
+def test_gpu_launch_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward split a GPU gets (programs from the SM count, several row blocks each,
+    a tail program with fewer) computes the same grads."""
+    monkeypatch.setattr(rms_norm_module, "interpreting", lambda: False)
+    monkeypatch.setattr(rms_norm_module, "_device", lambda device: (3, 1 << 20))
+    torch.manual_seed(0)
+    x, weight = _inputs((40, 2050), torch.float32)  # 3 programs of 14 rows, the last 12
+    residual = torch.randn_like(x).requires_grad_()
+    y, h = add_rms_norm(x, residual, weight)
+    (y * h).sum().backward()
+    x32, r32, w32 = _fp32(x, residual, weight)
+    y32, h32 = add_rms_norm_reference(x32, r32, w32)
+    (y32 * h32).sum().backward()
+    _close(x.grad, x32.grad, torch.float32)
+    _close(weight.grad, w32.grad, torch.float32, 40)
+
+
 def test_fp32_weight_with_bf16_input() -> None:
     torch.manual_seed(0)
     x, weight = _inputs((5, 200), torch.bfloat16, torch.float32)
@@ -181,8 +190,9 @@ def test_opcheck() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(4096, 4096), (8192, 2048), (2, 4096, 2048), (1024, 8192),
-                                   (2048, 5120), (3000, 2050)])
+@pytest.mark.parametrize(
+    "shape", [(4096, 4096), (8192, 2048), (2, 4096, 2048), (1024, 8192), (2048, 5120), (3000, 2050)]
+)
 def test_large_on_gpu(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     x, weight = _inputs(shape, dtype)

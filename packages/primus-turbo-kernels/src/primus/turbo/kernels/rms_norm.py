@@ -2,8 +2,8 @@
 
 The forward keeps whole rows in registers (several rows per program when H is small) and
 stores rstd [rows] for the backward. The backward runs a few programs per SM; each walks a
-band of rows, writes dx per row and one fp32 row of partial weight-grad sums, and the
-partials are summed afterwards.
+band of rows (loading the next rows while it computes), writes dx per row and one fp32 row of
+partial weight-grad sums, and the partials are summed afterwards.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def _bwd_kernel(
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -82,7 +83,7 @@ def _bwd_kernel(
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     dw = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid * tiles_per_program
-    for tile in range(first, first + tiles_per_program):
+    for tile in tl.range(first, first + tiles_per_program, num_stages=STAGES):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
@@ -110,21 +111,28 @@ def _tile(rows: int, hidden: int, state_bytes: int) -> tuple[int, int, int]:
 
 
 @functools.cache
-def _processors(device: torch.device) -> int:
-    """SMs (CUDA), CUs (ROCm) or Xe-cores (XPU) of `device`."""
+def _device(device: torch.device) -> tuple[int, int]:
+    """(SMs, CUs or Xe-cores; shared memory bytes one program may use, 0 if unknown)."""
     props = getattr(torch, device.type).get_device_properties(device)
-    return getattr(props, "multi_processor_count", None) or props.gpu_subslice_count
+    processors = getattr(props, "multi_processor_count", None) or props.gpu_subslice_count
+    return processors, getattr(props, "shared_memory_per_block_optin", 0)
 
 
-def _split(tiles: int, rows: int, device: torch.device) -> tuple[int, int]:
-    """(programs, tiles per program) of the backward: one to four programs per SM."""
+def _schedule(tiles: int, rows: int, tile_bytes: int, device: torch.device) -> tuple[int, int, int]:
+    """(programs, tiles per program, loop stages) of the backward.
+
+    One to four programs per SM, each with at least _MIN_ROWS_PER_PROGRAM rows where there are
+    enough; the loop loads the next tile while it computes this one (2 stages, through shared
+    memory) where that buffer fits twice over.
+    """
     if interpreting():
-        target = 3
+        target, stages = 3, 1
     else:
-        sms = _processors(device)
+        sms, smem = _device(device)
         target = min(4 * sms, max(sms, triton.cdiv(rows, _MIN_ROWS_PER_PROGRAM)))
+        stages = 2 if 2 * tile_bytes <= smem else 1
     per_program = max(1, triton.cdiv(tiles, target))
-    return triton.cdiv(tiles, per_program), per_program
+    return triton.cdiv(tiles, per_program), per_program, stages
 
 
 def _forward(
@@ -187,7 +195,11 @@ def rms_norm_bwd(
     rows, hidden = x.shape
     dx = torch.empty_like(x)
     block_m, block_n, warps = _tile(rows, hidden, 8)  # x, dy, w and the dw sum in fp32
-    programs, per_program = _split(triton.cdiv(rows, block_m), rows, x.device)
+    loaded = [dy, x] if dh is None else [dy, x, dh]
+    tile_bytes = block_m * block_n * sum(t.element_size() for t in loaded)
+    programs, per_program, stages = _schedule(
+        triton.cdiv(rows, block_m), rows, tile_bytes, x.device
+    )
     partial = torch.empty(programs, hidden, device=x.device, dtype=torch.float32)
     _bwd_kernel[(programs,)](
         dy,
@@ -203,6 +215,7 @@ def rms_norm_bwd(
         HAS_DH=dh is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        STAGES=stages,
         num_warps=warps,
     )
     return dx, partial.sum(0).to(weight.dtype)
@@ -244,9 +257,7 @@ def _norm_backward(
     return dx, dw, None
 
 
-def _save_add_norm(
-    ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple
-) -> None:
+def _save_add_norm(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
     ctx.save_for_backward(output[1], inputs[2], output[2])
 
 

@@ -19,23 +19,21 @@ _TILE = 4096
 
 
 @triton.jit
-def _tile_offsets(M, F, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(offsets into the halves [M, F] with row `stride`, offsets into a contiguous [M, F],
+def _tile_offsets(M, N, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(offsets into the halves [M, N] with row `stride`, offsets into a contiguous [M, N],
     mask) of this program's tile."""
     pid = tl.program_id(0)
-    col_blocks = tl.cdiv(F, BLOCK_N)
+    col_blocks = tl.cdiv(N, BLOCK_N)
     rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < F)[None, :]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
     rows = rows.to(tl.int64)[:, None]
-    return rows * stride + cols[None, :], rows * F + cols[None, :], mask
+    return rows * stride + cols[None, :], rows * N + cols[None, :], mask
 
 
 @triton.jit
-def _fwd_kernel(
-    g_ptr, u_ptr, y_ptr, M, F, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    offs, out_offs, mask = _tile_offsets(M, F, stride, BLOCK_M, BLOCK_N)
+def _fwd_kernel(g_ptr, u_ptr, y_ptr, M, N, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs, out_offs, mask = _tile_offsets(M, N, stride, BLOCK_M, BLOCK_N)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = g * tl.sigmoid(g) * u
@@ -50,12 +48,12 @@ def _bwd_kernel(
     dg_ptr,
     du_ptr,
     M,
-    F,
+    N,
     stride,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    offs, out_offs, mask = _tile_offsets(M, F, stride, BLOCK_M, BLOCK_N)
+    offs, out_offs, mask = _tile_offsets(M, N, stride, BLOCK_M, BLOCK_N)
     dy = tl.load(dy_ptr + out_offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
