@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from common import environment, print_table
 
+DTYPE = torch.bfloat16  # of every input but labels and cos/sin
 BF16, FP32, INT64 = 2, 4, 8
 PROVIDERS = ("turbo", "eager", "compile", "liger")
 EPS = 1e-6
@@ -57,7 +58,7 @@ TARGET_ELEMENTS = 16 * 2**20  # the copy-bandwidth targets hold from 16M element
 Shape = tuple[Any, ...]
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one call
 Step = Callable[[], Any]
-Timer = Callable[[Step, list[torch.Tensor]], float]
+Timer = Callable[[Step], float]
 
 
 class NotApplicable(Exception):
@@ -175,7 +176,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 
 
 def randn(*shape: int, device: torch.device, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, device=device) * scale).to(torch.bfloat16)
+    return (torch.randn(*shape, device=device) * scale).to(DTYPE)
 
 
 def labels(n: int, vocab: int, device: torch.device) -> torch.Tensor:
@@ -190,9 +191,8 @@ def rms_norm_inputs(shape: Shape, device: torch.device) -> Inputs:
 
 
 def add_rms_norm_inputs(shape: Shape, device: torch.device) -> Inputs:
-    m, n = shape
-    x, r, w = randn(m, n, device=device), randn(m, n, device=device), randn(n, device=device)
-    return (x, r, 1 + 0.1 * w, EPS), {}
+    (x, weight, eps), _ = rms_norm_inputs(shape, device)
+    return (x, randn(*shape, device=device), weight, eps), {}
 
 
 def swiglu_inputs(shape: Shape, device: torch.device) -> Inputs:
@@ -424,18 +424,16 @@ def make_timer(device: torch.device, warmup: int, rep: int) -> tuple[Timer, str]
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        def cuda_time(step: Step, leaves: list[torch.Tensor]) -> float:
-            return do_bench(step, warmup, rep, grad_to_none=leaves or None, return_mode="median")
+        def cuda_time(step: Step) -> float:
+            return do_bench(step, warmup=warmup, rep=rep, return_mode="median")
 
         how = f"triton.testing.do_bench: median of CUDA-event times, L2 flushed before each rep, warmup {warmup} ms, rep {rep} ms"
         return cuda_time, how
 
-    def wall_clock(step: Step, leaves: list[torch.Tensor]) -> float:
+    def wall_clock(step: Step) -> float:
         step()
         times = []
         for _ in range(3):
-            for leaf in leaves:
-                leaf.grad = None
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
@@ -446,9 +444,9 @@ def make_timer(device: torch.device, warmup: int, rep: int) -> tuple[Timer, str]
 
 def copy_bandwidth(device: torch.device, nbytes: int, timer: Timer) -> float:
     """GB/s of `dst.copy_(src)` over `nbytes` of bf16, counting the read and the write."""
-    src = torch.ones(nbytes // BF16, dtype=torch.bfloat16, device=device)
+    src = torch.ones(nbytes // BF16, dtype=DTYPE, device=device)
     dst = torch.empty_like(src)
-    return 2 * nbytes / timer(lambda: dst.copy_(src), []) / 1e6
+    return 2 * nbytes / timer(lambda: dst.copy_(src)) / 1e6
 
 
 def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
@@ -456,28 +454,38 @@ def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
 
 
 def output_grads(outputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-    """Seeded upstream grads: ones for a scalar loss, randn otherwise."""
+    """Seeded upstream grads: ones for a scalar loss, randn otherwise, contiguous whatever the
+    output's strides (randn_like would put the same values at other positions)."""
     torch.manual_seed(1)
-    return [torch.ones_like(t) if t.ndim == 0 else torch.randn_like(t) for t in outputs]
+    return [
+        torch.randn(t.shape, dtype=t.dtype, device=t.device) if t.ndim else torch.ones_like(t)
+        for t in outputs
+    ]
 
 
 def prepare(
     fn: Callable[..., Any], inputs: Inputs, mode: str, grad_args: tuple[int, ...]
-) -> tuple[Step, tuple[torch.Tensor, ...], list[torch.Tensor]]:
-    """(the step to time, the outputs of one step: forward results then grads, the leaves whose
-    grads the step fills). Runs the step once, which also compiles."""
+) -> tuple[Step, tuple[torch.Tensor, ...]]:
+    """(the step to time, the outputs of one step: forward results, then grads). Runs the step
+    once, which also compiles."""
     args, kwargs = inputs
     if mode == "fwd":
-        return lambda: fn(*args, **kwargs), as_tuple(fn(*args, **kwargs)), []
+        return lambda: fn(*args, **kwargs), as_tuple(fn(*args, **kwargs))
     leaves = [args[i].requires_grad_() for i in grad_args]
     outputs = as_tuple(fn(*args, **kwargs))
     dys = output_grads(outputs)
-    torch.autograd.backward(outputs, dys, retain_graph=mode == "bwd")
+
+    def backward(outs: tuple[torch.Tensor, ...]) -> None:
+        for leaf in leaves:  # no accumulation; liger's grads can be views of its inputs
+            leaf.grad = None
+        torch.autograd.backward(outs, dys, retain_graph=mode == "bwd")
+
+    backward(outputs)
     grads = tuple(leaf.grad for leaf in leaves)
     if mode == "bwd":
-        return lambda: torch.autograd.backward(outputs, dys, retain_graph=True), grads, leaves
-    step = lambda: torch.autograd.backward(as_tuple(fn(*args, **kwargs)), dys)  # noqa: E731
-    return step, tuple(t.detach() for t in outputs) + grads, leaves
+        return lambda: backward(outputs), grads
+    step = lambda: backward(as_tuple(fn(*args, **kwargs)))  # noqa: E731
+    return step, tuple(t.detach() for t in outputs) + grads
 
 
 def provider_fn(kernel: Kernel, provider: str, liger: ModuleType | str) -> Callable[..., Any]:
@@ -500,10 +508,10 @@ def measure(
 ) -> tuple[float, tuple[torch.Tensor, ...]]:  # fmt: skip
     """(ms, the outputs of one step), on fresh seeded inputs."""
     torch.manual_seed(0)
-    step, outputs, leaves = prepare(fn, kernel.make(shape, device), mode, kernel.grad_args)
+    step, outputs = prepare(fn, kernel.make(shape, device), mode, kernel.grad_args)
     # Copied before timing: liger writes grads into its inputs and activations in place.
     outputs = tuple(t.detach().clone() for t in outputs)
-    return timer(step, leaves), outputs
+    return timer(step), outputs
 
 
 def compare(
@@ -523,7 +531,7 @@ def compare(
 
 def run_case(
     name: str, mode: str, shape: Shape, device: torch.device, timer: Timer,
-    liger: ModuleType | str,
+    liger: ModuleType | str, copy_gbps: float,
 ) -> list[Row]:  # fmt: skip
     """Every provider on one case; diffs against the first that ran (turbo, else eager)."""
     kernel = KERNELS[name]
@@ -554,18 +562,19 @@ def run_case(
         row.max_abs_diff, row.check = compare(outputs, baseline)
         if baseline_row.check is None:
             baseline_row.max_abs_diff, baseline_row.check = row.max_abs_diff, row.check
-    add_rates(kernel, rows)
+    add_rates(kernel, rows, copy_gbps)
     return rows
 
 
-def add_rates(kernel: Kernel, rows: list[Row]) -> None:
-    """GB/s or TFLOP/s of each timed row, and its speedups over compile and liger."""
+def add_rates(kernel: Kernel, rows: list[Row], copy_gbps: float) -> None:
+    """GB/s (and of copy BW) or TFLOP/s of each timed row, its speedups over compile and liger."""
     ms = {row.provider: row.ms for row in rows}
     for row in rows:
         if row.ms is None:
             continue
         if kernel.traffic is not None:
             row.gbps = kernel.traffic(row.shape, row.mode) / row.ms / 1e6
+            row.copy_fraction = row.gbps / copy_gbps
         if kernel.flops is not None:
             row.tflops = kernel.flops(row.shape, row.mode) / row.ms / 1e9
         row.vs_compile = ms["compile"] / row.ms if ms["compile"] else None
@@ -663,18 +672,17 @@ def main() -> int:
 
     copy_bytes = 2**24 if opts.quick else 2**30
     copy_gbps = copy_bandwidth(device, copy_bytes, timer)
-    print(
-        f"device copy bandwidth: {copy_gbps:,.0f} GB/s (dst.copy_(src), {copy_bytes / 2**20:.0f} MiB bf16, read + write)"
-    )
+    print(f"timing: {timing}")
+    print(f"device copy bandwidth: {copy_gbps:,.0f} GB/s ({copy_bytes >> 20} MiB, read + write)")
     rows: list[Row] = []
+    start = time.perf_counter()
     for name in names:
         kernel = KERNELS[name]
         for mode in kernel.modes:
             for shape in kernel.quick if opts.quick else kernel.shapes:
-                rows += run_case(name, mode, shape, device, timer, liger)
-                print(f"{name} {rows[-1].case}: done", file=sys.stderr, flush=True)
-    for row in rows:
-        row.copy_fraction = None if row.gbps is None else row.gbps / copy_gbps
+                rows += run_case(name, mode, shape, device, timer, liger, copy_gbps)
+                elapsed = time.perf_counter() - start
+                print(f"[{elapsed:.0f} s] {name} {rows[-1].case}", file=sys.stderr, flush=True)
     checks = targets(rows)
     print_report(rows, checks)
 

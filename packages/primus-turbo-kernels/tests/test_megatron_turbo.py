@@ -15,6 +15,8 @@ from primus.core.testing.runs import losses, patch_status, train_run
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 FEATURES = ("rms_norm", "swiglu", "rope", "attention", "cross_entropy", "optimizer")
+# The interpreter runs each Triton program in Python: short sequences keep a step near 2 s.
+SMALL = ("seq_length=16", "max_position_embeddings=16", "micro_batch_size=2", "global_batch_size=2")
 pytestmark = pytest.mark.slow
 
 
@@ -26,7 +28,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     workspace = tmp_path_factory.mktemp("ws")
     try:
         return {
-            name: train_run(RECIPE, workspace, f"exp_name={name}", "train_iters=30", *overrides)
+            name: train_run(
+                RECIPE, workspace, f"exp_name={name}", "train_iters=30", *SMALL, *overrides
+            )
             for name, overrides in (("plain", ()), ("turbo", ("turbo.enable=true",)))
         }
     finally:
@@ -38,7 +42,7 @@ def test_turbo_matches_plain_megatron(runs: dict[str, Path]) -> None:
     assert sorted(turbo) == sorted(plain) == list(range(2, 31))
     for step, loss in plain.items():
         assert turbo[step] == pytest.approx(loss, rel=2e-3, abs=2e-3), step
-    assert plain[30] < plain[2] - 0.5  # it trained
+    assert plain[30] < plain[2] - 0.2  # it trained
 
 
 def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
@@ -58,8 +62,9 @@ def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
 def test_one_switch_turns_one_feature_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     run_dir = train_run(
-        RECIPE, tmp_path, "exp_name=norope", "train_iters=3", "turbo.enable=true", "turbo.rope=false"
-    )
+        RECIPE, tmp_path, "exp_name=norope", "train_iters=3", *SMALL, "turbo.enable=true",
+        "turbo.rope=false",
+    )  # fmt: skip
     status = patch_status(run_dir)
     assert status["megatron.turbo_rope"][0] == "skipped"
     assert status["megatron.turbo_rms_norm"][0] == "applied"
