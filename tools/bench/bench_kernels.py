@@ -9,8 +9,10 @@ PyTorch reference, called in bf16), `compile` (`torch.compile` of that reference
 compiled before timing) and `liger` (liger-kernel's autograd Function, where it has one). A case
 is a kernel, a mode (`fwd`; `bwd`: the backward alone, graph retained; `fwd+bwd`) and a shape.
 
-Time: `triton.testing.do_bench`, the median over reps of CUDA-event times, the L2 cache flushed
-before each rep, gradients reset to None. Memory-bound kernels report GB/s with every tensor
+Time: `ms` is `triton.testing.do_bench`, the median over reps of CUDA-event times, the L2 cache
+flushed before each rep, gradients reset to None; where the GPU outruns the CPU it is launch
+overhead. `GPU ms` is the sum of the step's kernel times from torch.profiler (L2 flushed between
+steps, the flush subtracted): the rates and speedups use it. Memory-bound kernels report GB/s with every tensor
 counted once each way (as the kernel's `traffic` says) and that as a fraction of the copy
 bandwidth; attention and linear cross-entropy report TFLOP/s. Each provider's outputs (forward
 results, then gradients) are compared with turbo's (turbo's with eager's): max abs diff and
@@ -58,7 +60,7 @@ TARGET_ELEMENTS = 16 * 2**20  # the copy-bandwidth targets hold from 16M element
 Shape = tuple[Any, ...]
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one call
 Step = Callable[[], Any]
-Timer = Callable[[Step], float]
+Timer = Callable[[Step], tuple[float, float | None]]  # (ms, GPU kernel ms or None)
 
 
 class NotApplicable(Exception):
@@ -95,6 +97,7 @@ class Row:
     shape: Shape
     provider: str
     ms: float | None = None
+    gpu_ms: float | None = None  # the kernels' own time (profiler); rates use it when known
     gbps: float | None = None
     copy_fraction: float | None = None
     tflops: float | None = None
@@ -424,29 +427,52 @@ def make_timer(device: torch.device, warmup: int, rep: int) -> tuple[Timer, str]
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        def cuda_time(step: Step) -> float:
-            return do_bench(step, warmup=warmup, rep=rep, return_mode="median")
+        def cuda_time(step: Step) -> tuple[float, float]:
+            return do_bench(step, warmup=warmup, rep=rep, return_mode="median"), kernel_ms(step)
 
-        how = f"triton.testing.do_bench: median of CUDA-event times, L2 flushed before each rep, warmup {warmup} ms, rep {rep} ms"
+        how = (
+            f"ms: triton.testing.do_bench, median of CUDA-event times, L2 flushed before each "
+            f"rep, warmup {warmup} ms, rep {rep} ms (includes launch overhead when the GPU "
+            "waits for the CPU); GPU ms: sum of the step's kernel times (torch.profiler), "
+            "L2 flushed between steps; rates and speedups use GPU ms"
+        )
         return cuda_time, how
 
-    def wall_clock(step: Step) -> float:
+    def wall_clock(step: Step) -> tuple[float, None]:
         step()
         times = []
         for _ in range(3):
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e3
+        return statistics.median(times) * 1e3, None
 
     return wall_clock, "wall clock, median of 3 after one warm-up (CPU check only)"
+
+
+def kernel_ms(step: Step, reps: int = 20) -> float:
+    """Mean GPU kernel time of one step (torch.profiler), the L2 flushed before each step and
+    the flush's own time subtracted: what the kernels cost, without launch overhead."""
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def per_rep(with_step: bool) -> float:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                flush.zero_()
+                if with_step:
+                    step()
+            torch.cuda.synchronize()
+        return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / reps
+
+    return max(per_rep(True) - per_rep(False), 1e-6)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, timer: Timer) -> float:
     """GB/s of `dst.copy_(src)` over `nbytes` of bf16, counting the read and the write."""
     src = torch.ones(nbytes // BF16, dtype=DTYPE, device=device)
     dst = torch.empty_like(src)
-    return 2 * nbytes / timer(lambda: dst.copy_(src)) / 1e6
+    ms, gpu_ms = timer(lambda: dst.copy_(src))
+    return 2 * nbytes / (gpu_ms or ms) / 1e6
 
 
 def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
@@ -505,13 +531,13 @@ def provider_fn(kernel: Kernel, provider: str, liger: ModuleType | str) -> Calla
 def measure(
     fn: Callable[..., Any], kernel: Kernel, mode: str, shape: Shape, device: torch.device,
     timer: Timer,
-) -> tuple[float, tuple[torch.Tensor, ...]]:  # fmt: skip
-    """(ms, the outputs of one step), on fresh seeded inputs."""
+) -> tuple[float, float | None, tuple[torch.Tensor, ...]]:  # fmt: skip
+    """(ms, GPU ms, the outputs of one step), on fresh seeded inputs."""
     torch.manual_seed(0)
     step, outputs = prepare(fn, kernel.make(shape, device), mode, kernel.grad_args)
     # Copied before timing: liger writes grads into its inputs and activations in place.
     outputs = tuple(t.detach().clone() for t in outputs)
-    return timer(step), outputs
+    return (*timer(step), outputs)
 
 
 def compare(
@@ -541,7 +567,7 @@ def run_case(
         row = Row(name, f"{mode} {kernel.label(shape)}", mode, shape, provider)
         rows.append(row)
         try:
-            row.ms, outputs = measure(
+            row.ms, row.gpu_ms, outputs = measure(
                 provider_fn(kernel, provider, liger), kernel, mode, shape, device, timer
             )
         except NotApplicable as reason:
@@ -568,17 +594,18 @@ def run_case(
 
 def add_rates(kernel: Kernel, rows: list[Row], copy_gbps: float) -> None:
     """GB/s (and of copy BW) or TFLOP/s of each timed row, its speedups over compile and liger."""
-    ms = {row.provider: row.ms for row in rows}
+    ms = {row.provider: row.gpu_ms or row.ms for row in rows}
     for row in rows:
-        if row.ms is None:
+        t = ms[row.provider]
+        if t is None:
             continue
         if kernel.traffic is not None:
-            row.gbps = kernel.traffic(row.shape, row.mode) / row.ms / 1e6
+            row.gbps = kernel.traffic(row.shape, row.mode) / t / 1e6
             row.copy_fraction = row.gbps / copy_gbps
         if kernel.flops is not None:
-            row.tflops = kernel.flops(row.shape, row.mode) / row.ms / 1e9
-        row.vs_compile = ms["compile"] / row.ms if ms["compile"] else None
-        row.vs_liger = ms["liger"] / row.ms if ms["liger"] else None
+            row.tflops = kernel.flops(row.shape, row.mode) / t / 1e9
+        row.vs_compile = ms["compile"] / t if ms["compile"] else None
+        row.vs_liger = ms["liger"] / t if ms["liger"] else None
 
 
 def targets(rows: list[Row]) -> list[dict[str, Any]]:
@@ -606,6 +633,7 @@ def targets(rows: list[Row]) -> list[dict[str, Any]]:
 
 COLUMNS = (
     ("ms", "ms", ".4f"),
+    ("GPU ms", "gpu_ms", ".4f"),
     ("GB/s", "gbps", ",.0f"),
     ("of copy BW", "copy_fraction", ".0%"),
     ("TFLOP/s", "tflops", ".1f"),
