@@ -14,7 +14,9 @@ import pytest
 from primus.core.testing.runs import losses, patch_status, train_run
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
-FEATURES = ("rms_norm", "swiglu", "rope", "attention", "cross_entropy", "optimizer")
+FEATURES = (
+    "rms_norm", "swiglu", "rope", "attention", "cross_entropy", "optimizer", "grad_accum_fusion"
+)  # fmt: skip
 # The interpreter runs each Triton program in Python: short sequences keep a step near 2 s.
 SMALL = ("seq_length=16", "max_position_embeddings=16", "micro_batch_size=2", "global_batch_size=2")
 pytestmark = pytest.mark.slow
@@ -84,5 +86,7 @@ def test_patches_list_shows_target_and_switch() -> None:
     patches = {p["id"]: p for p in json.loads(out)}
     rope = patches["megatron.turbo_rope"]
     assert rope["target"] == "megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb"
-    assert rope["how to enable"] == "turbo.enable and turbo.rope (default true) are true"
+    assert rope["how to enable"] == (
+        "turbo.enable and turbo.rope (default true) are true; upstream <0.20,>=0.19"
+    )
     assert {f"megatron.turbo_{f}" for f in FEATURES} <= set(patches)

@@ -155,6 +155,26 @@ def foreach_scale(
     torch._foreach_copy_(tensor_lists[1], torch._foreach_mul(tensor_lists[0], scale))
 
 
+class WgradAccumulation:
+    """Apex's `fused_weight_gradient_mlp_cuda` in PyTorch: the weight-gradient GEMM adds into
+    `main_grad` (fp32 output from bf16/fp16 inputs through cuBLAS), no separate bf16 grad + add."""
+
+    @staticmethod
+    def wgrad_gemm_accum_fp32(
+        total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
+    ) -> None:
+        if main_grad.is_cuda:
+            torch.addmm(main_grad, grad_output.t(), total_input, torch.float32, out=main_grad)
+        else:  # CPU has no mixed-dtype GEMM
+            main_grad.addmm_(grad_output.t().float(), total_input.float())
+
+    @staticmethod
+    def wgrad_gemm_accum_fp16(
+        total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
+    ) -> None:
+        main_grad.addmm_(grad_output.t(), total_input)
+
+
 def fused_adam(params: Any, *, adam_w_mode: bool = True, **kwargs: Any) -> torch.optim.Optimizer:
     """Megatron's fused-Adam constructor (Apex/TE signature) on PyTorch's fused Adam/AdamW."""
     adam = torch.optim.AdamW if adam_w_mode else torch.optim.Adam

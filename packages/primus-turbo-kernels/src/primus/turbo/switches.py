@@ -7,9 +7,12 @@ own switch is false (`turbo: {enable: true, rope: false}`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from primus.core.config import ParamSpec, register_params
-from primus.core.patches import PatchContext, get_param
+from primus.core.patches import PatchContext, get_param, register_patch
+
+Handler = Callable[[PatchContext], Any]
 
 ENABLE_HELP = "turn on Primus turbo kernels (default false); each feature then has its own switch"
 
@@ -40,3 +43,19 @@ def switch(feature: str) -> Callable[[PatchContext], bool]:
     condition.__name__ = condition.__qualname__ = f"turbo_{feature}_on"
     condition.__doc__ = f"turbo.enable and turbo.{feature} (default true) are true"
     return condition
+
+
+def turbo_patch(
+    backend: str, feature: str, target: str, backend_versions: str | None = None
+) -> Callable[[Handler], Handler]:
+    """`register_patch` for one turbo feature: id `<backend>.turbo_<feature>`, its switch as
+    the condition, phase `build_args` (before the trainer builds the model), tag `turbo`."""
+    return register_patch(
+        f"{backend}.turbo_{feature}",
+        backend=backend,
+        phase="build_args",
+        condition=switch(feature),
+        backend_versions=backend_versions,
+        target=target,
+        tags=("turbo",),
+    )

@@ -6,12 +6,11 @@ Each patch rebinds one upstream name at every module that imported it, at `build
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from functools import partial
 
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, get_args, rebind, register_patch
-from primus.turbo.switches import register_switches, switch
+from primus.core.patches import PatchContext, get_args, rebind
+from primus.turbo.switches import register_switches, turbo_patch
 
 FEATURES = {
     "rms_norm": "Triton RMSNorm in every norm of the local spec",
@@ -20,25 +19,14 @@ FEATURES = {
     "attention": "PyTorch SDPA flash/efficient attention as the core attention",
     "cross_entropy": "Triton cross-entropy for the language-model loss",
     "optimizer": "fused Adam and foreach grad-norm/scale instead of the Python fallbacks",
+    "grad_accum_fusion": "weight-gradient GEMMs accumulate into the fp32 main grads",
 }
 register_switches("megatron", FEATURES)
-Handler = Callable[[PatchContext], Any]
+_turbo = partial(turbo_patch, "megatron", backend_versions=">=0.19,<0.20")  # symbols of 0.19
 
 
 def _installed(feature: str, sites: list[str]) -> None:
     log_rank_0(f"[turbo] {feature}: {', '.join(sites) or 'already installed'}")
-
-
-def _turbo(feature: str, target: str) -> Callable[[Handler], Handler]:
-    """register_patch for a megatron turbo feature: its id, switch, phase and tag."""
-    return register_patch(
-        f"megatron.turbo_{feature}",
-        backend="megatron",
-        phase="build_args",
-        condition=switch(feature),
-        target=target,
-        tags=("turbo",),
-    )
 
 
 @_turbo("rms_norm", "megatron.core.transformer.torch_norm.WrappedTorchNorm")
@@ -134,3 +122,21 @@ def turbo_optimizer(ctx: PatchContext) -> None:
         optimizer.Adam, optimizer.USING_PYTORCH_OPTIMIZER = layers.fused_adam, False
         sites.append("megatron.core.optimizer.Adam")
     _installed("optimizer", sites)
+
+
+@_turbo("grad_accum_fusion", "megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda")
+def turbo_grad_accum_fusion(ctx: PatchContext) -> None:
+    """Weight-gradient GEMMs accumulate straight into the fp32 main grads (what Apex's
+    gradient-accumulation fusion does), instead of a bf16 grad and a separate fp32 add."""
+    from megatron.core.tensor_parallel import layers as tp_layers
+
+    from primus.turbo import megatron_layers as layers
+
+    args = get_args(ctx)
+    if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
+        log_rank_0("[turbo] grad_accum_fusion: FSDP keeps its own gradient path")
+        return
+    tp_layers.fused_weight_gradient_mlp_cuda = layers.WgradAccumulation
+    tp_layers._grad_accum_fusion_available = True
+    args.gradient_accumulation_fusion = True
+    _installed("grad_accum_fusion", ["megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda"])
