@@ -5,7 +5,8 @@
 
 Runs `primus train pretrain --config ...` and TorchTitan's own entry point (`python -m
 torchtitan.train`, tools/bench/torchtitan_plain.py for the model and synthetic data, no Primus)
-with the flags the resolved experiment stands for, alternating, `--rounds` times each. Both are
+with the flags the resolved experiment stands for, alternating, `--rounds` times each (`--turbo`
+adds Primus with `turbo.enable=true`, primus-turbo-kernels installed). All are
 measured by TorchTitan's own step line (tps, TFLOP/s, MFU, memory), which Primus keeps in its log:
 one clock, one formula. The first `--warmup` steps are dropped and the median is taken.
 """
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (both runs)")
+    parser.add_argument("--turbo", action="store_true", help="also run Primus with turbo on")
     parser.add_argument("--out", type=Path, default=Path("torchtitan-bench.json"))
     opts = parser.parse_args()
     settings = {"training": {"steps": opts.steps}, "metrics": {"log_freq": 1}}
@@ -73,33 +75,45 @@ def main() -> None:
                  for s, values in settings.items() for k, v in values.items()]  # fmt: skip
     logs = opts.out.parent
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    results: dict[str, list[dict[str, float]]] = {"primus": [], "torchtitan": []}
+    variants = {"primus": overrides, "primus-turbo": [*overrides, "turbo.enable=true"]}
+    names = ("primus", "torchtitan", "primus-turbo") if opts.turbo else ("primus", "torchtitan")
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for i in range(opts.rounds):
-        primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
-                  str(opts.config), *overrides, f"exp_name=bench-{i}"]  # fmt: skip
-        plain = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+        commands = {
+            name: [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+                   str(opts.config), *variants[name], f"exp_name=bench-{name}-{i}"]
+            for name in names if name != "torchtitan"
+        }  # fmt: skip
+        commands["torchtitan"] = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                  "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",
                  "llama3_1b_synthetic", "--dump-folder", str(logs / f"plain-{i}"), *flags]  # fmt: skip
-        for name, command in (("primus", primus), ("torchtitan", plain)):
-            text = run(command, logs / f"{name}-{i}{'-compile' * opts.compile}.log", env)
+        for name in names:
+            text = run(commands[name], logs / f"{name}-{i}{'-compile' * opts.compile}.log", env)
             results[name].append(parse_log(text, opts.warmup))
     summary = {
         name: medians(runs, ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"))
         | {"peak_memory_gib": max(r["peak_memory_gib"] for r in runs), "runs": runs}
         for name, runs in results.items()
     }
-    ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["torchtitan"]["tokens_per_s_per_gpu"]
+    peer = summary["torchtitan"]["tokens_per_s_per_gpu"]
+    ratios = {
+        f"{n.replace('-', '_')}_over_torchtitan": summary[n]["tokens_per_s_per_gpu"] / peer
+        for n in names
+        if n != "torchtitan"
+    }
+    dists = ("torch", "torchtitan", "primus-torchtitan")
     report = {
-        **environment(("torch", "torchtitan", "primus-torchtitan")),
+        **environment((*dists, "triton", "primus-turbo-kernels") if opts.turbo else dists),
         "config": str(opts.config),
         "compile": opts.compile,
         "torchtitan_flags": flags,
-        "primus_over_torchtitan": ratio,
+        **ratios,
         **summary,
     }
     opts.out.write_text(json.dumps(report, indent=2))
     mode = "compiled" if opts.compile else "eager"
-    print_table(summary, COLUMNS, f"primus / torchtitan (tokens/s, {mode}): {ratio:.4f}")
+    ratio_text = ", ".join(f"{k} (tokens/s): {v:.4f}" for k, v in ratios.items())
+    print_table(summary, COLUMNS, f"{ratio_text} ({mode})")
 
 if __name__ == "__main__":
     main()
