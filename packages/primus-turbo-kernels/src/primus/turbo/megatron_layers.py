@@ -52,6 +52,25 @@ def turbo_bias_swiglu(
     return swiglu_packed(input if bias is None else input + bias)
 
 
+_last_cos_sin: list[Any] = [None, None, None]  # freqs, (version, interleaved, mscale), (cos, sin)
+
+
+def _cos_sin(freqs: torch.Tensor, interleaved: bool, mscale: float) -> tuple[torch.Tensor, ...]:
+    """cos and sin [s, R/2] of Megatron's angles [s, 1, 1, R], kept for the next call with
+    the same tensor: every layer's query and key share one `freqs` per forward."""
+    key = (freqs._version, interleaved, mscale)
+    if _last_cos_sin[0] is freqs and _last_cos_sin[1] == key:
+        return _last_cos_sin[2]
+    angles = freqs[:, 0, 0].float()
+    # Megatron repeats each angle for the rotated pair: cat(f, f) or interleaved f0 f0 f1 f1.
+    half = angles[:, 0::2] if interleaved else angles[:, : angles.shape[-1] // 2]
+    cos, sin = torch.cos(half), torch.sin(half)
+    if mscale != 1.0:
+        cos, sin = cos * mscale, sin * mscale
+    _last_cos_sin[:] = [freqs, key, (cos, sin)]
+    return cos, sin
+
+
 def turbo_apply_rotary_pos_emb(
     t: torch.Tensor,
     freqs: torch.Tensor,
@@ -73,10 +92,7 @@ def turbo_apply_rotary_pos_emb(
         or freqs.shape[1] != 1
     ):
         return UPSTREAM_ROPE(t, freqs, config, cu_seqlens, mscale, cp_group, mla_rotary_interleaved)
-    angles = freqs[:, 0, 0].float()
-    # Megatron repeats each angle for the rotated pair: cat(f, f) or interleaved f0 f0 f1 f1.
-    half = angles[:, 0::2] if config.rotary_interleaved else angles[:, : angles.shape[-1] // 2]
-    cos, sin = torch.cos(half) * mscale, torch.sin(half) * mscale
+    cos, sin = _cos_sin(freqs, config.rotary_interleaved, mscale)
     return apply_rope(t, cos, sin, seq_dim=0, interleaved=config.rotary_interleaved)
 
 
