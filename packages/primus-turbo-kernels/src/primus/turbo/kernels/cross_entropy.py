@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from primus.turbo.kernels._common import OPS, interpreting, on_triton
+from primus.turbo.kernels._common import OPS, differentiable, interpreting, on_triton
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -281,7 +281,7 @@ def _backward(
     return grad, None, None, None, None
 
 
-_cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_cross_entropy_fwd = differentiable(_cross_entropy_fwd_op, _setup_context, _backward)
 
 
 def check_args(label_smoothing: float, reduction: str) -> None:
@@ -336,7 +336,7 @@ def cross_entropy(
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    losses, _ = torch.ops.primus_turbo.cross_entropy_fwd(
+    losses, _ = _cross_entropy_fwd(
         rows, labels.reshape(-1), ignore_index, float(label_smoothing), inplace_grad
     )
     return _reduce(losses, labels, ignore_index, reduction)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from primus.turbo.kernels._common import OPS, interpreting, on_triton, row_launch
+from primus.turbo.kernels._common import OPS, differentiable, interpreting, on_triton, row_launch
 
 # Elements a program holds at once (rows are grouped up to this when H is small): the
 # forward's tile, and the backward's with its warps. The backward values were the best of a
@@ -268,8 +268,8 @@ def _add_norm_backward(
     return dx, dx, dw, None
 
 
-rms_norm_fwd.register_autograd(_norm_backward, setup_context=_save_norm)
-add_rms_norm_fwd.register_autograd(_add_norm_backward, setup_context=_save_add_norm)
+_rms_norm = differentiable(rms_norm_fwd, _save_norm, _norm_backward)
+_add_rms_norm = differentiable(add_rms_norm_fwd, _save_add_norm, _add_norm_backward)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -301,7 +301,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     _check_weight(x, weight)
     if not on_triton(x, weight):
         return rms_norm_reference(x, weight, eps)
-    y, _ = rms_norm_fwd(_rows(x), weight, eps)
+    y, _ = _rms_norm(_rows(x), weight, eps)
     return y.view(x.shape)
 
 
@@ -314,7 +314,7 @@ def add_rms_norm(
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
     if not on_triton(x, residual, weight):
         return add_rms_norm_reference(x, residual, weight, eps)
-    y, h, _ = add_rms_norm_fwd(_rows(x), _rows(residual), weight, eps)
+    y, h, _ = _add_rms_norm(_rows(x), _rows(residual), weight, eps)
     return y.view(x.shape), h.view(x.shape)
 
 

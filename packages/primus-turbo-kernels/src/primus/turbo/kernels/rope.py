@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from primus.turbo.kernels._common import OPS, on_triton, row_launch
+from primus.turbo.kernels._common import OPS, differentiable, on_triton, row_launch
 
 # Elements (heads x padded head dim) one program holds in registers.
 _TILE = 4096
@@ -235,7 +235,7 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
     return dx, None, None, None, None, None
 
 
-_rope.register_autograd(_backward, setup_context=_setup_context)
+_rope_differentiable = differentiable(_rope, _setup_context, _backward)
 
 
 def apply_rope(
@@ -256,4 +256,4 @@ def apply_rope(
         )
     if not 0 < 2 * cos.shape[1] <= x.shape[-1]:
         raise ValueError(f"rotary dim {2 * cos.shape[1]} must be in (0, {x.shape[-1]}]")
-    return _rope(x, cos, sin, seq_dim, interleaved, False)
+    return _rope_differentiable(x, cos, sin, seq_dim, interleaved, False)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from primus.turbo.kernels._common import OPS, on_triton, row_launch
+from primus.turbo.kernels._common import OPS, differentiable, on_triton, row_launch
 
 # A program covers BLOCK_M x BLOCK_N elements: up to this many columns of as many rows as fit
 # in _TILE elements; programs run along the rows first, so memory is streamed in order.
@@ -160,8 +160,8 @@ def _packed_backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor)
     return swiglu_packed_bwd(dy, *ctx.saved_tensors)
 
 
-swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_save_inputs)
-swiglu_packed_fwd.register_autograd(_packed_backward, setup_context=_save_inputs)
+_swiglu = differentiable(swiglu_fwd, _save_inputs, _swiglu_backward)
+_swiglu_packed = differentiable(swiglu_packed_fwd, _save_inputs, _packed_backward)
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -182,7 +182,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if not on_triton(gate, up):
         return swiglu_reference(gate, up)
     cols = gate.shape[-1]
-    y = swiglu_fwd(gate.reshape(-1, cols).contiguous(), up.reshape(-1, cols).contiguous())
+    y = _swiglu(gate.reshape(-1, cols).contiguous(), up.reshape(-1, cols).contiguous())
     return y.view(gate.shape)
 
 
@@ -192,5 +192,5 @@ def swiglu_packed(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the last dim of x ({x.shape[-1]}) is not even")
     if not on_triton(x):
         return swiglu_packed_reference(x)
-    y = swiglu_packed_fwd(x.reshape(-1, x.shape[-1]).contiguous())
+    y = _swiglu_packed(x.reshape(-1, x.shape[-1]).contiguous())
     return y.view(*x.shape[:-1], x.shape[-1] // 2)
