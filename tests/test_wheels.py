@@ -30,6 +30,7 @@ PROJECTS = {
     "primus-core": REPO / "packages" / "primus-core",
     "primus-megatron": REPO / "packages" / "primus-megatron",  # built and inspected, not installed
     "primus-maxtext": REPO / "packages" / "primus-maxtext",  # installed alone, without torch
+    "primus-turbo-kernels": REPO / "packages" / "primus-turbo-kernels",  # patches, no torch
     "dummytrain": FIXTURES / "dummytrain",
     "primus-backend-dummy": FIXTURES / "primus-backend-dummy",
     "primus-backend-broken": FIXTURES / "primus-backend-broken",
@@ -303,6 +304,27 @@ def test_patches_list(venv: Venv) -> None:
     assert by_id["dummy.finite_loss"]["target"] == "dummytrain.loop.mse_loss"
     assert all(row["target"] for row in rows)
     assert all("patches.py" in row["code location"] for row in rows)
+
+
+def test_turbo_wheel_adds_its_patches_without_importing_torch(venv: Venv) -> None:
+    # --no-deps: this venv has no torch and no Triton, and listing the patches needs neither.
+    venv.pip("install", "--no-deps", str(next(venv.wheels.glob("primus_turbo_kernels-*.whl"))))
+    try:
+        proc = _check(venv.primus("patches", "list", "--format", "json"))
+        rows = {row["id"]: row for row in json.loads(proc.stdout)}
+        assert "warning" not in proc.stderr, proc.stderr
+        assert {i for i in rows if i.startswith("dummy.")} == set(DUMMY_PATCHES)
+        turbo = {i for i, row in rows.items() if "turbo" in row["tags"]}
+        assert {i.split(".")[0] for i in turbo} == {"megatron", "torchtitan"}
+        attention = rows["megatron.turbo_attention"]
+        assert attention["target"] == (
+            "megatron.core.transformer.dot_product_attention.DotProductAttention"
+        )
+        assert attention["how to enable"].startswith(
+            "turbo.enable and turbo.attention (default true) are true"
+        )
+    finally:
+        venv.uninstall("primus-turbo-kernels")
 
 
 def test_version(venv: Venv) -> None:
