@@ -90,6 +90,9 @@ def test_runner_applies_and_skips_with_reasons(tmp_path) -> None:
         condition=lambda c: get_param(c, "flag", False),
     )(noop)
     register_patch("t.filtered", backend="toy", phase="setup", description="d")(noop)
+    register_patch("t.declined", backend="toy", phase="setup", description="d")(
+        lambda c: "nothing to rewrite here"  # a handler that decides at run time
+    )
     register_patch("t.args", backend="toy", phase="build_args", description="d")(
         lambda c: get_args(c).update(x=2)
     )
@@ -107,12 +110,13 @@ def test_runner_applies_and_skips_with_reasons(tmp_path) -> None:
         "t.old": ("skipped", "version mismatch: 1.5.0 not in <1"),
         "t.cond": ("skipped", 'condition false: lambda c: get_param(c, "flag", False)'),
         "t.filtered": ("skipped", "filtered by PRIMUS_PATCHES"),
+        "t.declined": ("skipped", "nothing to rewrite here"),
         "t.args": ("applied", ""),
         "t.later": ("not run", "the run stopped before this phase"),
     }
     runner.write_report(tmp_path / "report.json")
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["summary"] == {"applied": 2, "skipped": 3, "failed": 0, "not run": 1}
+    assert report["summary"] == {"applied": 2, "skipped": 4, "failed": 0, "not run": 1}
     assert "t.old" in runner.table() and "version mismatch" in runner.table()
 
 

@@ -90,3 +90,20 @@ def test_patches_list_shows_target_and_switch() -> None:
         "turbo.enable and turbo.rope (default true) are true; upstream <0.20,>=0.19"
     )
     assert {f"megatron.turbo_{f}" for f in FEATURES} <= set(patches)
+
+
+def test_tensor_parallel_keeps_the_vocab_parallel_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    run_dir = train_run(
+        RECIPE, tmp_path, "exp_name=tp2", "train_iters=3", *SMALL, "tensor_model_parallel_size=2",
+        "turbo.enable=true", nproc=2,
+    )  # fmt: skip
+    status = patch_status(run_dir)
+    assert status["megatron.turbo_cross_entropy"] == (
+        "skipped",
+        "tensor parallel splits the logits: vocab-parallel loss",
+    )
+    assert status["megatron.turbo_attention"][0] == "applied"
+    assert max(losses(run_dir)) == 3

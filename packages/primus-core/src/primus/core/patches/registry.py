@@ -32,6 +32,8 @@ def register_patch(
 ) -> Callable[[Callable[[PatchContext], Any]], Callable[[PatchContext], Any]]:
     """Register the decorated `handler(ctx)` as a patch. Checked here, not at first use.
 
+    A handler that finds nothing to do returns a string saying why (reported as skipped).
+
     Lower `priority` runs first; equal priorities run in registration order.
     `backend_versions` is a PEP 440 specifier set ("<0.20,>=0.17"); `target` names the
     upstream symbol replaced or wrapped ("someframework.training.initialize.compile_helpers").

@@ -71,7 +71,8 @@ class PatchRunner:
             try:
                 reason = self.skip_reason(patch, ctx)
                 if reason is None:
-                    patch.handler(ctx)
+                    declined = patch.handler(ctx)  # a str: it found nothing to do, and why
+                    reason = declined if isinstance(declined, str) else None
             except Exception as exc:
                 outcome.status, outcome.reason = FAILED, f"{type(exc).__name__}: {exc}"
                 outcome.seconds = time.perf_counter() - start

@@ -29,6 +29,12 @@ def _installed(feature: str, sites: list[str]) -> None:
     log_rank_0(f"[turbo] {feature}: {', '.join(sites) or 'already installed'}")
 
 
+def _kept_upstream(feature: str, why: str) -> str:
+    """Log and return why `feature` keeps the upstream code (the report shows it skipped)."""
+    log_rank_0(f"[turbo] {feature}: upstream kept: {why}")
+    return why
+
+
 @_turbo("rms_norm", "megatron.core.transformer.torch_norm.WrappedTorchNorm")
 def turbo_rms_norm(ctx: PatchContext) -> None:
     """RMSNorm layers of the local spec run the Triton kernel (LayerNorm stays PyTorch's)."""
@@ -86,15 +92,14 @@ def turbo_attention(ctx: PatchContext) -> None:
     "cross_entropy",
     "megatron.core.models.common.language_module.language_module.LanguageModule.compute_language_model_loss",
 )
-def turbo_cross_entropy(ctx: PatchContext) -> None:
+def turbo_cross_entropy(ctx: PatchContext) -> str | None:
     """The language-model loss runs the Triton cross-entropy (no fp32 copy of the logits)."""
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
     from primus.turbo import megatron_layers as layers
 
     if get_args(ctx).tensor_model_parallel_size > 1:
-        log_rank_0("[turbo] cross_entropy: tensor parallel logits keep Megatron's vocab-parallel loss")
-        return
+        return _kept_upstream("cross_entropy", "tensor parallel splits the logits: vocab-parallel loss")
     sites = rebind(
         LanguageModule, "compute_language_model_loss", layers.turbo_language_model_loss, within="megatron"
     )
@@ -102,7 +107,7 @@ def turbo_cross_entropy(ctx: PatchContext) -> None:
 
 
 @_turbo("optimizer", "megatron.core.optimizer.Adam, megatron.core.utils.local_multi_tensor_*")
-def turbo_optimizer(ctx: PatchContext) -> None:
+def turbo_optimizer(ctx: PatchContext) -> str | None:
     """PyTorch's fused Adam and foreach grad-norm/scale replace the Python fallbacks Megatron
     uses without Apex or Transformer Engine."""
     import megatron.core.optimizer as optimizer
@@ -112,8 +117,7 @@ def turbo_optimizer(ctx: PatchContext) -> None:
     from primus.turbo import megatron_layers as layers
 
     if optimizer.Adam is not layers.fused_adam and not optimizer.USING_PYTORCH_OPTIMIZER:
-        log_rank_0("[turbo] optimizer: Megatron already has a fused Adam (Apex or TE)")
-        return
+        return _kept_upstream("optimizer", "Apex or Transformer Engine provides the fused Adam")
     sites = rebind(utils, "local_multi_tensor_l2_norm", layers.foreach_l2_norm, within="megatron")
     sites += rebind(utils, "local_multi_tensor_scale", layers.foreach_scale, within="megatron")
     if get_args(ctx).use_precision_aware_optimizer:
@@ -125,7 +129,7 @@ def turbo_optimizer(ctx: PatchContext) -> None:
 
 
 @_turbo("grad_accum_fusion", "megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda")
-def turbo_grad_accum_fusion(ctx: PatchContext) -> None:
+def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     """Weight-gradient GEMMs accumulate straight into the fp32 main grads (what Apex's
     gradient-accumulation fusion does), instead of a bf16 grad and a separate fp32 add."""
     from megatron.core.tensor_parallel import layers as tp_layers
@@ -134,8 +138,7 @@ def turbo_grad_accum_fusion(ctx: PatchContext) -> None:
 
     args = get_args(ctx)
     if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
-        log_rank_0("[turbo] grad_accum_fusion: FSDP keeps its own gradient path")
-        return
+        return _kept_upstream("grad_accum_fusion", "FSDP keeps its own gradient path")
     tp_layers.fused_weight_gradient_mlp_cuda = layers.WgradAccumulation
     tp_layers._grad_accum_fusion_available = True
     args.gradient_accumulation_fusion = True

@@ -51,27 +51,30 @@ def swap_configs(config: Any, feature: str) -> list[str]:
     return [path for path, *_ in nodes]
 
 
-def _swap(ctx: PatchContext, feature: str) -> None:
+def _swap(ctx: PatchContext, feature: str) -> str | None:
+    """Swap `feature`'s class in the run's config; the reason it did nothing, if it did not."""
     swapped = len(swap_configs(get_args(ctx), feature))
     upstream, turbo = _replacements()[feature]
-    log_rank_0(
-        f"[turbo] {feature}: {upstream.__name__} -> {turbo.__name__} ({swapped} in the config)"
-    )
+    if not swapped:
+        log_rank_0(f"[turbo] {feature}: no {upstream.__name__} in the config")
+        return f"no {upstream.__name__} in the config"
+    log_rank_0(f"[turbo] {feature}: {upstream.__name__} -> {turbo.__name__} ({swapped} in the config)")
+    return None
 
 
 @_turbo("rms_norm", "torchtitan.models.common.nn_modules.RMSNorm")
-def turbo_rms_norm(ctx: PatchContext) -> None:
+def turbo_rms_norm(ctx: PatchContext) -> str | None:
     """Every RMSNorm of the model (layer norms, final norm, QK-norms) runs the Triton kernel."""
-    _swap(ctx, "rms_norm")
+    return _swap(ctx, "rms_norm")
 
 
 @_turbo("swiglu", "torchtitan.models.common.feed_forward.FeedForward")
-def turbo_swiglu(ctx: PatchContext) -> None:
+def turbo_swiglu(ctx: PatchContext) -> str | None:
     """Every dense feed-forward computes silu(w1(x)) * w3(x) with the Triton SwiGLU kernel."""
-    _swap(ctx, "swiglu")
+    return _swap(ctx, "swiglu")
 
 
 @_turbo("cross_entropy", "torchtitan.components.loss.CrossEntropyLoss")
-def turbo_cross_entropy(ctx: PatchContext) -> None:
+def turbo_cross_entropy(ctx: PatchContext) -> str | None:
     """The training loss (each chunk of ChunkedLossWrapper) runs the Triton cross-entropy."""
-    _swap(ctx, "cross_entropy")
+    return _swap(ctx, "cross_entropy")
