@@ -35,7 +35,7 @@ def test_register_adapter_checks_the_contract_at_once() -> None:
         def convert_config(self, config):  # load_trainer_class missing
             return config
 
-    with pytest.raises(TypeError, match=r"does not implement load_trainer_class"):
+    with pytest.raises(TypeError, match=r"Incomplete declares no stages"):
         BackendRegistry.register_adapter("bad", Incomplete)
     with pytest.raises(TypeError, match=r"not a BackendAdapter subclass"):
         BackendRegistry.register_adapter("bad", dict)

@@ -51,6 +51,7 @@ def test_lifecycle_runs_in_design_order_and_writes_the_run_dir(
         "prepare_backend",
         "convert_config",
         "patch build_args",
+        "load_trainer_class",
         "trainer.setup",
         "trainer.init",
         "patch before_train",
@@ -102,16 +103,22 @@ def test_a_failing_setup_patch_stops_before_any_training(experiment, tmp_path) -
     assert statuses["toy.broken"] == "failed" and statuses["toy.after_train"] == "not run"
 
 
-def test_an_unknown_stage_fails_before_anything_runs_or_is_written(
+def test_a_stage_the_adapter_does_not_declare_fails_before_anything_runs_or_is_written(
     experiment, tmp_path, monkeypatch
 ) -> None:
-    def no_posttrain(self, stage: str = "pretrain") -> type:
-        raise ConfigError(f"the toy backend has no '{stage}' stage")
-
-    monkeypatch.setattr(ToyAdapter, "load_trainer_class", no_posttrain)
-    with pytest.raises(ConfigError, match="no 'posttrain' stage"):
+    monkeypatch.setattr(ToyAdapter, "trainers", {"pretrain": "x:Y"})
+    with pytest.raises(ConfigError, match="no 'posttrain' stage") as err:
         PrimusRuntime(experiment, stage="posttrain").run()
+    assert err.value.hint == "it runs: pretrain"
     assert EVENTS == [] and not (tmp_path / "ws").exists()
+
+
+def test_a_stage_the_trainer_does_not_declare_is_refused_when_the_adapter_ignores_stage(
+    experiment,
+) -> None:
+    with pytest.raises(ConfigError, match="its trainer RecordingTrainer runs pretrain"):
+        PrimusRuntime(experiment, stage="posttrain").run()
+    assert "trainer.setup" not in EVENTS and EVENTS[-1] == "load_trainer_class"
 
 
 def test_config_patch_selection_and_on_error(experiment, tmp_path) -> None:
@@ -132,7 +139,13 @@ def test_dry_run_converts_but_trains_nothing_and_writes_nothing(
     out = capsys.readouterr().out
     assert "lr: 0.25" in out and "# patch plan" in out
     assert "before_train  toy.before_train" in out and "will apply" in out
-    assert EVENTS == ["patch setup", "prepare_backend", "convert_config", "patch build_args"]
+    assert EVENTS == [
+        "patch setup",
+        "prepare_backend",
+        "convert_config",
+        "patch build_args",
+        "load_trainer_class",
+    ]
     assert not (tmp_path / "ws").exists()
 
 

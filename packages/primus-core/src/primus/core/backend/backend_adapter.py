@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import sys
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import importlib_metadata
 from packaging.requirements import Requirement
 
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 
 if TYPE_CHECKING:
@@ -24,10 +26,16 @@ class BackendAdapter(ABC):
     """Integrates one training framework. Subclasses import their upstream lazily, never at
     module import time, so discovery, inventories and `primus --help` stay instant.
 
+    `trainers` maps each stage the backend runs to its trainer class, as "module:Class"
+    (imported only when that stage runs): `trainers = {"pretrain": "pkg.trainer:MyTrainer"}`.
+    An adapter may override `load_trainer_class` instead (seed 001's way).
+
     `upstream_requirement` (PEP 508, e.g. "someframework>=0.17,<0.20") defaults to the
     `upstream` extra of the distribution that ships the adapter; set it here for adapters
     registered in-process with `BackendRegistry.register_adapter`.
     """
+
+    trainers: ClassVar[dict[str, str]] = {}
 
     upstream_requirement: ClassVar[str | None] = None
     third_party_dir_name: ClassVar[str | None] = None  # default: the framework name
@@ -62,9 +70,19 @@ class BackendAdapter(ABC):
     def convert_config(self, config: ModuleConfig) -> Any:
         """Turn the resolved module params into the backend's own args object."""
 
-    @abstractmethod
     def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
-        """The trainer class for a stage (`pretrain`, `posttrain`)."""
+        """The trainer class for a stage (`pretrain`, `posttrain`), from `trainers`."""
+        self.check_stage(stage)
+        module, _, name = self.trainers[stage].partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def check_stage(self, stage: str) -> None:
+        """A ConfigError unless `trainers` declares `stage` (no-op when it declares nothing)."""
+        if self.trainers and stage not in self.trainers:
+            raise ConfigError(
+                f"the {self.framework} backend has no '{stage}' stage",
+                hint=f"it runs: {', '.join(self.trainers)}",
+            )
 
     def detect_backend_version(self) -> str | None:
         """The installed upstream version, read from distribution metadata without importing it."""

@@ -2,30 +2,66 @@
 
 from __future__ import annotations
 
+import importlib
+
 from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.backend.contract import contract_problem
 from primus.core.backend.discovery import (
     READY,
     BackendInfo,
     check_upstream,
-    contract_problem,
     discover_entry_points,
+    load_failure_hint,
 )
 from primus.core.errors import BackendError, did_you_mean
+from primus.core.logging import get_logger
+
+ENTRY_POINT_HINT = (
+    "a backend is found through its distribution's entry point: "
+    '[project.entry-points."primus.backends"] NAME = "package.module:AdapterClass" '
+    "(docs/writing-a-backend.md; `primus backends new NAME` writes one)"
+)
+
+
+def _qualname(adapter_cls: type) -> str:
+    return f"{adapter_cls.__module__}:{adapter_cls.__qualname__}"
 
 
 class BackendRegistry:
     """Class-level registry. Entry points are discovered once, lazily; `register_adapter`
-    adds (or replaces) a backend in this process and is validated on the spot."""
+    adds a backend in this process and is validated on the spot."""
 
     _registered: dict[str, type[BackendAdapter]] = {}
     _discovered: dict[str, BackendInfo] | None = None
 
     @classmethod
     def register_adapter(cls, name: str, adapter_cls: type[BackendAdapter]) -> None:
+        """Register `adapter_cls` as backend `name` in this process (seed 001, section 5).
+
+        Registering the class an entry point or an earlier call already gave that name is a
+        no-op (a guide-style package registers itself when its entry point is loaded); any
+        other class under a taken name is refused.
+        """
         problem = contract_problem(adapter_cls)
         if problem:
             raise TypeError(f"backend '{name}': {problem}")
+        discovered = (cls._discovered or {}).get(name)
+        taken = cls._registered.get(name) or (discovered.adapter_class if discovered else None)
+        if taken is not None and _qualname(taken) != _qualname(adapter_cls):
+            raise TypeError(
+                f"backend '{name}' is already registered as {_qualname(taken)}; "
+                f"refusing {_qualname(adapter_cls)} (choose another name)"
+            )
         cls._registered[name] = adapter_cls
+
+    @classmethod
+    def run_setup(cls, framework: str) -> None:
+        """Seed 001's call to run a backend's setup hooks. The runtime runs the setup-phase
+        patches itself, before `prepare_backend`, so this only warns that it is not needed."""
+        get_logger().warning(
+            f"BackendRegistry.run_setup('{framework}') does nothing: the runtime already ran "
+            f"the setup-phase patches of '{framework}' before prepare_backend; remove the call"
+        )
 
     @classmethod
     def backends(cls, refresh: bool = False) -> dict[str, BackendInfo]:
@@ -37,7 +73,7 @@ class BackendRegistry:
             ep_info = infos.get(name)
             info = BackendInfo(
                 name=name,
-                entry_point=f"{adapter_cls.__module__}:{adapter_cls.__qualname__}",
+                entry_point=_qualname(adapter_cls),
                 distribution=ep_info.distribution if ep_info else None,
                 version=ep_info.version if ep_info else None,
                 upstream_requirement=adapter_cls.upstream_requirement
@@ -49,16 +85,54 @@ class BackendRegistry:
         return infos
 
     @classmethod
+    def _find_in_process(cls, name: str) -> None:
+        """Seed 001's lookup for a name no entry point declares: import the patch modules, then
+        `primus.backends.<name>`, either of which may call `register_adapter`."""
+        from primus.core.patches.registry import load_patch_modules
+
+        load_patch_modules()
+        if name not in cls._registered and name.isidentifier():
+            module = f"primus.backends.{name}"
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                if isinstance(exc, ModuleNotFoundError) and module.startswith(exc.name or "?"):
+                    return  # no such module: the name is unknown
+                raise BackendError(
+                    f"backend '{name}': importing {module} failed: {type(exc).__name__}: {exc}",
+                    hint=load_failure_hint(exc, module, None),
+                ) from exc
+        if name in cls._registered:
+            get_logger().warning(
+                f"backend '{name}' is registered in-process only (BackendRegistry."
+                f"register_adapter); {ENTRY_POINT_HINT}"
+            )
+
+    @classmethod
     def info(cls, name: str) -> BackendInfo:
         infos = cls.backends()
         if name not in infos:
-            installed = ", ".join(sorted(infos)) or "none"
+            cls._find_in_process(name)
+            infos = cls.backends()
+        if name not in infos:
             raise BackendError(
                 f"unknown framework '{name}'{did_you_mean(name, infos)}",
-                hint=f"installed backends: {installed}; "
-                f"install one with pip install primus-<backend>",
+                hint=f"installed backends: {', '.join(sorted(infos)) or 'none'}; "
+                f"{cls._unknown_hint(name)}",
             )
         return infos[name]
+
+    @staticmethod
+    def _unknown_hint(name: str) -> str:
+        from primus.core.patches.registry import all_patches
+
+        patched_by = sorted({p.module for p in all_patches(name)})
+        if patched_by:
+            return (
+                f"patches for '{name}' are installed ({', '.join(patched_by)}), but no "
+                f"backend named '{name}' is: {ENTRY_POINT_HINT}"
+            )
+        return f"install one with pip install primus-<backend>; {ENTRY_POINT_HINT}"
 
     @classmethod
     def get_adapter_class(cls, name: str, require_ready: bool = True) -> type[BackendAdapter]:

@@ -7,15 +7,14 @@ whose upstream is missing or of the wrong version, is reported, never fatal to t
 
 from __future__ import annotations
 
-import inspect
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import importlib_metadata
 from packaging.requirements import InvalidRequirement, Requirement
 
-from primus.core.backend.backend_adapter import BackendAdapter
-from primus.core.launcher import LAUNCHERS
+from primus.core.backend.contract import contract_problem
 
 BACKENDS_GROUP = "primus.backends"
 READY, UPSTREAM_MISSING, INCOMPATIBLE, FAILED = (
@@ -40,6 +39,7 @@ class BackendInfo:
     reason: str | None = None
     adapter_class: Any = field(default=None, repr=False)
     load_error: BaseException | None = field(default=None, repr=False)
+    hint: str | None = None  # what to do about a failure to load, fitted to its cause
 
     def as_dict(self) -> dict[str, Any]:
         keys = (
@@ -57,24 +57,52 @@ class BackendInfo:
     def install_hint(self) -> str | None:
         if self.status in (UPSTREAM_MISSING, INCOMPATIBLE) and self.upstream_requirement:
             return f'pip install "{self.upstream_requirement}"'
-        if self.status == FAILED and self.distribution:
-            return (
-                f"reinstall it (pip install --force-reinstall {self.distribution}); "
-                "--debug shows the import traceback"
-            )
+        if self.status == FAILED:
+            return self.hint
         return None
 
 
-def contract_problem(adapter_cls: Any) -> str | None:
-    """Why `adapter_cls` cannot serve as an adapter, or None when it can."""
-    if not (inspect.isclass(adapter_cls) and issubclass(adapter_cls, BackendAdapter)):
-        return f"{adapter_cls!r} is not a BackendAdapter subclass"
-    if inspect.isabstract(adapter_cls):
-        missing = ", ".join(sorted(adapter_cls.__abstractmethods__))
-        return f"{adapter_cls.__name__} does not implement {missing}"
-    if adapter_cls.launcher not in LAUNCHERS:
-        return f"{adapter_cls.__name__}.launcher must be one of {', '.join(LAUNCHERS)}"
-    return None
+def _where(exc: BaseException, package: str) -> str:
+    """' at file:line' of the deepest traceback frame in `package` (or of a syntax error)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    frames = [
+        f
+        for f, _ in traceback.walk_tb(exc.__traceback__)
+        if str(f.f_globals.get("__name__", "")).startswith(package)
+    ]
+    return f" at {frames[-1].f_code.co_filename}:{frames[-1].f_lineno}" if frames else ""
+
+
+def load_failure_hint(exc: BaseException, module: str, distribution: str | None) -> str:
+    """What to do when the plugin module `module` raised `exc` on import.
+
+    Its own module missing means a broken install; any other failure is in the plugin's
+    code (an import of something not installed, or a bug), which reinstalling does not fix.
+    """
+    dist = distribution or "the plugin"
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing and (module == missing or module.startswith(missing + ".")):
+        return (
+            f"{dist} is installed without its module {missing}: reinstall it "
+            f"(pip install --force-reinstall {dist})"
+        )
+    where = _where(exc, module)
+    if missing and missing.startswith("primus."):
+        return (
+            f"{dist}'s code imports {missing}{where}, which this primus-core does not have: "
+            "fix the import (docs/writing-a-backend.md lists the public modules); "
+            "--debug shows the traceback"
+        )
+    if missing:
+        return (
+            f"{dist}'s code imports {missing}{where}, which is not installed: install it or "
+            "fix the import; --debug shows the traceback"
+        )
+    return (
+        f"the error is in {dist}'s own code{where}, not in the install: fix the plugin; "
+        "--debug shows the traceback"
+    )
 
 
 def upstream_requirement_of(dist: importlib_metadata.Distribution) -> str | None:
@@ -131,6 +159,7 @@ def discover_entry_points() -> dict[str, BackendInfo]:
         except Exception as exc:  # a broken plugin is reported, not fatal
             info.status, info.reason = FAILED, f"{type(exc).__name__}: {exc}"
             info.load_error = exc
+            info.hint = load_failure_hint(exc, ep.module, info.distribution)
         else:
             problem = contract_problem(adapter_cls)
             if problem:

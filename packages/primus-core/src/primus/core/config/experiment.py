@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import getpass
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath
 from primus.core.errors import ConfigError, Origin, PrimusError, did_you_mean
 
-PresetDirs = Callable[[str], list[Path]]
+# (framework, kind: "modules" | "models") -> the folders that hold such presets, in search order
+PresetFolders = Callable[[str, str], list[Path]]
 
 EXPERIMENT_SCHEMA = ParamSchema(
     {
@@ -35,6 +36,8 @@ EXPERIMENT_SCHEMA = ParamSchema(
     }
 )
 MODULE_KEYS = ("framework", "config", "model", "overrides")
+# Seed 001's module key for the console log level; Primus's is the experiment's `log_level`.
+LEGACY_LOG_LEVEL = "stderr_sink_level"
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Experiment:
     path: Path
     tree: ConfigTree
     modules: dict[str, ModuleConfig]
+    notes: list[str] = field(default_factory=list)  # warnings for the run's log
 
     def _field(self, name: str) -> str:
         return self.tree.data[name]
@@ -83,28 +87,27 @@ class Experiment:
 
 
 def _find_preset(
-    name: str, kind: str, framework: str, base: Path, dirs: list[Path], origin: Origin | None
+    name: str, kind: str, framework: str, folders: list[Path], origin: Origin | None
 ) -> Path:
     names = [name] if name.endswith((".yaml", ".yml")) else [f"{name}.yaml", name]
-    candidates = [base / n for n in names] + [d / kind / n for d in dirs for n in names]
     naming_file = Path(origin.file).resolve() if origin and origin.file else None
-    for candidate in candidates:
+    for candidate in (folder / n for folder in folders for n in names):
         if candidate.is_file() and candidate.resolve() != naming_file:  # never itself
             return candidate
-    available = sorted(
-        p.name for d in dirs if (d / kind).is_dir() for p in (d / kind).glob("*.yaml")
-    )
-    searched = ", ".join([str(base), *(str(d / kind) for d in dirs)])
+    available = sorted({p.name for d in folders if d.is_dir() for p in d.glob("*.yaml")})
     raise ConfigError(
         f"{kind[:-1]} preset '{name}' for framework '{framework}' not found"
         f"{did_you_mean(names[0], available)}",
         origin,
-        hint=f"searched {searched}; add folders with PRIMUS_CONFIG_PATH",
+        hint="searched, in order: "
+        + ", ".join(str(f) for f in folders)
+        + "; add folders with PRIMUS_CONFIG_PATH (each searched as <dir>/"
+        + f"{kind}/{framework}/ and <dir>/{kind}/)",
     )
 
 
 def _resolve_module(
-    exp: ConfigTree, name: str, base: Path, preset_dirs: PresetDirs, cli: list[ConfigTree]
+    exp: ConfigTree, name: str, base: Path, preset_folders: PresetFolders, cli: list[ConfigTree]
 ) -> ModuleConfig:
     path: KeyPath = ("modules", name)
     section = exp.get(path)
@@ -120,11 +123,6 @@ def _resolve_module(
     framework = section.get("framework")
     if not isinstance(framework, str) or not framework:
         raise ConfigError(f"module '{name}' needs 'framework: <backend name>'", exp.origin(path))
-    try:
-        dirs = preset_dirs(framework)
-    except PrimusError as exc:
-        exc.origin = exc.origin or exp.origin((*path, "framework"))
-        raise
     params = ConfigTree()
     for key, kind in (("config", "modules"), ("model", "models")):
         ref = section.get(key)
@@ -134,7 +132,12 @@ def _resolve_module(
         if not isinstance(ref, str):
             raise ConfigError(f"'{key}' must be a preset name or path", where)
         naming_dir = Path(where.file).parent if where and where.file else base
-        preset = _find_preset(ref, kind, framework, naming_dir, dirs, where)
+        try:
+            folders = [naming_dir, *preset_folders(framework, kind)]
+        except PrimusError as exc:
+            exc.origin = exc.origin or exp.origin((*path, "framework"))
+            raise
+        preset = _find_preset(ref, kind, framework, folders, where)
         params.merge(load_config_file(preset, where))
     overrides = section.get("overrides")
     if overrides is not None and not isinstance(overrides, dict):
@@ -143,6 +146,27 @@ def _resolve_module(
     for layer in cli:
         params.merge(layer)
     return ModuleConfig(name, framework, params.data, params)
+
+
+def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None:
+    """Move a module's `stderr_sink_level` (seed 001) to the experiment's `log_level`, unless
+    that is set explicitly; return the note that says so."""
+    origin = module.tree.origin((LEGACY_LOG_LEVEL,))
+    level = module.tree.pop(LEGACY_LOG_LEVEL)
+    if level is None:
+        return None
+    choices = EXPERIMENT_SCHEMA.specs["log_level"].choices or ()
+    if not isinstance(level, str) or level.upper() not in choices:
+        raise ConfigError(f"{LEGACY_LOG_LEVEL} must be one of {', '.join(choices)}", origin)
+    log_level = exp.origin(("log_level",))
+    used = log_level is not None and log_level.kind == "default"
+    if used:
+        exp.merge(single_value_tree(("log_level",), level.upper(), origin or Origin("default")))
+    return (
+        f"{origin}: {LEGACY_LOG_LEVEL} is seed 001's name for the experiment's log_level; "
+        + ("used as log_level" if used else f"ignored, log_level is set at {log_level}")
+        + "; write log_level at the top of the experiment instead"
+    )
 
 
 def _defaults(path: Path) -> dict[str, str]:
@@ -162,7 +186,7 @@ def _defaults(path: Path) -> dict[str, str]:
 def load_experiment(
     path: Path,
     overrides: list[str] | None = None,
-    preset_dirs: PresetDirs | None = None,
+    preset_folders: PresetFolders | None = None,
     module: str | None = None,
     single: bool = False,
 ) -> Experiment:
@@ -205,11 +229,12 @@ def load_experiment(
             hint="choose one with --module NAME",
         )
     names = [module] if module else list(modules)
-    lookup = preset_dirs or (lambda framework: [])
+    lookup = preset_folders or (lambda framework, kind: [])
     resolved = {
         n: _resolve_module(exp, n, path.resolve().parent, lookup, cli_params) for n in names
     }
-    return Experiment(path, exp, resolved)
+    notes = [n for m in resolved.values() if (n := _adopt_legacy_log_level(exp, m))]
+    return Experiment(path, exp, resolved, notes)
 
 
 def resolved_tree(experiment: Experiment) -> ConfigTree:

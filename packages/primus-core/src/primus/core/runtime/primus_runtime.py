@@ -44,8 +44,9 @@ def args_summary(args: Any) -> str:
 
 class PrimusRuntime:
     """load + validate config -> adapter -> upstream version -> patches[setup] -> prepare_backend
-    -> convert_config -> patches[build_args] -> trainer setup/init -> patches[before_train]
-    -> train -> patches[after_train] -> cleanup (also on error, with on_error=True)."""
+    -> convert_config -> patches[build_args] -> load_trainer_class(stage) -> trainer setup/init
+    -> patches[before_train] -> train -> patches[after_train] -> cleanup (also on error, with
+    on_error=True)."""
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class PrimusRuntime:
         setup_logging("DEBUG" if debug else self.experiment.log_level)  # console, until run()
         self.env_changes = resolution.apply_env(self.experiment.env)
         self.adapter, self.source_tree = resolution.backend_for(self.module)
+        self.adapter.check_stage(stage)  # a stage the adapter does not declare: nothing written
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(
             self.module.framework, self.selection, self.experiment.patches.get("on_error", "fail")
@@ -87,7 +89,6 @@ class PrimusRuntime:
         self.runner.run(ctx)
 
     def run(self, dry_run: bool = False) -> None:
-        trainer_class = self.adapter.load_trainer_class(self.stage)  # a bad stage: nothing written
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
             level,
@@ -97,13 +98,20 @@ class PrimusRuntime:
         info = BackendRegistry.info(self.module.framework)
         for change in self.env_changes:
             self.log.info(change)
+        for note in self.experiment.notes:
+            self.log.warning(note)
         if self.source_tree:
             self.log.info(f"upstream source tree: {self.source_tree}")
-        version = self.adapter.detect_backend_version()
+        version = resolution.backend_version(self.adapter)
         origin = f"{info.distribution} {info.version}" if info.distribution else "in-process"
+        upstream = (
+            f"upstream {info.upstream_requirement} = {version}"
+            if info.upstream_requirement
+            else f"no upstream, version {version}"
+        )
         self.log.info(
             f"primus {__version__} | {self.stage} | backend {info.name} ({origin}) | "
-            f"upstream {info.upstream_requirement} = {version} | run dir {self.run_dir}"
+            f"{upstream} | run dir {self.run_dir}"
         )
         if self.rank == 0 and not dry_run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,8 +125,9 @@ class PrimusRuntime:
             self.adapter.prepare_backend(self.module)
             ctx.backend_args = self.adapter.convert_config(self.module)
             self._phase(ctx, "build_args")
+            trainer_class = resolution.trainer_class(self.adapter, self.stage)
             if dry_run:
-                self._print_plan(ctx)
+                self._print_plan(ctx, trainer_class)
                 return
             trainer = trainer_class(backend_args=ctx.backend_args)
             ctx.extra["trainer"] = trainer
@@ -148,7 +157,8 @@ class PrimusRuntime:
             f"{self.stage} finished in {time.perf_counter() - start:.1f} s; run dir {self.run_dir}"
         )
 
-    def _print_plan(self, ctx: PatchContext) -> None:
+    def _print_plan(self, ctx: PatchContext, trainer_class: type[BaseTrainer]) -> None:
+        print(f"# trainer: {trainer_class.__module__}.{trainer_class.__qualname__}")
         print(f"# backend args ({type(ctx.backend_args).__name__})")
         print(args_summary(ctx.backend_args), end="")
         print("# patch plan")

@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
-from primus.core.errors import BackendError
+from primus.core.errors import BackendError, ConfigError
 from primus.core.logging import get_logger
 from primus.core.patches.registry import all_patches, load_patch_modules
 from primus.core.patches.selection import PatchSelection, selection_for
+from primus.core.trainer.base_trainer import BaseTrainer
 
 
-def preset_dirs(framework: str) -> list[Path]:
-    """$PRIMUS_CONFIG_PATH folders first (users may shadow presets), then the backend's own."""
+def preset_folders(framework: str, kind: str) -> list[Path]:
+    """Where `kind` ("modules" or "models") presets of `framework` are looked for, in order.
+
+    $PRIMUS_CONFIG_PATH folders first (users may shadow presets), each as <dir>/<kind>/<framework>
+    and <dir>/<kind>; then the adapter's own (`preset_dirs()`, <dir>/<kind>); then seed 001's
+    layout, primus/configs/<kind>/<framework> in any installed distribution.
+    """
     user = [Path(p) for p in os.environ.get("PRIMUS_CONFIG_PATH", "").split(os.pathsep) if p]
-    return user + BackendRegistry.get_adapter_class(framework, require_ready=False).preset_dirs()
+    adapter = BackendRegistry.get_adapter_class(framework, require_ready=False)
+    namespace = importlib.import_module("primus").__path__  # every distribution's primus/
+    return [
+        *(folder for root in user for folder in (root / kind / framework, root / kind)),
+        *(root / kind for root in adapter.preset_dirs()),
+        *(Path(root) / "configs" / kind / framework for root in namespace),
+    ]
 
 
 def load(
@@ -28,7 +43,7 @@ def load(
     module: str | None = None,
     single: bool = False,
 ) -> Experiment:
-    return load_experiment(config, overrides, preset_dirs, module, single)
+    return load_experiment(config, overrides, preset_folders, module, single)
 
 
 def apply_env(env: dict[str, Any]) -> list[str]:
@@ -79,6 +94,41 @@ def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
         )
         return
     raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
+
+
+def backend_version(adapter: BackendAdapter) -> str | None:
+    """`adapter.detect_backend_version()`; a version that is not PEP 440 is kept, with a
+    warning that names the version-gated patches it makes skip."""
+    version = adapter.detect_backend_version()
+    if version is None:
+        return None
+    try:
+        Version(version)
+    except InvalidVersion:
+        gated = [p.id for p in all_patches(adapter.framework) if p.backend_versions is not None]
+        skipped = ", ".join(gated) if gated else "none is registered now"
+        get_logger().warning(
+            f"{type(adapter).__name__}.detect_backend_version() returned '{version}', which is "
+            f"not a PEP 440 version (like '0.0.1'): version-gated patches of "
+            f"'{adapter.framework}' will be skipped ({skipped})"
+        )
+    return version
+
+
+def trainer_class(adapter: BackendAdapter, stage: str) -> type[BaseTrainer]:
+    """The adapter's trainer class for `stage`, checked: a BaseTrainer that declares `stage`."""
+    klass = adapter.load_trainer_class(stage)
+    name = f"{type(adapter).__name__}.load_trainer_class('{stage}')"
+    if not (isinstance(klass, type) and issubclass(klass, BaseTrainer)):
+        raise BackendError(f"{name} returned {klass!r}, not a BaseTrainer subclass")
+    if stage not in klass.stages:
+        raise ConfigError(
+            f"the {adapter.framework} backend has no '{stage}' stage: its trainer "
+            f"{klass.__qualname__} runs {', '.join(klass.stages)}",
+            hint=f"a trainer declares what it runs: stages = ({stage!r},) in {klass.__qualname__}",
+        )
+    get_logger().info(f"{name} -> {klass.__module__}.{klass.__qualname__}")
+    return klass
 
 
 def patch_selection(experiment: Experiment) -> PatchSelection:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from primus.core.dist_env import get_torchrun_env
 
@@ -12,7 +12,10 @@ class BaseTrainer(ABC):
     """setup -> init -> train -> cleanup, driven by PrimusRuntime (which runs the patches).
 
     `rank`, `world_size`, `local_rank` come from the torchrun (or Slurm) environment.
+    `stages` names the stages this trainer runs; the runtime refuses any other.
     """
+
+    stages: ClassVar[tuple[str, ...]] = ("pretrain",)
 
     def __init__(self, backend_args: Any) -> None:
         self.backend_args = backend_args

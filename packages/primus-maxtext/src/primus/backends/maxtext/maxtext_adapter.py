@@ -7,8 +7,6 @@ from typing import Any
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema
 from primus.core.config.schema import registered_params
-from primus.core.errors import ConfigError
-from primus.core.trainer.base_trainer import BaseTrainer
 
 TESTED = ">=0.2.5,<0.3"  # the maxtext versions the patches were tested on
 
@@ -21,6 +19,8 @@ class MaxTextAdapter(BackendAdapter):
     coordinator is MASTER_ADDR:MASTER_PORT, not torchrun's store.
     """
 
+    trainers = {"pretrain": "primus.backends.maxtext.pretrain_trainer:MaxTextPretrainTrainer"}
+
     launcher = "spawn"
 
     def param_schema(self) -> ParamSchema:
@@ -32,10 +32,3 @@ class MaxTextAdapter(BackendAdapter):
         from primus.backends.maxtext.maxtext_config import build_config
 
         return build_config(config, registered_params(self.framework))
-
-    def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
-        if stage != "pretrain":
-            raise ConfigError(f"the maxtext backend has no '{stage}' stage yet (it has: pretrain)")
-        from primus.backends.maxtext.pretrain_trainer import MaxTextPretrainTrainer
-
-        return MaxTextPretrainTrainer

@@ -8,9 +8,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
-from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
-from primus.core.trainer.base_trainer import BaseTrainer
 
 # Keys Primus defines for this backend; every other key is a Megatron argument (its dest name).
 PRIMUS_KEYS = ParamSchema(
@@ -23,6 +21,8 @@ PRIMUS_KEYS = ParamSchema(
 
 class MegatronAdapter(BackendAdapter):
     """Builds Megatron's args namespace; the trainer calls `megatron.training.pretrain`."""
+
+    trainers = {"pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer"}
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util
@@ -52,10 +52,3 @@ class MegatronAdapter(BackendAdapter):
 
         actions = megatron_actions()
         return build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
-
-    def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
-        if stage != "pretrain":
-            raise ConfigError(f"the megatron backend has no '{stage}' stage yet (it has: pretrain)")
-        from primus.backends.megatron.pretrain_trainer import MegatronPretrainTrainer
-
-        return MegatronPretrainTrainer

@@ -9,9 +9,7 @@ from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.config.schema import registered_params
 from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
-from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
-from primus.core.trainer.base_trainer import BaseTrainer
 
 # Keys Primus defines for this backend; the rest is TorchTitan's Trainer.Config (nested YAML).
 PRIMUS_KEYS = ParamSchema(
@@ -39,6 +37,8 @@ def owned_keys() -> ParamSchema:
 class TorchTitanAdapter(BackendAdapter):
     """Builds TorchTitan's Trainer.Config; the trainer builds and runs TorchTitan's Trainer."""
 
+    trainers = {"pretrain": "primus.backends.torchtitan.pretrain_trainer:TorchTitanPretrainTrainer"}
+
     def prepare_backend(self, config: ModuleConfig) -> None:
         get_torchrun_env().export()  # torch.distributed reads RANK & co. and MASTER_ADDR/PORT
         model = config.params.get("model_name")
@@ -55,10 +55,3 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.job_config import build_trainer_config
 
         return build_trainer_config(config, owned_keys(), bool(config.params.get("mock_data")))
-
-    def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
-        if stage != "pretrain":
-            raise ConfigError(f"the torchtitan backend has no '{stage}' stage yet (it has: pretrain)")
-        from primus.backends.torchtitan.pretrain_trainer import TorchTitanPretrainTrainer
-
-        return TorchTitanPretrainTrainer

@@ -1,0 +1,66 @@
+"""The adapter contract, checked when an adapter is registered or discovered (pluggy's habit):
+a broken adapter is reported then, not at the first call of the hook it gets wrong."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.launcher import LAUNCHERS
+
+# How the runtime calls each hook: the positional arguments it passes (self aside).
+HOOK_ARGS = {
+    "__init__": ("framework",),
+    "setup_backend_path": (),
+    "prepare_backend": ("config",),
+    "convert_config": ("config",),
+    "load_trainer_class": ("stage",),
+    "detect_backend_version": (),
+    "param_schema": (),
+}
+
+
+def _hook_problem(
+    adapter_cls: type[BackendAdapter], hook: str, args: tuple[str, ...]
+) -> str | None:
+    function = getattr(adapter_cls, hook)
+    try:
+        inspect.signature(function).bind(None, *args)
+    except TypeError:
+        shown = ", ".join(("self", *args))
+        return (
+            f"{adapter_cls.__name__}.{hook}{inspect.signature(function)} cannot be called as "
+            f"{hook}({shown}), which is how the runtime calls it"
+        )
+    return None
+
+
+def _trainers_problem(adapter_cls: type[BackendAdapter]) -> str | None:
+    trainers = adapter_cls.trainers
+    overridden = adapter_cls.load_trainer_class is not BackendAdapter.load_trainer_class
+    if not trainers and not overridden:
+        return (
+            f"{adapter_cls.__name__} declares no stages: set trainers = "
+            '{"pretrain": "module:TrainerClass"} (or override load_trainer_class)'
+        )
+    for stage, target in trainers.items():
+        if not isinstance(target, str) or target.count(":") != 1:
+            return f'{adapter_cls.__name__}.trainers["{stage}"] must be "module:Class"'
+    return None
+
+
+def contract_problem(adapter_cls: Any) -> str | None:
+    """Why `adapter_cls` cannot serve as an adapter, or None when it can."""
+    if not (inspect.isclass(adapter_cls) and issubclass(adapter_cls, BackendAdapter)):
+        return f"{adapter_cls!r} is not a BackendAdapter subclass"
+    if inspect.isabstract(adapter_cls):
+        missing = ", ".join(sorted(adapter_cls.__abstractmethods__))
+        return f"{adapter_cls.__name__} does not implement {missing}"
+    if adapter_cls.launcher not in LAUNCHERS:
+        return f"{adapter_cls.__name__}.launcher must be one of {', '.join(LAUNCHERS)}"
+    for hook, args in HOOK_ARGS.items():
+        problem = _hook_problem(adapter_cls, hook, args)
+        if problem:
+            return problem
+    return _trainers_problem(adapter_cls)
