@@ -12,30 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.testing.runs import primus
+
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 DUMMY_QUICKSTART = ROOT / "tests" / "fixtures" / "dummy-quickstart.yaml"
 
 
-def primus(
-    *args: str, cwd: Path | None = None, env: dict | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"} | (env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "primus.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=full_env,
-        timeout=300,
-    )
-
-
-def train_quickstart(
-    workspace: Path, *args: str, env: dict | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`primus train pretrain --config configs/quickstart.yaml ARGS` writing under `workspace`."""
-    extra_env = {"PRIMUS_WORKSPACE": str(workspace), **(env or {})}
-    return primus("train", "pretrain", "--config", str(DUMMY_QUICKSTART), *args, env=extra_env)
+def train_quickstart(workspace: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`primus train pretrain --config <the dummy quickstart> ARGS` writing under `workspace`."""
+    return primus(
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={workspace}", *args,
+        **env,
+    )  # fmt: skip
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -181,12 +171,12 @@ def test_a_crash_in_training_cleans_up_and_exits_1(tmp_path) -> None:
 
 
 def test_patch_selection_from_the_environment(tmp_path) -> None:
-    result = train_quickstart(tmp_path, "train_iters=3", env={"PRIMUS_PATCHES": "-dummy.summary"})
+    result = train_quickstart(tmp_path, "train_iters=3", PRIMUS_PATCHES="-dummy.summary")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "local/local/quickstart/patch_report.json").read_text())
     assert report["selection"] == "PRIMUS_PATCHES"
     assert not (tmp_path / "local/local/quickstart/summary.json").exists()
-    typo = train_quickstart(tmp_path, env={"PRIMUS_PATCHES": "dummy.sumary"})
+    typo = train_quickstart(tmp_path, PRIMUS_PATCHES="dummy.sumary")
     assert typo.returncode == 2 and "did you mean: dummy.summary" in typo.stderr
 
 
@@ -200,7 +190,7 @@ def test_two_workers_through_torchrun(tmp_path) -> None:
     assert "[rank1]" in (logs / "rank-1.log").read_text()
     assert "[primus rank1]" not in result.stderr  # the console is rank 0's by default
     loud = train_quickstart(
-        tmp_path, "--nproc-per-node", "2", "train_iters=2", env={"PRIMUS_LOG_ALL_RANKS": "1"}
+        tmp_path, "--nproc-per-node", "2", "train_iters=2", PRIMUS_LOG_ALL_RANKS="1"
     )
     assert loud.returncode == 0 and "[primus rank1]" in loud.stderr
 

@@ -12,30 +12,17 @@ checkout, where `.python-version` tells it, and pyenv, which Python 3.12 to use.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from .conftest import FIXTURES, REPO, Venv, check, make_venv, run
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO / "tests" / "fixtures"
-PROJECTS = {
-    "primus-core": REPO / "packages" / "primus-core",
-    "primus-megatron": REPO / "packages" / "primus-megatron",  # built and inspected, not installed
-    "primus-maxtext": REPO / "packages" / "primus-maxtext",  # installed alone, without torch
-    "primus-turbo-kernels": REPO / "packages" / "primus-turbo-kernels",  # patches, no torch
-    "dummytrain": FIXTURES / "dummytrain",
-    "primus-backend-dummy": FIXTURES / "primus-backend-dummy",
-    "primus-backend-broken": FIXTURES / "primus-backend-broken",
-    "primus-backend-future": FIXTURES / "primus-backend-future",
-}
 DUMMY_EXPERIMENT = FIXTURES / "primus-backend-dummy" / "examples" / "dummy_tiny-pretrain.yaml"
 FUTURE_EXPERIMENT = FIXTURES / "primus-backend-future" / "examples" / "future-pretrain.yaml"
 BROKEN_EXPERIMENT = FIXTURES / "primus-backend-broken" / "examples" / "broken-pretrain.yaml"
@@ -63,115 +50,20 @@ BASE_DISTS = ("primus-core", "dummytrain", "primus-backend-dummy")
 ALL_DISTS = (*BASE_DISTS, "primus-backend-broken", "primus-backend-future")
 
 
-def _uv() -> str:
-    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` exports UV, its own path
-    assert uv, "the wheel test needs uv: run the suite with `uv run pytest`"
-    return uv
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 120):
-    return subprocess.run(
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def _check(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, (
-        f"{proc.args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    )
-    return proc
-
-
-@dataclass
-class Venv:
-    """A fresh virtual environment holding some of the wheels."""
-
-    root: Path
-    wheels: Path
-    scratch: Path  # cwd of every command: outside the checkout
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
-
-    @property
-    def primus_exe(self) -> Path:
-        return self.root / "bin" / "primus"
-
-    def env(self, workspace: Path | None = None) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("PRIMUS_", "UV_", "PYTHON"))
-            and k not in ("VIRTUAL_ENV", "BACKEND_PATH", "CONDA_PREFIX")
-        }
-        env["PATH"] = f"{self.root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        env["VIRTUAL_ENV"] = str(self.root)
-        env["NO_COLOR"] = "1"
-        env["COLUMNS"] = "200"
-        if workspace is not None:
-            env["PRIMUS_WORKSPACE"] = str(workspace)
-        return env
-
-    def pip(self, *args: str) -> None:
-        _check(_run([_uv(), "pip", *args, "--python", str(self.python)], cwd=REPO))
-
-    def install(self, *dists: str) -> None:
-        self.pip("install", "--find-links", str(self.wheels), *dists)
-
-    def uninstall(self, *dists: str) -> None:
-        self.pip("uninstall", *dists)
-
-    def primus(self, *args: str, workspace: Path | None = None):
-        return _run([str(self.primus_exe), *args], cwd=self.scratch, env=self.env(workspace))
-
-    def installed(self) -> set[str]:
-        proc = _check(
-            _run(
-                [_uv(), "pip", "list", "--format", "json", "--python", str(self.python)],
-                cwd=REPO,
-            )
-        )
-        return {d["name"] for d in json.loads(proc.stdout)}
-
-
-def _make_venv(root: Path, wheels: Path, scratch: Path, dists: tuple[str, ...]) -> Venv:
-    _check(_run([_uv(), "venv", "--python", "3.12", "--quiet", str(root)], cwd=REPO))
-    venv = Venv(root, wheels, scratch)
-    venv.install(*dists)
-    return venv
-
-
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every distribution built once, as a wheel, the way a release would build it."""
-    uv = _uv()
-    out = tmp_path_factory.mktemp("wheels")
-    for name, project in PROJECTS.items():
-        _check(_run([uv, "build", "--wheel", "--quiet", "--out-dir", str(out), str(project)], REPO))
-        assert list(out.glob(f"{name.replace('-', '_')}-*.whl")), f"no wheel for {name}"
-    return out
-
-
-@pytest.fixture(scope="module")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cwd")
-
-
 @pytest.fixture(scope="module")
 def venv(wheels: Path, scratch: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """primus-core + dummytrain + primus-backend-dummy only. Tests leave it as they found it."""
-    return _make_venv(tmp_path_factory.mktemp("venv") / "venv", wheels, scratch, BASE_DISTS)
+    return make_venv(tmp_path_factory.mktemp("venv") / "venv", wheels, scratch, BASE_DISTS)
 
 
 @pytest.fixture(scope="module")
 def crowded(wheels: Path, scratch: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """The base set plus the broken and the future plugin."""
-    return _make_venv(tmp_path_factory.mktemp("crowded") / "venv", wheels, scratch, ALL_DISTS)
+    return make_venv(tmp_path_factory.mktemp("crowded") / "venv", wheels, scratch, ALL_DISTS)
 
 
 def _backends(venv: Venv) -> dict[str, dict]:
-    proc = _check(venv.primus("backends", "list", "--json"))
+    proc = check(venv.primus("backends", "list", "--json"))
     rows = json.loads(proc.stdout)
     assert isinstance(rows, list)
     return {row["name"]: row for row in rows}
@@ -234,12 +126,12 @@ def test_maxtext_wheel_alone_trains_through_maxtext_without_torch(
 ) -> None:
     """`pip install primus-core primus-maxtext`, then `primus train` (the JAX stack from PyPI)."""
     root = tmp_path_factory.mktemp("maxtext") / "venv"
-    venv = _make_venv(root, wheels, scratch, ("primus-core", "primus-maxtext"))
+    venv = make_venv(root, wheels, scratch, ("primus-core", "primus-maxtext"))
     assert {"maxtext", "jax", "flax", "orbax-checkpoint"} <= venv.installed()
     assert "torch" not in venv.installed()
     recipe = REPO / "configs" / "maxtext" / "tiny-cpu.yaml"
     workspace = tmp_path_factory.mktemp("ws")
-    proc = _check(
+    proc = check(
         venv.primus("train", "pretrain", "--config", str(recipe), "steps=3", workspace=workspace)
     )
     assert "step 3/3 | loss" in proc.stderr
@@ -254,8 +146,8 @@ def test_venv_is_fresh(venv: Venv) -> None:
     assert venv.installed() >= set(BASE_DISTS)
     assert not venv.installed() & {"primus-backend-broken", "primus-backend-future"}
     # the installed primus comes from the wheel, not from this checkout
-    proc = _check(
-        _run(
+    proc = check(
+        run(
             [str(venv.python), "-c", "import primus.core; print(primus.core.__file__)"],
             cwd=venv.scratch,
             env=venv.env(),
@@ -278,7 +170,7 @@ def test_backends_list(venv: Venv) -> None:
     )
     assert dummy["upstream_version"] == "1.0.0"
 
-    table = _check(venv.primus("backends", "list"))
+    table = check(venv.primus("backends", "list"))
     assert "dummy" in table.stdout and "ready" in table.stdout
 
 
@@ -290,12 +182,12 @@ def test_backends_list_imports_no_upstream(venv: Venv) -> None:
         "assert infos['dummy'].status == 'ready', infos\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dummytrain'))\n"
     )
-    proc = _check(_run([str(venv.python), "-c", code], cwd=venv.scratch, env=venv.env()))
+    proc = check(run([str(venv.python), "-c", code], cwd=venv.scratch, env=venv.env()))
     assert proc.stdout.strip() == "[]", proc.stdout
 
 
 def test_patches_list(venv: Venv) -> None:
-    proc = _check(venv.primus("patches", "list", "--format", "json"))
+    proc = check(venv.primus("patches", "list", "--format", "json"))
     rows = json.loads(proc.stdout)
     assert {row["id"]: row["phase"] for row in rows} == DUMMY_PATCHES
     by_id = {row["id"]: row for row in rows}
@@ -310,7 +202,7 @@ def test_turbo_wheel_adds_its_patches_without_importing_torch(venv: Venv) -> Non
     # --no-deps: this venv has no torch and no Triton, and listing the patches needs neither.
     venv.pip("install", "--no-deps", str(next(venv.wheels.glob("primus_turbo_kernels-*.whl"))))
     try:
-        proc = _check(venv.primus("patches", "list", "--format", "json"))
+        proc = check(venv.primus("patches", "list", "--format", "json"))
         rows = {row["id"]: row for row in json.loads(proc.stdout)}
         assert "warning" not in proc.stderr, proc.stderr
         assert {i for i in rows if i.startswith("dummy.")} == set(DUMMY_PATCHES)
@@ -328,14 +220,14 @@ def test_turbo_wheel_adds_its_patches_without_importing_torch(venv: Venv) -> Non
 
 
 def test_version(venv: Venv) -> None:
-    proc = _check(venv.primus("--version"))
+    proc = check(venv.primus("--version"))
     assert "primus-core 0.1.0" in proc.stdout
     assert "primus-backend-dummy 0.1.0" in proc.stdout
 
 
 def test_train_pretrain(venv: Venv, tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    proc = _check(
+    proc = check(
         venv.primus("train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=workspace)
     )
     assert "Traceback" not in proc.stderr
@@ -381,10 +273,10 @@ def test_faulty_plugins_are_reported_not_fatal(crowded: Venv) -> None:
     assert future["upstream_version"] == "1.0.0"
     assert "dummytrain" in future["reason"]
 
-    table = _check(crowded.primus("backends", "list"))
+    table = check(crowded.primus("backends", "list"))
     assert "failed to load" in table.stdout and "incompatible version" in table.stdout
-    _check(crowded.primus("patches", "list"))
-    version = _check(crowded.primus("--version")).stdout
+    check(crowded.primus("patches", "list"))
+    version = check(crowded.primus("--version")).stdout
     assert "primus-backend-broken" in version and "primus-backend-future" in version
 
 
@@ -414,7 +306,7 @@ def test_train_with_broken_backend(crowded: Venv, tmp_path: Path) -> None:
 
 
 def test_healthy_backend_still_trains_next_to_faulty_ones(crowded: Venv, tmp_path: Path) -> None:
-    _check(
+    check(
         crowded.primus("train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=tmp_path)
     )
     assert (tmp_path / "local" / "local" / "dummy_tiny-pretrain" / "summary.json").is_file()
@@ -451,19 +343,19 @@ def test_upstream_missing(crowded: Venv, without, tmp_path: Path) -> None:
     first = _assert_clean_failure(proc, "pip install", "dummytrain")
     assert "upstream missing" in first, proc.stderr
     # the inventory works without the upstream installed
-    rows = json.loads(_check(crowded.primus("patches", "list", "--format", "json")).stdout)
+    rows = json.loads(check(crowded.primus("patches", "list", "--format", "json")).stdout)
     assert {row["id"] for row in rows} == set(DUMMY_PATCHES)
 
 
 def test_backend_wheel_removed(crowded: Venv, without, tmp_path: Path) -> None:
     without("primus-backend-dummy")
     table = crowded.primus("backends", "list")
-    _check(table)
+    check(table)
     assert "dummy" not in table.stdout.replace("dummytrain", "")
     backends = _backends(crowded)
     assert "dummy" not in backends
     assert {"broken", "future"} <= set(backends)
-    assert "primus-backend-dummy" not in _check(crowded.primus("--version")).stdout
+    assert "primus-backend-dummy" not in check(crowded.primus("--version")).stdout
 
     proc = crowded.primus(
         "train", "pretrain", "--config", str(DUMMY_EXPERIMENT), workspace=tmp_path

@@ -1,8 +1,9 @@
-"""`primus backends list`."""
+"""`primus backends list|new`."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -43,3 +44,23 @@ def list_backends(
         typer.echo(
             "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[4]
         )
+
+
+@app.command("new")
+def new_backend(
+    name: Annotated[str, typer.Argument(help="The backend's name, as `framework:` will say it.")],
+    folder: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Where to write it (default: ./primus-backend-NAME)."),
+    ] = None,
+) -> None:
+    """Write a new backend distribution: entry points, adapter, trainer, presets, an example
+    experiment and a conformance test. It trains a toy model as soon as it is installed."""
+    from primus.core.backend.scaffold import scaffold_backend
+
+    target = folder or Path(f"primus-backend-{name}")
+    files = scaffold_backend(name, target)
+    typer.echo(f"wrote {len(files)} files into {target}/; next:")
+    typer.echo(f"  pip install -e {target}")
+    typer.echo(f"  primus train pretrain --config {target}/examples/{name}_tiny-pretrain.yaml")
+    typer.echo(f"  pytest {target}/tests")

@@ -100,6 +100,8 @@ class PrimusRuntime:
             self.log.info(change)
         for note in self.experiment.notes:
             self.log.warning(note)
+        where = "--debug" if self.debug else self.experiment.tree.origin(("log_level",))
+        self.log.debug(f"log level {level}, set by {where}")
         if self.source_tree:
             self.log.info(f"upstream source tree: {self.source_tree}")
         version = resolution.backend_version(self.adapter)

@@ -10,10 +10,14 @@ from pathlib import Path
 
 
 def primus(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    """`primus ARGS` in a subprocess (the installed CLI of this interpreter), output captured."""
+    """`primus ARGS` in a subprocess (the installed CLI of this interpreter), output captured.
+
+    The environment is this process's, less PRIMUS_PATCHES (a test names its own), plus `env`.
+    """
+    inherited = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
     return subprocess.run(
         [sys.executable, "-m", "primus.cli", *args],
-        env={**os.environ, **env},
+        env=inherited | env,
         cwd=cwd,
         capture_output=True,
         text=True,
