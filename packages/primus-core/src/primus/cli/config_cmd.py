@@ -75,7 +75,8 @@ def validate(
     experiment = resolution.load(config, list(ctx.args), module)
     resolution.apply_env(experiment.env)
     for name, mod in experiment.modules.items():
-        resolution.backend_for(mod)
+        adapter, _ = resolution.backend_for(mod)
+        resolution.backend_version(adapter)  # warns about a version the patch gates cannot read
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     resolution.patch_selection(experiment)
     typer.echo(f"{config}: valid")
