@@ -42,6 +42,7 @@ def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
     assert report["summary"]["failed"] == 0 and report["summary"]["not run"] == 0
     log = (uninterrupted / "logs" / "rank-0.log").read_text()
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+    assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
 
 
 @pytest.mark.parametrize("parallel", ["data_parallel", "tensor_model_parallel_size=2"])
