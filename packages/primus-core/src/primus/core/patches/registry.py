@@ -29,6 +29,7 @@ def register_patch(
     backend_versions: str | None = None,
     tags: Iterable[str] = (),
     target: str | None = None,
+    requires: str | None = None,
 ) -> Callable[[Callable[[PatchContext], Any]], Callable[[PatchContext], Any]]:
     """Register the decorated `handler(ctx)` as a patch. Checked here, not at first use.
 
@@ -37,6 +38,7 @@ def register_patch(
     Lower `priority` runs first; equal priorities run in registration order.
     `backend_versions` is a PEP 440 specifier set ("<0.20,>=0.17"); `target` names the
     upstream symbol replaced or wrapped ("someframework.training.initialize.compile_helpers").
+    `requires` names a patch this one builds on: it runs only if that one applied.
     """
 
     def decorate(handler: Callable[[PatchContext], Any]) -> Callable[[PatchContext], Any]:
@@ -63,6 +65,8 @@ def register_patch(
                 f"patch '{patch_id}': backend_versions '{backend_versions}' "
                 "is not a PEP 440 specifier set"
             ) from None
+        if requires is not None and (not isinstance(requires, str) or requires == patch_id):
+            raise PatchError(f"patch '{patch_id}': requires must name another patch's id")
         text = description or (handler.__doc__ or "").strip().split("\n\n")[0].strip()
         if not text:
             raise PatchError(f"patch '{patch_id}': give a description or a docstring")
@@ -78,6 +82,7 @@ def register_patch(
             tuple(tags),
             target,
             next(_seq),
+            requires,
         )
         return handler
 
