@@ -62,17 +62,17 @@ class StepMeter:
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory after every training step;
     write metrics.jsonl and tensorboard scalars (when tensorboard is on)."""
-    from maxtext.common.metric_logger import MetricLogger
 
-    original = getattr(MetricLogger.write_metrics, "primus_original", MetricLogger.write_metrics)
-    meter = StepMeter(ctx)
+    def metered(original: Any) -> Any:
+        meter = StepMeter(ctx)
 
-    def write_metrics(self: Any, metrics: Any, step: int, metric_type: str = "train") -> None:
-        original(self, metrics, step, metric_type)
-        if metric_type == "train" and metrics:
-            measured = meter.measure(self.config, step, metrics["scalar"])
-            if measured is not None:
-                meter.report(self, measured)
+        def write_metrics(self: Any, metrics: Any, step: int, metric_type: str = "train") -> None:
+            original(self, metrics, step, metric_type)
+            if metric_type == "train" and metrics:
+                measured = meter.measure(self.config, step, metrics["scalar"])
+                if measured is not None:
+                    meter.report(self, measured)
 
-    write_metrics.primus_original = original  # type: ignore[attr-defined]
-    MetricLogger.write_metrics = write_metrics
+        return write_metrics
+
+    ctx.wrap("maxtext.common.metric_logger.MetricLogger", "write_metrics", metered)

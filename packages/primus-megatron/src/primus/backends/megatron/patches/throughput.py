@@ -82,7 +82,4 @@ class StepMeter:
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval; write metrics.jsonl
     and tensorboard scalars."""
-    from megatron.training import training
-
-    if not isinstance(training.training_log, StepMeter):
-        training.training_log = StepMeter(ctx, training.training_log)
+    ctx.wrap("megatron.training.training", "training_log", lambda log: StepMeter(ctx, log))

@@ -99,19 +99,21 @@ def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory every metrics.log_freq steps;
     write metrics.jsonl and tensorboard scalars (when tensorboard is on). Under pipeline
     parallelism the loss comes from the last stage, so rank 0 logs it instead of -1."""
-    from torchtitan.components.metrics import MetricsProcessor
 
-    original = getattr(MetricsProcessor.log, "primus_original", MetricsProcessor.log)
-    meter = StepMeter(ctx)
+    def metered(original: Any) -> Any:
+        meter = StepMeter(ctx)
 
-    def log(self: Any, step: int, avg_loss: float, max_loss: float, *args: Any, **kw: Any) -> None:
-        avg_loss, max_loss = _from_loss_rank(
-            self.parallel_dims, meter.pp_schedule, avg_loss, max_loss
-        )
-        metrics = meter.measure(self, step, avg_loss)
-        original(self, step, avg_loss, max_loss, *args, **kw)
-        if metrics is not None:
-            meter.sink.report(metrics, primary=_rank() == 0, writer=Scalars(self.logger))
+        def log(
+            self: Any, step: int, avg_loss: float, max_loss: float, *args: Any, **kw: Any
+        ) -> None:
+            avg_loss, max_loss = _from_loss_rank(
+                self.parallel_dims, meter.pp_schedule, avg_loss, max_loss
+            )
+            metrics = meter.measure(self, step, avg_loss)
+            original(self, step, avg_loss, max_loss, *args, **kw)
+            if metrics is not None:
+                meter.sink.report(metrics, primary=_rank() == 0, writer=Scalars(self.logger))
 
-    log.primus_original = original  # type: ignore[attr-defined]
-    MetricsProcessor.log = log
+        return log
+
+    ctx.wrap("torchtitan.components.metrics.MetricsProcessor", "log", metered)
