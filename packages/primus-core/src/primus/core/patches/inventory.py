@@ -28,7 +28,7 @@ COLUMNS = (
 
 
 def how_to_enable(patch: Patch) -> str:
-    gate = f"; upstream {patch.backend_versions}" if patch.backend_versions else ""
+    gate = f"; upstream {patch.gate_text}" if patch.versions else ""
     needs = f"; requires {patch.requires}" if patch.requires else ""
     return f"{patch.condition_text}{gate}{needs}"
 
@@ -43,7 +43,7 @@ def row(patch: Patch) -> dict[str, str]:
         "how to enable": how_to_enable(patch),
         "phase": patch.phase,
         "priority": str(patch.priority),
-        "version gate": str(patch.backend_versions or "any"),
+        "version gate": patch.gate_text,
         "tags": ", ".join(patch.tags),
         "requires": patch.requires or "-",
     }

@@ -21,6 +21,8 @@ from primus.core.patches.params import USER_KINDS, ParamSet, ParamsView, set_par
 from primus.core.patches.rebind import Replacement
 
 PHASES = ("setup", "build_args", "before_train", "after_train")
+# `backend_versions=TESTED`: the backend adapter's `tested_versions`, kept in one place.
+TESTED = "tested"
 
 
 def _balanced(text: str) -> str:
@@ -120,6 +122,11 @@ class PatchContext:
         self.effects.replaced.append(record)
         return sites
 
+    def original(self, owner: Any, name: str) -> Any:
+        """`owner.name` as upstream had it, before this patch replaced it (decide from this,
+        not from the replaced value, so that applying again decides the same)."""
+        return rebind.original(owner, name, self._patch("original"))
+
     def wrap(
         self,
         owner: Any,
@@ -163,7 +170,7 @@ class Patch:
     description: str
     condition: Callable[[PatchContext], bool] | None = None
     priority: int = 50
-    backend_versions: SpecifierSet | None = None
+    versions: str | None = None  # a specifier set, or TESTED
     tags: tuple[str, ...] = ()
     target: str | None = None
     seq: int = 0
@@ -188,9 +195,32 @@ class Patch:
     def module(self) -> str:
         return getattr(self.handler, "__module__", "?")
 
+    @property
+    def backend_versions(self) -> SpecifierSet | None:
+        """The version gate; TESTED reads the backend adapter's `tested_versions`."""
+        if self.versions != TESTED:
+            return SpecifierSet(self.versions) if self.versions else None
+        from primus.core.backend.backend_registry import BackendRegistry
+        from primus.core.errors import BackendError
+
+        try:
+            tested = BackendRegistry.get_adapter_class(self.backend, require_ready=False)
+        except BackendError:
+            return None
+        return SpecifierSet(tested.tested_versions) if tested.tested_versions else None
+
+    @property
+    def gate_text(self) -> str:
+        gate = self.backend_versions
+        if gate is None and self.versions == TESTED:
+            return f"{self.backend}'s tested range (backend not installed)"
+        return str(gate or "any")
+
     def version_mismatch(self, version: str | None) -> str | None:
         """Why the version gate rejects `version`, or None when the patch may run."""
         if self.backend_versions is None:
+            if self.versions == TESTED:
+                return f"version mismatch: backend {self.backend} declares no tested_versions"
             return None
         if version is None:
             return f"version mismatch: upstream version unknown (needs {self.backend_versions})"

@@ -2,8 +2,8 @@
 
 `replace` sets `owner.name` and every copy of the original under package `within` (a
 `from owner import name` copy, which rebinding `owner.name` alone would miss). A function or
-class is recognised by identity under any name; any other value (a str, a module) only where
-it is bound under the same name. Each replacement is recorded per (owner, name, patch), so
+class the owner defines is recognised by identity under any name; any other value (a str, a
+module, an alias of another module's class) only where it is bound under the same name. Each replacement is recorded per (owner, name, patch), so
 applying it again changes nothing, and `restore_all` undoes them (tests).
 """
 
@@ -76,27 +76,30 @@ def _bound(holder: Any, attr: str) -> Any:
     return getattr(holder, attr, _MISSING)
 
 
-def _by_identity(value: Any) -> bool:
-    return inspect.isroutine(value) or inspect.isclass(value)
+def _module_of(owner: Any) -> str:
+    return owner.__name__ if inspect.ismodule(owner) else getattr(owner, "__module__", "")
 
 
-def _copies(original: Any, name: str, within: str) -> list[tuple[Any, str]]:
-    """(module, attr) of every module global under `within` bound to `original`."""
+def _copies(original: Any, owner: Any, name: str, within: str) -> list[tuple[Any, str]]:
+    """(module, attr) of every module global under `within` bound to `original`: under any
+    name when it is a function or class the owner defines, else under `name` only."""
     if original is _MISSING:
         return []
+    any_name = (inspect.isroutine(original) or inspect.isclass(original)) and getattr(
+        original, "__module__", None
+    ) == _module_of(owner)
     found = []
     for mod_name, module in list(sys.modules.items()):
         if module is None or not (mod_name == within or mod_name.startswith(within + ".")):
             continue
         for attr, value in list(vars(module).items()):
-            if value is original and (attr == name or _by_identity(original)):
+            if value is original and (attr == name or any_name):
                 found.append((module, attr))
     return found
 
 
 def _top_package(owner: Any) -> str:
-    name = owner.__name__ if inspect.ismodule(owner) else getattr(owner, "__module__", "")
-    return (name or "").split(".")[0]
+    return (_module_of(owner) or "").split(".")[0]
 
 
 def replace(
@@ -111,7 +114,9 @@ def replace(
     current = getattr(owner, name, _MISSING)
     record = Replacement(patch_id, owner, name, _bound(owner, name), current, new)
     record.bindings = [
-        b for b in _copies(current, name, within or _top_package(owner)) if b != (owner, name)
+        b
+        for b in _copies(current, owner, name, within or _top_package(owner))
+        if b != (owner, name)
     ]
     for holder, attr in record.bindings:
         setattr(holder, attr, new)
@@ -134,6 +139,16 @@ def wrap(
     if (id(owner), name, patch_id) in _active:
         return _active[(id(owner), name, patch_id)], []
     return replace(owner, name, wrapper(getattr(owner, name)), patch_id=patch_id, within=within)
+
+
+def original(owner: Any, name: str, patch_id: str) -> Any:
+    """`owner.name` as it was before `patch_id` replaced it (its current value if it did not)."""
+    owner = resolve(owner)
+    record = _active.get((id(owner), name, patch_id))
+    value = record.previous if record else getattr(owner, name)
+    if value is _MISSING:
+        raise AttributeError(f"{describe(owner, name)} did not exist before {patch_id}")
+    return value
 
 
 def active(patch_id: str | None = None) -> list[Replacement]:

@@ -21,6 +21,7 @@ class MaxTextAdapter(BackendAdapter):
     coordinator is MASTER_ADDR:MASTER_PORT, not torchrun's store.
     """
 
+    tested_versions = TESTED
     launcher = "spawn"
 
     def param_schema(self) -> ParamSchema:

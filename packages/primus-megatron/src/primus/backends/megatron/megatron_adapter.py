@@ -12,6 +12,8 @@ from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
 
+TESTED = ">=0.19,<0.20"  # the megatron-core versions Primus's patches were tested on
+
 # Keys Primus defines for this backend; every other key is a Megatron argument (its dest name).
 PRIMUS_KEYS = ParamSchema(
     {
@@ -23,6 +25,8 @@ PRIMUS_KEYS = ParamSchema(
 
 class MegatronAdapter(BackendAdapter):
     """Builds Megatron's args namespace; the trainer calls `megatron.training.pretrain`."""
+
+    tested_versions = TESTED
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util

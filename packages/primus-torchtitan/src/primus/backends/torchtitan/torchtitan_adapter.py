@@ -13,6 +13,8 @@ from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
 
+TESTED = ">=0.3,<0.4"  # the torchtitan versions Primus's patches were tested on
+
 # Keys Primus defines for this backend; the rest is TorchTitan's Trainer.Config (nested YAML).
 PRIMUS_KEYS = ParamSchema(
     {
@@ -39,6 +41,8 @@ def owned_keys() -> ParamSchema:
 class TorchTitanAdapter(BackendAdapter):
     """Builds TorchTitan's Trainer.Config; the trainer builds and runs TorchTitan's Trainer."""
 
+    tested_versions = TESTED
+
     def prepare_backend(self, config: ModuleConfig) -> None:
         get_torchrun_env().export()  # torch.distributed reads RANK & co. and MASTER_ADDR/PORT
         model = config.params.get("model_name")
@@ -58,7 +62,9 @@ class TorchTitanAdapter(BackendAdapter):
 
     def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
         if stage != "pretrain":
-            raise ConfigError(f"the torchtitan backend has no '{stage}' stage yet (it has: pretrain)")
+            raise ConfigError(
+                f"the torchtitan backend has no '{stage}' stage yet (it has: pretrain)"
+            )
         from primus.backends.torchtitan.pretrain_trainer import TorchTitanPretrainTrainer
 
         return TorchTitanPretrainTrainer
