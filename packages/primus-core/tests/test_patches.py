@@ -191,6 +191,7 @@ def test_inventory_and_deep_dive_come_from_metadata() -> None:
             "priority": "50",
             "version gate": ">=1",
             "tags": "perf",
+            "requires": "-",
         }
     ]
     assert rows[0]["code location"].endswith(f"test_patches.py:{inspect.getsourcelines(wrap)[1]}")

@@ -78,6 +78,7 @@ def test_one_process_trains_and_reports(whole: Path) -> None:
         assert status[applied][0] == "applied", applied
     log = rank_log(whole)
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+    assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
     assert "completed step: 19, seconds:" in log  # MaxText's own step log, in Primus's logger
     assert "on 1 cpu device(s) in 1 process(es)" in log
     events = list((whole / "tensorboard").rglob("events.out.tfevents.*"))

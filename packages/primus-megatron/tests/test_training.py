@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.runs import assert_loss_falls, losses, train_run
+from primus.core.testing.runs import assert_loss_falls, losses, primus, train_run
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 RECIPE = CONFIGS / "megatron" / "tiny-cpu.yaml"
@@ -24,6 +24,28 @@ def train(workspace: Path, *overrides: str, nproc: int = 1, config: Path = RECIP
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "train_iters=20")
+
+
+def test_values_a_patch_set_carry_the_patch_as_their_origin(
+    uninterrupted: Path, tmp_path: Path
+) -> None:
+    resolved = (uninterrupted / "config.resolved.yaml").read_text()
+    assert "mock_data: true  # patch megatron.mock_data" in resolved
+    report = json.loads((uninterrupted / "patch_report.json").read_text())
+    mock = next(p for p in report["patches"] if p["id"] == "megatron.mock_data")
+    assert mock["params_set"][0] == {
+        "key": "mock_data",
+        "value": True,
+        "reason": "no data_path given (set data_path to train on data)",
+    }
+    shown = primus(
+        "config", "show", str(RECIPE), "--provenance", "--after-patches",
+        PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "mock_data: true  # patch megatron.mock_data" in shown.stdout
+    plain = primus("config", "show", str(RECIPE), "--provenance", PRIMUS_WORKSPACE=str(tmp_path))
+    assert "patch megatron" not in plain.stdout  # without --after-patches: the files' values
 
 
 def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
@@ -42,6 +64,7 @@ def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
     assert report["summary"]["failed"] == 0 and report["summary"]["not run"] == 0
     log = (uninterrupted / "logs" / "rank-0.log").read_text()
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+    assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
 
 
 @pytest.mark.parametrize("parallel", ["data_parallel", "tensor_model_parallel_size=2"])

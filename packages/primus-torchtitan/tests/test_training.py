@@ -51,6 +51,7 @@ def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
         assert status[applied][0] == "applied", applied
     log = (uninterrupted / "logs" / "rank-0.log").read_text()
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
+    assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
     assert "Training starts at step 1" in log  # TorchTitan's own log, through Primus's logger
 
 

@@ -43,16 +43,30 @@ def show(
         bool,
         typer.Option("--provenance", help="Say where every value came from and what it overrode."),
     ] = False,
+    after_patches: Annotated[
+        bool,
+        typer.Option(
+            "--after-patches",
+            help="Apply the setup and build_args patches first, as a dry run does (validates, "
+            "imports the backend), and show the values they set (origin `patch <id>`).",
+        ),
+    ] = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.yaml,
     debug: Debug = False,
 ) -> None:
-    """Print the resolved experiment (presets, overrides and CLI applied). Does not validate."""
+    """Print the resolved experiment (presets, overrides and CLI applied). Does not validate,
+    unless --after-patches."""
     from primus.core.config.experiment import resolved_tree
     from primus.core.config.render import to_json, to_yaml
     from primus.core.runtime import resolution
 
     config = _experiment_file(config, config_option)
-    tree = resolved_tree(resolution.load(config, list(ctx.args), module))
+    if after_patches:
+        from primus.core.runtime.primus_runtime import PrimusRuntime
+
+        tree = PrimusRuntime(config, list(ctx.args), module=module, debug=debug).patched_config()
+    else:
+        tree = resolved_tree(resolution.load(config, list(ctx.args), module))
     typer.echo(
         to_json(tree, provenance) if fmt is Format.json else to_yaml(tree, provenance), nl=False
     )

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a config value came from: a file and line, the command line, or the environment."""
+    """Where a config value came from: a file and line, the command line, the environment, a
+    default, or a patch."""
 
-    kind: str  # "file" | "cli" | "env" | "default"
+    kind: str  # "file" | "cli" | "env" | "default" | "patch"
     file: str | None = None
     line: int | None = None
-    detail: str | None = None  # the env var name, or the CLI token
+    detail: str | None = None  # the env var name, the CLI token, or the patch id
 
     def __str__(self) -> str:
         path = self.file or ""
@@ -27,6 +28,8 @@ class Origin:
             return where
         if self.kind == "env":
             return f"env {self.detail}" + (f" (at {where})" if where else "")
+        if self.kind == "patch":
+            return f"patch {self.detail}"
         return f"{self.kind} ({self.detail})" if self.detail else self.kind
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from primus.core.dist_env import get_torchrun_env
@@ -65,3 +66,37 @@ def log_rank_0(message: str, level: int = logging.INFO) -> None:
     """Log on rank 0 only (seed 001's `log_rank_0`)."""
     if get_torchrun_env().rank == 0:
         get_logger().log(level, message)
+
+
+class LogRouter(logging.Handler):
+    """Hands an upstream's log records to `primus.<name>` (Primus's handlers, rank filter, files).
+
+    A record passes from `level`, or from `levels[fragment]` when the path of the file that
+    logged it holds `fragment`: `levels={"/someframework/": INFO}, level=WARNING` passes the
+    framework's own INFO records and other libraries' warnings.
+    """
+
+    def __init__(
+        self, name: str, level: int = logging.INFO, levels: Mapping[str, int] | None = None
+    ) -> None:
+        self.levels = dict(levels or {})
+        super().__init__(min([level, *self.levels.values()]))
+        self.least = level
+        self.target = get_logger(name)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        least = next((v for k, v in self.levels.items() if k in record.pathname), self.least)
+        if record.levelno >= least:
+            self.target.handle(record)
+
+    def attach(self, *loggers: str) -> None:
+        """Route the named loggers ("" is the root) here instead of to their parents, replacing
+        a router to the same Primus logger; each lets through at least this router's levels."""
+        for name in loggers:
+            logger = logging.getLogger(name or None)
+            for old in [h for h in logger.handlers if isinstance(h, LogRouter)]:
+                if old.target is self.target:
+                    logger.removeHandler(old)
+            logger.addHandler(self)
+            logger.setLevel(min(logger.getEffectiveLevel(), self.level))
+            logger.propagate = False  # a root handler someone else installed would print twice

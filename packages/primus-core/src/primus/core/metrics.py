@@ -1,4 +1,8 @@
-"""Training metrics every backend reports the same way: the step line and metrics.jsonl.
+"""Training metrics every backend reports the same way: the step line, metrics.jsonl, scalars.
+
+A backend's patch reads its upstream's numbers into `step_metrics` and hands the result to a
+`MetricsSink`; the params (`log_step_metrics`, `peak_tflops`) are registered here for every
+backend, and `metrics_enabled` is the patch condition.
 
 tokens/s/GPU = global batch tokens per step / step seconds / world size
 TFLOP/s/GPU  = model FLOPs per step (forward + backward, the backend's count, which it
@@ -12,6 +16,33 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from primus.core.config import ALL_BACKENDS, ParamSpec, register_params
+from primus.core.dist_env import get_torchrun_env
+from primus.core.logging import get_logger
+from primus.core.patches import PatchContext, get_param
+
+register_params(
+    ALL_BACKENDS,
+    {
+        "log_step_metrics": ParamSpec(
+            bool,
+            "log the step metrics line at the backend's log interval, write metrics.jsonl and "
+            "the primus/ tensorboard scalars (default true)",
+            default=True,
+        ),
+        "peak_tflops": ParamSpec(
+            float, "the GPU's dense bf16 peak in TFLOP/s for MFU (default: by the GPU's name)"
+        ),
+    },
+)
+
+
+def metrics_enabled(ctx: PatchContext) -> bool:
+    """log_step_metrics is true (default true)"""
+    return bool(get_param(ctx, "log_step_metrics", True))
+
 
 # Dense (no sparsity) bf16 peak TFLOP/s by device-name fragment, most specific first.
 PEAK_TFLOPS = (
@@ -35,6 +66,30 @@ def peak_tflops(device_name: str) -> float | None:
         if fragment.lower() in device_name.lower():
             return peak
     return None
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The peak MFU is measured against, and where it came from."""
+
+    tflops: float | None
+    source: Literal["config", "device table", "unknown"]
+    device: str | None = None
+
+    def describe(self) -> str:
+        if self.source == "config":
+            return f"MFU peak: {self.tflops:g} TFLOP/s (peak_tflops)"
+        if self.source == "device table":
+            return f"MFU peak: {self.tflops:g} TFLOP/s ({self.device}, by its name)"
+        return f"MFU peak: unknown for {self.device or 'no GPU'}, MFU n/a (set peak_tflops)"
+
+
+def find_peak(configured: float | None, device_name: str | None) -> Peak:
+    """`peak_tflops` if set, else the table's peak for `device_name` (None: not a GPU)."""
+    if configured:
+        return Peak(float(configured), "config", device_name)
+    known = peak_tflops(device_name) if device_name else None
+    return Peak(known, "device table" if known else "unknown", device_name)
 
 
 def _flops(tflops: float) -> str:
@@ -110,3 +165,43 @@ def append_metrics(path: Path, metrics: StepMetrics) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as out:
         out.write(json.dumps(asdict(metrics)) + "\n")
+
+
+class ScalarWriter(Protocol):
+    """A tensorboard writer (`torch.utils.tensorboard.SummaryWriter` or alike)."""
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> Any: ...
+
+
+class MetricsSink:
+    """Where a run's step metrics go: the step line to the log, metrics.jsonl, tensorboard."""
+
+    def __init__(self, ctx: PatchContext) -> None:
+        self.logger = get_logger(ctx.backend)
+        self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
+        self.configured_peak: float | None = get_param(ctx, "peak_tflops")
+        self.found: Peak | None = None
+
+    def peak(self, device_name: str | None) -> float | None:
+        """The peak for MFU on `device_name` (None: not a GPU); found and logged on first call."""
+        if self.found is None:
+            self.found = find_peak(self.configured_peak, device_name)
+            self.logger.info(self.found.describe())
+        return self.found.tflops
+
+    def report(
+        self, metrics: StepMetrics, *, primary: bool, writer: ScalarWriter | None = None
+    ) -> None:
+        """Log the step line. The primary rank (the one that owns the run's files) also appends
+        metrics.jsonl and adds the scalars to `writer`; if it is not rank 0 it prints the line,
+        since the console shows rank 0's log only."""
+        self.logger.info(metrics.line())
+        if not primary:
+            return
+        if get_torchrun_env().rank != 0:
+            print(f"[primus] {metrics.line()}", flush=True)
+        if self.metrics_file:
+            append_metrics(self.metrics_file, metrics)
+        if writer is not None:
+            for name, value in metrics.scalars().items():
+                writer.add_scalar(name, value, metrics.step)

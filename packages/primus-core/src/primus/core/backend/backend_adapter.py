@@ -38,6 +38,9 @@ class BackendAdapter(ABC):
     trainers: ClassVar[dict[str, str]] = {}
 
     upstream_requirement: ClassVar[str | None] = None
+    # The upstream versions Primus's patches were tested on (PEP 440 specifier set): the gate
+    # of every patch registered with `backend_versions=TESTED` (those touching private names).
+    tested_versions: ClassVar[str | None] = None
     third_party_dir_name: ClassVar[str | None] = None  # default: the framework name
     # How `--nproc-per-node`/`--nnodes` start workers: "torchrun" (torch.distributed.run), or
     # "spawn" (Primus's spawner: torchrun's variables, no torch, nothing bound to MASTER_PORT).

@@ -1,9 +1,15 @@
 """The config system: one loader, one representation, provenance for every value."""
 
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
-from primus.core.config.schema import ParamSchema, ParamSpec, register_params
+from primus.core.config.schema import (
+    ALL_BACKENDS,
+    ParamSchema,
+    ParamSpec,
+    register_params,
+)
 
 __all__ = [
+    "ALL_BACKENDS",
     "Experiment",
     "ModuleConfig",
     "ParamSchema",

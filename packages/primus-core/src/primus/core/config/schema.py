@@ -1,7 +1,8 @@
 """Parameter schemas: what keys a backend accepts, their types, and the check against them.
 
 A backend adapter describes its upstream's real key set (`BackendAdapter.param_schema`);
-any distribution may add keys for a backend with `register_params` (patch switches, for one).
+any distribution may add keys for a backend with `register_params` (patch switches, for one),
+or for every backend with `register_params(ALL_BACKENDS, ...)` (core's own keys).
 """
 
 from __future__ import annotations
@@ -112,16 +113,18 @@ class ParamSchema:
         return errors
 
 
+ALL_BACKENDS = "*"
 _registered: dict[str, dict[str, ParamSpec]] = {}
 
 
 def register_params(backend: str, specs: Mapping[str, ParamSpec]) -> None:
-    """Declare keys that a backend accepts besides its upstream's (patch switches, Primus keys)."""
+    """Declare keys that a backend (or `ALL_BACKENDS`) accepts besides its upstream's."""
     _registered.setdefault(backend, {}).update(specs)
 
 
 def registered_params(backend: str) -> ParamSchema:
-    return ParamSchema(_registered.get(backend, {}))
+    """The keys registered for every backend, then for `backend` (which may refine them)."""
+    return ParamSchema({**_registered.get(ALL_BACKENDS, {}), **_registered.get(backend, {})})
 
 
 def raise_all(errors: Iterable[ConfigError]) -> None:

@@ -28,8 +28,9 @@ COLUMNS = (
 
 
 def how_to_enable(patch: Patch) -> str:
-    gate = f"; upstream {patch.backend_versions}" if patch.backend_versions else ""
-    return f"{patch.condition_text}{gate}"
+    gate = f"; upstream {patch.gate_text}" if patch.versions else ""
+    needs = f"; requires {patch.requires}" if patch.requires else ""
+    return f"{patch.condition_text}{gate}{needs}"
 
 
 def row(patch: Patch) -> dict[str, str]:
@@ -42,8 +43,9 @@ def row(patch: Patch) -> dict[str, str]:
         "how to enable": how_to_enable(patch),
         "phase": patch.phase,
         "priority": str(patch.priority),
-        "version gate": str(patch.backend_versions or "any"),
+        "version gate": patch.gate_text,
         "tags": ", ".join(patch.tags),
+        "requires": patch.requires or "-",
     }
 
 
@@ -91,7 +93,7 @@ def deep_dive(patch: Patch) -> str:
     rebind = (
         f"Rebind or wrap `{target}` in the module that defines it and in every module that "
         f"imported the name before the patch runs (a `from x import y` copy is not updated by "
-        f"rebinding `x.y`)."
+        f"rebinding `x.y`); `ctx.replace` / `ctx.wrap` do that."
         if target
         else "No upstream symbol is replaced: the handler rewrites the backend args, sets the "
         "environment, or acts at a lifecycle point."
@@ -106,6 +108,7 @@ def deep_dive(patch: Patch) -> str:
 - phase: {patch.phase} ({PHASE_TIMING[patch.phase]}), priority {patch.priority}
 - condition: {patch.condition_text}
 - upstream versions: {r["version gate"]}
+- requires: {patch.requires or "-"} (runs only if that patch applied)
 - tags: {r["tags"] or "-"}
 
 ## Code location

@@ -11,7 +11,7 @@ import importlib_metadata
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from primus.core.errors import PatchError
-from primus.core.patches.patch import PHASES, Patch, PatchContext
+from primus.core.patches.patch import PHASES, TESTED, Patch, PatchContext
 
 PATCHES_GROUP = "primus.patches"
 _patches: dict[str, Patch] = {}
@@ -29,14 +29,17 @@ def register_patch(
     backend_versions: str | None = None,
     tags: Iterable[str] = (),
     target: str | None = None,
+    requires: str | None = None,
 ) -> Callable[[Callable[[PatchContext], Any]], Callable[[PatchContext], Any]]:
     """Register the decorated `handler(ctx)` as a patch. Checked here, not at first use.
 
     A handler that finds nothing to do returns a string saying why (reported as skipped).
 
     Lower `priority` runs first; equal priorities run in registration order.
-    `backend_versions` is a PEP 440 specifier set ("<0.20,>=0.17"); `target` names the
+    `backend_versions` is a PEP 440 specifier set ("<0.20,>=0.17"), or TESTED: the backend
+    adapter's `tested_versions` (the gate of a patch touching private upstream names); `target` names the
     upstream symbol replaced or wrapped ("someframework.training.initialize.compile_helpers").
+    `requires` names a patch this one builds on: it runs only if that one applied.
     """
 
     def decorate(handler: Callable[[PatchContext], Any]) -> Callable[[PatchContext], Any]:
@@ -57,12 +60,15 @@ def register_patch(
         if not callable(handler) or (condition is not None and not callable(condition)):
             raise PatchError(f"patch '{patch_id}': the handler and condition must be callable")
         try:
-            gate = SpecifierSet(backend_versions) if backend_versions else None
+            if backend_versions and backend_versions != TESTED:
+                SpecifierSet(backend_versions)
         except InvalidSpecifier:
             raise PatchError(
                 f"patch '{patch_id}': backend_versions '{backend_versions}' "
                 "is not a PEP 440 specifier set"
             ) from None
+        if requires is not None and (not isinstance(requires, str) or requires == patch_id):
+            raise PatchError(f"patch '{patch_id}': requires must name another patch's id")
         text = description or (handler.__doc__ or "").strip().split("\n\n")[0].strip()
         if not text:
             raise PatchError(f"patch '{patch_id}': give a description or a docstring")
@@ -74,10 +80,11 @@ def register_patch(
             " ".join(text.split()),
             condition,
             priority,
-            gate,
+            backend_versions or None,
             tuple(tags),
             target,
             next(_seq),
+            requires,
         )
         return handler
 

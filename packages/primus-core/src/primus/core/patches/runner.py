@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from primus.core.errors import PatchError
 from primus.core.logging import get_logger
-from primus.core.patches.patch import Patch, PatchContext
+from primus.core.patches.patch import Patch, PatchContext, PatchEffects
 from primus.core.patches.registry import all_patches
 from primus.core.patches.selection import PatchSelection
 
@@ -27,6 +27,21 @@ class PatchOutcome:
     seconds: float = 0.0
     target: str | None = None
     location: str = ""
+    params_set: list[dict[str, Any]] = field(default_factory=list)
+    replaced: list[dict[str, Any]] = field(default_factory=list)  # target, sites
+
+    def record(self, effects: PatchEffects) -> None:
+        self.params_set = [change.as_dict() for change in effects.params]
+        self.replaced = [{"target": r.target, "sites": r.sites} for r in effects.replaced]
+
+    @property
+    def changes(self) -> str:
+        """`set a=1, b=2; replaced x (3 sites)`, or ''."""
+        parts = []
+        if self.params_set:
+            parts.append("set " + ", ".join(f"{p['key']}={p['value']!r}" for p in self.params_set))
+        parts += [f"replaced {r['target']} ({len(r['sites'])} sites)" for r in self.replaced]
+        return "; ".join(parts)
 
 
 class PatchRunner:
@@ -52,6 +67,23 @@ class PatchRunner:
             )
             for p in self.patches
         }
+        self._check_requires()
+
+    def _check_requires(self) -> None:
+        order = [p.id for p in self.patches]
+        for i, patch in enumerate(self.patches):
+            if patch.requires is None:
+                continue
+            if patch.requires not in order[:i]:
+                where = (
+                    "is not a patch of this backend"
+                    if patch.requires not in order
+                    else "runs after it"
+                )
+                raise PatchError(
+                    f"patch '{patch.id}' ({patch.location}) requires '{patch.requires}', which {where}",
+                    hint="requires= names a patch of the same backend in an earlier phase or priority",
+                )
 
     def skip_reason(self, patch: Patch, ctx: PatchContext) -> str | None:
         """Why `patch` will not run in `ctx`, or None. Raises what the condition raises."""
@@ -60,6 +92,10 @@ class PatchRunner:
         mismatch = patch.version_mismatch(ctx.backend_version)
         if mismatch:
             return mismatch
+        if patch.requires is not None:
+            done = self.outcomes[patch.requires]
+            if done.status != APPLIED:
+                return f"requires {patch.requires}, which {'did not run' if done.status == NOT_RUN else 'was ' + done.status}"
         if patch.condition is not None and not patch.condition(ctx):
             return f"condition false: {patch.condition_text}"
         return None
@@ -71,7 +107,11 @@ class PatchRunner:
             try:
                 reason = self.skip_reason(patch, ctx)
                 if reason is None:
-                    declined = patch.handler(ctx)  # a str: it found nothing to do, and why
+                    with ctx.running(patch.id) as effects:
+                        try:
+                            declined = patch.handler(ctx)  # a str: nothing to do, and why
+                        finally:
+                            outcome.record(effects)
                     reason = declined if isinstance(declined, str) else None
             except Exception as exc:
                 outcome.status, outcome.reason = FAILED, f"{type(exc).__name__}: {exc}"
@@ -101,12 +141,13 @@ class PatchRunner:
         for patch in self.patches:
             done = self.outcomes[patch.id]
             if done.status != NOT_RUN:
-                rows.append(
-                    (patch, f"{done.status}: {done.reason}" if done.reason else done.status)
-                )
+                said = "; ".join(t for t in (done.reason, done.changes) if t)
+                rows.append((patch, f"{done.status}: {said}" if said else done.status))
                 continue
             try:
-                reason = self.skip_reason(patch, dataclasses.replace(ctx, phase=patch.phase))
+                reason = self.skip_reason(
+                    patch, dataclasses.replace(ctx, phase=patch.phase, params=ctx.tree)
+                )
             except Exception as exc:
                 reason = f"condition raised {type(exc).__name__}: {exc}"
             rows.append((patch, f"would skip: {reason}" if reason else "will apply"))
@@ -125,10 +166,13 @@ class PatchRunner:
         }
 
     def write_report(self, path: Path) -> None:
-        path.write_text(json.dumps(self.report(), indent=2) + "\n")
+        path.write_text(json.dumps(self.report(), indent=2, default=str) + "\n")
 
     def table(self) -> str:
-        rows = [(o.id, o.phase, o.status, o.reason) for o in self.outcomes.values()]
+        rows = [
+            (o.id, o.phase, o.status, "; ".join(t for t in (o.reason, o.changes) if t))
+            for o in self.outcomes.values()
+        ]
         if not rows:
             return f"no patches registered for {self.backend}"
         widths = [

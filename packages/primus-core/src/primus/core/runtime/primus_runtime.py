@@ -14,6 +14,7 @@ from primus.core import __version__
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import to_yaml
+from primus.core.config.tree import ConfigTree
 from primus.core.dist_env import get_torchrun_env
 from primus.core.logging import get_logger, setup_logging
 from primus.core.patches.patch import PatchContext
@@ -44,9 +45,9 @@ def args_summary(args: Any) -> str:
 
 class PrimusRuntime:
     """load + validate config -> adapter -> upstream version -> patches[setup] -> prepare_backend
-    -> convert_config -> patches[build_args] -> load_trainer_class(stage) -> trainer setup/init
-    -> patches[before_train] -> train -> patches[after_train] -> cleanup (also on error, with
-    on_error=True)."""
+    -> convert_config -> patches[build_args] -> load_trainer_class(stage) -> config.resolved.yaml
+    -> trainer setup/init -> patches[before_train] -> train -> patches[after_train] -> cleanup
+    (also on error, with on_error=True)."""
 
     def __init__(
         self,
@@ -78,7 +79,7 @@ class PrimusRuntime:
             "setup",
             version,
             __version__,
-            self.module.params,
+            self.module.tree,
             run_dir=self.run_dir,
             stage=self.stage,
             extra={"experiment": self.experiment, "module": self.module},
@@ -115,19 +116,12 @@ class PrimusRuntime:
             f"primus {__version__} | {self.stage} | backend {info.name} ({origin}) | "
             f"{upstream} | run dir {self.run_dir}"
         )
-        if self.rank == 0 and not dry_run:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.resolved.yaml").write_text(
-                f"# resolved by primus {__version__} from {self.experiment.path}\n"
-                + to_yaml(resolved_tree(self.experiment), provenance=True)
-            )
         ctx = self._context(version)
         try:
-            self._phase(ctx, "setup")
-            self.adapter.prepare_backend(self.module)
-            ctx.backend_args = self.adapter.convert_config(self.module)
-            self._phase(ctx, "build_args")
+            self.build_args(ctx)
             trainer_class = resolution.trainer_class(self.adapter, self.stage)
+            if self.rank == 0 and not dry_run:
+                self._write_resolved_config()
             if dry_run:
                 self._print_plan(ctx, trainer_class)
                 return
@@ -137,8 +131,31 @@ class PrimusRuntime:
         finally:
             if not dry_run:
                 if self.rank == 0:
+                    self.run_dir.mkdir(parents=True, exist_ok=True)
                     self.runner.write_report(self.run_dir / "patch_report.json")
                 self.log.info("patches:\n" + self.runner.table())
+
+    def build_args(self, ctx: PatchContext) -> None:
+        """patches[setup] -> prepare_backend -> convert_config -> patches[build_args]: after
+        this the module's config holds every value the patches set, with its origin."""
+        self._phase(ctx, "setup")
+        self.adapter.prepare_backend(self.module)
+        ctx.backend_args = self.adapter.convert_config(self.module)
+        self._phase(ctx, "build_args")
+
+    def patched_config(self) -> ConfigTree:
+        """The resolved experiment after the setup and build_args patches (as a dry run
+        applies them): `primus config show --after-patches`."""
+        self.build_args(self._context(resolution.backend_version(self.adapter)))
+        return resolved_tree(self.experiment)
+
+    def _write_resolved_config(self) -> None:
+        """config.resolved.yaml, written after build_args so patch-set values show, with origin."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.resolved.yaml").write_text(
+            f"# resolved by primus {__version__} from {self.experiment.path}\n"
+            + to_yaml(resolved_tree(self.experiment), provenance=True)
+        )
 
     def _drive(self, trainer: BaseTrainer, ctx: PatchContext) -> None:
         start = time.perf_counter()

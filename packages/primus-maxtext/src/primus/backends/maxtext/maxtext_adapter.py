@@ -21,6 +21,7 @@ class MaxTextAdapter(BackendAdapter):
 
     trainers = {"pretrain": "primus.backends.maxtext.pretrain_trainer:MaxTextPretrainTrainer"}
 
+    tested_versions = TESTED
     launcher = "spawn"
 
     def param_schema(self) -> ParamSchema:

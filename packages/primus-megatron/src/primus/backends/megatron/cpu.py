@@ -1,8 +1,8 @@
 """Run megatron.training on CPU: the CUDA calls it makes, answered by the CPU.
 
 megatron.training asserts CUDA and calls CUDA APIs throughout (streams, events, memory stats,
-the CUDA RNG, `device="cuda"` tensors, `.cuda()`). `enable()` answers them on the CPU, in
-this process only. Used by the `megatron.cpu` patch; tested on megatron-core 0.19.
+the CUDA RNG, `device="cuda"` tensors, `.cuda()`). `enable(ctx)` answers them on the CPU, in
+this process only, through the patch engine (`ctx.replace` / `ctx.wrap`). Used by the `megatron.cpu` patch; tested on megatron-core 0.19.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-_ENABLED = False
+from primus.core.patches import PatchContext
 
 
 def _is_cuda(device: Any) -> bool:
@@ -79,18 +79,22 @@ def _cuda_type(original: Any) -> Any:
     return type_
 
 
-def enable() -> list[str]:
-    """Install the shims (idempotent); returns what was changed, for the log."""
-    global _ENABLED
-    if _ENABLED:
-        return []
-    _ENABLED = True
+def _gloo(init: Any) -> Any:
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("device_id", None)  # a CUDA device id would bind gloo to a missing GPU
+        kwargs["backend"] = "gloo"
+        return init(*args, **kwargs)
+
+    return init_process_group
+
+
+def enable(ctx: PatchContext) -> list[str]:
+    """Install the shims through the patch engine; returns what changed, for the log ([] when
+    they are already in place). Megatron's copies of the replaced names are rebound too."""
     os.environ["TORCHDYNAMO_DISABLE"] = "1"  # no jit warm-up under the stand-in CUDA
     import torch._dynamo
 
-    torch._dynamo.config.disable = True
-    cuda = torch.cuda
-    stubs: dict[str, Any] = {
+    cuda: dict[str, Any] = {
         "is_available": _returns(True),
         "device_count": _returns(1),
         "current_device": _returns(0),
@@ -122,8 +126,6 @@ def enable() -> list[str]:
         "manual_seed_all": lambda seed: torch.default_generator.manual_seed(int(seed)),
         "nvtx": _Stream(),
     }
-    for name, value in stubs.items():
-        setattr(cuda, name, value)
     accelerator = {
         "current_accelerator": _returns(torch.device("cpu")),
         "is_available": _returns(False),
@@ -131,19 +133,16 @@ def enable() -> list[str]:
         "current_stream": lambda *a, **k: _Stream(),
         "synchronize": _returns(None),
     }
-    for name, value in accelerator.items():
-        setattr(torch.accelerator, name, value)
-    torch.nn.Module.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.Tensor.type = _cuda_type(torch.Tensor.type)  # type: ignore[method-assign]
-    _init = torch.distributed.init_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("device_id", None)  # a CUDA device id would bind gloo to a missing GPU
-        kwargs["backend"] = "gloo"
-        return _init(*args, **kwargs)
-
-    torch.distributed.init_process_group = init_process_group
+    sites = ctx.replace(torch._dynamo.config, "disable", True, within="torch._dynamo.config")
+    for owner, stubs in ((torch.cuda, cuda), (torch.accelerator, accelerator)):
+        for name, value in stubs.items():
+            sites += ctx.replace(owner, name, value, within="megatron")
+    sites += ctx.replace(torch.nn.Module, "cuda", lambda self, *a, **k: self, within="megatron")
+    sites += ctx.replace(torch.Tensor, "cuda", lambda self, *a, **k: self, within="megatron")
+    sites += ctx.wrap(torch.Tensor, "type", _cuda_type, within="megatron")
+    sites += ctx.wrap(torch.distributed, "init_process_group", _gloo, within="megatron")
+    if not sites:
+        return []  # the engine found every shim in place: this process already runs on CPU
     _CudaToCpu().__enter__()  # for the rest of the process
     return [
         "torch.cuda answered on the CPU (no-op streams, events, memory stats; CPU RNG)",
@@ -164,12 +163,11 @@ CUDA_ONLY_FUSIONS = (
 )
 
 
-def cpu_args(args: Any) -> list[str]:
+def cpu_args(ctx: PatchContext, args: Any) -> list[str]:
     """Megatron args for a CPU run; the model-parallel RNG tracker on the CPU generator."""
-    from megatron.core.tensor_parallel import random
-
-    random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    random = "megatron.core.tensor_parallel.random"
+    ctx.replace(random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    ctx.replace(random, "_set_cuda_rng_state", lambda state, *a, **k: torch.set_rng_state(state))
     args.use_cpu_initialization = True
     args.distributed_backend = "gloo"
     turned_off = [name for name in CUDA_ONLY_FUSIONS if getattr(args, name, False)]

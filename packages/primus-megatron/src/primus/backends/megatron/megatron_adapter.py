@@ -10,6 +10,8 @@ from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
 
+TESTED = ">=0.19,<0.20"  # the megatron-core versions Primus's patches were tested on
+
 # Keys Primus defines for this backend; every other key is a Megatron argument (its dest name).
 PRIMUS_KEYS = ParamSchema(
     {
@@ -23,6 +25,7 @@ class MegatronAdapter(BackendAdapter):
     """Builds Megatron's args namespace; the trainer calls `megatron.training.pretrain`."""
 
     trainers = {"pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer"}
+    tested_versions = TESTED
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util

@@ -6,6 +6,9 @@
 2. FlexAttention has no CPU backward: attention runs through SDPA over the block mask made dense,
    and the block mask is built without torch.compile.
 3. FSDP2 reduces gradients with PREMUL_SUM, which gloo lacks: FSDP modules force a sum.
+
+Each change goes through the patch engine (`ctx.replace` / `ctx.wrap`), which rebinds the
+modules that copied a name too.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import sys
 from types import SimpleNamespace
 from typing import Any
+
+from primus.core.patches import PatchContext
 
 
 def _peak_rss() -> int:
@@ -24,7 +28,10 @@ def _peak_rss() -> int:
 
 def _cpu_device_module() -> SimpleNamespace:
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    stats = lambda *_: {"active_bytes.all.peak": _peak_rss(), "reserved_bytes.all.peak": _peak_rss()}  # noqa: E731
+
+    def stats(*_: Any) -> dict[str, int]:
+        return {"active_bytes.all.peak": _peak_rss(), "reserved_bytes.all.peak": _peak_rss()}
+
     nothing = lambda *_: None  # noqa: E731
     return SimpleNamespace(
         get_device_name=lambda *_: platform.processor() or "cpu",
@@ -40,24 +47,24 @@ def _cpu_device_module() -> SimpleNamespace:
     )
 
 
-def use_cpu_device() -> None:
+def use_cpu_device(ctx: PatchContext) -> None:
     """Point every loaded torchtitan module's `device_type`/`device_module` at the CPU."""
     import torchtitan.trainer  # noqa: F401  (loads the modules that copy the names)
-    from torchtitan.tools import utils
 
-    old_type, old_module = utils.device_type, utils.device_module
-    cpu_module = _cpu_device_module()
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("torchtitan") or module is None:
-            continue
-        if getattr(module, "device_type", None) is old_type:
-            module.device_type = "cpu"
-        if getattr(module, "device_module", None) is old_module:
-            module.device_module = cpu_module
+    ctx.replace("torchtitan.tools.utils", "device_type", "cpu")
+    ctx.replace("torchtitan.tools.utils", "device_module", _cpu_device_module())
 
 
 def _dense_flex_attention(
-    q: Any, k: Any, v: Any, *, block_mask: Any, scale: Any, enable_gqa: bool, return_aux: Any, **_: Any
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    block_mask: Any,
+    scale: Any,
+    enable_gqa: bool,
+    return_aux: Any,
+    **_: Any,
 ) -> tuple[Any, Any]:
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_mask
@@ -66,32 +73,28 @@ def _dense_flex_attention(
         raise NotImplementedError("attention with a log-sum-exp output has no CPU path")
     mask = None
     if block_mask is not None:
-        mask = create_mask(block_mask.mask_mod, q.shape[0], 1, q.shape[2], k.shape[2], device=q.device)
+        mask = create_mask(
+            block_mask.mask_mod, q.shape[0], 1, q.shape[2], k.shape[2], device=q.device
+        )
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
     )
     return out, None
 
 
-def use_dense_attention() -> None:
+def use_dense_attention(ctx: PatchContext) -> None:
     """FlexAttention -> SDPA over the dense mask; block masks built eagerly."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from torchtitan.models.common import attention
 
-    attention.FlexAttention.compiled_flex_attn = staticmethod(_dense_flex_attention)
-    attention._compiled_create_block_mask = create_block_mask
+    ctx.replace(attention.FlexAttention, "compiled_flex_attn", staticmethod(_dense_flex_attention))
+    ctx.replace(attention, "_compiled_create_block_mask", create_block_mask)
 
 
-def force_fsdp_sum_reduction() -> None:
-    """FSDP modules reduce with a plain sum (torchtitan already divides gradients itself)."""
+def _sum_reduction(original: Any) -> Any:
+    """`disable_fsdp_gradient_division`, then every FSDP module reduces with a plain sum."""
     from torch.distributed.fsdp import FSDPModule
-
-    from torchtitan.distributed import fsdp
-
-    original = fsdp.disable_fsdp_gradient_division
-    if getattr(original, "primus_cpu", False):
-        return
 
     def disable_division_and_sum(model: Any) -> None:
         original(model)
@@ -99,11 +102,11 @@ def force_fsdp_sum_reduction() -> None:
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
 
-    disable_division_and_sum.primus_cpu = True  # type: ignore[attr-defined]
-    fsdp.disable_fsdp_gradient_division = disable_division_and_sum
+    return disable_division_and_sum
 
 
-def enable_cpu() -> None:
-    use_cpu_device()
-    use_dense_attention()
-    force_fsdp_sum_reduction()
+def enable_cpu(ctx: PatchContext) -> None:
+    """All three, through the patch engine (applying again changes nothing)."""
+    use_cpu_device(ctx)
+    use_dense_attention(ctx)
+    ctx.wrap("torchtitan.distributed.fsdp", "disable_fsdp_gradient_division", _sum_reduction)

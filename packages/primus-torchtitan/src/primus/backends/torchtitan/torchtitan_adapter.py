@@ -11,6 +11,8 @@ from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
 
+TESTED = ">=0.3,<0.4"  # the torchtitan versions Primus's patches were tested on
+
 # Keys Primus defines for this backend; the rest is TorchTitan's Trainer.Config (nested YAML).
 PRIMUS_KEYS = ParamSchema(
     {
@@ -38,6 +40,7 @@ class TorchTitanAdapter(BackendAdapter):
     """Builds TorchTitan's Trainer.Config; the trainer builds and runs TorchTitan's Trainer."""
 
     trainers = {"pretrain": "primus.backends.torchtitan.pretrain_trainer:TorchTitanPretrainTrainer"}
+    tested_versions = TESTED
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         get_torchrun_env().export()  # torch.distributed reads RANK & co. and MASTER_ADDR/PORT

@@ -1,7 +1,8 @@
 """Turbo kernels in Megatron's local (non-Transformer-Engine) layers.
 
-Each patch rebinds one upstream name at every module that imported it, at `build_args`
-(before `pretrain()` builds the model). The replacements live in primus.turbo.megatron_layers.
+Each patch replaces one upstream name through the engine (`ctx.replace`: every module of
+megatron that imported it too), at `build_args` (before `pretrain()` builds the model). The
+replacements live in primus.turbo.megatron_layers.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, get_args, rebind
+from primus.core.patches import TESTED, PatchContext, get_args
 from primus.turbo.switches import register_switches, turbo_patch
 
 FEATURES = {
@@ -22,7 +23,7 @@ FEATURES = {
     "grad_accum_fusion": "weight-gradient GEMMs accumulate into the fp32 main grads",
 }
 register_switches("megatron", FEATURES)
-_turbo = partial(turbo_patch, "megatron", backend_versions=">=0.19,<0.20")  # symbols of 0.19
+_turbo = partial(turbo_patch, "megatron", backend_versions=TESTED)
 
 
 def _installed(feature: str, sites: list[str]) -> None:
@@ -39,18 +40,17 @@ def _kept_upstream(feature: str, why: str) -> str:
 def turbo_rms_norm(ctx: PatchContext) -> None:
     """RMSNorm layers of the local spec run the Triton kernel (LayerNorm stays PyTorch's)."""
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401  (imports every user)
-    from megatron.core.transformer import torch_norm
 
     from primus.turbo import megatron_layers as layers
 
-    _installed("rms_norm", rebind(torch_norm, "WrappedTorchNorm", layers.TurboWrappedNorm, within="megatron"))
+    torch_norm = "megatron.core.transformer.torch_norm"
+    _installed("rms_norm", ctx.replace(torch_norm, "WrappedTorchNorm", layers.TurboWrappedNorm))
 
 
 @_turbo("swiglu", "megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl")
 def turbo_swiglu(ctx: PatchContext) -> None:
     """The MLP's SwiGLU runs the Triton kernel (turns on Megatron's bias_swiglu_fusion path)."""
     import megatron.core.transformer.mlp  # noqa: F401
-    from megatron.core.fusions import fused_bias_swiglu
 
     from primus.turbo import megatron_layers as layers
 
@@ -58,7 +58,8 @@ def turbo_swiglu(ctx: PatchContext) -> None:
     if args.swiglu and not args.bias_swiglu_fusion:
         log_rank_0("[turbo] swiglu: bias_swiglu_fusion false -> true (the path turbo replaces)")
         args.bias_swiglu_fusion = True
-    sites = rebind(fused_bias_swiglu, "bias_swiglu_impl", layers.turbo_bias_swiglu, within="megatron")
+    swiglu = "megatron.core.fusions.fused_bias_swiglu"
+    sites = ctx.replace(swiglu, "bias_swiglu_impl", layers.turbo_bias_swiglu)
     _installed("swiglu", sites)
 
 
@@ -66,11 +67,11 @@ def turbo_swiglu(ctx: PatchContext) -> None:
 def turbo_rope(ctx: PatchContext) -> None:
     """Rotary embedding of queries and keys runs the Triton kernel."""
     import megatron.core.transformer.attention  # noqa: F401
-    from megatron.core.models.common.embeddings import rope_utils
 
     from primus.turbo import megatron_layers as layers
 
-    sites = rebind(rope_utils, "apply_rotary_pos_emb", layers.turbo_apply_rotary_pos_emb, within="megatron")
+    rope_utils = "megatron.core.models.common.embeddings.rope_utils"
+    sites = ctx.replace(rope_utils, "apply_rotary_pos_emb", layers.turbo_apply_rotary_pos_emb)
     _installed("rope", sites)
 
 
@@ -78,13 +79,11 @@ def turbo_rope(ctx: PatchContext) -> None:
 def turbo_attention(ctx: PatchContext) -> None:
     """Core attention of the local spec runs PyTorch SDPA (flash / memory-efficient, GQA)."""
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
-    from megatron.core.transformer import dot_product_attention
 
     from primus.turbo import megatron_layers as layers
 
-    sites = rebind(
-        dot_product_attention, "DotProductAttention", layers.TurboDotProductAttention, within="megatron"
-    )
+    attention = "megatron.core.transformer.dot_product_attention"
+    sites = ctx.replace(attention, "DotProductAttention", layers.TurboDotProductAttention)
     _installed("attention", sites)
 
 
@@ -99,9 +98,11 @@ def turbo_cross_entropy(ctx: PatchContext) -> str | None:
     from primus.turbo import megatron_layers as layers
 
     if get_args(ctx).tensor_model_parallel_size > 1:
-        return _kept_upstream("cross_entropy", "tensor parallel splits the logits: vocab-parallel loss")
-    sites = rebind(
-        LanguageModule, "compute_language_model_loss", layers.turbo_language_model_loss, within="megatron"
+        return _kept_upstream(
+            "cross_entropy", "tensor parallel splits the logits: vocab-parallel loss"
+        )
+    sites = ctx.replace(
+        LanguageModule, "compute_language_model_loss", layers.turbo_language_model_loss
     )
     _installed("cross_entropy", sites)
 
@@ -116,15 +117,17 @@ def turbo_optimizer(ctx: PatchContext) -> str | None:
 
     from primus.turbo import megatron_layers as layers
 
-    if optimizer.Adam is not layers.fused_adam and not optimizer.USING_PYTORCH_OPTIMIZER:
+    if not ctx.original(optimizer, "USING_PYTORCH_OPTIMIZER"):
         return _kept_upstream("optimizer", "Apex or Transformer Engine provides the fused Adam")
-    sites = rebind(utils, "local_multi_tensor_l2_norm", layers.foreach_l2_norm, within="megatron")
-    sites += rebind(utils, "local_multi_tensor_scale", layers.foreach_scale, within="megatron")
+    sites = ctx.replace(utils, "local_multi_tensor_l2_norm", layers.foreach_l2_norm)
+    sites += ctx.replace(utils, "local_multi_tensor_scale", layers.foreach_scale)
     if get_args(ctx).use_precision_aware_optimizer:
-        log_rank_0("[turbo] optimizer: precision-aware optimizer needs TE's FusedAdam; Adam unchanged")
+        log_rank_0(
+            "[turbo] optimizer: precision-aware optimizer needs TE's FusedAdam; Adam unchanged"
+        )
     else:
-        optimizer.Adam, optimizer.USING_PYTORCH_OPTIMIZER = layers.fused_adam, False
-        sites.append("megatron.core.optimizer.Adam")
+        sites += ctx.replace(optimizer, "Adam", layers.fused_adam)
+        sites += ctx.replace(optimizer, "USING_PYTORCH_OPTIMIZER", False)
     _installed("optimizer", sites)
 
 
@@ -132,14 +135,13 @@ def turbo_optimizer(ctx: PatchContext) -> str | None:
 def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     """Weight-gradient GEMMs accumulate straight into the fp32 main grads (what Apex's
     gradient-accumulation fusion does), instead of a bf16 grad and a separate fp32 add."""
-    from megatron.core.tensor_parallel import layers as tp_layers
-
     from primus.turbo import megatron_layers as layers
 
     args = get_args(ctx)
     if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
         return _kept_upstream("grad_accum_fusion", "FSDP keeps its own gradient path")
-    tp_layers.fused_weight_gradient_mlp_cuda = layers.WgradAccumulation
-    tp_layers._grad_accum_fusion_available = True
+    tp_layers = "megatron.core.tensor_parallel.layers"
+    sites = ctx.replace(tp_layers, "fused_weight_gradient_mlp_cuda", layers.WgradAccumulation)
+    sites += ctx.replace(tp_layers, "_grad_accum_fusion_available", True)
     args.gradient_accumulation_fusion = True
-    _installed("grad_accum_fusion", ["megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda"])
+    _installed("grad_accum_fusion", sites)

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, get_args
+from primus.core.patches import TESTED, PatchContext, get_args
 from primus.turbo.switches import register_switches, turbo_patch
 
 FEATURES = {
@@ -25,7 +25,6 @@ FEATURES = {
     "cross_entropy": "Triton cross-entropy as the loss",
 }
 register_switches("torchtitan", FEATURES)
-TESTED = ">=0.3,<0.4"  # the module and loss classes subclassed here are torchtitan 0.3's
 _turbo = partial(turbo_patch, "torchtitan", backend_versions=TESTED)
 
 
@@ -58,7 +57,9 @@ def _swap(ctx: PatchContext, feature: str) -> str | None:
     if not swapped:
         log_rank_0(f"[turbo] {feature}: no {upstream.__name__} in the config")
         return f"no {upstream.__name__} in the config"
-    log_rank_0(f"[turbo] {feature}: {upstream.__name__} -> {turbo.__name__} ({swapped} in the config)")
+    log_rank_0(
+        f"[turbo] {feature}: {upstream.__name__} -> {turbo.__name__} ({swapped} in the config)"
+    )
     return None
 
 

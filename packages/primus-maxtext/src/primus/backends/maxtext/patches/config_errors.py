@@ -23,6 +23,4 @@ def config_errors(ctx: PatchContext) -> None:
     """pyconfig raises its config errors instead of logging a banner, writing
     /dev/termination-log and exiting with code 2 (what it does outside pytest), so Primus
     reports them as config errors at the key's file:line."""
-    from maxtext.configs import pyconfig
-
-    pyconfig._handle_config_exception = _raise
+    ctx.replace("maxtext.configs.pyconfig", "_handle_config_exception", _raise)

@@ -52,7 +52,7 @@ def jax_distributed(ctx: PatchContext) -> None:
     variables, coordinator port 1234): coordinator MASTER_ADDR:MASTER_PORT, process RANK of
     WORLD_SIZE (torchrun's or Slurm's variables), one GPU per process where a node runs several.
     One process starts none. MaxText's own start-up is skipped (skip_jax_distributed_system)."""
-    ctx.params["skip_jax_distributed_system"] = True
+    ctx.set_param("skip_jax_distributed_system", True, "Primus starts JAX's distributed runtime")
     env = get_torchrun_env()
     if env.world_size == 1:
         return

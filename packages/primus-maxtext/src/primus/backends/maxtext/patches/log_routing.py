@@ -5,17 +5,8 @@ from __future__ import annotations
 import logging
 
 from primus.backends.maxtext.maxtext_adapter import TESTED
-from primus.core.logging import get_logger
+from primus.core.logging import LogRouter
 from primus.core.patches import PatchContext, register_patch
-
-
-class ToPrimus(logging.Handler):
-    """Hands records to `primus.maxtext`: MaxText's own from INFO, other libraries' (orbax,
-    grain, ...) from WARNING."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING or "/maxtext/" in record.pathname:
-            get_logger("maxtext").handle(record)
 
 
 @register_patch(
@@ -33,8 +24,6 @@ def route_logs(ctx: PatchContext) -> None:
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.INFO)
-    for name in ("absl", "maxtext"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(h, ToPrimus) for h in logger.handlers):
-            logger.addHandler(ToPrimus())
-        logger.propagate = False  # a root handler someone else installed would print it twice
+    # MaxText's own records from INFO, other libraries' (orbax, grain, ...) from WARNING
+    router = LogRouter("maxtext", level=logging.WARNING, levels={"/maxtext/": logging.INFO})
+    router.attach("absl", "maxtext")

@@ -30,9 +30,13 @@ def run_dir(ctx: PatchContext) -> None:
     latest checkpoint there."""
     assert ctx.run_dir is not None, "the runtime always sets the run directory"
     if get_param(ctx, "run_name"):
-        ctx.params["base_output_directory"] = str(ctx.run_dir)
+        ctx.set_param("base_output_directory", str(ctx.run_dir), "outputs into the run directory")
     else:
-        ctx.params["base_output_directory"] = str(ctx.run_dir.parent)
-        ctx.params["run_name"] = ctx.run_dir.name
+        ctx.set_param(
+            "base_output_directory", str(ctx.run_dir.parent), "the run directory's parent"
+        )
+        ctx.set_param(
+            "run_name", ctx.run_dir.name, "<base_output_directory>/<run_name> is the run directory"
+        )
     out = Path(ctx.params["base_output_directory"]) / ctx.params["run_name"]
     log_rank_0(f"[maxtext] outputs: {out} (checkpoints/, tensorboard/)")

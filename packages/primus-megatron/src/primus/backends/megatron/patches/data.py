@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, register_patch
 
 DATA_KEYS = (
@@ -31,6 +30,6 @@ def _no_data(ctx: PatchContext) -> bool:
 )
 def mock_data(ctx: PatchContext) -> None:
     """Train on Megatron's mock GPT dataset (NullTokenizer over vocab_size) when no data is given."""
-    ctx.params["mock_data"] = True
-    ctx.params.setdefault("tokenizer_type", "NullTokenizer")
-    log_rank_0("[megatron] no data_path: training on mock data (set data_path to train on data)")
+    ctx.set_param("mock_data", True, "no data_path given (set data_path to train on data)")
+    if ctx.params.get("tokenizer_type") is None:
+        ctx.set_param("tokenizer_type", "NullTokenizer", "mock data needs no tokenizer")

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, get_args, get_param, register_patch
-
-TESTED = ">=0.19,<0.20"  # the megatron-core versions the CPU path was tested on
-
+from primus.core.patches import TESTED, PatchContext, get_args, get_param, register_patch
 
 
 @register_patch(
@@ -23,23 +20,15 @@ def cpu(ctx: PatchContext) -> None:
     """Answer megatron.training's CUDA calls on the CPU and use gloo (tests, laptops, CI)."""
     from primus.backends.megatron import cpu as shims
 
-    for change in shims.enable():
+    for change in shims.enable(ctx):
         log_rank_0(f"[megatron] cpu: {change}")
-
-
-def _cpu_enabled(ctx: PatchContext) -> bool:
-    """the megatron.cpu patch applied"""
-    import sys
-
-    shims = sys.modules.get("primus.backends.megatron.cpu")
-    return bool(shims and shims._ENABLED)
 
 
 @register_patch(
     "megatron.cpu_args",
     backend="megatron",
     phase="build_args",
-    condition=_cpu_enabled,
+    requires="megatron.cpu",
     backend_versions=TESTED,
     target="megatron args, megatron.core.tensor_parallel.random (CUDA RNG state)",
     tags=("device",),
@@ -48,7 +37,7 @@ def cpu_args(ctx: PatchContext) -> None:
     """CPU initialization, gloo, CUDA-only fusions off, the RNG tracker on the CPU generator."""
     from primus.backends.megatron import cpu as shims
 
-    for change in shims.cpu_args(get_args(ctx)):
+    for change in shims.cpu_args(ctx, get_args(ctx)):
         log_rank_0(f"[megatron] cpu: {change}")
 
 

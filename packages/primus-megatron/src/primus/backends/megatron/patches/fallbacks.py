@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from primus.core.logging import get_logger, log_rank_0
-from primus.core.patches import PatchContext, register_patch
+from primus.core.patches import TESTED, PatchContext, register_patch
 
 # Settings whose kernels come from Transformer Engine or Apex: the value without them, and why.
 TE_OR_APEX_KERNELS = {
@@ -30,16 +29,6 @@ def _no_te_nor_apex(ctx: PatchContext) -> bool:
     return _no_te(ctx) and not _installed("apex")
 
 
-def _turn_off(ctx: PatchContext, key: str, value: object, reason: str) -> None:
-    """Set params[key] = value, warning when that overrides what the config asked for."""
-    asked = ctx.params.get(key)
-    if asked is not None and asked != value:
-        get_logger().warning(f"[megatron] {key}: {asked} -> {value}: {reason}")
-    else:
-        log_rank_0(f"[megatron] {key}: {value} ({reason})")
-    ctx.params[key] = value
-
-
 @register_patch(
     "megatron.local_layers_without_te",
     backend="megatron",
@@ -51,7 +40,7 @@ def _turn_off(ctx: PatchContext, key: str, value: object, reason: str) -> None:
 def local_layers_without_te(ctx: PatchContext) -> None:
     """Build layers from Megatron's own modules (local spec) when Transformer Engine is absent."""
     if ctx.params.get("transformer_impl", "transformer_engine") == "transformer_engine":
-        _turn_off(ctx, "transformer_impl", "local", "transformer_engine is not installed")
+        ctx.set_param("transformer_impl", "local", "transformer_engine is not installed")
 
 
 @register_patch(
@@ -66,7 +55,7 @@ def fusions_without_te(ctx: PatchContext) -> None:
     """Turn off the fusions whose kernels only Transformer Engine or Apex provide."""
     for key, (value, reason) in TE_OR_APEX_KERNELS.items():
         if ctx.params.get(key) != value:
-            _turn_off(ctx, key, value, reason + "; neither is installed")
+            ctx.set_param(key, value, reason + "; neither is installed")
 
 
 def _helpers_prebuilt(ctx: PatchContext) -> bool:
@@ -79,11 +68,14 @@ def _helpers_prebuilt(ctx: PatchContext) -> bool:
     backend="megatron",
     phase="build_args",
     condition=_helpers_prebuilt,
+    backend_versions=TESTED,
     target="megatron.core.datasets.utils.compile_helpers",
     tags=("fallback",),
 )
 def prebuilt_dataset_helpers(ctx: PatchContext) -> None:
     """Skip compiling the dataset helper: the wheel ships it compiled, and no Makefile."""
-    from megatron.core.datasets import utils
+    ctx.replace("megatron.core.datasets.utils", "compile_helpers", _compiled_already)
 
-    utils.compile_helpers = lambda: None
+
+def _compiled_already() -> None:
+    """compile_helpers' stand-in: the helper is already compiled."""

@@ -9,20 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from primus.core.config import ParamSpec, register_params
-from primus.core.logging import get_logger
-from primus.core.metrics import append_metrics, peak_tflops, step_metrics
-from primus.core.patches import PatchContext, get_param, register_patch
-
-register_params(
-    "megatron",
-    {
-        "log_step_metrics": ParamSpec(
-            bool, "log tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval (default true)"
-        ),
-        "peak_tflops": ParamSpec(float, "the GPU's dense bf16 peak for MFU (default: by name)"),
-    },
-)
+from primus.core.metrics import MetricsSink, metrics_enabled, step_metrics
+from primus.core.patches import PatchContext, register_patch
 
 
 class StepMeter:
@@ -42,12 +30,9 @@ class StepMeter:
         self.flops = num_floating_point_operations
         self.max_memory = torch.cuda.max_memory_allocated
         self.original = original
-        self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
-        on_gpu = torch.cuda.is_available() and torch.cuda.get_device_name() != "cpu"
-        self.on_gpu = on_gpu
-        self.peak = get_param(ctx, "peak_tflops") or (
-            peak_tflops(torch.cuda.get_device_name()) if on_gpu else None
-        )
+        self.sink = MetricsSink(ctx)
+        self.on_gpu = torch.cuda.is_available() and torch.cuda.get_device_name() != "cpu"
+        self.peak = self.sink.peak(torch.cuda.get_device_name() if self.on_gpu else None)
         self.last: tuple[int, float] | None = None
 
     def __call__(
@@ -82,35 +67,19 @@ class StepMeter:
             lr=float(lr) if lr is not None else None,
             peak_memory_gib=self.max_memory() / 2**30 if self.on_gpu else None,
         )
-        get_logger("megatron").info(metrics.line())
-        if args.rank != 0:
-            print(f"[primus] {metrics.line()}", flush=True)  # the console shows rank 0 only
-        if self.metrics_file:
-            append_metrics(self.metrics_file, metrics)
-        writer = self.tensorboard()
-        if writer:
-            for name, value in metrics.scalars().items():
-                writer.add_scalar(name, value, iteration)
+        self.sink.report(metrics, primary=True, writer=self.tensorboard())
         return result
-
-
-def _wanted(ctx: PatchContext) -> bool:
-    """log_step_metrics is true (default true)"""
-    return bool(get_param(ctx, "log_step_metrics", True))
 
 
 @register_patch(
     "megatron.step_metrics",
     backend="megatron",
     phase="before_train",
-    condition=_wanted,
+    condition=metrics_enabled,
     target="megatron.training.training.training_log",
     tags=("observability",),
 )
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval; write metrics.jsonl
     and tensorboard scalars."""
-    from megatron.training import training
-
-    if not isinstance(training.training_log, StepMeter):
-        training.training_log = StepMeter(ctx, training.training_log)
+    ctx.wrap("megatron.training.training", "training_log", lambda log: StepMeter(ctx, log))

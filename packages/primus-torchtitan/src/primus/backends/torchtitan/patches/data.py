@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, get_param, register_patch
+from primus.core.patches import TESTED, PatchContext, get_param, register_patch
 
 
 def _no_data(ctx: PatchContext) -> bool:
@@ -22,8 +22,7 @@ def _no_data(ctx: PatchContext) -> bool:
 )
 def mock_data(ctx: PatchContext) -> None:
     """Train on a synthetic token stream (no tokenizer, no hub access) when no dataset is given."""
-    ctx.params["mock_data"] = True
-    log_rank_0("[torchtitan] no dataloader.dataset: training on mock data")
+    ctx.set_param("mock_data", True, "no dataloader.dataset given")
 
 
 def _local_dataset(ctx: PatchContext) -> bool:
@@ -38,6 +37,7 @@ def _local_dataset(ctx: PatchContext) -> bool:
     backend="torchtitan",
     phase="build_args",
     condition=_local_dataset,
+    backend_versions=TESTED,
     target="torchtitan.hf_datasets.text_datasets.DATASETS",
     tags=("data",),
 )

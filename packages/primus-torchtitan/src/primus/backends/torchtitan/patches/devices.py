@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
-from primus.core.patches import PatchContext, register_patch
-
-TESTED = ">=0.3,<0.4"  # the torchtitan versions these patches were tested on
-
+from primus.core.patches import TESTED, PatchContext, register_patch
 
 
 @register_patch(
@@ -24,5 +21,5 @@ def cpu(ctx: PatchContext) -> None:
     CPU backward), FSDP2 reducing with a plain sum (gloo has no PREMUL_SUM)."""
     from primus.backends.torchtitan import cpu as shims
 
-    shims.enable_cpu()
+    shims.enable_cpu(ctx)
     log_rank_0("[torchtitan] cpu: device cpu, gloo, SDPA attention, FSDP sum reduction")

@@ -9,20 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from primus.core.config import ParamSpec, register_params
-from primus.core.logging import get_logger
-from primus.core.metrics import StepMetrics, append_metrics, peak_tflops, step_metrics
-from primus.core.patches import PatchContext, get_param, register_patch
-
-register_params(
-    "torchtitan",
-    {
-        "log_step_metrics": ParamSpec(
-            bool, "log tokens/s/GPU, TFLOP/s/GPU and MFU every metrics.log_freq (default true)"
-        ),
-        "peak_tflops": ParamSpec(float, "the GPU's dense bf16 peak for MFU (default: by name)"),
-    },
-)
+from primus.core.metrics import MetricsSink, StepMetrics, metrics_enabled, step_metrics
+from primus.core.patches import PatchContext, register_patch
 
 
 class StepMeter:
@@ -30,8 +18,7 @@ class StepMeter:
 
     def __init__(self, ctx: PatchContext) -> None:
         self.training = ctx.backend_args.training
-        self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
-        self.peak = get_param(ctx, "peak_tflops")
+        self.sink = MetricsSink(ctx)
         self.pp_schedule = ctx.backend_args.parallelism.pipeline_parallel_schedule
 
     def measure(self, processor: Any, step: int, loss: float) -> StepMetrics | None:
@@ -57,17 +44,20 @@ class StepMeter:
             tokens,
             processor.num_flops_per_token * tokens,
             dims.world_size,
-            self.peak or (peak_tflops(monitor.device_name) if on_gpu else None),
+            self.sink.peak(monitor.device_name if on_gpu else None),
             lr=_lr(processor),
             peak_memory_gib=monitor.get_peak_stats().max_active_gib if on_gpu else None,
         )
 
-    def report(self, processor: Any, metrics: StepMetrics) -> None:
-        get_logger("torchtitan").info(metrics.line())
-        if processor.parallel_dims.world_size == 1 or _rank() == 0:
-            if self.metrics_file:
-                append_metrics(self.metrics_file, metrics)
-            processor.logger.log(metrics.scalars(), metrics.step)
+
+class Scalars:
+    """TorchTitan's metrics logger (tensorboard, wandb) as a `ScalarWriter`."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
+        self.logger.log({tag: scalar_value}, global_step)
 
 
 def _lr(processor: Any) -> float | None:
@@ -97,16 +87,11 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _wanted(ctx: PatchContext) -> bool:
-    """log_step_metrics is true (default true)"""
-    return bool(get_param(ctx, "log_step_metrics", True))
-
-
 @register_patch(
     "torchtitan.step_metrics",
     backend="torchtitan",
     phase="before_train",
-    condition=_wanted,
+    condition=metrics_enabled,
     target="torchtitan.components.metrics.MetricsProcessor.log",
     tags=("observability",),
 )
@@ -114,19 +99,21 @@ def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory every metrics.log_freq steps;
     write metrics.jsonl and tensorboard scalars (when tensorboard is on). Under pipeline
     parallelism the loss comes from the last stage, so rank 0 logs it instead of -1."""
-    from torchtitan.components.metrics import MetricsProcessor
 
-    original = getattr(MetricsProcessor.log, "primus_original", MetricsProcessor.log)
-    meter = StepMeter(ctx)
+    def metered(original: Any) -> Any:
+        meter = StepMeter(ctx)
 
-    def log(self: Any, step: int, avg_loss: float, max_loss: float, *args: Any, **kw: Any) -> None:
-        avg_loss, max_loss = _from_loss_rank(
-            self.parallel_dims, meter.pp_schedule, avg_loss, max_loss
-        )
-        metrics = meter.measure(self, step, avg_loss)
-        original(self, step, avg_loss, max_loss, *args, **kw)
-        if metrics is not None:
-            meter.report(self, metrics)
+        def log(
+            self: Any, step: int, avg_loss: float, max_loss: float, *args: Any, **kw: Any
+        ) -> None:
+            avg_loss, max_loss = _from_loss_rank(
+                self.parallel_dims, meter.pp_schedule, avg_loss, max_loss
+            )
+            metrics = meter.measure(self, step, avg_loss)
+            original(self, step, avg_loss, max_loss, *args, **kw)
+            if metrics is not None:
+                meter.sink.report(metrics, primary=_rank() == 0, writer=Scalars(self.logger))
 
-    log.primus_original = original  # type: ignore[attr-defined]
-    MetricsProcessor.log = log
+        return log
+
+    ctx.wrap("torchtitan.components.metrics.MetricsProcessor", "log", metered)
