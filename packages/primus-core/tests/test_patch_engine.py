@@ -12,8 +12,9 @@ import pytest
 from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.errors import Origin, PatchError
-from primus.core.patches import PatchContext, register_patch, restore_all
+from primus.core.patches import TESTED, PatchContext, register_patch, restore_all
 from primus.core.patches.rebind import active
+from primus.core.patches.registry import get_patch
 from primus.core.patches.runner import PatchRunner
 from primus.core.patches.selection import parse_selection
 
@@ -180,3 +181,15 @@ def test_requires_runs_a_patch_only_if_the_other_applied() -> None:
         run_patches({})
     with pytest.raises(PatchError, match="requires must name another patch"):
         register_patch("t.self", backend="toy", phase="setup", requires="t.self")(lambda c: None)
+
+
+def test_tested_gates_on_the_range_the_backend_declares_once(toy_backend, monkeypatch) -> None:
+    monkeypatch.setattr(toy_backend, "tested_versions", ">=1,<2")
+    register_patch(
+        "t.private", backend="toy", phase="setup", backend_versions=TESTED, description="d"
+    )(lambda c: None)
+    patch = get_patch("t.private")
+    assert patch is not None and patch.gate_text == "<2,>=1"
+    runner = PatchRunner("toy", parse_selection("all", "test"))
+    runner.run(PatchContext("toy", "setup", "2.0", "0", {}))
+    assert runner.outcomes["t.private"].reason == "version mismatch: 2.0 not in <2,>=1"

@@ -90,15 +90,19 @@ def test_the_1b_preset_has_the_8b_presets_keys() -> None:
 def convert():
     """The adapter's convert_config on the tiny recipe plus overrides, in this process."""
     from primus.backends.maxtext.patches.config_errors import config_errors
+    from primus.core.patches import PatchContext, restore_all
 
-    config_errors(None)  # as in a run: pyconfig raises, never writes /dev/termination-log
+    ctx = PatchContext("maxtext", "setup", None, "0", {})
+    with ctx.running("maxtext.config_errors"):  # as in a run: pyconfig raises, never exits
+        config_errors(ctx)
 
     def build(*overrides: str):
         module = next(iter(load(RECIPE, list(overrides)).modules.values()))
         adapter, _ = backend_for(module)  # validates the params as `train` does
         return adapter.convert_config(module)
 
-    return build
+    yield build
+    restore_all("maxtext.config_errors")
 
 
 def test_the_recipe_builds_maxtexts_config(convert) -> None:

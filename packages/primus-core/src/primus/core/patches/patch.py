@@ -82,7 +82,9 @@ class PatchContext:
 
     def __post_init__(self) -> None:
         given = self.params
-        self.tree = given if isinstance(given, ConfigTree) else ConfigTree(dict(given))
+        if not isinstance(given, ConfigTree):  # a plain dict is shared, not copied
+            given = ConfigTree(given if isinstance(given, dict) else dict(given))
+        self.tree = given
         self.params = ParamsView(self.tree.data, lambda: self.patch_id)
 
     @contextmanager
