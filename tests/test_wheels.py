@@ -255,7 +255,7 @@ def test_train_pretrain(venv: Venv, tmp_path: Path) -> None:
 def test_core_metric_params_are_valid_for_a_third_party_backend(venv: Venv) -> None:
     """Core registers log_step_metrics and peak_tflops for every backend, no Primus one needed."""
     experiment = str(DUMMY_EXPERIMENT)
-    _check(venv.primus("config", "validate", experiment, "log_step_metrics=false", "peak_tflops=9"))
+    check(venv.primus("config", "validate", experiment, "log_step_metrics=false", "peak_tflops=9"))
     bad = venv.primus("config", "validate", experiment, "peak_tflops=fast")
     _assert_clean_failure(bad, "peak_tflops: must be a number")
 

@@ -91,7 +91,7 @@ def test_a_constant_is_rebound_only_under_its_own_name(upstream) -> None:
     assert upstream.user.unrelated == "cuda"
 
 
-def test_wrap_builds_the_wrapper_once_and_class_attributes_restore_exactly(upstream) -> None:
+def test_wrap_never_wraps_twice_and_class_attributes_restore_exactly(upstream) -> None:
     built = []
 
     def wrapper(original):
@@ -101,11 +101,13 @@ def test_wrap_builds_the_wrapper_once_and_class_attributes_restore_exactly(upstr
     ctx = PatchContext("toy", "setup", None, "0", {})
     with ctx.running("t.wrap"):
         assert ctx.wrap("toyup.core.Model", "forward", wrapper) == ["toyup.core.Model.forward"]
-        assert ctx.wrap("toyup.core.Model", "forward", wrapper) == []  # already in place
+        assert ctx.wrap("toyup.core.Model", "forward", wrapper) == []  # already in place:
+        # a fresh wrapper (a second run's state) of upstream's original takes the old one's place
         ctx.replace(upstream.core.Model, "kernel", staticmethod(lambda: "fast"))
         ctx.replace(upstream.core.Sub, "forward", lambda self: "sub")  # inherited: an override
     model = upstream.core.Model()
-    assert model.forward() == "wrapped up" and model.kernel() == "fast" and len(built) == 1
+    assert model.forward() == "wrapped up" and model.kernel() == "fast"
+    assert len(built) == 2 and built[0] is built[1]
     restore_all("t.wrap")
     assert model.forward() == "up" and upstream.core.Model.kernel() == "up"
     assert isinstance(vars(upstream.core.Model)["kernel"], staticmethod)

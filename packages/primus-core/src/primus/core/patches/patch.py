@@ -117,7 +117,8 @@ class PatchContext:
     def replace(self, owner: Any, name: str, new: Any, *, within: str | None = None) -> list[str]:
         """Replace `owner.name` (owner: module, class or dotted path) by `new`, in the owner
         and every copy under package `within` (default: the owner's top package). Returns
-        the sites rebound; [] when this patch's replacement is already in place."""
+        the sites rebound; [] when this patch replaced it before (a different `new` then takes
+        the earlier one's place at the same sites)."""
         record, sites = rebind.replace(
             owner, name, new, patch_id=self._patch("replace"), within=within
         )
@@ -137,7 +138,8 @@ class PatchContext:
         *,
         within: str | None = None,
     ) -> list[str]:
-        """`replace(owner, name, wrapper(original))`; the wrapper is built on first apply only."""
+        """`replace(owner, name, wrapper(original))`. Applied again, a fresh wrapper of the
+        original takes the earlier one's place (a second run in one process gets its own)."""
         record, sites = rebind.wrap(
             owner, name, wrapper, patch_id=self._patch("wrap"), within=within
         )

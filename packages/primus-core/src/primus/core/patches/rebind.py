@@ -4,7 +4,8 @@
 `from owner import name` copy, which rebinding `owner.name` alone would miss). A function or
 class the owner defines is recognised by identity under any name; any other value (a str, a
 module, an alias of another module's class) only where it is bound under the same name. Each replacement is recorded per (owner, name, patch), so
-applying it again changes nothing, and `restore_all` undoes them (tests).
+applying it again adds no second layer (a new replacement takes the old one's place), and
+`restore_all` undoes them (tests).
 """
 
 from __future__ import annotations
@@ -109,8 +110,13 @@ def replace(
     ([] when this patch's replacement is already in place)."""
     owner = resolve(owner)
     key = (id(owner), name, patch_id)
-    if key in _active:
-        return _active[key], []
+    if key in _active:  # applied before: put `new` where the earlier replacement is, if it differs
+        record = _active[key]
+        for holder, attr in record.bindings if record.new is not new else ():
+            if _bound(holder, attr) is record.new:
+                setattr(holder, attr, new)
+        record.new = new
+        return record, []
     current = getattr(owner, name, _MISSING)
     record = Replacement(patch_id, owner, name, _bound(owner, name), current, new)
     record.bindings = [
@@ -134,11 +140,13 @@ def wrap(
     patch_id: str,
     within: str | None = None,
 ) -> tuple[Replacement, list[str]]:
-    """Replace `owner.name` by `wrapper(original)`; the wrapper is built only on first apply."""
+    """Replace `owner.name` by `wrapper(original)`. Applied again (a second run in the same
+    process), the new wrapper wraps upstream's original and takes the earlier one's place:
+    never a wrapper of a wrapper, and never one that still holds the first run's state."""
     owner = resolve(owner)
-    if (id(owner), name, patch_id) in _active:
-        return _active[(id(owner), name, patch_id)], []
-    return replace(owner, name, wrapper(getattr(owner, name)), patch_id=patch_id, within=within)
+    record = _active.get((id(owner), name, patch_id))
+    base = record.previous if record else getattr(owner, name)
+    return replace(owner, name, wrapper(base), patch_id=patch_id, within=within)
 
 
 def original(owner: Any, name: str, patch_id: str) -> Any:
