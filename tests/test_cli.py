@@ -276,6 +276,10 @@ def test_inventory_commands() -> None:
     assert listed[2]["code location"].startswith("primus/backends/dummy/patches.py:")
     show = primus("patches", "show", "dummy.finite_loss")
     assert show.returncode == 0 and "## Porting into your own framework" in show.stdout
+    assert "Rebind or wrap `dummytrain.loop.mse_loss`" in show.stdout  # code it replaces
+    value = primus("patches", "show", "dummy.checkpoint_dir").stdout  # a value it sets
+    assert "`dummytrain.TrainConfig.save_dir` is a value, not code" in value
+    assert "Rebind" not in value
     missing = primus("patches", "show", "dummy.finite")
     assert missing.returncode == 2 and "did you mean: dummy.finite_loss" in missing.stderr
     backends = primus("backends", "list")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import textwrap
 
 from primus.core.patches.patch import Patch
@@ -82,6 +83,29 @@ def render(patches: list[Patch], fmt: str) -> str:
     return "\n".join(lines)
 
 
+def porting_step(target: str | None, source: str) -> str:
+    """How to carry the change over, from what the handler does: replace code, or set a value."""
+    if not target:
+        return (
+            "No upstream symbol is replaced: the handler rewrites the backend args, sets the "
+            "environment, or acts at a lifecycle point."
+        )
+    rebind = (
+        f"rebind or wrap `{target}` in the module that defines it and in every module that "
+        f"imported the name before the patch runs (a `from x import y` copy is not updated "
+        f"by rebinding `x.y`); `ctx.replace` / `ctx.wrap` do that"
+    )
+    set_value = (
+        f"set `{target}` in your framework's args or config at the same point, as the handler "
+        "does (nothing needs rebinding)"
+    )
+    if "ctx.replace(" in source or "ctx.wrap(" in source:
+        return rebind[0].upper() + rebind[1:] + "."
+    if "set_param(" in source or re.search(r"get_args\(ctx\)\.\w+\s*=", source):
+        return f"`{target}` is a value, not code: " + set_value + "."
+    return f"Where `{target}` is code, {rebind}. Where it is a value, {set_value}."
+
+
 def deep_dive(patch: Patch) -> str:
     """What it does, patch logic, code location, and a porting plan, all from the metadata."""
     r = row(patch)
@@ -89,15 +113,7 @@ def deep_dive(patch: Patch) -> str:
         source = textwrap.dedent(inspect.getsource(inspect.unwrap(patch.handler)))
     except (OSError, TypeError):
         source = "(source not available)"
-    target = patch.target
-    rebind = (
-        f"Rebind or wrap `{target}` in the module that defines it and in every module that "
-        f"imported the name before the patch runs (a `from x import y` copy is not updated by "
-        f"rebinding `x.y`); `ctx.replace` / `ctx.wrap` do that."
-        if target
-        else "No upstream symbol is replaced: the handler rewrites the backend args, sets the "
-        "environment, or acts at a lifecycle point."
-    )
+    rebind = porting_step(patch.target, source)
     return f"""# {patch.id}  ({patch.backend})
 
 ## What it does
