@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from primus.backends.torchtitan.job_config import LOCAL_FORMATS
+from primus.backends.torchtitan.config_bridge import LOCAL_FORMATS
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.hf_datasets import DatasetConfig
