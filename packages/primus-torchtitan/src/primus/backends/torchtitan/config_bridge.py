@@ -22,7 +22,6 @@ from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.errors import ConfigError
 
 AC_MODE = "activation_checkpoint.mode"
-LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
 OPTIMIZER_KEYS = {
     "optimizer.name": ParamSpec(str, "optimizer of the catch-all param group (AdamW, Adam, ...)"),
     "optimizer.lr": ParamSpec(float, "learning rate"),
