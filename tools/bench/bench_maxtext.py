@@ -116,5 +116,6 @@ def main() -> None:
     columns = (*COLUMNS[:3], ("XLA memory estimate GB", "estimated_memory_gb", ".1f"), COLUMNS[3])
     print_table(summary, columns, f"primus / maxtext (tokens/s): {ratio:.4f}")
 
+
 if __name__ == "__main__":
     main()

@@ -119,7 +119,6 @@ def torchtitan_schema() -> ParamSchema:
     return ParamSchema(specs, hints)
 
 
-
 def _leaves(params: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in params.items():
         if isinstance(value, dict):

@@ -24,7 +24,10 @@ def _peak_rss() -> int:
 
 def _cpu_device_module() -> SimpleNamespace:
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    stats = lambda *_: {"active_bytes.all.peak": _peak_rss(), "reserved_bytes.all.peak": _peak_rss()}  # noqa: E731
+
+    def stats(*_: Any) -> dict[str, int]:
+        return {"active_bytes.all.peak": _peak_rss(), "reserved_bytes.all.peak": _peak_rss()}
+
     nothing = lambda *_: None  # noqa: E731
     return SimpleNamespace(
         get_device_name=lambda *_: platform.processor() or "cpu",
@@ -57,7 +60,15 @@ def use_cpu_device() -> None:
 
 
 def _dense_flex_attention(
-    q: Any, k: Any, v: Any, *, block_mask: Any, scale: Any, enable_gqa: bool, return_aux: Any, **_: Any
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    block_mask: Any,
+    scale: Any,
+    enable_gqa: bool,
+    return_aux: Any,
+    **_: Any,
 ) -> tuple[Any, Any]:
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_mask
@@ -66,7 +77,9 @@ def _dense_flex_attention(
         raise NotImplementedError("attention with a log-sum-exp output has no CPU path")
     mask = None
     if block_mask is not None:
-        mask = create_mask(block_mask.mask_mod, q.shape[0], 1, q.shape[2], k.shape[2], device=q.device)
+        mask = create_mask(
+            block_mask.mask_mod, q.shape[0], 1, q.shape[2], k.shape[2], device=q.device
+        )
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
     )

@@ -52,7 +52,10 @@ class SyntheticTokens(IterableDataset):
         positions = torch.arange(self.seq_len)
         while True:
             start = torch.randint(
-                0, self.vocab_size, (1,), generator=torch.Generator().manual_seed(self.seed + self.sample)
+                0,
+                self.vocab_size,
+                (1,),
+                generator=torch.Generator().manual_seed(self.seed + self.sample),
             )
             tokens = (start + torch.arange(self.seq_len + 1)) % self.vocab_size
             self.sample += 1

@@ -58,7 +58,9 @@ class TorchTitanAdapter(BackendAdapter):
 
     def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
         if stage != "pretrain":
-            raise ConfigError(f"the torchtitan backend has no '{stage}' stage yet (it has: pretrain)")
+            raise ConfigError(
+                f"the torchtitan backend has no '{stage}' stage yet (it has: pretrain)"
+            )
         from primus.backends.torchtitan.pretrain_trainer import TorchTitanPretrainTrainer
 
         return TorchTitanPretrainTrainer

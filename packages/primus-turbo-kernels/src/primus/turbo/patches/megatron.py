@@ -43,7 +43,10 @@ def turbo_rms_norm(ctx: PatchContext) -> None:
 
     from primus.turbo import megatron_layers as layers
 
-    _installed("rms_norm", rebind(torch_norm, "WrappedTorchNorm", layers.TurboWrappedNorm, within="megatron"))
+    _installed(
+        "rms_norm",
+        rebind(torch_norm, "WrappedTorchNorm", layers.TurboWrappedNorm, within="megatron"),
+    )
 
 
 @_turbo("swiglu", "megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl")
@@ -58,7 +61,9 @@ def turbo_swiglu(ctx: PatchContext) -> None:
     if args.swiglu and not args.bias_swiglu_fusion:
         log_rank_0("[turbo] swiglu: bias_swiglu_fusion false -> true (the path turbo replaces)")
         args.bias_swiglu_fusion = True
-    sites = rebind(fused_bias_swiglu, "bias_swiglu_impl", layers.turbo_bias_swiglu, within="megatron")
+    sites = rebind(
+        fused_bias_swiglu, "bias_swiglu_impl", layers.turbo_bias_swiglu, within="megatron"
+    )
     _installed("swiglu", sites)
 
 
@@ -70,7 +75,9 @@ def turbo_rope(ctx: PatchContext) -> None:
 
     from primus.turbo import megatron_layers as layers
 
-    sites = rebind(rope_utils, "apply_rotary_pos_emb", layers.turbo_apply_rotary_pos_emb, within="megatron")
+    sites = rebind(
+        rope_utils, "apply_rotary_pos_emb", layers.turbo_apply_rotary_pos_emb, within="megatron"
+    )
     _installed("rope", sites)
 
 
@@ -83,7 +90,10 @@ def turbo_attention(ctx: PatchContext) -> None:
     from primus.turbo import megatron_layers as layers
 
     sites = rebind(
-        dot_product_attention, "DotProductAttention", layers.TurboDotProductAttention, within="megatron"
+        dot_product_attention,
+        "DotProductAttention",
+        layers.TurboDotProductAttention,
+        within="megatron",
     )
     _installed("attention", sites)
 
@@ -99,9 +109,14 @@ def turbo_cross_entropy(ctx: PatchContext) -> str | None:
     from primus.turbo import megatron_layers as layers
 
     if get_args(ctx).tensor_model_parallel_size > 1:
-        return _kept_upstream("cross_entropy", "tensor parallel splits the logits: vocab-parallel loss")
+        return _kept_upstream(
+            "cross_entropy", "tensor parallel splits the logits: vocab-parallel loss"
+        )
     sites = rebind(
-        LanguageModule, "compute_language_model_loss", layers.turbo_language_model_loss, within="megatron"
+        LanguageModule,
+        "compute_language_model_loss",
+        layers.turbo_language_model_loss,
+        within="megatron",
     )
     _installed("cross_entropy", sites)
 
@@ -121,7 +136,9 @@ def turbo_optimizer(ctx: PatchContext) -> str | None:
     sites = rebind(utils, "local_multi_tensor_l2_norm", layers.foreach_l2_norm, within="megatron")
     sites += rebind(utils, "local_multi_tensor_scale", layers.foreach_scale, within="megatron")
     if get_args(ctx).use_precision_aware_optimizer:
-        log_rank_0("[turbo] optimizer: precision-aware optimizer needs TE's FusedAdam; Adam unchanged")
+        log_rank_0(
+            "[turbo] optimizer: precision-aware optimizer needs TE's FusedAdam; Adam unchanged"
+        )
     else:
         optimizer.Adam, optimizer.USING_PYTORCH_OPTIMIZER = layers.fused_adam, False
         sites.append("megatron.core.optimizer.Adam")
@@ -142,4 +159,6 @@ def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     tp_layers.fused_weight_gradient_mlp_cuda = layers.WgradAccumulation
     tp_layers._grad_accum_fusion_available = True
     args.gradient_accumulation_fusion = True
-    _installed("grad_accum_fusion", ["megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda"])
+    _installed(
+        "grad_accum_fusion", ["megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda"]
+    )

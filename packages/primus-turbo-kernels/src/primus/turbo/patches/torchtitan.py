@@ -58,7 +58,9 @@ def _swap(ctx: PatchContext, feature: str) -> str | None:
     if not swapped:
         log_rank_0(f"[turbo] {feature}: no {upstream.__name__} in the config")
         return f"no {upstream.__name__} in the config"
-    log_rank_0(f"[turbo] {feature}: {upstream.__name__} -> {turbo.__name__} ({swapped} in the config)")
+    log_rank_0(
+        f"[turbo] {feature}: {upstream.__name__} -> {turbo.__name__} ({swapped} in the config)"
+    )
     return None
 
 

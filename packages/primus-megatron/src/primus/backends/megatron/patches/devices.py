@@ -9,7 +9,6 @@ from primus.core.patches import PatchContext, get_args, get_param, register_patc
 TESTED = ">=0.19,<0.20"  # the megatron-core versions the CPU path was tested on
 
 
-
 @register_patch(
     "megatron.cpu",
     backend="megatron",

@@ -9,7 +9,6 @@ from primus.core.patches import PatchContext, register_patch
 TESTED = ">=0.3,<0.4"  # the torchtitan versions these patches were tested on
 
 
-
 @register_patch(
     "torchtitan.cpu",
     backend="torchtitan",
