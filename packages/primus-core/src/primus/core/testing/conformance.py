@@ -72,6 +72,7 @@ class BackendConformance:
         info = BackendRegistry.backends()[self.backend]
         assert info.upstream_requirement, "declare the upstream in the `upstream` extra"
         req = Requirement(info.upstream_requirement)
+        assert info.upstream_version, f"the upstream {req.name} is not installed"
         assert req.specifier.contains(info.upstream_version, prereleases=True)
         assert self.adapter().detect_backend_version() == info.upstream_version
 
@@ -96,7 +97,9 @@ class BackendConformance:
     def test_presets_resolve_and_validate(self) -> None:
         adapter = self.adapter()
         load_patch_modules()
-        schema = adapter.param_schema().merged(registered_params(self.backend))
+        declared = adapter.param_schema()
+        assert declared is not None, "presets are validated against param_schema(): declare it"
+        schema = declared.merged(registered_params(self.backend))
         presets = [
             p
             for d in adapter.preset_dirs()

@@ -150,7 +150,8 @@ def _comma_lists() -> frozenset[str]:
 
 def cli_args(params: dict[str, Any], owned: ParamSchema) -> list[str]:
     """TorchTitan CLI flags for every param that is TorchTitan's (not in `owned`)."""
-    args, ac_args = [], []
+    args: list[str] = []
+    ac_args: list[str] = []
     mode = (params.get("activation_checkpoint") or {}).get("mode")
     for key, value in _leaves(params):
         if key in owned or key == AC_MODE:

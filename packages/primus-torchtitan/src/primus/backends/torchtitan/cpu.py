@@ -54,9 +54,9 @@ def use_cpu_device() -> None:
         if not name.startswith("torchtitan") or module is None:
             continue
         if getattr(module, "device_type", None) is old_type:
-            module.device_type = "cpu"
+            vars(module)["device_type"] = "cpu"
         if getattr(module, "device_module", None) is old_module:
-            module.device_module = cpu_module
+            vars(module)["device_module"] = cpu_module
 
 
 def _dense_flex_attention(

@@ -119,6 +119,7 @@ def turbo_cross_entropy(ctx: PatchContext) -> str | None:
         within="megatron",
     )
     _installed("cross_entropy", sites)
+    return None
 
 
 @_turbo("optimizer", "megatron.core.optimizer.Adam, megatron.core.utils.local_multi_tensor_*")
@@ -143,6 +144,7 @@ def turbo_optimizer(ctx: PatchContext) -> str | None:
         optimizer.Adam, optimizer.USING_PYTORCH_OPTIMIZER = layers.fused_adam, False
         sites.append("megatron.core.optimizer.Adam")
     _installed("optimizer", sites)
+    return None
 
 
 @_turbo("grad_accum_fusion", "megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda")
@@ -162,3 +164,4 @@ def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     _installed(
         "grad_accum_fusion", ["megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda"]
     )
+    return None

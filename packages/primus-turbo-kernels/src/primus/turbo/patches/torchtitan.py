@@ -29,7 +29,7 @@ TESTED = ">=0.3,<0.4"  # the module and loss classes subclassed here are torchti
 _turbo = partial(turbo_patch, "torchtitan", backend_versions=TESTED)
 
 
-def _replacements() -> dict[str, tuple[type, type]]:
+def _replacements() -> dict[str, tuple[Any, Any]]:  # upstream classes: untyped
     from primus.turbo.torchtitan_modules import REPLACEMENTS
 
     return REPLACEMENTS
