@@ -34,7 +34,7 @@ PEAK = re.compile(r"\| peak mem ([\d.]+) GiB")
 
 def maxtext_command(params: dict, out: Path, run_name: str) -> list[str]:
     """MaxText's own command line for the experiment, through the function Primus uses."""
-    from primus.backends.maxtext.maxtext_config import maxtext_argv
+    from primus.backends.maxtext.config_bridge import maxtext_argv
     from primus.core.config.schema import registered_params
     from primus.core.patches.registry import load_patch_modules
 
@@ -115,6 +115,7 @@ def main() -> None:
     opts.out.write_text(json.dumps(report, indent=2))
     columns = (*COLUMNS[:3], ("XLA memory estimate GB", "estimated_memory_gb", ".1f"), COLUMNS[3])
     print_table(summary, columns, f"primus / maxtext (tokens/s): {ratio:.4f}")
+
 
 if __name__ == "__main__":
     main()

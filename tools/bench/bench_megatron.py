@@ -37,7 +37,7 @@ MEMORY = re.compile(r"max allocated: ([\d.]+)")
 
 def megatron_flags(params: dict[str, Any]) -> list[str]:
     """The Megatron command line for `params` (dest names) through Megatron's own parser."""
-    from primus.backends.megatron.arguments import megatron_actions
+    from primus.backends.megatron.config_bridge import megatron_actions
 
     actions, flags = megatron_actions(), []
     for key, value in params.items():
@@ -114,7 +114,10 @@ def main() -> None:
         summary[name]["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
         summary[name]["runs"] = runs
     plain_rate = summary["plain"]["tokens_per_s_per_gpu"]
-    ratios = {f"{n.replace('-', '_')}_over_plain": summary[n]["tokens_per_s_per_gpu"] / plain_rate for n in names}
+    ratios = {
+        f"{n.replace('-', '_')}_over_plain": summary[n]["tokens_per_s_per_gpu"] / plain_rate
+        for n in names
+    }
     del ratios["plain_over_plain"]
     dists = ("torch", "megatron-core", "primus-megatron")
     report = {
@@ -126,9 +129,8 @@ def main() -> None:
     }
     opts.out.write_text(json.dumps(report, indent=2))
     columns = (("ms/iter", "ms_per_iter", ".1f"), *COLUMNS)
-    print_table(
-        summary, columns, ", ".join(f"{k} (tokens/s): {v:.4f}" for k, v in ratios.items())
-    )
+    print_table(summary, columns, ", ".join(f"{k} (tokens/s): {v:.4f}" for k, v in ratios.items()))
+
 
 if __name__ == "__main__":
     main()

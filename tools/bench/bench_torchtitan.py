@@ -31,7 +31,7 @@ STEP = re.compile(
 
 def torchtitan_flags(params: dict) -> list[str]:
     """TorchTitan's CLI flags for the experiment, through the same function Primus uses."""
-    from primus.backends.torchtitan.job_config import cli_args
+    from primus.backends.torchtitan.config_bridge import cli_args
     from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 
     optimizer = params.get("optimizer", {})
@@ -60,7 +60,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (both runs)")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the model (both runs)"
+    )
     parser.add_argument("--turbo", action="store_true", help="also run Primus with turbo on")
     parser.add_argument("--out", type=Path, default=Path("torchtitan-bench.json"))
     opts = parser.parse_args()
@@ -114,6 +116,7 @@ def main() -> None:
     mode = "compiled" if opts.compile else "eager"
     ratio_text = ", ".join(f"{k} (tokens/s): {v:.4f}" for k, v in ratios.items())
     print_table(summary, COLUMNS, f"{ratio_text} ({mode})")
+
 
 if __name__ == "__main__":
     main()

@@ -51,6 +51,7 @@ def environment(distributions: tuple[str, ...], device: str | None = None) -> di
         },
     }
 
+
 # The step-metric columns every benchmark table has: (title, summary key, format spec).
 COLUMNS = (
     ("tokens/s/GPU", "tokens_per_s_per_gpu", ",.0f"),

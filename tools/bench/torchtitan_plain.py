@@ -51,7 +51,9 @@ class RandomRuns(IterableDataset):
     def __iter__(self):
         g = torch.Generator().manual_seed(0)
         while True:
-            tokens = (torch.randint(0, self.vocab, (1,), generator=g) + torch.arange(self.seq_len + 1)) % self.vocab
+            tokens = (
+                torch.randint(0, self.vocab, (1,), generator=g) + torch.arange(self.seq_len + 1)
+            ) % self.vocab
             yield {"input": tokens[:-1], "positions": torch.arange(self.seq_len)}, tokens[1:]
 
 

@@ -47,7 +47,10 @@ def upstream() -> Iterator[types.SimpleNamespace]:
 
 def run_patches(tree: ConfigTree | dict, phase: str = "setup") -> PatchRunner:
     runner = PatchRunner("toy", parse_selection("all", "test"))
-    runner.run(PatchContext("toy", phase, "1.0", "0", tree))
+    if isinstance(tree, ConfigTree):
+        runner.run(PatchContext("toy", phase, "1.0", "0", tree.data, config_tree=tree))
+    else:
+        runner.run(PatchContext("toy", phase, "1.0", "0", tree))
     return runner
 
 

@@ -177,6 +177,7 @@ def test_inventory_and_deep_dive_come_from_metadata() -> None:
     )
     def wrap(c: PatchContext) -> None:
         """Wrap toy.module.fn with a faster one."""
+        c.wrap("toy.module", "fn", lambda fn: fn)
 
     rows = json.loads(render(all_patches("toy"), "json"))
     assert rows == [

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from primus.backends.maxtext.maxtext_config import base_config, maxtext_argv
+from primus.backends.maxtext.config_bridge import base_config, maxtext_argv
 from primus.core.config import ParamSchema, ParamSpec
 from primus.core.config.loader import load_config_file
 from primus.core.errors import ConfigError
@@ -51,7 +51,7 @@ def test_params_become_maxtexts_command_line() -> None:
 def test_the_schema_is_maxtexts_config_model() -> None:
     from maxtext.configs.types import MaxTextConfig
 
-    from primus.backends.maxtext.maxtext_config import maxtext_schema
+    from primus.backends.maxtext.config_bridge import maxtext_schema
 
     specs = maxtext_schema().specs
     assert set(specs) == set(MaxTextConfig.model_fields)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.torchtitan.job_config import cli_args
+from primus.backends.torchtitan.config_bridge import cli_args
 from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 from primus.core.runtime.resolution import backend_for, load
 from primus.core.testing.runs import rejected

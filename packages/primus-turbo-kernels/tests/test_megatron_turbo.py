@@ -58,7 +58,9 @@ def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
         )
     log = (runs["turbo"] / "logs" / "rank-0.log").read_text()
     sites = dict(
-        line.split("[turbo] ", 1)[1].split(": ", 1) for line in log.splitlines() if "[turbo] " in line
+        line.split("[turbo] ", 1)[1].split(": ", 1)
+        for line in log.splitlines()
+        if "[turbo] " in line
     )
     # every module that imported the upstream name, not only the one defining it
     assert "megatron.core.models.backends.DotProductAttention" in sites["attention"]
@@ -85,7 +87,9 @@ def test_patches_list_shows_target_and_switch() -> None:
     ).stdout  # fmt: skip
     patches = {p["id"]: p for p in json.loads(out)}
     rope = patches["megatron.turbo_rope"]
-    assert rope["target"] == "megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb"
+    assert (
+        rope["target"] == "megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb"
+    )
     assert rope["how to enable"] == (
         "turbo.enable and turbo.rope (default true) are true; upstream <0.20,>=0.19"
     )

@@ -154,7 +154,11 @@ def turbo_language_model_loss(
 
 
 def foreach_l2_norm(
-    chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch.Tensor]], per_tensor: bool, *_: Any
+    chunk_size: int,
+    noop_flag: Any,
+    tensor_lists: list[list[torch.Tensor]],
+    per_tensor: bool,
+    *_: Any,
 ) -> tuple[torch.Tensor, None]:
     """`local_multi_tensor_l2_norm` without a host sync per tensor: one foreach norm."""
     tensors = [t for tensors in tensor_lists for t in tensors]

@@ -208,7 +208,9 @@ def load_experiment(
         is_experiment_key = keypath[0] in {k.split(".")[0] for k in EXPERIMENT_SCHEMA.specs}
         (exp.merge(layer) if is_experiment_key else cli_params.append(layer))
     level = exp.data.get("log_level")
-    if isinstance(level, str) and level.upper() in EXPERIMENT_SCHEMA.specs["log_level"].choices:
+    if isinstance(level, str) and level.upper() in (
+        EXPERIMENT_SCHEMA.specs["log_level"].choices or ()
+    ):
         exp.data["log_level"] = level.upper()
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
     modules = exp.data.get("modules")

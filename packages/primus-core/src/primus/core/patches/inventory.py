@@ -83,7 +83,7 @@ def render(patches: list[Patch], fmt: str) -> str:
     return "\n".join(lines)
 
 
-def porting_step(target: str | None, source: str) -> str:
+def porting_step(target: str | None, source: str, ctx: str = "ctx") -> str:
     """How to carry the change over, from what the handler does: replace code, or set a value."""
     if not target:
         return (
@@ -99,9 +99,9 @@ def porting_step(target: str | None, source: str) -> str:
         f"set `{target}` in your framework's args or config at the same point, as the handler "
         "does (nothing needs rebinding)"
     )
-    if "ctx.replace(" in source or "ctx.wrap(" in source:
+    if re.search(rf"\b{ctx}\.(replace|wrap)\(", source):
         return rebind[0].upper() + rebind[1:] + "."
-    if "set_param(" in source or re.search(r"get_args\(ctx\)\.\w+\s*=", source):
+    if f"{ctx}.set_param(" in source or re.search(rf"get_args\({ctx}\)\.\w+\s*=", source):
         return f"`{target}` is a value, not code: " + set_value + "."
     return f"Where `{target}` is code, {rebind}. Where it is a value, {set_value}."
 
@@ -113,7 +113,8 @@ def deep_dive(patch: Patch) -> str:
         source = textwrap.dedent(inspect.getsource(inspect.unwrap(patch.handler)))
     except (OSError, TypeError):
         source = "(source not available)"
-    rebind = porting_step(patch.target, source)
+    ctx = next(iter(inspect.signature(patch.handler).parameters), "ctx")
+    rebind = porting_step(patch.target, source, ctx)
     return f"""# {patch.id}  ({patch.backend})
 
 ## What it does

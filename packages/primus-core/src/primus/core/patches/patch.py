@@ -6,7 +6,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ class PatchContext:
 
     `params` is read-only: a patch changes a param with `set_param` and an upstream name with
     `replace` / `wrap`, so every change has the patch as its origin and is in the report.
-    Pass the module's ConfigTree as `params` (a plain dict is wrapped in one).
+    `config_tree` is the module's ConfigTree that `set_param` writes to (default: one over
+    `params`, which shares the dict).
     """
 
     backend: str
@@ -79,12 +80,11 @@ class PatchContext:
     extra: dict[str, Any] = field(default_factory=dict)
     patch_id: str | None = None  # the patch running now (set by the runner)
     effects: PatchEffects = field(default_factory=PatchEffects)
+    config_tree: InitVar[ConfigTree | None] = None
 
-    def __post_init__(self) -> None:
-        given = self.params
-        if not isinstance(given, ConfigTree):  # a plain dict is shared, not copied
-            given = ConfigTree(given if isinstance(given, dict) else dict(given))
-        self.tree = given
+    def __post_init__(self, config_tree: ConfigTree | None) -> None:
+        params = self.params if isinstance(self.params, dict) else dict(self.params)
+        self.tree = config_tree if config_tree is not None else ConfigTree(params)
         self.params = ParamsView(self.tree.data, lambda: self.patch_id)
 
     @contextmanager

@@ -146,7 +146,10 @@ class PatchRunner:
                 continue
             try:
                 reason = self.skip_reason(
-                    patch, dataclasses.replace(ctx, phase=patch.phase, params=ctx.tree)
+                    patch,
+                    dataclasses.replace(
+                        ctx, phase=patch.phase, params=ctx.tree.data, config_tree=ctx.tree
+                    ),
                 )
             except Exception as exc:
                 reason = f"condition raised {type(exc).__name__}: {exc}"

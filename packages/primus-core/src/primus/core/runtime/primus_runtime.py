@@ -79,10 +79,11 @@ class PrimusRuntime:
             "setup",
             version,
             __version__,
-            self.module.tree,
+            self.module.params,
             run_dir=self.run_dir,
             stage=self.stage,
             extra={"experiment": self.experiment, "module": self.module},
+            config_tree=self.module.tree,
         )
 
     def _phase(self, ctx: PatchContext, phase: str) -> None:

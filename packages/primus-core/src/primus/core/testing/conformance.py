@@ -81,6 +81,7 @@ class BackendConformance:
             return
         assert info.upstream_requirement, "declare the upstream in the `upstream` extra"
         req = Requirement(info.upstream_requirement)
+        assert info.upstream_version, f"the upstream {req.name} is not installed"
         assert req.specifier.contains(info.upstream_version, prereleases=True)
         detected = version if version is not None else info.upstream_version
         assert req.specifier.contains(detected, prereleases=True), detected
@@ -107,7 +108,9 @@ class BackendConformance:
 
     def test_presets_resolve_and_validate(self) -> None:
         load_patch_modules()
-        schema = self.adapter().param_schema().merged(registered_params(self.backend))
+        declared = self.adapter().param_schema()
+        assert declared is not None, "presets are validated against param_schema(): declare it"
+        schema = declared.merged(registered_params(self.backend))
         presets = [
             p
             for kind in ("modules", "models")

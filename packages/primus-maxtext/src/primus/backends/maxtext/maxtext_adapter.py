@@ -25,11 +25,11 @@ class MaxTextAdapter(BackendAdapter):
     launcher = "spawn"
 
     def param_schema(self) -> ParamSchema:
-        from primus.backends.maxtext.maxtext_config import maxtext_schema
+        from primus.backends.maxtext.config_bridge import maxtext_schema
 
         return maxtext_schema()
 
     def convert_config(self, config: ModuleConfig) -> Any:
-        from primus.backends.maxtext.maxtext_config import build_config
+        from primus.backends.maxtext.config_bridge import build_config
 
         return build_config(config, registered_params(self.framework))

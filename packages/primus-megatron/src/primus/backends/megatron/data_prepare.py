@@ -92,8 +92,9 @@ def find_eod(tokenizer: Tokenizer, directory: Path, token: str | None = None) ->
             raise ConfigError(f"--eod-token {token!r} is not in the tokenizer's vocabulary")
         return Eod(token_id, token, "--eod-token")
     eos = _configured_eos(directory)
-    if eos is not None and tokenizer.token_to_id(eos) is not None:
-        return Eod(tokenizer.token_to_id(eos), eos, "eos_token in tokenizer_config.json")
+    eos_id = None if eos is None else tokenizer.token_to_id(eos)
+    if eos is not None and eos_id is not None:
+        return Eod(eos_id, eos, "eos_token in tokenizer_config.json")
     for candidate in EOD_CANDIDATES:
         token_id = tokenizer.token_to_id(candidate)
         if token_id is not None:
@@ -146,11 +147,11 @@ def _batches(docs: Iterator[tuple[str | None, int]]) -> Iterator[tuple[list[str]
         yield texts, size
 
 
-def _import_builder() -> tuple[type, type]:
+def _import_builder() -> tuple[Any, Any]:
     import logging
     import warnings
 
-    from primus.backends.megatron.arguments import silence_import_notices
+    from primus.backends.megatron.config_bridge import silence_import_notices
 
     silence_import_notices()
     warnings.filterwarnings("ignore", category=SyntaxWarning)  # megatron-core's, at compile time

@@ -30,7 +30,7 @@ class MegatronAdapter(BackendAdapter):
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util
 
-        from primus.backends.megatron.arguments import silence_import_notices
+        from primus.backends.megatron.config_bridge import silence_import_notices
 
         silence_import_notices()
         get_torchrun_env().export()  # Megatron reads RANK & co.; env:// needs MASTER_ADDR/PORT
@@ -46,12 +46,12 @@ class MegatronAdapter(BackendAdapter):
             log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")
 
     def param_schema(self) -> ParamSchema:
-        from primus.backends.megatron.arguments import megatron_schema
+        from primus.backends.megatron.config_bridge import megatron_schema
 
         return megatron_schema().merged(PRIMUS_KEYS)
 
     def convert_config(self, config: ModuleConfig) -> argparse.Namespace:
-        from primus.backends.megatron.arguments import build_megatron_args, megatron_actions
+        from primus.backends.megatron.config_bridge import build_megatron_args, megatron_actions
 
         actions = megatron_actions()
         return build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})

@@ -164,9 +164,10 @@ def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
 
 
 def loss_func(
-    loss_mask: torch.Tensor, output_tensor: torch.Tensor
+    loss_mask: torch.Tensor | None, output_tensor: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Sum of masked token losses, the token count, and both for logging (`lm loss`)."""
+    assert loss_mask is not None, "the loss runs on the last pipeline stage, which has the mask"
     losses = output_tensor.view(-1).float()
     loss_mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * loss_mask)

@@ -13,10 +13,11 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from primus.backends.torchtitan.job_config import LOCAL_FORMATS
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.hf_datasets import DatasetConfig
+
+LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
 
 
 class MockTokenizer(BaseTokenizer):
@@ -51,7 +52,10 @@ class SyntheticTokens(IterableDataset):
         positions = torch.arange(self.seq_len)
         while True:
             start = torch.randint(
-                0, self.vocab_size, (1,), generator=torch.Generator().manual_seed(self.seed + self.sample)
+                0,
+                self.vocab_size,
+                (1,),
+                generator=torch.Generator().manual_seed(self.seed + self.sample),
             )
             tokens = (start + torch.arange(self.seq_len + 1)) % self.vocab_size
             self.sample += 1

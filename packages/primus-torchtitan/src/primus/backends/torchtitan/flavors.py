@@ -17,7 +17,9 @@ from typing import Any
 from primus.core.config import ModuleConfig, ParamSpec
 
 MODEL_KEYS = {
-    "model.family": ParamSpec(str, "TorchTitan model family: llama3 or qwen3", choices=("llama3", "qwen3")),
+    "model.family": ParamSpec(
+        str, "TorchTitan model family: llama3 or qwen3", choices=("llama3", "qwen3")
+    ),
     "model.dim": ParamSpec(int, "hidden size"),
     "model.n_layers": ParamSpec(int, "transformer layers"),
     "model.n_heads": ParamSpec(int, "attention heads"),
@@ -32,7 +34,9 @@ MODEL_KEYS = {
     "model.max_seq_len": ParamSpec(int, "RoPE table length"),
     "model.tie_embeddings": ParamSpec(bool, "share the embedding and output weights"),
     "model.attn_backend": ParamSpec(
-        str, "TorchTitan attention: flex, flex_flash or varlen", choices=("flex", "flex_flash", "varlen")
+        str,
+        "TorchTitan attention: flex, flex_flash or varlen",
+        choices=("flex", "flex_flash", "varlen"),
     ),
     "model.float8": ParamSpec(bool, "float8 linears (torchao), TorchTitan's Float8LinearConverter"),
 }

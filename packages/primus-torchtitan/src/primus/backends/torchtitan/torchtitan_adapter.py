@@ -27,8 +27,8 @@ PRIMUS_KEYS = ParamSchema(
 
 def owned_keys() -> ParamSchema:
     """Keys Primus consumes itself; every other param becomes a TorchTitan CLI flag."""
+    from primus.backends.torchtitan.config_bridge import AC_MODE, OPTIMIZER_KEYS
     from primus.backends.torchtitan.flavors import MODEL_KEYS
-    from primus.backends.torchtitan.job_config import AC_MODE, OPTIMIZER_KEYS
 
     return PRIMUS_KEYS.merged(
         ParamSchema({**MODEL_KEYS, **OPTIMIZER_KEYS, AC_MODE: ParamSpec(str)}),
@@ -49,12 +49,12 @@ class TorchTitanAdapter(BackendAdapter):
             log_rank_0(f"[torchtitan] model: {model}")
 
     def param_schema(self) -> ParamSchema:
+        from primus.backends.torchtitan.config_bridge import torchtitan_schema
         from primus.backends.torchtitan.flavors import MODEL_KEYS
-        from primus.backends.torchtitan.job_config import torchtitan_schema
 
         return torchtitan_schema().merged(PRIMUS_KEYS, ParamSchema(MODEL_KEYS))
 
     def convert_config(self, config: ModuleConfig) -> Any:
-        from primus.backends.torchtitan.job_config import build_trainer_config
+        from primus.backends.torchtitan.config_bridge import build_trainer_config
 
         return build_trainer_config(config, owned_keys(), bool(config.params.get("mock_data")))

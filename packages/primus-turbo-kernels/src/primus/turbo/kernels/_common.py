@@ -62,7 +62,7 @@ def differentiable(
         setup_context(ctx, args, output)
         return output
 
-    eager = type(
+    eager: type[torch.autograd.Function] = type(
         f"{impl.__name__}_function",
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(backward)},

@@ -15,6 +15,8 @@ loss by the token count, Megatron masks per-token losses), or synchronise to fin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -254,7 +256,7 @@ def _(
     return None
 
 
-def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     logits, labels, ignore_index, label_smoothing, inplace_grad = inputs
     _, lse = output
     ctx.mark_non_differentiable(lse)
@@ -267,7 +269,7 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
 
 
 def _backward(
-    ctx: torch.autograd.function.FunctionCtx, grad_loss: Tensor, _grad_lse: Tensor
+    ctx: Any, grad_loss: Tensor, _grad_lse: Tensor
 ) -> tuple[Tensor, None, None, None, None]:
     logits, labels, lse = ctx.saved_tensors
     args = (labels, lse, grad_loss, ctx.ignore_index, ctx.label_smoothing)

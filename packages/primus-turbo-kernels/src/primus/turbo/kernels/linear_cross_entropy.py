@@ -87,9 +87,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             torch.ops.primus_turbo.cross_entropy_bwd_(
                 logits, y_c, lse, ones[: end - start], ignore_index, label_smoothing
             )
-            if need_h:
+            if grad_h is not None:
                 torch.mm(logits, weight, out=grad_h[start:end])
-            if need_w:
+            if grad_w is not None:
                 _accumulate_fp32(grad_w, logits.t(), h_c)
         if reduction == "mean":
             count = (y != ignore_index).sum()

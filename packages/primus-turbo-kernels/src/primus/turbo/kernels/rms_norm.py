@@ -9,6 +9,7 @@ partial weight-grad sums, and the partials are summed afterwards.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +176,7 @@ def add_rms_norm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h, rstd) with h = x + residual, all [rows, H] but rstd [rows] fp32."""
     y, h, rstd = _forward(x, residual, weight, eps)
+    assert h is not None  # given a residual, _forward returns x + residual
     return y, h, rstd
 
 
@@ -246,7 +248,7 @@ def _save_norm(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: 
 
 
 def _norm_backward(
-    ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor, _drstd: torch.Tensor
+    ctx: Any, dy: torch.Tensor, _drstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, None]:
     x, weight, rstd = ctx.saved_tensors
     dx, dw = rms_norm_bwd(dy, x, weight, rstd, None)
@@ -258,7 +260,7 @@ def _save_add_norm(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
 
 
 def _add_norm_backward(
-    ctx: torch.autograd.function.FunctionCtx,
+    ctx: Any,
     dy: torch.Tensor,
     dh: torch.Tensor | None,
     _drstd: torch.Tensor,

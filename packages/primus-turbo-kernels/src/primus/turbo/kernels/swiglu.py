@@ -5,6 +5,8 @@ row strides, without splitting or concatenating the halves.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -150,13 +152,11 @@ def _save_inputs(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output
     ctx.save_for_backward(*inputs)
 
 
-def _swiglu_backward(
-    ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _swiglu_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return swiglu_bwd(dy, *ctx.saved_tensors)
 
 
-def _packed_backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> torch.Tensor:
+def _packed_backward(ctx: Any, dy: torch.Tensor) -> torch.Tensor:
     return swiglu_packed_bwd(dy, *ctx.saved_tensors)
 
 

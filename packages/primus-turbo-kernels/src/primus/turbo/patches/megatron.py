@@ -105,6 +105,7 @@ def turbo_cross_entropy(ctx: PatchContext) -> str | None:
         LanguageModule, "compute_language_model_loss", layers.turbo_language_model_loss
     )
     _installed("cross_entropy", sites)
+    return None
 
 
 @_turbo("optimizer", "megatron.core.optimizer.Adam, megatron.core.utils.local_multi_tensor_*")
@@ -129,6 +130,7 @@ def turbo_optimizer(ctx: PatchContext) -> str | None:
         sites += ctx.replace(optimizer, "Adam", layers.fused_adam)
         sites += ctx.replace(optimizer, "USING_PYTORCH_OPTIMIZER", False)
     _installed("optimizer", sites)
+    return None
 
 
 @_turbo("grad_accum_fusion", "megatron.core.tensor_parallel.layers.fused_weight_gradient_mlp_cuda")
@@ -145,3 +147,4 @@ def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     sites += ctx.replace(tp_layers, "_grad_accum_fusion_available", True)
     args.gradient_accumulation_fusion = True
     _installed("grad_accum_fusion", sites)
+    return None

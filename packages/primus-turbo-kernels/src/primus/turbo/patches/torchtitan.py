@@ -28,7 +28,7 @@ register_switches("torchtitan", FEATURES)
 _turbo = partial(turbo_patch, "torchtitan", backend_versions=TESTED)
 
 
-def _replacements() -> dict[str, tuple[type, type]]:
+def _replacements() -> dict[str, tuple[Any, Any]]:  # upstream classes: untyped
     from primus.turbo.torchtitan_modules import REPLACEMENTS
 
     return REPLACEMENTS

@@ -41,10 +41,10 @@ class StepMeter:
         total_loss_dict: Any,
         lr: Any,
         iteration: int,
-        *args: Any,
+        *rest: Any,
         **kwargs: Any,
     ) -> Any:
-        result = self.original(loss_dict, total_loss_dict, lr, iteration, *args, **kwargs)
+        result = self.original(loss_dict, total_loss_dict, lr, iteration, *rest, **kwargs)
         args = self.megatron_args()
         now = time.perf_counter()
         if self.last is None or iteration % args.log_interval:

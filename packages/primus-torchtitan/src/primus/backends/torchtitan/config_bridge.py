@@ -22,7 +22,6 @@ from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.errors import ConfigError
 
 AC_MODE = "activation_checkpoint.mode"
-LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
 OPTIMIZER_KEYS = {
     "optimizer.name": ParamSpec(str, "optimizer of the catch-all param group (AdamW, Adam, ...)"),
     "optimizer.lr": ParamSpec(float, "learning rate"),
@@ -120,7 +119,6 @@ def torchtitan_schema() -> ParamSchema:
     return ParamSchema(specs, hints)
 
 
-
 def _leaves(params: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in params.items():
         if isinstance(value, dict):
@@ -152,7 +150,8 @@ def _comma_lists() -> frozenset[str]:
 
 def cli_args(params: dict[str, Any], owned: ParamSchema) -> list[str]:
     """TorchTitan CLI flags for every param that is TorchTitan's (not in `owned`)."""
-    args, ac_args = [], []
+    args: list[str] = []
+    ac_args: list[str] = []
     mode = (params.get("activation_checkpoint") or {}).get("mode")
     for key, value in _leaves(params):
         if key in owned or key == AC_MODE:

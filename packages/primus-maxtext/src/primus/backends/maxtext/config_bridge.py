@@ -53,13 +53,13 @@ def _kind(annotation: Any) -> tuple[type | tuple[type, ...] | None, tuple[Any, .
         return type(values[0]), values
     if origin in (typing.Union, types.UnionType):
         kinds = [_kind(a) for a in typing.get_args(annotation) if a is not type(None)]
-        if any(kind is None for kind, _ in kinds):
-            return None, None
         flat: list[type] = []
         for kind, _ in kinds:
+            if kind is None:
+                return None, None
             flat += [t for t in (kind if isinstance(kind, tuple) else (kind,)) if t not in flat]
         choices = [c for _, c in kinds]
-        merged = None if None in choices else tuple(v for c in choices for v in c)
+        merged = None if None in choices else tuple(v for c in choices for v in c or ())
         return (flat[0] if len(flat) == 1 else tuple(flat)), merged
     if origin in (list, tuple) or annotation in (list, tuple):
         return list, None

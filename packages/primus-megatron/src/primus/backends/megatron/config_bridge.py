@@ -91,7 +91,7 @@ def megatron_schema() -> ParamSchema:
 
 
 def _coerce_one(action: argparse.Action, value: Any) -> Any:
-    convert = action.type or str  # argparse hands untyped options their text
+    convert = action.type if callable(action.type) else str  # untyped options get their text
     if isinstance(value, enum.Enum):
         return value
     if convert in (int, float) and isinstance(value, int | float) and not isinstance(value, bool):
@@ -117,7 +117,7 @@ def coerce(action: argparse.Action, value: Any) -> Any:
     if action.choices is not None:
         for item in result if isinstance(result, list) else [result]:
             if item not in action.choices:
-                raise ValueError(f"must be one of {', '.join(map(str, _choices(action)))}")
+                raise ValueError(f"must be one of {', '.join(map(str, _choices(action) or ()))}")
     return result
 
 
