@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # plugin commands, as real subprocesses
+
 HELLO = """
     import typer
 

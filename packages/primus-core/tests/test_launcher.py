@@ -45,6 +45,7 @@ def dump_env(folder: Path) -> list[str]:
     )
 
 
+@pytest.mark.slow
 def test_each_worker_gets_its_rank_and_a_shared_free_port(tmp_path: Path) -> None:
     assert spawn(dump_env(tmp_path), Launch(3, nnodes=2, node_rank=1, master_addr="h0")) == 0
     seen = [json.loads((tmp_path / str(rank)).read_text()) for rank in (3, 4, 5)]
@@ -60,6 +61,7 @@ def test_each_worker_gets_its_rank_and_a_shared_free_port(tmp_path: Path) -> Non
     assert len(ports) == 1 and ports != {"29500"}  # one node: one free port for all
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("worker_code", "launch_code"), [(3, 1), (2, 2)])
 def test_one_failing_worker_stops_the_others(
     capfd: pytest.CaptureFixture[str], worker_code: int, launch_code: int
@@ -75,6 +77,7 @@ def test_one_failing_worker_stops_the_others(
     )
 
 
+@pytest.mark.slow
 def test_signals_while_stopping_leave_no_worker_behind(tmp_path: Path) -> None:
     """Workers that ignore SIGTERM (as JAX's do) are killed even when the launcher is
     signalled again while it waits for them."""

@@ -135,6 +135,7 @@ def validate(tmp_path: Path, *lines: str, train: bool = False) -> str:
     return rejected(RECIPE, tmp_path, *lines, train=train)
 
 
+@pytest.mark.slow
 def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path: Path) -> None:
     err = validate(tmp_path, "base_emb_dimm: 64", "steps: twenty", "hardware: cpuu")
     assert "exp.yaml:5: unknown parameter 'base_emb_dimm' (did you mean: base_emb_dim" in err
@@ -142,6 +143,7 @@ def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path:
     assert "exp.yaml:7: hardware: must be one of 'tpu', 'gpu', 'gpu_multiprocess', 'cpu'" in err
 
 
+@pytest.mark.slow
 def test_maxtexts_own_rejections_are_config_errors_at_the_key(tmp_path: Path) -> None:
     err = validate(tmp_path, "rope_interleave: false", "rope_pairwise: true", train=True)
     assert "exp.yaml:6: MaxText rejected the config:" in err

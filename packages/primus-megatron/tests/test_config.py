@@ -80,6 +80,7 @@ def test_flag_spellings_get_a_hint_naming_the_key() -> None:
     )
 
 
+@pytest.mark.slow
 def test_config_errors_name_file_line_and_megatron_names(tmp_path: Path) -> None:
     exp = tmp_path / "exp.yaml"
     exp.write_text(
@@ -103,6 +104,7 @@ def test_config_errors_name_file_line_and_megatron_names(tmp_path: Path) -> None
     assert "exp.yaml:7: normalization: must be one of 'LayerNorm', 'RMSNorm'" in result.stderr
 
 
+@pytest.mark.slow
 def test_validate_args_failures_are_config_errors_at_the_key(tmp_path: Path) -> None:
     exp = tmp_path / "exp.yaml"
     exp.write_text(

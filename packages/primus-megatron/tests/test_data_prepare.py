@@ -97,6 +97,7 @@ ROUND_TRIP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_prepare_writes_what_megatron_reads(tmp_path: Path, tokenizer_dir: Path) -> None:
     texts = corpus_texts(2100)  # three batches
     corpus = write_corpus(tmp_path / "corpus.jsonl", texts)
@@ -140,6 +141,7 @@ def test_prepare_writes_what_megatron_reads(tmp_path: Path, tokenizer_dir: Path)
     assert sorted(p.name for p in prefix.parent.iterdir()) == ["corpus.bin", "corpus.idx"]
 
 
+@pytest.mark.slow
 def test_a_bad_line_fails_fast_with_its_number(tmp_path: Path, tokenizer_dir: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl", corpus_texts(100), bad_line=3)
     command = ["data", "prepare", "-i", str(corpus), "-t", str(tokenizer_dir)]

@@ -86,6 +86,7 @@ def validate(tmp_path: Path, *lines: str, train: bool = False) -> str:
     return rejected(RECIPE, tmp_path, *lines, train=train)
 
 
+@pytest.mark.slow
 def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path: Path) -> None:
     err = validate(
         tmp_path,
@@ -100,6 +101,7 @@ def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path:
     assert "exp.yaml:9: model.family: must be one of 'llama3', 'qwen3'" in err
 
 
+@pytest.mark.slow
 def test_torchtitans_own_rejections_are_config_errors_at_the_key(tmp_path: Path) -> None:
     err = validate(tmp_path, "training:", "  dtype: float33", train=True)
     assert "exp.yaml:6: TorchTitan rejected the config: invalid choice 'float33'" in err
@@ -112,6 +114,7 @@ def test_torchtitans_own_rejections_are_config_errors_at_the_key(tmp_path: Path)
     assert "TorchTitan rejected the config" in err and "evenly divisible" in err
 
 
+@pytest.mark.slow
 def test_a_model_section_without_dimensions_says_what_is_missing(tmp_path: Path) -> None:
     err = validate(tmp_path, "model: {dim: null, n_layers: null}", train=True)
     assert "missing model.dim, model.n_layers" in err and "model preset" in err

@@ -88,6 +88,7 @@ class BackendConformance:
         if type(self.adapter()).detect_backend_version is BackendAdapter.detect_backend_version:
             assert version == info.upstream_version
 
+    @pytest.mark.slow
     def test_adapter_and_patches_import_without_upstream(self) -> None:
         assert self.upstream_modules or not self.has_upstream, "name the upstream's modules"
         out = subprocess.run(
