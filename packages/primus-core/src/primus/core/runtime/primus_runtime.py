@@ -144,10 +144,16 @@ class PrimusRuntime:
         ctx.backend_args = self.adapter.convert_config(self.module)
         self._phase(ctx, "build_args")
 
+    def backend_args(self) -> Any:
+        """The backend args after the setup and build_args patches, as a dry run builds them."""
+        ctx = self._context(resolution.backend_version(self.adapter))
+        self.build_args(ctx)
+        return ctx.backend_args
+
     def patched_config(self) -> ConfigTree:
         """The resolved experiment after the setup and build_args patches (as a dry run
         applies them): `primus config show --after-patches`."""
-        self.build_args(self._context(resolution.backend_version(self.adapter)))
+        self.backend_args()
         return resolved_tree(self.experiment)
 
     def _write_resolved_config(self) -> None:

@@ -1,4 +1,5 @@
-"""Helpers for backend tests that train for real: a `primus train` subprocess and its metrics."""
+"""Helpers for backend tests: a `primus train` subprocess and its metrics, or the backend args
+a run would build, in this process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 
 def primus(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -23,6 +27,35 @@ def primus(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Comple
         text=True,
         timeout=600,
     )
+
+
+def preset_args(
+    workspace: Path,
+    framework: str,
+    module: str,
+    model: str,
+    patches: str = "none",
+    **overrides: Any,
+) -> Any:
+    """The backend args that `primus train` builds for module preset `module` with model preset
+    `model` (and `overrides`), through the setup and build_args patches that `patches` selects
+    (PRIMUS_PATCHES syntax), in this process: no trainer. The test restores what they replaced."""
+    from primus.core.runtime.primus_runtime import PrimusRuntime
+
+    exp = workspace / "exp.yaml"
+    pre_trainer = {"framework": framework, "config": module, "model": model, "overrides": overrides}
+    exp.write_text(
+        yaml.safe_dump({"workspace": str(workspace), "modules": {"pre_trainer": pre_trainer}})
+    )
+    saved = os.environ.get("PRIMUS_PATCHES")
+    os.environ["PRIMUS_PATCHES"] = patches
+    try:
+        return PrimusRuntime(exp).backend_args()
+    finally:
+        if saved is None:
+            del os.environ["PRIMUS_PATCHES"]
+        else:
+            os.environ["PRIMUS_PATCHES"] = saved
 
 
 def train_run(config: Path, workspace: Path, *overrides: str, nproc: int = 1) -> Path:
