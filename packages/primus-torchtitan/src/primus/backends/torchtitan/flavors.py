@@ -29,7 +29,10 @@ MODEL_KEYS = {
     "model.vocab_size": ParamSpec(int, "vocabulary size"),
     "model.rope_theta": ParamSpec(float, "RoPE base"),
     "model.rope_scaling": ParamSpec(
-        str, "llama3: Llama-3.1 frequency scaling ('llama') or none", choices=("llama", "none")
+        str, "llama3: Llama-3 frequency scaling ('llama') or none", choices=("llama", "none")
+    ),
+    "model.rope_scaling_factor": ParamSpec(
+        float, "Llama-3 scaling factor (rope_scaling.factor in HF config.json; TorchTitan: 8)"
     ),
     "model.max_seq_len": ParamSpec(int, "RoPE table length"),
     "model.tie_embeddings": ParamSpec(bool, "share the embedding and output weights"),
@@ -76,6 +79,7 @@ def _llama3(m: dict[str, Any]) -> Callable[..., Any]:
                     max_seq_len=m.get("max_seq_len", 131072),
                     theta=m.get("rope_theta", 500000.0),
                     scaling=m.get("rope_scaling", "llama"),
+                    scaling_factor=float(m.get("rope_scaling_factor", 8.0)),
                 ),
                 attn_backend=attn_backend,
                 tp_gemm_backend=tp_gemm_backend,
