@@ -1,6 +1,13 @@
 """The maxtext backend's patches. Importing this package registers them (entry point
 `primus.patches`); maxtext and JAX are imported only inside the handlers."""
 
-from primus.backends.maxtext.patches import config_errors, devices, log_routing, run_dir, throughput
+from primus.backends.maxtext.patches import (
+    config_errors,
+    devices,
+    log_routing,
+    rope,
+    run_dir,
+    throughput,
+)
 
-__all__ = ["config_errors", "devices", "log_routing", "run_dir", "throughput"]
+__all__ = ["config_errors", "devices", "log_routing", "rope", "run_dir", "throughput"]
