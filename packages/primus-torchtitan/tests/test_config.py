@@ -60,21 +60,28 @@ def test_the_recipe_builds_torchtitans_config() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "family", "flavor"),
+    ("preset", "family", "flavor", "rope"),
     [
-        ("llama3_debug", "llama3", "debugmodel"),
-        ("llama3.2_1B", "llama3", "1B"),
-        ("llama3.1_8B", "llama3", "8B"),
-        ("qwen3_0.6B", "qwen3", "0.6B"),
-        ("qwen3_8B", "qwen3", "8B"),
+        ("llama3_debug", "llama3", "debugmodel", {}),
+        ("llama3.2_1B", "llama3", "1B", {"scaling_factor": 32.0}),  # HF's; TorchTitan keeps 8
+        ("llama3.1_8B", "llama3", "8B", {}),
+        ("qwen3_0.6B", "qwen3", "0.6B", {}),
+        ("qwen3_8B", "qwen3", "8B", {}),
     ],
 )
-def test_presets_equal_torchtitans_own_flavors(preset: str, family: str, flavor: str) -> None:
+def test_presets_equal_torchtitans_own_flavors(
+    preset: str, family: str, flavor: str, rope: dict
+) -> None:
     import importlib
+
+    from torchtitan.models.common.rope import RoPE
 
     config = trainer_config(f"modules.pre_trainer.model={preset}")
     upstream = importlib.import_module(f"torchtitan.models.{family}").model_registry(flavor)
     assert config.model_spec.flavor == preset
+    for _, rope_config, *_ in upstream.traverse(RoPE.Config, recurse=True):
+        for key, value in rope.items():
+            setattr(rope_config, key, value)
 
     def shape(model: object) -> str:  # the whole config tree; init closures by name
         return re.sub(r" at 0x[0-9a-f]+", "", repr(model.to_dict()))  # type: ignore[attr-defined]
