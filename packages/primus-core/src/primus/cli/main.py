@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from primus.cli import backends_cmd, config_cmd, patches_cmd, train
+from primus.cli import backends_cmd, checkpoint_cmd, config_cmd, patches_cmd, train
 from primus.cli.common import DEBUG
 from primus.cli.plugins import COMMANDS_GROUP, PrimusGroup
 
@@ -28,6 +28,7 @@ app.add_typer(train.app, name="train")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(backends_cmd.app, name="backends")
 app.add_typer(patches_cmd.app, name="patches")
+app.add_typer(checkpoint_cmd.app, name="checkpoint")
 
 
 def _print_versions(value: bool) -> None:

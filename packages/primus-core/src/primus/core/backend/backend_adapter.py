@@ -101,6 +101,21 @@ class BackendAdapter(ABC):
         """The keys the backend accepts (upstream's own plus Primus's). None: not checked."""
         return None
 
+    def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        """This backend's model preset (its own keys) for an HF config.json's dict.
+
+        Raise a ConfigError naming the field for an architecture the backend cannot express.
+        `primus.core.checkpoint.hf.HFArchitecture` parses and checks the common fields.
+        """
+        raise ConfigError(
+            f"the {self.framework} backend cannot derive model presets from HF configs"
+        )
+
+    def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """What the native checkpoint at `path` is (format, iteration, model, parallel, size),
+        or None when `path` is not one of this backend's checkpoints. Cheap when it is not."""
+        return None
+
     @classmethod
     def preset_dirs(cls) -> list[Path]:
         """Folders holding `modules/*.yaml` and `models/*.yaml` presets shipped with the backend.

@@ -9,7 +9,7 @@ from typing import Any
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.launcher import LAUNCHERS
 
-# How the runtime calls each hook: the positional arguments it passes (self aside).
+# How the runtime (and `primus checkpoint`) calls each hook: the positional arguments it passes (self aside).
 HOOK_ARGS = {
     "__init__": ("framework",),
     "setup_backend_path": (),
@@ -18,6 +18,8 @@ HOOK_ARGS = {
     "load_trainer_class": ("stage",),
     "detect_backend_version": (),
     "param_schema": (),
+    "model_preset_from_hf": ("hf_config",),
+    "inspect_checkpoint": ("path",),
 }
 
 

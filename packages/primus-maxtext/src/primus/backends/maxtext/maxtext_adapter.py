@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
@@ -33,3 +34,13 @@ class MaxTextAdapter(BackendAdapter):
         from primus.backends.maxtext.config_bridge import build_config
 
         return build_config(config, registered_params(self.framework))
+
+    def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from primus.backends.maxtext.checkpoints import preset_from_hf
+
+        return preset_from_hf(hf_config)
+
+    def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        from primus.backends.maxtext.checkpoints import inspect_checkpoint
+
+        return inspect_checkpoint(path)

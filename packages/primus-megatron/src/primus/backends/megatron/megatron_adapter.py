@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
@@ -55,3 +57,13 @@ class MegatronAdapter(BackendAdapter):
 
         actions = megatron_actions()
         return build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
+
+    def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from primus.backends.megatron.checkpoints import preset_from_hf
+
+        return preset_from_hf(hf_config)
+
+    def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        from primus.backends.megatron.checkpoints import inspect_checkpoint
+
+        return inspect_checkpoint(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
@@ -58,3 +59,13 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.config_bridge import build_trainer_config
 
         return build_trainer_config(config, owned_keys(), bool(config.params.get("mock_data")))
+
+    def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        from primus.backends.torchtitan.checkpoints import preset_from_hf
+
+        return preset_from_hf(hf_config)
+
+    def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        from primus.backends.torchtitan.checkpoints import inspect_checkpoint
+
+        return inspect_checkpoint(path)

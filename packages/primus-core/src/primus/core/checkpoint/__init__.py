@@ -1,0 +1,1 @@
+"""Checkpoints: Hugging Face directories read as plain files, and what backends recognise."""

@@ -1,0 +1,58 @@
+"""`primus checkpoint inspect`: what a checkpoint is. Core reads HF directories itself and asks
+every ready backend's `inspect_checkpoint` hook about anything else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from primus.core.checkpoint.hf import inspect_hf_directory, is_hf_directory
+from primus.core.errors import ConfigError
+
+RUN_CONFIG = "config.resolved.yaml"  # what every Primus run writes into its run directory
+
+
+def inspect_checkpoint(path: Path) -> dict[str, Any]:
+    """The description of the checkpoint at `path`; ConfigError if nothing recognises it."""
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.backend.discovery import READY
+
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    found: dict[str, Any] | None
+    if is_hf_directory(path):
+        found = inspect_hf_directory(path)
+    else:
+        ready = sorted(n for n, i in BackendRegistry.backends().items() if i.status == READY)
+        native = (BackendRegistry.get_adapter(n).inspect_checkpoint(path) for n in ready)
+        found = next((r for r in native if r is not None), None)
+        if found is None:
+            raise ConfigError(
+                f"{path}: not a checkpoint Primus recognises",
+                hint="looked for a Hugging Face directory (config.json + *.safetensors) and the "
+                f"native checkpoints of the ready backends ({', '.join(ready) or 'none'})",
+            )
+    return {"path": str(path), **found, "provenance": provenance(path)}
+
+
+def provenance(path: Path) -> dict[str, str] | None:
+    """The Primus run that wrote `path`: its run directory and resolved experiment, if `path`
+    lies in one (up to three folders up)."""
+    for folder in [path.resolve(), *path.resolve().parents][:4]:
+        if (folder / RUN_CONFIG).is_file():
+            return {"run_dir": str(folder), "experiment": str(folder / RUN_CONFIG)}
+    return None
+
+
+def render(info: dict[str, Any], indent: int = 0) -> list[str]:
+    """`info` as indented `key: value` lines (nested dicts indented, empty values left out)."""
+    lines = []
+    for key, value in info.items():
+        if value is None or value == {}:
+            continue
+        if isinstance(value, dict):
+            lines += [f"{'  ' * indent}{key}:", *render(value, indent + 1)]
+        else:
+            shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+            lines.append(f"{'  ' * indent}{key}: {shown}")
+    return lines

@@ -1,0 +1,43 @@
+"""`primus checkpoint preset`: a backend's model preset derived from an HF config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from primus.core.checkpoint.hf import read_config
+from primus.core.errors import ConfigError
+
+
+def pick_framework(framework: str | None) -> str:
+    """`framework`, or the only ready backend when none is named."""
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.backend.discovery import READY
+
+    if framework:
+        return framework
+    ready = sorted(n for n, i in BackendRegistry.backends().items() if i.status == READY)
+    if len(ready) != 1:
+        raise ConfigError(
+            "name the backend with --framework",
+            hint=f"ready backends: {', '.join(ready) or 'none'}",
+        )
+    return ready[0]
+
+
+def derive_preset(hf_dir: Path, framework: str) -> str:
+    """The YAML text of `framework`'s model preset for the HF model in `hf_dir`."""
+    from primus.core.backend.backend_registry import BackendRegistry
+
+    config = read_config(hf_dir)
+    preset = BackendRegistry.get_adapter(framework).model_preset_from_hf(config)
+    source = config.get("_name_or_path") or str(hf_dir.resolve())
+    header = (
+        f"# {framework} model preset derived from the Hugging Face config.json of {source}\n"
+        f"# (primus checkpoint preset; model_type {config.get('model_type')}, "
+        f"architectures {', '.join(config.get('architectures') or []) or '-'}).\n"
+        "# Use it as a module's `model:` (a path relative to the experiment, or a name found in\n"
+        f"# PRIMUS_CONFIG_PATH/models/{framework}/).\n"
+    )
+    return header + yaml.safe_dump(preset, sort_keys=False)

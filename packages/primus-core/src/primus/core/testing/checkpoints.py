@@ -1,0 +1,46 @@
+"""Helpers for backend tests of `primus checkpoint`: presets derived from HF configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from primus.core.testing.runs import primus
+
+
+def resolved_model(framework: str, module: str, model: str, folder: Path) -> dict[str, Any]:
+    """The resolved params of a one-module experiment using preset `model` (a name or a path
+    relative to `folder`), after `primus config validate` accepted it."""
+    exp = folder / f"exp-{Path(model).stem}.yaml"
+    exp.write_text(
+        f"modules:\n  pre_trainer:\n    framework: {framework}\n    config: {module}\n"
+        f"    model: {model}\n"
+    )
+    for args in (
+        ("config", "validate", str(exp)),
+        ("config", "show", str(exp), "--format", "json"),
+    ):
+        result = primus(*args, cwd=folder)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return json.loads(result.stdout)["modules"]["pre_trainer"]["overrides"]
+
+
+def derived_preset(framework: str, hf_config: dict[str, Any], folder: Path) -> Path:
+    """`primus checkpoint preset` for an HF directory holding `hf_config`; the written file."""
+    hf_dir = folder / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps(hf_config))
+    out = folder / "derived.yaml"
+    result = primus("checkpoint", "preset", "--hf", str(hf_dir), "--framework", framework,
+                    "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert out.read_text().startswith(f"# {framework} model preset derived from the Hugging Face")
+    return out
+
+
+def inspect_json(path: Path) -> dict[str, Any]:
+    """`primus checkpoint inspect PATH --json`, parsed."""
+    result = primus("checkpoint", "inspect", str(path), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)

@@ -1,0 +1,127 @@
+"""Megatron checkpoints: model presets from HF configs, and what a distributed checkpoint
+(`iter_NNNNNNN` folders beside `latest_checkpointed_iteration.txt`) holds."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+from primus.core.checkpoint.dcp import dcp_summary, numbered
+from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
+from primus.core.errors import ConfigError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """Megatron arguments (dest names) for the architecture of an HF config.json."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    arch = HFArchitecture.from_config(hf_config)
+    fixed = inspect.signature(RotaryEmbedding._apply_scaling).parameters  # factor is an arg
+    check_fixed_scaling(
+        arch,
+        {k: float(fixed[k].default) for k in ("low_freq_factor", "high_freq_factor",
+                                              "original_max_position_embeddings")},
+        "megatron",
+    )  # fmt: skip
+    preset: dict[str, Any] = {
+        "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "ffn_hidden_size": arch.ffn_hidden_size,
+        "num_attention_heads": arch.num_heads,
+        "group_query_attention": arch.num_kv_heads != arch.num_heads,
+        "num_query_groups": arch.num_kv_heads,
+        "kv_channels": arch.head_dim,
+        "seq_length": min(4096, arch.max_position_embeddings),
+        "max_position_embeddings": arch.max_position_embeddings,
+        "vocab_size": arch.vocab_size,
+        # pad no further than the HF vocabulary already is, so the shapes stay HF's
+        "make_vocab_size_divisible_by": math.gcd(arch.vocab_size, 128),
+        "position_embedding_type": "rope",
+        "rotary_base": _integer_theta(arch.rope_theta),
+        "use_rope_scaling": arch.rope_scaling is not None,
+        **({"rope_scaling_factor": arch.rope_scaling["factor"]} if arch.rope_scaling else {}),
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": arch.norm_eps,
+        "swiglu": True,
+        "add_bias_linear": False,
+        "add_qkv_bias": arch.qkv_bias,
+        "qk_layernorm": arch.qk_norm,
+        "untie_embeddings_and_output_weights": not arch.tie_embeddings,
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+    }
+    if arch.num_experts:
+        preset |= {
+            "num_experts": arch.num_experts,
+            "moe_router_topk": arch.experts_per_token,
+            "moe_ffn_hidden_size": arch.ffn_hidden_size,
+            "moe_router_load_balancing_type": "aux_loss",
+            "moe_aux_loss_coeff": arch.router_aux_loss_coef,
+        }
+    return preset
+
+
+def _integer_theta(theta: float) -> int:
+    if theta != int(theta):
+        raise ConfigError(f"config.json: 'rope_theta: {theta}' must be an integer for megatron")
+    return int(theta)
+
+
+def _iteration_folder(path: Path) -> tuple[Path, int, list[int]] | None:
+    """(iteration folder, its iteration, every saved iteration) for a checkpoint folder holding
+    the tracker file, or for one `iter_N` folder; None for anything else."""
+    if (path / TRACKER).is_file():
+        saved = numbered(path, "iter_")
+        text = (path / TRACKER).read_text().strip()
+        iteration = int(text) if text.isdigit() else max(saved, default=0)
+        if iteration in saved:
+            return saved[iteration], iteration, list(saved)
+        return None
+    number = path.name.removeprefix("iter_")
+    if path.name.startswith("iter_") and number.isdigit() and (path / "metadata.json").is_file():
+        return path, int(number), [int(number)]
+    return None
+
+
+def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
+    """Iteration, model shape and parallel layout (from the saved args), and size."""
+    found = _iteration_folder(path)
+    if found is None:
+        return None
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    folder, iteration, saved = found
+    args = load_common_state_dict(str(folder))["args"]
+    model_parallel = (
+        args.tensor_model_parallel_size
+        * args.pipeline_model_parallel_size
+        * args.context_parallel_size
+    )
+    model = {
+        key: getattr(args, key, None)
+        for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                    "num_query_groups", "kv_channels", "padded_vocab_size", "num_experts",
+                    "untie_embeddings_and_output_weights", "params_dtype")
+    }  # fmt: skip
+    return {
+        "format": "megatron distributed checkpoint (torch_dist)",
+        "backend": "megatron",
+        "iteration": iteration,
+        "iterations_saved": saved,
+        "folder": str(folder),
+        "model": {k: str(v) if k == "params_dtype" else v for k, v in model.items()},
+        "parallel": {
+            "tensor": args.tensor_model_parallel_size,
+            "pipeline": args.pipeline_model_parallel_size,
+            "context": args.context_parallel_size,
+            "expert": args.expert_model_parallel_size,
+            "data": args.world_size // model_parallel,
+            "world_size": args.world_size,
+            "distributed_optimizer": args.use_distributed_optimizer,
+        },
+        "size": dcp_summary(folder, lambda key: not key.startswith("optimizer.")),
+    }

@@ -1,0 +1,122 @@
+"""TorchTitan checkpoints: model presets (the `model:` section of flavors.py) from HF configs,
+and what a DCP checkpoint (`step-N` folders) holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from primus.core.checkpoint.dcp import dcp_summary, numbered
+from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
+from primus.core.errors import ConfigError
+
+# Primus family -> TorchTitan family (flavors.FAMILIES)
+FAMILIES = {"llama3": "llama3", "qwen3": "qwen3"}
+TRAINING_STATE = ("optimizer.", "train_state.", "lr_scheduler.", "dataloader.")
+
+
+def _llama_scaling_defaults() -> dict[str, float]:
+    """The Llama-3 scaling parameters TorchTitan's ComplexRoPE uses (presets cannot set them)."""
+    from torchtitan.models.common import ComplexRoPE
+
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ComplexRoPE.Config)}
+    return {"factor": float(defaults["scaling_factor"])} | {
+        k: float(defaults[k])
+        for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    }
+
+
+def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """A preset's `model:` section for the architecture of an HF config.json."""
+    arch = HFArchitecture.from_config(hf_config)
+    family = FAMILIES.get(arch.family)
+    if family is None:
+        raise ConfigError(
+            f"config.json: model_type '{hf_config['model_type']}' has no TorchTitan model here",
+            hint=f"torchtitan presets cover: {', '.join(FAMILIES)}",
+        )
+    model: dict[str, Any] = {
+        "family": family,
+        "dim": arch.hidden_size,
+        "n_layers": arch.num_layers,
+        "n_heads": arch.num_heads,
+        "n_kv_heads": arch.num_kv_heads,
+        "ffn_hidden_dim": arch.ffn_hidden_size,
+        "vocab_size": arch.vocab_size,
+        "rope_theta": arch.rope_theta,
+        "max_seq_len": arch.max_position_embeddings,
+        "tie_embeddings": arch.tie_embeddings,
+    }
+    if family == "qwen3":
+        model["head_dim"] = arch.head_dim
+    elif arch.head_dim != arch.hidden_size // arch.num_heads:
+        raise ConfigError(
+            f"config.json: 'head_dim: {arch.head_dim}' is not supported by TorchTitan's llama3 "
+            f"(it uses hidden_size / num_attention_heads = {arch.hidden_size // arch.num_heads})"
+        )
+    if arch.rope_scaling:
+        if family != "llama3":
+            raise ConfigError("config.json: RoPE scaling is not supported by TorchTitan's qwen3")
+        check_fixed_scaling(arch, _llama_scaling_defaults(), "torchtitan")
+    if family == "llama3":
+        model["rope_scaling"] = "llama" if arch.rope_scaling else "none"
+    return {"model": model}
+
+
+def _step_folder(path: Path) -> tuple[Path, int, list[int]] | None:
+    """(step folder, its step, every saved step) for a folder of `step-N` folders or for one
+    `step-N` folder holding DCP's `.metadata`; None for anything else."""
+    saved = {n: p for n, p in numbered(path, "step-").items() if (p / ".metadata").is_file()}
+    if saved:
+        last = max(saved)
+        return saved[last], last, list(saved)
+    number = path.name.removeprefix("step-")
+    if path.name.startswith("step-") and number.isdigit() and (path / ".metadata").is_file():
+        return path, int(number), [int(number)]
+    return None
+
+
+def _model_shape(folder: Path) -> dict[str, Any]:
+    """Dimensions read off the model tensors' shapes in the DCP metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    shapes = {k: list(v.size) for k, v in metadata.items() if isinstance(v, TensorStorageMetadata)}
+    layers = {m.group(1) for k in shapes if (m := re.match(r"layers\.(\d+)\.", k))}
+    vocab, dim = shapes.get("tok_embeddings.weight", [None, None])
+
+    def first_layer(suffix: str) -> list[int] | None:
+        return next((v for k, v in shapes.items() if re.match(rf"layers\.0\..*{suffix}$", k)), None)
+
+    return {
+        "vocab_size": vocab,
+        "dim": dim,
+        "n_layers": len(layers),
+        "ffn_hidden_dim": (first_layer(r"\.w1\.weight") or [0])[0] or None,
+        "q_proj": first_layer(r"\.wq\.weight"),
+        "kv_proj": first_layer(r"\.wk\.weight"),
+        "tie_embeddings": "lm_head.weight" not in shapes,
+    }
+
+
+def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
+    """Step, model shape (from tensor shapes) and size of a TorchTitan DCP checkpoint."""
+    found = _step_folder(path) if path.is_dir() else None
+    if found is None:
+        return None
+    folder, step, saved = found
+    size = dcp_summary(folder, lambda key: not key.startswith(TRAINING_STATE))
+    return {
+        "format": "torchtitan DCP (torch.distributed.checkpoint)",
+        "backend": "torchtitan",
+        "iteration": step,
+        "iterations_saved": saved,
+        "folder": str(folder),
+        "model": _model_shape(folder),
+        # DCP reshards on load: the layout is only the number of ranks that wrote files
+        "parallel": {"saving_ranks": size["files"]},
+        "size": size,
+    }
