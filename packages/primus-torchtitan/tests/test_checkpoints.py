@@ -20,7 +20,7 @@ LLAMA31_8B = {
     "tie_word_embeddings": False, "vocab_size": 128256, "attention_bias": False, "mlp_bias": False,
 }  # fmt: skip
 ARCHITECTURE = ("family", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim",
-                "vocab_size", "rope_theta", "rope_scaling", "max_seq_len")  # fmt: skip
+                "vocab_size", "rope_theta", "rope_scaling", "rope_scaling_factor", "max_seq_len")  # fmt: skip
 
 
 @pytest.mark.slow

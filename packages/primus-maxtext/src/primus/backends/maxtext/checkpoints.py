@@ -16,9 +16,9 @@ from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
 # Primus family -> MaxText decoder_block
 DECODER_BLOCKS = {"llama3": "llama2", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}
 # MaxText 0.2.5 hard-codes its Llama-3.1 scaling (LLaMARotaryEmbedding._apply_scaling_factor in
-# maxtext/layers/embeddings.py); rope_type "llama3.1" turns it on.
+# maxtext/layers/embeddings.py); rope_type "llama3.1" turns it on, and Primus's
+# `rope_scaling_factor` (patch maxtext.llama3_rope_factor) sets the factor.
 LLAMA31_SCALING = {
-    "factor": 8.0,
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192.0,
@@ -50,6 +50,7 @@ def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
     }
     if arch.rope_scaling:
         preset["rope_use_scale"] = True
+        preset["rope_scaling_factor"] = float(arch.rope_scaling["factor"])
     if arch.num_experts:
         preset |= {
             "num_experts": arch.num_experts,

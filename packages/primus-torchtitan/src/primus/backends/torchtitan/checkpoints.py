@@ -18,11 +18,12 @@ TRAINING_STATE = ("optimizer.", "train_state.", "lr_scheduler.", "dataloader.")
 
 
 def _llama_scaling_defaults() -> dict[str, float]:
-    """The Llama-3 scaling parameters TorchTitan's ComplexRoPE uses (presets cannot set them)."""
+    """The Llama-3 scaling parameters TorchTitan's ComplexRoPE fixes (the factor is a preset
+    key, `model.rope_scaling_factor`)."""
     from torchtitan.models.common import ComplexRoPE
 
     defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ComplexRoPE.Config)}
-    return {"factor": float(defaults["scaling_factor"])} | {
+    return {
         k: float(defaults[k])
         for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     }
@@ -62,6 +63,8 @@ def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
         check_fixed_scaling(arch, _llama_scaling_defaults(), "torchtitan")
     if family == "llama3":
         model["rope_scaling"] = "llama" if arch.rope_scaling else "none"
+    if arch.rope_scaling:
+        model["rope_scaling_factor"] = float(arch.rope_scaling["factor"])
     return {"model": model}
 
 
