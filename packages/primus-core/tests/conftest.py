@@ -20,7 +20,10 @@ EVENTS: list[str] = []
 
 @pytest.fixture(autouse=True)
 def isolated_registries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test sees the real entry points plus only what it registers itself."""
+    """Each test sees the real entry points plus only what it registers itself. The installed
+    patch modules are imported first, into the real registry: imported inside a test's copy,
+    their patches would vanish with it and never come back (the import is done once)."""
+    patch_registry.load_patch_modules()
     monkeypatch.setattr(patch_registry, "_patches", dict(patch_registry._patches))
     monkeypatch.setattr(BackendRegistry, "_registered", dict(BackendRegistry._registered))
     monkeypatch.delenv("PRIMUS_PATCHES", raising=False)

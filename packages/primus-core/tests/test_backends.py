@@ -179,9 +179,11 @@ def test_an_unknown_framework_explains_entry_points() -> None:
     with pytest.raises(BackendError) as err:
         BackendRegistry.get_adapter("nowhere_zz")
     assert '[project.entry-points."primus.backends"]' in err.value.hint
+    from primus.core.runtime import resolution
+
     register_patch("orphan.fix", backend="orphan", phase="setup", description="x")(lambda c: None)
     with pytest.raises(BackendError) as err:
-        BackendRegistry.get_adapter("orphan")
+        resolution.adapter_class("orphan")
     assert "patches for 'orphan' are installed" in err.value.hint
 
 

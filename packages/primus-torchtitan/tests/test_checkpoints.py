@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
+from primus.core.testing.hf_models import hf_config
 from primus.core.testing.runs import primus, train_run
 
 RECIPE = Path(__file__).parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
@@ -34,7 +35,7 @@ def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_a_family_torchtitan_lacks_is_refused_naming_it(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text('{"model_type": "mixtral"}')
+    hf_config("mixtral_8x7B").save_pretrained(tmp_path)  # a whole, valid Mixtral config.json
     result = primus("checkpoint", "preset", "--hf", str(tmp_path), "--framework", "torchtitan")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "model_type 'mixtral' has no TorchTitan model here" in result.stderr

@@ -86,11 +86,8 @@ class BackendRegistry:
 
     @classmethod
     def _find_in_process(cls, name: str) -> None:
-        """Seed 001's lookup for a name no entry point declares: import the patch modules, then
-        `primus.backends.<name>`, either of which may call `register_adapter`."""
-        from primus.core.patches.registry import load_patch_modules
-
-        load_patch_modules()
+        """Seed 001's lookup for a name no entry point declares: import `primus.backends.<name>`,
+        which may call `register_adapter`."""
         if name not in cls._registered and name.isidentifier():
             module = f"primus.backends.{name}"
             try:
@@ -118,21 +115,9 @@ class BackendRegistry:
             raise BackendError(
                 f"unknown framework '{name}'{did_you_mean(name, infos)}",
                 hint=f"installed backends: {', '.join(sorted(infos)) or 'none'}; "
-                f"{cls._unknown_hint(name)}",
+                f"install one with pip install primus-<backend>; {ENTRY_POINT_HINT}",
             )
         return infos[name]
-
-    @staticmethod
-    def _unknown_hint(name: str) -> str:
-        from primus.core.patches.registry import all_patches
-
-        patched_by = sorted({p.module for p in all_patches(name)})
-        if patched_by:
-            return (
-                f"patches for '{name}' are installed ({', '.join(patched_by)}), but no "
-                f"backend named '{name}' is: {ENTRY_POINT_HINT}"
-            )
-        return f"install one with pip install primus-<backend>; {ENTRY_POINT_HINT}"
 
     @classmethod
     def get_adapter_class(cls, name: str, require_ready: bool = True) -> type[BackendAdapter]:

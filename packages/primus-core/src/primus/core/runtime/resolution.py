@@ -10,7 +10,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from primus.core.backend.backend_adapter import BackendAdapter
-from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegistry
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
 from primus.core.errors import BackendError, ConfigError
@@ -28,13 +28,30 @@ def preset_folders(framework: str, kind: str) -> list[Path]:
     layout, primus/configs/<kind>/<framework> in any installed distribution.
     """
     user = [Path(p) for p in os.environ.get("PRIMUS_CONFIG_PATH", "").split(os.pathsep) if p]
-    adapter = BackendRegistry.get_adapter_class(framework, require_ready=False)
+    adapter = adapter_class(framework)
     namespace = importlib.import_module("primus").__path__  # every distribution's primus/
     return [
         *(folder for root in user for folder in (root / kind / framework, root / kind)),
         *(root / kind for root in adapter.preset_dirs()),
         *(Path(root) / "configs" / kind / framework for root in namespace),
     ]
+
+
+def adapter_class(framework: str) -> type[BackendAdapter]:
+    """The framework's adapter class, ready or not. The patch modules are imported first: one
+    may register its backend in-process (seed 001). An unknown name whose patches are
+    installed says so."""
+    load_patch_modules()
+    try:
+        return BackendRegistry.get_adapter_class(framework, require_ready=False)
+    except BackendError as exc:
+        modules = sorted({p.module for p in all_patches(framework)})
+        if modules and framework not in BackendRegistry.backends():
+            exc.hint = (
+                f"patches for '{framework}' are installed ({', '.join(modules)}), but no "
+                f"backend named '{framework}' is: {ENTRY_POINT_HINT}"
+            )
+        raise
 
 
 def load(
@@ -64,7 +81,7 @@ def backend_for(module: ModuleConfig) -> tuple[BackendAdapter, str]:
     backend must be ready. Then the params are validated.
     """
     framework = module.framework
-    adapter = BackendRegistry.get_adapter_class(framework, require_ready=False)(framework)
+    adapter = adapter_class(framework)(framework)
     source_tree = adapter.setup_backend_path()
     if not source_tree:
         BackendRegistry.get_adapter_class(framework)  # raises unless ready

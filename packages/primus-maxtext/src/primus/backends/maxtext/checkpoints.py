@@ -42,7 +42,7 @@ def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
         "logits_via_embedding": arch.tie_embeddings,
         "normalize_embedding_logits": False,  # HF multiplies by the tied embedding as it is
         "normalization_layer_epsilon": arch.norm_eps,
-        "rope_max_timescale": arch.rope_theta,
+        "rope_max_timescale": int(arch.rope_theta),  # an integer in MaxText's schema
         "rope_type": "llama3.1" if arch.rope_scaling else "default",
         "use_qk_norm": arch.qk_norm,
         "attention_bias": arch.qkv_bias,
