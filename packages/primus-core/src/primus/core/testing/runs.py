@@ -39,7 +39,10 @@ def preset_args(
 ) -> Any:
     """The backend args that `primus train` builds for module preset `module` with model preset
     `model` (and `overrides`), through the setup and build_args patches that `patches` selects
-    (PRIMUS_PATCHES syntax), in this process: no trainer. The test restores what they replaced."""
+    (PRIMUS_PATCHES syntax), in this process: no trainer. The environment is put back as it
+    was (a backend's prepare_backend exports RANK, WORLD_SIZE and MASTER_PORT, which would
+    make a later `primus train --nproc-per-node 2` believe it already runs under torchrun);
+    the test restores the names the patches replaced."""
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
     exp = workspace / "exp.yaml"
@@ -47,15 +50,13 @@ def preset_args(
     exp.write_text(
         yaml.safe_dump({"workspace": str(workspace), "modules": {"pre_trainer": pre_trainer}})
     )
-    saved = os.environ.get("PRIMUS_PATCHES")
+    saved = dict(os.environ)
     os.environ["PRIMUS_PATCHES"] = patches
     try:
         return PrimusRuntime(exp).backend_args()
     finally:
-        if saved is None:
-            del os.environ["PRIMUS_PATCHES"]
-        else:
-            os.environ["PRIMUS_PATCHES"] = saved
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def train_run(config: Path, workspace: Path, *overrides: str, nproc: int = 1) -> Path:
