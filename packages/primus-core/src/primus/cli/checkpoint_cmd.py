@@ -1,4 +1,4 @@
-"""`primus checkpoint preset|inspect`."""
+"""`primus checkpoint import|export|preset|inspect`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from primus.cli.common import Debug
+from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
 app = typer.Typer(
     help="Checkpoints: Hugging Face model directories and each backend's native format.",
@@ -16,16 +16,53 @@ app = typer.Typer(
 )
 
 
-@app.command()
-def preset(
+HFDir = Annotated[
+    Path,
+    typer.Option("--hf", help="A Hugging Face model directory (config.json + *.safetensors).",
+                 show_default=False),
+]  # fmt: skip
+
+
+@app.command("import", context_settings=OVERRIDES)
+def import_(
+    ctx: typer.Context, hf: HFDir, config: ConfigFile, module: Module = None, debug: Debug = False
+) -> None:
+    """Convert an HF model into the experiment's native checkpoint, in its run directory, so
+    `primus train` starts from it. The HF config must match the experiment's model: each
+    differing field is named (exit 2). Overrides may follow the options."""
+    from primus.core.runtime import PrimusRuntime
+
+    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    typer.echo(f"imported {hf} into {runtime.import_hf(hf)}")
+
+
+@app.command(context_settings=OVERRIDES)
+def export(
+    ctx: typer.Context,
+    config: ConfigFile,
     hf: Annotated[
         Path,
-        typer.Option(
-            "--hf",
-            help="A Hugging Face model directory (its config.json is read).",
-            show_default=False,
-        ),
+        typer.Option("--hf", help="The HF model directory to write.", show_default=False),
     ],
+    iteration: Annotated[
+        int | None,
+        typer.Option("--iteration", min=0, help="The checkpoint to export (default: latest)."),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --hf.")] = False,
+    module: Module = None,
+    debug: Debug = False,
+) -> None:
+    """Write the experiment's checkpoint as an HF model directory that transformers loads,
+    with the tokenizer when the experiment has one. Overrides may follow the options."""
+    from primus.core.runtime import PrimusRuntime
+
+    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    typer.echo(f"exported {runtime.export_hf(iteration, hf, force)}")
+
+
+@app.command()
+def preset(
+    hf: HFDir,
     framework: Annotated[
         str | None,
         typer.Option(

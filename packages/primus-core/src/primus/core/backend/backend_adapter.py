@@ -111,6 +111,28 @@ class BackendAdapter(ABC):
             f"the {self.framework} backend cannot derive model presets from HF configs"
         )
 
+    # Keys of `model_preset_from_hf`'s result that are training choices, not architecture:
+    # `init_from` does not compare them with the experiment (dotted for nested presets).
+    hf_preset_training_keys: ClassVar[frozenset[str]] = frozenset()
+
+    def hf_import_dir(self, backend_args: Any) -> Path | None:
+        """The folder `import_hf` fills for the run these args describe: the run starts from
+        it while it has no checkpoint of its own. None: this backend cannot import."""
+        return None
+
+    def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
+        """Write the HF model in `hf_dir` into `out` (an empty staging folder that core renames
+        to `hf_import_dir(backend_args)` once this returns) in the backend's native format,
+        loadable at the parallelism of `backend_args`. Stream tensors: never two full copies
+        of the model in memory. Raise ConfigError naming the file and tensor for bad input."""
+        raise ConfigError(f"the {self.framework} backend cannot import HF checkpoints")
+
+    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+        """Write the native checkpoint of the run these args describe (the latest, or
+        `iteration`) as an HF model directory (config.json + *.safetensors, and the tokenizer
+        when the experiment has one) into `out`, an empty staging folder."""
+        raise ConfigError(f"the {self.framework} backend cannot export HF checkpoints")
+
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """What the native checkpoint at `path` is (format, iteration, model, parallel, size),
         or None when `path` is not one of this backend's checkpoints. Cheap when it is not."""

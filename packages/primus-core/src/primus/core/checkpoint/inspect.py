@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.checkpoint.hf import inspect_hf_directory, is_hf_directory
+from primus.core.checkpoint.provenance import read_provenance
 from primus.core.errors import ConfigError
 
 RUN_CONFIG = "config.resolved.yaml"  # what every Primus run writes into its run directory
@@ -35,13 +36,17 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
     return {"path": str(path), **found, "provenance": provenance(path)}
 
 
-def provenance(path: Path) -> dict[str, str] | None:
-    """The Primus run that wrote `path`: its run directory and resolved experiment, if `path`
-    lies in one (up to three folders up)."""
+def provenance(path: Path) -> dict[str, Any] | None:
+    """Where `path` came from: its provenance record (the resolved experiment shortened to
+    the file holding it), and the Primus run directory it lies in, if any."""
+    record = read_provenance(path)
+    if record is not None:
+        record["experiment"] = f"{len(record['experiment'].splitlines())} lines (in the file)"
     for folder in [path.resolve(), *path.resolve().parents][:4]:
         if (folder / RUN_CONFIG).is_file():
-            return {"run_dir": str(folder), "experiment": str(folder / RUN_CONFIG)}
-    return None
+            return {"run_dir": str(folder), "resolved_config": str(folder / RUN_CONFIG),
+                    **(record or {})}  # fmt: skip
+    return record
 
 
 def render(info: dict[str, Any], indent: int = 0) -> list[str]:

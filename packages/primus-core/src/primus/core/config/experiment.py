@@ -35,7 +35,7 @@ EXPERIMENT_SCHEMA = ParamSchema(
         "modules": ParamSpec(dict, "the modules (trainers) of this experiment"),
     }
 )
-MODULE_KEYS = ("framework", "config", "model", "overrides")
+MODULE_KEYS = ("framework", "config", "model", "overrides", "init_from")
 # Seed 001's module key for the console log level; Primus's is the experiment's `log_level`.
 LEGACY_LOG_LEVEL = "stderr_sink_level"
 
@@ -48,6 +48,9 @@ class ModuleConfig:
     framework: str
     params: dict[str, Any]
     tree: ConfigTree
+    # `init_from: {hf: DIR}`: the HF model directory the run starts from, and where it was set
+    init_from: Path | None = None
+    init_from_origin: Origin | None = None
 
     def origin(self, dotted_key: str) -> Origin | None:
         return self.tree.origin(tuple(dotted_key.split(".")))
@@ -145,7 +148,32 @@ def _resolve_module(
     params.merge(exp.subtree((*path, "overrides")))
     for layer in cli:
         params.merge(layer)
-    return ModuleConfig(name, framework, params.data, params)
+    init_from, init_origin = _init_from(exp, path)
+    return ModuleConfig(name, framework, params.data, params, init_from, init_origin)
+
+
+def _init_from(exp: ConfigTree, module: KeyPath) -> tuple[Path | None, Origin | None]:
+    """A module's `init_from: {hf: DIR}`: an HF model directory (relative to the current
+    directory, like every path in an experiment), checked to exist."""
+    path: KeyPath = (*module, "init_from")
+    section = exp.get(path)
+    if section is None:
+        return None, None
+    if not isinstance(section, dict) or set(section) != {"hf"}:
+        raise ConfigError(
+            "'init_from' must be {hf: <Hugging Face model directory>}", exp.origin(path)
+        )
+    origin = exp.origin((*path, "hf"))
+    if not isinstance(section["hf"], str) or not section["hf"]:
+        raise ConfigError("'init_from.hf' must be a directory path", origin)
+    folder = Path(section["hf"]).expanduser()
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise ConfigError(
+            f"init_from.hf: {folder} is not a Hugging Face model directory",
+            origin,
+            hint="it needs config.json and *.safetensors",
+        )
+    return folder.resolve(), origin
 
 
 def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None:
@@ -250,6 +278,10 @@ def resolved_tree(experiment: Experiment) -> ConfigTree:
         prefix = ("modules", name)
         fw = experiment.tree.origin((*prefix, "framework")) or Origin("default")
         tree.merge(single_value_tree((*prefix, "framework"), module.framework, fw))
+        if module.init_from is not None:
+            where = module.init_from_origin or Origin("default")
+            hf = (*prefix, "init_from", "hf")
+            tree.merge(single_value_tree(hf, str(module.init_from), where))
         params = ConfigTree({"modules": {name: {"overrides": module.tree.data}}})
         params.origins = {(*prefix, "overrides", *k): o for k, o in module.tree.origins.items()}
         params.replaced = {(*prefix, "overrides", *k): r for k, r in module.tree.replaced.items()}

@@ -12,6 +12,8 @@ import yaml
 
 from primus.core import __version__
 from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
+from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree
@@ -46,7 +48,7 @@ def args_summary(args: Any) -> str:
 class PrimusRuntime:
     """load + validate config -> adapter -> upstream version -> patches[setup] -> prepare_backend
     -> convert_config -> patches[build_args] -> load_trainer_class(stage) -> config.resolved.yaml
-    -> trainer setup/init -> patches[before_train] -> train -> patches[after_train] -> cleanup
+    -> provenance -> init_from import (when the run has none yet) -> trainer setup/init -> patches[before_train] -> train -> patches[after_train] -> cleanup
     (also on error, with on_error=True)."""
 
     def __init__(
@@ -126,6 +128,16 @@ class PrimusRuntime:
             if dry_run:
                 self._print_plan(ctx, trainer_class)
                 return
+            if self.rank == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                write_provenance(
+                    self.run_dir / PROVENANCE_FILE, self.experiment, self.module,
+                    self.module.init_from,
+                )  # fmt: skip
+            if self.module.init_from is not None:
+                init_from_hf(
+                    self.adapter, self.experiment, self.module, ctx.backend_args, self.rank
+                )
             trainer = trainer_class(backend_args=ctx.backend_args)
             ctx.extra["trainer"] = trainer
             self._drive(trainer, ctx)
@@ -149,6 +161,22 @@ class PrimusRuntime:
         ctx = self._context(resolution.backend_version(self.adapter))
         self.build_args(ctx)
         return ctx.backend_args
+
+    def import_hf(self, hf_dir: Path) -> Path:
+        """`primus checkpoint import`: the HF model in `hf_dir` as the run's native
+        checkpoint, checked against the experiment's model; the folder written."""
+        from primus.core.errors import Origin
+
+        self.module.init_from = hf_dir.resolve()
+        self.module.init_from_origin = Origin("cli", detail=f"--hf {hf_dir}")
+        resolution.check_init_from(self.module, self.adapter)
+        args = self.backend_args()
+        return import_hf(self.adapter, self.experiment, self.module, args, self.module.init_from)
+
+    def export_hf(self, iteration: int | None, out: Path, force: bool = False) -> Path:
+        """`primus checkpoint export`: the run's checkpoint as an HF directory at `out`."""
+        args = self.backend_args()
+        return export_hf(self.adapter, self.experiment, self.module, args, iteration, out, force)
 
     def patched_config(self) -> ConfigTree:
         """The resolved experiment after the setup and build_args patches (as a dry run

@@ -111,6 +111,21 @@ def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
         )
         return
     raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
+    if module.init_from is not None:
+        check_init_from(module, adapter)
+
+
+def check_init_from(module: ModuleConfig, adapter: BackendAdapter) -> None:
+    """`init_from` needs a backend that imports HF checkpoints, and the same architecture."""
+    from primus.core.checkpoint.convert import check_architecture
+
+    assert module.init_from is not None
+    if type(adapter).import_hf is BackendAdapter.import_hf:
+        raise ConfigError(
+            f"init_from: the {module.framework} backend cannot import HF checkpoints",
+            module.init_from_origin,
+        )
+    check_architecture(adapter, module, module.init_from)
 
 
 def backend_version(adapter: BackendAdapter) -> str | None:

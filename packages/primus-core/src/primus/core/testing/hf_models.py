@@ -76,3 +76,82 @@ def hf_inv_freq(model: str) -> Any:
     )
     rotary = getattr(modeling, type(config).__name__.removesuffix("Config") + "RotaryEmbedding")
     return rotary(config).inv_freq.double().numpy()
+
+
+# Tiny models of each family, small enough for a CPU test: random weights, Llama-3 RoPE
+# scaling where the family has it, untied embeddings unless a test ties them.
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama3": {
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 16384,
+        "rope_theta": 500000.0, "rope_scaling": LLAMA3_2, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    },
+    "qwen2.5": {
+        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 256, "max_position_embeddings": 4096, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "use_sliding_window": False,
+    },
+    "qwen3": {
+        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "use_sliding_window": False, "sliding_window": None,
+    },
+    "mixtral": {
+        "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 96, "vocab_size": 256, "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+    },
+}  # fmt: skip
+
+
+def make_hf_model(folder: Any, family: str, seed: int = 0, **changes: Any) -> Any:
+    """Save a tiny random HF model of `family` (a key of TINY_CONFIGS, with `changes` to its
+    config.json values) in `folder` as fp32 safetensors; the folder. Weights are drawn with
+    std 0.5 (norm weights around 1), so every tensor matters to the logits."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {**TINY_CONFIGS[family], **changes}
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.5 if param.dim() == 1 else param.shape[-1] ** -0.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def hf_logits(folder: Any, tokens: Any) -> Any:
+    """transformers' fp32 logits (batch, seq, vocab) for `tokens` (batch, seq) of the HF
+    model in `folder`: the reference every import and export is checked against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.as_tensor(tokens)).logits
+
+
+def hf_loss(folder: Any, tokens: Any) -> float:
+    """transformers' mean next-token cross-entropy on `tokens` (labels = tokens shifted)."""
+    import torch
+
+    logits = hf_logits(folder, tokens)
+    tokens = torch.as_tensor(tokens)
+    return float(
+        torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        )
+    )

@@ -1,0 +1,180 @@
+"""HF checkpoints into and out of a run: `init_from`, `primus checkpoint import|export`.
+
+Core owns what is the same for every backend: the architecture check against the experiment,
+staging folders renamed into place only when complete (nothing half-written is ever left),
+provenance, and the hand-off between ranks. The backend's `import_hf`/`export_hf` hooks only
+convert tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from primus.core.checkpoint.hf import read_config
+from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
+from primus.core.errors import ConfigError
+from primus.core.logging import get_logger
+
+if TYPE_CHECKING:
+    from primus.core.backend.backend_adapter import BackendAdapter
+    from primus.core.config.experiment import Experiment, ModuleConfig
+
+_MISSING = object()
+IMPORT_WAIT_S = 6 * 3600  # how long other ranks wait for rank 0's import
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _same(hf_value: Any, value: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(hf_value, numbers) and isinstance(value, numbers):
+        return bool(isinstance(hf_value, bool) == isinstance(value, bool) and hf_value == value)
+    return bool(hf_value == value)
+
+
+def architecture_mismatches(
+    adapter: BackendAdapter, module: ModuleConfig, hf_dir: Path
+) -> list[str]:
+    """One line per architecture key where the HF config and the experiment differ: the key,
+    both values, and where the experiment's value was set."""
+    preset = adapter.model_preset_from_hf(read_config(hf_dir))
+    schema = adapter.param_schema()
+    params = dict(_flatten(module.params))
+    lines = []
+    for key, hf_value in _flatten(preset):
+        if key in adapter.hf_preset_training_keys:
+            continue
+        value = params.get(key, _MISSING)
+        if value is _MISSING:
+            spec = schema.specs.get(key) if schema else None
+            value = spec.default if spec else None
+            where = "backend default"
+        else:
+            where = str(module.origin(key) or "set by a patch")
+        if not _same(hf_value, value):
+            lines.append(f"{key}: {hf_value!r} in the HF config, {value!r} in the experiment "
+                         f"({where})")  # fmt: skip
+    return lines
+
+
+def check_architecture(adapter: BackendAdapter, module: ModuleConfig, hf_dir: Path) -> None:
+    """A ConfigError (at `init_from`) naming every architecture field that differs."""
+    lines = architecture_mismatches(adapter, module, hf_dir)
+    if lines:
+        raise ConfigError(
+            f"{hf_dir}/config.json does not match the experiment's model:\n  " + "\n  ".join(lines),
+            module.init_from_origin,
+            hint="derive the model preset from it: primus checkpoint preset --hf "
+            f"{hf_dir} --framework {module.framework}",
+        )
+
+
+def import_dir(adapter: BackendAdapter, backend_args: Any) -> Path:
+    folder = adapter.hf_import_dir(backend_args)
+    if folder is None:
+        raise ConfigError(f"the {adapter.framework} backend cannot import HF checkpoints")
+    return Path(folder)
+
+
+@contextmanager
+def staged(final: Path) -> Iterator[Path]:
+    """An empty staging folder beside `final`, renamed to `final` when the block succeeds
+    and removed when it fails: a reader never sees a half-written `final`."""
+    staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def import_hf(
+    adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
+    hf_dir: Path,
+) -> Path:  # fmt: skip
+    """Check and convert `hf_dir` into the run's import folder; the folder written."""
+    check_architecture(adapter, module, hf_dir)
+    final = import_dir(adapter, backend_args)
+    if final.exists() and any(final.iterdir()):
+        raise ConfigError(
+            f"{final} already holds a checkpoint",
+            hint="remove it, or import into another run (exp_name=...)",
+        )
+    if final.exists():
+        final.rmdir()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    get_logger().info(f"importing {hf_dir} into {final}")
+    with staged(final) as staging:
+        adapter.import_hf(hf_dir, backend_args, staging)
+        write_provenance(staging / PROVENANCE_FILE, experiment, module, hf_dir)
+    get_logger().info(f"imported {hf_dir} in {time.perf_counter() - start:.1f} s: {final}")
+    return final
+
+
+def init_from_hf(
+    adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
+    rank: int,
+) -> None:  # fmt: skip
+    """`init_from: {hf: DIR}` at the start of a run: import once (rank 0) unless the run's
+    import folder is already there (a resumed run keeps its own checkpoints); other ranks wait
+    for the folder to appear."""
+    assert module.init_from is not None
+    final = import_dir(adapter, backend_args)
+    if final.exists():
+        get_logger().info(f"init_from: {final} is there already; not importing again")
+        return
+    if rank == 0:
+        import_hf(adapter, experiment, module, backend_args, module.init_from)
+        return
+    deadline = time.monotonic() + IMPORT_WAIT_S
+    while not final.exists():
+        if time.monotonic() > deadline:
+            raise ConfigError(f"rank {rank}: rank 0 did not import {module.init_from} in time")
+        time.sleep(1)
+
+
+def export_hf(
+    adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
+    iteration: int | None, out: Path, force: bool = False,
+) -> Path:  # fmt: skip
+    """Write the run's checkpoint (latest, or `iteration`) as an HF directory at `out`."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not force:
+            raise ConfigError(f"{out} exists and is not empty", hint="pass --force to replace it")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    elif out.exists():
+        out.rmdir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with staged(out) as staging:
+        adapter.export_hf(backend_args, iteration, staging)
+        write_provenance(staging / PROVENANCE_FILE, experiment, module, module.init_from)
+    get_logger().info(f"exported to {out} in {time.perf_counter() - start:.1f} s")
+    return out
+
+
+def copy_tokenizer(source: Path, out: Path) -> list[str]:
+    """Copy an HF tokenizer's files from the folder `source` into `out`; the names copied."""
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+             "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json",
+             "chat_template.jinja")  # fmt: skip
+    copied = [n for n in names if (source / n).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, out / name)
+    return copied

@@ -1,0 +1,104 @@
+"""Where a checkpoint came from: the record Primus writes beside every checkpoint it makes.
+
+`primus_provenance.json` holds the resolved experiment, the Primus, backend and upstream
+versions, the git commit and uv.lock hash of the checkout it ran from (if any), and the
+initial weights. Runs write it into their run directory; imports and exports into the folder
+they write. `primus checkpoint inspect` shows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from primus.core import __version__
+
+if TYPE_CHECKING:
+    from primus.core.config.experiment import Experiment, ModuleConfig
+
+PROVENANCE_FILE = "primus_provenance.json"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkout() -> dict[str, Any] | None:
+    """The git commit (and whether the tree has changes) and the uv.lock hash of the checkout
+    the current directory is in; None outside a git checkout."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "HEAD")
+    if not top or not commit:
+        return None
+    lock = Path(top) / "uv.lock"
+    return {
+        "root": top,
+        "commit": commit,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "uv_lock_sha256": _sha256(lock) if lock.is_file() else None,
+    }
+
+
+def initial_weights(hf_dir: Path | None) -> dict[str, Any] | None:
+    """The HF directory a run started from, with the hash of its config.json."""
+    if hf_dir is None:
+        return None
+    return {"hf": str(hf_dir), "config_sha256": _sha256(hf_dir / "config.json")}
+
+
+def record(experiment: Experiment, module: ModuleConfig, init_from: Path | None) -> dict[str, Any]:
+    """The provenance of a checkpoint written by `module` of `experiment`."""
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.config.experiment import resolved_tree
+    from primus.core.config.render import to_yaml
+
+    info = BackendRegistry.info(module.framework)
+    adapter = BackendRegistry.get_adapter(module.framework)
+    return {
+        "written": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "primus": __version__,
+        "backend": {
+            "name": module.framework,
+            "distribution": info.distribution,
+            "version": info.version,
+            "upstream": info.upstream_requirement,
+            "upstream_version": adapter.detect_backend_version(),
+        },
+        "checkout": checkout(),
+        "initial_weights": initial_weights(init_from),
+        "experiment": to_yaml(resolved_tree(experiment)),
+    }
+
+
+def write_provenance(
+    path: Path, experiment: Experiment, module: ModuleConfig, init_from: Path | None
+) -> None:
+    path.write_text(json.dumps(record(experiment, module, init_from), indent=2) + "\n")
+
+
+def read_provenance(path: Path) -> dict[str, Any] | None:
+    """The provenance of the checkpoint at `path`: its own record, or that of the run
+    directory it lies in (up to three folders up)."""
+    for folder in [path.resolve(), *path.resolve().parents][:4]:
+        if (folder / PROVENANCE_FILE).is_file():
+            found: dict[str, Any] = json.loads((folder / PROVENANCE_FILE).read_text())
+            return {"file": str(folder / PROVENANCE_FILE), **found}
+    return None
