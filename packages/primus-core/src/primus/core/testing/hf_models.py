@@ -1,7 +1,7 @@
 """The published Hugging Face configs of the models Primus ships presets for, built locally.
 
-Each entry holds the `config.json` values that fix the rotary schedule and the router, keyed
-by the Primus preset name (the same name on every backend). `hf_inv_freq` is what transformers'
+Each entry is the model's published `config.json` (the fields Primus reads), keyed by the
+Primus preset name (the same name on every backend). `hf_inv_freq` is what transformers'
 own rotary embedding builds for that config: the reference every backend's preset must match.
 Needs `transformers` and `torch` (test-only).
 """
@@ -16,46 +16,55 @@ _LLAMA3_ORIGINAL = {"original_max_position_embeddings": 8192}
 LLAMA3_1 = {**_LLAMA3, "factor": 8.0, **_LLAMA3_ORIGINAL}
 LLAMA3_2 = {**_LLAMA3, "factor": 32.0, **_LLAMA3_ORIGINAL}
 
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+          "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+          "vocab_size": 128256, "num_key_value_heads": 8, "head_dim": 128,
+          "attention_bias": False, "mlp_bias": False}
+_QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu",
+          "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+          "vocab_size": 151936, "num_key_value_heads": 8, "head_dim": 128,
+          "attention_bias": False, "use_sliding_window": False, "sliding_window": None}
+
 HF_CONFIGS: dict[str, dict[str, Any]] = {
     "llama3.2_1B": {  # meta-llama/Llama-3.2-1B
-        "model_type": "llama", "hidden_size": 2048, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "rope_theta": 500000.0,
-        "rope_scaling": LLAMA3_2, "max_position_embeddings": 131072,
+        **_LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "head_dim": 64, "rope_scaling": LLAMA3_2,
+        "tie_word_embeddings": True,
     },
     "llama3.2_3B": {  # meta-llama/Llama-3.2-3B
-        "model_type": "llama", "hidden_size": 3072, "num_attention_heads": 24,
-        "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 500000.0,
-        "rope_scaling": LLAMA3_2, "max_position_embeddings": 131072,
+        **_LLAMA, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+        "num_attention_heads": 24, "rope_scaling": LLAMA3_2, "tie_word_embeddings": True,
     },
     "llama3.1_8B": {  # meta-llama/Llama-3.1-8B
-        "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 500000.0,
-        "rope_scaling": LLAMA3_1, "max_position_embeddings": 131072,
+        **_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "rope_scaling": LLAMA3_1, "tie_word_embeddings": False,
     },
     "llama3.1_70B": {  # meta-llama/Llama-3.1-70B
-        "model_type": "llama", "hidden_size": 8192, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 500000.0,
-        "rope_scaling": LLAMA3_1, "max_position_embeddings": 131072,
+        **_LLAMA, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "rope_scaling": LLAMA3_1, "tie_word_embeddings": False,
     },
     "mixtral_8x7B": {  # mistralai/Mixtral-8x7B-v0.1
-        "model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0,
-        "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2,
-        "router_aux_loss_coef": 0.02,
+        "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_act": "silu",
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+        "vocab_size": 32000, "tie_word_embeddings": False, "sliding_window": None,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
     },
     "qwen2.5_7B": {  # Qwen/Qwen2.5-7B
-        "model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "rope_theta": 1000000.0, "max_position_embeddings": 131072,
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu",
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "max_position_embeddings": 131072, "vocab_size": 152064,
+        "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 131072,
     },
     "qwen3_0.6B": {  # Qwen/Qwen3-0.6B
-        "model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0,
-        "max_position_embeddings": 40960,
+        **_QWEN3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "tie_word_embeddings": True,
     },
     "qwen3_8B": {  # Qwen/Qwen3-8B
-        "model_type": "qwen3", "hidden_size": 4096, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0,
-        "max_position_embeddings": 40960,
+        **_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "tie_word_embeddings": False,
     },
 }  # fmt: skip
 

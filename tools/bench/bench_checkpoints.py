@@ -1,0 +1,163 @@
+"""HF checkpoint import and export per backend: wall time and peak host RSS, against
+`transformers.AutoModelForCausalLM.from_pretrained` of the same directory in the same run.
+
+    python tools/bench/bench_checkpoints.py --model llama3.2_3B --backends megatron torchtitan maxtext
+
+Writes a random bf16 HF checkpoint of the published config's shape (one safetensors file per
+layer, as published checkpoints are sharded), derives each backend's preset from it, then
+times `primus checkpoint import` and `primus checkpoint export` as whole processes. Goals
+(issue 15): peak RSS <= 1.3x the model's bytes (one process holds the whole model here),
+time <= 2x transformers' load. Results: docs/benchmarks/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from common import environment
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+
+
+def write_random_hf(folder: Path, name: str) -> int:
+    """A random bf16 HF model of the published config `name`, one shard per layer (plus one
+    for the rest); its tensor bytes."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from primus.core.testing.hf_models import HF_CONFIGS
+
+    values = dict(HF_CONFIGS[name])
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        shapes = {
+            k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()
+        }
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    shards: dict[str, list[str]] = {}
+    for key in shapes:
+        part = key.split(".")
+        shards.setdefault(f"layer{part[2]}" if part[1] == "layers" else "rest", []).append(key)
+    folder.mkdir(parents=True)
+    index: dict[str, str] = {}
+    total = 0
+    generator = torch.Generator().manual_seed(0)
+    for number, keys in enumerate(shards.values()):
+        file = f"model-{number + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {k: (torch.randn(shapes[k], generator=generator) * 0.02).bfloat16() for k in keys}
+        save_file(tensors, folder / file, metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        index |= dict.fromkeys(keys, file)
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": index})
+    )
+    config.dtype = torch.bfloat16
+    config.save_pretrained(folder)
+    return total
+
+
+def measure(command: list[str], log: Path) -> dict[str, float]:
+    """Wall seconds and peak RSS (GiB) of `command` as one process tree (wait4's rusage)."""
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"failed; see {log}:\n{log.read_text()[-3000:]}")
+    return {"seconds": round(wall, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 2)}
+
+
+def experiment(backend: str, hf: Path, work: Path) -> Path:
+    """The backend's Llama 3.2 1B GPU recipe with the model derived from `hf`."""
+    preset = work / f"{backend}-model.yaml"
+    subprocess.run([sys.executable, "-m", "primus.cli", "checkpoint", "preset", "--hf", str(hf),
+                    "--framework", backend, "--out", str(preset)], check=True, cwd=ROOT)  # fmt: skip
+    recipe = (ROOT / "configs" / backend / "llama3.2_1B-pretrain.yaml").read_text()
+    exp = work / f"{backend}.yaml"
+    exp.write_text(recipe.replace("model: llama3.2_1B", f"model: {preset}"))
+    return exp
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama3.2_3B", help="a key of hf_models.HF_CONFIGS")
+    parser.add_argument("--backends", nargs="+", default=["megatron", "torchtitan", "maxtext"])
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON report (default: stdout)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    hf = work / "hf"
+    model_bytes = write_random_hf(hf, args.model)
+    load = [sys.executable, "-c", "import sys; from transformers import AutoModelForCausalLM; "
+            "AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')", str(hf)]  # fmt: skip
+    results: dict[str, Any] = {"transformers.from_pretrained": measure(load, work / "hf.log")}
+    primus = [sys.executable, "-m", "primus.cli", "checkpoint"]
+    for backend in args.backends:
+        exp = ["--config", str(experiment(backend, hf, work)), f"workspace={work / 'runs'}",
+               f"exp_name=bench-{backend}"]  # fmt: skip
+        results[f"{backend} import"] = measure(
+            [*primus, "import", "--hf", str(hf), *exp], work / f"{backend}-import.log"
+        )
+        results[f"{backend} export"] = measure(
+            [*primus, "export", "--hf", str(work / f"out-{backend}"), *exp],
+            work / f"{backend}-export.log",
+        )
+    reference = results["transformers.from_pretrained"]["seconds"]
+    for values in results.values():
+        values["time_vs_transformers"] = round(values["seconds"] / reference, 2)
+        values["rss_vs_model"] = round(values["peak_rss_gib"] * GIB / model_bytes, 2)
+    device = None if _cuda() else f"CPU ({os.cpu_count()} cores)"
+    distributions = (
+        "primus-core",
+        "torch",
+        "transformers",
+        "megatron-core",
+        "torchtitan",
+        "maxtext",
+    )
+    report = {
+        **environment(tuple(d for d in distributions if _installed(d)), device),
+        "model": args.model,
+        "model_gib": round(model_bytes / GIB, 2),
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    (args.out.write_text(text + "\n") if args.out else print(text))
+    print(
+        "| step | seconds | x transformers | peak RSS GiB | x model bytes |\n|---|---|---|---|---|"
+    )
+    for name, v in results.items():
+        print(f"| {name} | {v['seconds']} | {v['time_vs_transformers']} | {v['peak_rss_gib']} | "
+              f"{v['rss_vs_model']} |")  # fmt: skip
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+if __name__ == "__main__":
+    main()
