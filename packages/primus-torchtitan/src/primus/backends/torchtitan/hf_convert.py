@@ -91,10 +91,9 @@ def _truncation(path: Path) -> str:
             header = json.loads(f.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError):
             return "its header is not JSON"
-    for name, entry in header.items():
-        if name != "__metadata__" and 8 + length + entry["data_offsets"][1] > size:
-            return f"tensor '{name}' runs past the end ({size} bytes): truncated"
-    return "unreadable"
+    ends = {k: 8 + length + v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"}
+    cut = sorted((end, name) for name, end in ends.items() if end > size)
+    return f"tensor '{cut[0][1]}' runs past its end ({size} bytes)" if cut else "unreadable"
 
 
 def _convert(adapter: Any, name: str, tensor: Any, where: str) -> dict[str, Any]:
@@ -116,8 +115,9 @@ def _checked(expected: dict[str, Any], key: str, value: Any, where: str) -> Any:
     if not value.is_floating_point():
         raise ConfigError(f"{where}: dtype {value.dtype} is not a floating-point dtype")
     if value.shape != want.shape:
-        raise ConfigError(f"{where}: shape {list(value.shape)} converts to {list(value.shape)} "
-                          f"for '{key}', the model has {list(want.shape)}")  # fmt: skip
+        raise ConfigError(
+            f"{where}: shape {list(value.shape)}, TorchTitan's '{key}' is {list(want.shape)}"
+        )
     return value.to(want.dtype)
 
 
@@ -156,11 +156,11 @@ def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
                               f"({exc})") from None  # fmt: skip
     if tied and EMBEDDING in state:
         state[LM_HEAD] = state[EMBEDDING]
-    missing = [key for key in expected if key not in state]
+    missing = [_hf_name(adapter, key, expected[key]) for key in expected if key not in state]
     if missing:
-        names = ", ".join(f"'{_hf_name(adapter, k, expected[k])}'" for k in missing[:3])
-        raise ConfigError(f"{hf_dir}: tensor {names} missing"
-                          + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""))  # fmt: skip
+        files = ", ".join(p.name for p in _safetensors_files(hf_dir))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"{hf_dir}: tensor '{missing[0]}'{more} is in none of {files}")
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(out)), no_dist=True)
 
 
