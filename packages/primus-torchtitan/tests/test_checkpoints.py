@@ -114,10 +114,17 @@ def hf_llama(workspace: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def run(workspace: Path, hf_llama: Path) -> Path:
-    """`primus train` from the HF model (`init_from`): 4 steps, checkpoints at 2 and 4."""
+    """`primus train` from the HF model (`init_from`) for 2 steps, then the same experiment again
+    to step 4 (it resumes from its step-2 checkpoint, not from the HF weights)."""
     exp = experiment(workspace, hf_llama, LLAMA_MODEL)
-    return train_run(exp, workspace, "exp_name=ckpt", "training.steps=4", "metrics.log_freq=1",
-                     "checkpoint.enable=true", "checkpoint.interval=2")  # fmt: skip
+    keep = (
+        "exp_name=ckpt",
+        "metrics.log_freq=1",
+        "checkpoint.enable=true",
+        "checkpoint.interval=2",
+    )
+    train_run(exp, workspace, *keep, "training.steps=2")
+    return train_run(exp, workspace, *keep, "training.steps=4")
 
 
 def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> None:
@@ -154,6 +161,14 @@ def test_the_run_starts_from_the_hf_weights(run: Path, hf_llama: Path) -> None:
     log = (run / "logs" / "rank-0.log").read_text()
     assert f"Loading the checkpoint from {run / 'checkpoint' / 'hf_import'}" in log
     assert losses(run)[1] == pytest.approx(hf_loss(hf_llama, first_batch()), rel=1e-5)
+
+
+def test_a_resumed_run_prefers_its_own_checkpoint(run: Path) -> None:
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert "init_from: " in log and "is there already; not importing again" in log
+    assert f"Loading the checkpoint from {run / 'checkpoint' / 'step-2'}" in log
+    assert log.count(f"Loading the checkpoint from {run / 'checkpoint' / 'hf_import'}") == 1
+    assert sorted(losses(run)) == [1, 2, 3, 4]
 
 
 def test_imported_logits_match_transformers(workspace: Path, run: Path, hf_llama: Path) -> None:
