@@ -4,7 +4,7 @@ HF's half-rotation RoPE and llama3's interleaved complex RoPE).
 
 Import writes the model's global (unsharded) tensors as a DCP checkpoint in `hf_import` inside
 the run's checkpoint folder; DCP reshards on load, so any parallelism can start from it. Export
-reads a DCP step folder (or that import) key by key, one safetensors shard at a time, without a
+reads a DCP step folder (or that import) one safetensors shard's keys at a time, without a
 process group and without building the model.
 """
 
@@ -100,11 +100,9 @@ def _convert(adapter: Any, name: str, tensor: Any, where: str) -> dict[str, Any]
     try:
         return dict(adapter.from_hf({name: tensor}))
     except KeyError:
-        raise ConfigError(
-            f"{where}: tensor '{name}' has no place in the TorchTitan model"
-        ) from None
+        raise ConfigError(f"{where}: has no place in the TorchTitan model") from None
     except RuntimeError as exc:  # a reshape of the q/k permutation that does not fit
-        raise ConfigError(f"{where}: tensor '{name}' {list(tensor.shape)}: {exc}") from None
+        raise ConfigError(f"{where}: shape {list(tensor.shape)} does not fit: {exc}") from None
 
 
 def _checked(expected: dict[str, Any], key: str, value: Any, where: str) -> Any:
