@@ -1,14 +1,29 @@
-"""`primus checkpoint preset` and `inspect` on TorchTitan: a preset derived from Llama 3.1 8B's
-published config.json, and a DCP checkpoint written by a real CPU run."""
+"""`primus checkpoint` on TorchTitan: presets from HF configs, `inspect` of a DCP checkpoint, and
+HF import/export. One real CPU run (`init_from` a tiny random Llama-3 HF model, 4 steps, a
+checkpoint every 2) serves every test; the other imports and exports run in this process."""
 
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
 
+from primus.core.errors import ConfigError
+from primus.core.patches import restore_all
 from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
-from primus.core.testing.hf_models import hf_config
-from primus.core.testing.runs import primus, train_run
+from primus.core.testing.hf_models import hf_config, hf_logits, hf_loss, make_hf_model
+from primus.core.testing.runs import losses, primus, train_run
 
+pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
 # meta-llama/Llama-3.1-8B config.json, as published (Llama-3 scaling with TorchTitan's factor 8)
 LLAMA31_8B = {
@@ -22,9 +37,96 @@ LLAMA31_8B = {
 }  # fmt: skip
 ARCHITECTURE = ("family", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim",
                 "vocab_size", "rope_theta", "rope_scaling", "rope_scaling_factor", "max_seq_len")  # fmt: skip
+# TINY_CONFIGS' llama3 (Llama-3.2 RoPE scaling) in the shape of the `tiny` preset
+TINY_LLAMA = {"hidden_size": 64, "intermediate_size": 176, "vocab_size": 512}
+LLAMA_MODEL = {"max_seq_len": 16384, "rope_scaling": "llama", "rope_scaling_factor": 32.0}
+QWEN3_MODEL = {"family": "qwen3", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+               "head_dim": 32, "ffn_hidden_dim": 128, "vocab_size": 256,
+               "rope_theta": 1000000.0, "max_seq_len": 4096}  # fmt: skip
+BATCH, SEQ, SEED = 4, 128, 1234  # the recipe's local batch and the mock data's seed
 
 
-@pytest.mark.slow
+def experiment(folder: Path, hf_dir: Path, model: dict[str, Any]) -> Path:
+    """The tiny recipe starting from `hf_dir`, with `model` overrides, in workspace `folder`."""
+    exp = folder / f"exp-{hf_dir.name}.yaml"
+    module = {"init_from": {"hf": str(hf_dir)}, "overrides": {"model": model}}
+    exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "workspace": str(folder),
+                                   "modules": {"pre_trainer": module}}))  # fmt: skip
+    return exp
+
+
+@contextmanager
+def runtime(exp: Path, *overrides: str) -> Iterator[Any]:
+    """`primus`'s runtime for `exp` in this process; the environment and the names the patches
+    replaced are put back afterwards."""
+    from primus.core.runtime.primus_runtime import PrimusRuntime
+
+    saved = dict(os.environ)
+    try:
+        yield PrimusRuntime(exp, list(overrides))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        restore_all()
+
+
+def first_batch() -> torch.Tensor:
+    """The tokens (batch, seq + 1) of the first step of a mock-data run on one rank."""
+    from primus.backends.torchtitan.data import SyntheticTokens
+
+    stream = iter(SyntheticTokens(512, SEQ, SEED))
+    return torch.stack([torch.cat([x["input"], y[-1:]]) for x, y in (next(stream) for _ in range(BATCH))])  # fmt: skip
+
+
+def titan_logits(args: Any, folder: Path, tokens: torch.Tensor) -> torch.Tensor:
+    """TorchTitan's fp32 logits for `tokens`: the model of Trainer.Config `args` (built on the
+    CPU, attention as the cpu patch runs it) with the weights of the DCP folder `folder`."""
+    import torch.distributed.checkpoint as dcp
+
+    model = args.model_spec.model.build()
+    model.init_weights(buffer_device=None)
+    state = model.state_dict()
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    model.load_state_dict(state)  # q, k and v are views made by a hook: load them through it
+    positions = torch.arange(tokens.shape[1]).expand(tokens.shape)
+    with torch.no_grad():
+        return model(tokens, positions, model.get_attention_masks(positions))
+
+
+def assert_same_tensors(hf_dir: Path, exported: Path) -> None:
+    """Every tensor of `hf_dir` is in `exported`, bit for bit, and nothing else is."""
+    ours = {k: v for p in exported.glob("*.safetensors") for k, v in load_file(p).items()}
+    theirs = {k: v for p in hf_dir.glob("*.safetensors") for k, v in load_file(p).items()}
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert ours[name].dtype == tensor.dtype and torch.equal(ours[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ws")
+
+
+@pytest.fixture(scope="module")
+def hf_llama(workspace: Path) -> Path:
+    return make_hf_model(workspace / "hf_llama", "llama3", **TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def run(workspace: Path, hf_llama: Path) -> Path:
+    """`primus train` from the HF model (`init_from`) for 2 steps, then the same experiment again
+    to step 4 (it resumes from its step-2 checkpoint, not from the HF weights)."""
+    exp = experiment(workspace, hf_llama, LLAMA_MODEL)
+    keep = (
+        "exp_name=ckpt",
+        "metrics.log_freq=1",
+        "checkpoint.enable=true",
+        "checkpoint.interval=2",
+    )
+    train_run(exp, workspace, *keep, "training.steps=2")
+    return train_run(exp, workspace, *keep, "training.steps=4")
+
+
 def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> None:
     derived = derived_preset("torchtitan", LLAMA31_8B, tmp_path)
     ours = resolved_model("torchtitan", "torchtitan_pretrain", derived.name, tmp_path)["model"]
@@ -33,7 +135,6 @@ def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> Non
     assert ours["tie_embeddings"] is shipped.get("tie_embeddings", False) is False
 
 
-@pytest.mark.slow
 def test_a_family_torchtitan_lacks_is_refused_naming_it(tmp_path: Path) -> None:
     hf_config("mixtral_8x7B").save_pretrained(tmp_path)  # a whole, valid Mixtral config.json
     result = primus("checkpoint", "preset", "--hf", str(tmp_path), "--framework", "torchtitan")
@@ -41,11 +142,8 @@ def test_a_family_torchtitan_lacks_is_refused_naming_it(tmp_path: Path) -> None:
     assert "model_type 'mixtral' has no TorchTitan model here" in result.stderr
 
 
-@pytest.mark.slow
-def test_inspect_a_dcp_checkpoint_from_a_real_run(tmp_path: Path) -> None:
-    run_dir = train_run(RECIPE, tmp_path, "exp_name=ckpt", "training.steps=4",
-                        "checkpoint.enable=true", "checkpoint.interval=2")  # fmt: skip
-    info = inspect_json(run_dir / "checkpoint")
+def test_inspect_a_dcp_checkpoint_from_a_real_run(run: Path) -> None:
+    info = inspect_json(run / "checkpoint")
     assert (info["backend"], info["iteration"], info["iterations_saved"]) == (
         "torchtitan",
         4,
@@ -54,4 +152,146 @@ def test_inspect_a_dcp_checkpoint_from_a_real_run(tmp_path: Path) -> None:
     assert info["model"] == {"vocab_size": 512, "dim": 64, "n_layers": 2, "ffn_hidden_dim": 176,
                              "q_proj": [64, 64], "kv_proj": [32, 64], "tie_embeddings": False}  # fmt: skip
     assert info["size"]["model_parameters"] == 158016  # the same tiny model as Megatron's
-    assert info["provenance"]["run_dir"] == str(run_dir.resolve())
+    assert info["provenance"]["run_dir"] == str(run.resolve())
+
+
+def test_the_run_starts_from_the_hf_weights(run: Path, hf_llama: Path) -> None:
+    """Step 1's loss (before any update) is transformers' loss on the same batch."""
+    assert (run / "checkpoint" / "hf_import" / ".metadata").is_file()
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert f"Loading the checkpoint from {run / 'checkpoint' / 'hf_import'}" in log
+    assert losses(run)[1] == pytest.approx(hf_loss(hf_llama, first_batch()), rel=1e-5)
+
+
+def test_a_resumed_run_prefers_its_own_checkpoint(run: Path) -> None:
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert "init_from: " in log and "is there already; not importing again" in log
+    assert f"Loading the checkpoint from {run / 'checkpoint' / 'step-2'}" in log
+    assert log.count(f"Loading the checkpoint from {run / 'checkpoint' / 'hf_import'}") == 1
+    assert sorted(losses(run)) == [1, 2, 3, 4]
+
+
+def test_imported_logits_match_transformers(workspace: Path, run: Path, hf_llama: Path) -> None:
+    tokens = first_batch()[:, :-1]
+    with runtime(experiment(workspace, hf_llama, LLAMA_MODEL), "exp_name=ckpt") as rt:
+        ours = titan_logits(rt.backend_args(), run / "checkpoint" / "hf_import", tokens)
+    assert (ours - hf_logits(hf_llama, tokens)).abs().max() <= 1e-4
+
+
+def test_export_of_the_import_is_the_hf_model_bit_for_bit(
+    workspace: Path, run: Path, hf_llama: Path
+) -> None:
+    out = workspace / "export-0"
+    with runtime(experiment(workspace, hf_llama, LLAMA_MODEL), "exp_name=ckpt") as rt:
+        rt.export_hf(0, out)
+    assert_same_tensors(hf_llama, out)
+    tokens = first_batch()[:, :-1]
+    assert (hf_logits(out, tokens) - hf_logits(hf_llama, tokens)).abs().max() <= 1e-4
+    assert json.loads((out / "primus_provenance.json").read_text())  # core's record
+
+
+def test_export_after_training_loads_in_transformers(
+    workspace: Path, run: Path, hf_llama: Path
+) -> None:
+    """`primus checkpoint export` of step 4: transformers' logits are TorchTitan's; the
+    experiment's tokenizer folder (hf_assets_path) comes along."""
+    tokenizer = workspace / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    out = workspace / "export-4"
+    exp = experiment(workspace, hf_llama, LLAMA_MODEL)
+    result = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out),
+                    "exp_name=ckpt", "mock_data=false", f"hf_assets_path={tokenizer}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step-4" in result.stderr and (out / "tokenizer.json").read_text() == "{}"
+    tokens = first_batch()[:, :-1]
+    with runtime(exp, "exp_name=ckpt") as rt:
+        ours = titan_logits(rt.backend_args(), run / "checkpoint" / "step-4", tokens)
+    assert (hf_logits(out, tokens) - ours).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("family", "changes", "model"),
+    [
+        ("llama3", {**TINY_LLAMA, "tie_word_embeddings": True}, {**LLAMA_MODEL, "tie_embeddings": True}),
+        ("qwen3", {}, QWEN3_MODEL),
+    ],
+    ids=["llama3-tied", "qwen3"],
+)  # fmt: skip
+def test_import_and_export(
+    tmp_path: Path, family: str, changes: dict[str, Any], model: dict[str, Any]
+) -> None:
+    hf_dir = make_hf_model(tmp_path / "hf", family, seed=1, **changes)
+    exp, out = experiment(tmp_path, hf_dir, model), tmp_path / "export"
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with runtime(exp, "exp_name=run") as rt:
+        folder = rt.import_hf(hf_dir)
+        ours = titan_logits(rt.backend_args(), folder, tokens)
+        rt.export_hf(None, out)
+    assert (ours - hf_logits(hf_dir, tokens)).abs().max() <= 1e-4
+    assert_same_tensors(hf_dir, out)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is bool(changes)
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "mixtral"])
+def test_import_refuses_a_family_torchtitan_lacks(tmp_path: Path, family: str) -> None:
+    hf_dir = make_hf_model(tmp_path / "hf", family)
+    exp = experiment(tmp_path, hf_dir, {})
+    with pytest.raises(ConfigError, match="has no TorchTitan model here"), runtime(exp) as rt:
+        rt.import_hf(hf_dir)
+    assert not list(tmp_path.rglob("hf_import"))
+
+
+def _rewrite(hf_dir: Path, change: Any) -> None:
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _truncate(hf_dir: Path) -> None:
+    path = hf_dir / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-1000])
+
+
+BAD = {
+    "missing": (lambda d: _rewrite(d, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+                "tensor 'model.layers.1.mlp.up_proj.weight' is in none of model.safetensors"),
+    "int": (lambda d: _rewrite(d, lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)})),
+            "model.safetensors: tensor 'model.norm.weight': dtype torch.int32 is not a floating"),
+    "shape": (lambda d: _rewrite(d, lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.ones(64, 32)})),
+              "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight': shape [64, 32], TorchTitan's 'layers.0.attention.wo.weight' is [64, 64]"),
+    "truncated": (_truncate, "model.safetensors: not a readable safetensors file: tensor 'model.layers.1.self_attn.v_proj.weight' runs past its end"),
+    "architecture": (lambda d: (d / "config.json").write_text((d / "config.json").read_text().replace('"intermediate_size": 176', '"intermediate_size": 128')),
+                     "config.json does not match the experiment's model:\n  model.ffn_hidden_dim: 128 in the HF config, 176"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_hf_models_are_refused_naming_file_and_tensor(
+    tmp_path: Path, hf_llama: Path, case: str
+) -> None:
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_llama, hf_dir)
+    spoil, message = BAD[case]
+    spoil(hf_dir)
+    exp = experiment(tmp_path, hf_dir, LLAMA_MODEL)
+    with pytest.raises(ConfigError) as error, runtime(exp, "exp_name=run") as rt:
+        rt.import_hf(hf_dir)  # the architecture is checked as the experiment loads
+    assert message in str(error.value)
+    assert not list(tmp_path.rglob("*hf_import*"))  # nothing half-written
+
+
+def test_a_truncated_file_is_a_config_error_on_the_command_line(
+    tmp_path: Path, hf_llama: Path
+) -> None:
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_llama, hf_dir)
+    _truncate(hf_dir)
+    exp = experiment(tmp_path, hf_dir, LLAMA_MODEL)
+    result = primus(
+        "checkpoint", "import", "--hf", str(hf_dir), "--config", str(exp), "exp_name=run"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"{hf_dir / 'model.safetensors'}: not a readable safetensors file" in result.stderr
+    assert not list(tmp_path.rglob("hf_import*")) and not list(tmp_path.rglob(".hf_import*"))

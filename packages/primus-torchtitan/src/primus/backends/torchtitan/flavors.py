@@ -29,13 +29,20 @@ MODEL_KEYS = {
     "model.vocab_size": ParamSpec(int, "vocabulary size"),
     "model.rope_theta": ParamSpec(float, "RoPE base"),
     "model.rope_scaling": ParamSpec(
-        str, "llama3: Llama-3 frequency scaling ('llama') or none", choices=("llama", "none")
+        str,
+        "llama3: Llama-3 frequency scaling ('llama') or none",
+        choices=("llama", "none"),
+        default="llama",
     ),
     "model.rope_scaling_factor": ParamSpec(
-        float, "Llama-3 scaling factor (rope_scaling.factor in HF config.json; TorchTitan: 8)"
+        float,
+        "Llama-3 scaling factor (rope_scaling.factor in HF config.json; TorchTitan: 8)",
+        default=8.0,
     ),
     "model.max_seq_len": ParamSpec(int, "RoPE table length"),
-    "model.tie_embeddings": ParamSpec(bool, "share the embedding and output weights"),
+    "model.tie_embeddings": ParamSpec(
+        bool, "share the embedding and output weights", default=False
+    ),
     "model.attn_backend": ParamSpec(
         str,
         "TorchTitan attention: flex, flex_flash or varlen",

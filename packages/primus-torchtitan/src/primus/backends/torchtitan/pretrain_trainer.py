@@ -15,6 +15,12 @@ class TorchTitanPretrainTrainer(BaseTrainer):
     trainer: Any = None
 
     def init(self) -> None:
+        from primus.backends.torchtitan.hf_convert import start_from_import
+
+        imported = start_from_import(self.backend_args)
+        if imported:
+            log_rank_0(f"[torchtitan] starts from the imported weights in {imported} unless the run "
+                       "has a step-N checkpoint")  # fmt: skip
         try:
             self.trainer = self.backend_args.build()
         except NotImplementedError as exc:  # TorchTitan's word for a combination it lacks

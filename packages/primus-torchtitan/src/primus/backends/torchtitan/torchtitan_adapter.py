@@ -65,6 +65,27 @@ class TorchTitanAdapter(BackendAdapter):
 
         return preset_from_hf(hf_config)
 
+    def hf_import_dir(self, backend_args: Any) -> Path:
+        from primus.backends.torchtitan.hf_convert import import_dir
+
+        return import_dir(backend_args)
+
+    def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
+        from primus.backends.torchtitan.hf_convert import import_hf
+
+        import_hf(hf_dir, backend_args, out)
+
+    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+        from primus.backends.torchtitan.hf_convert import export_hf, tokenizer_dir
+        from primus.core.checkpoint.convert import copy_tokenizer
+
+        source = export_hf(backend_args, iteration, out)
+        tokenizer = tokenizer_dir(backend_args)
+        copied = copy_tokenizer(tokenizer, out) if tokenizer else []
+        log_rank_0(
+            f"[torchtitan] exported {source}" + (f" with {tokenizer}'s tokenizer" if copied else "")
+        )
+
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         from primus.backends.torchtitan.checkpoints import inspect_checkpoint
 

@@ -1,0 +1,308 @@
+"""Hugging Face checkpoints into and out of TorchTitan's DCP format, through TorchTitan's own
+state-dict adapters (`ModelSpec.state_dict_adapter`: names, and the q/k row permutation between
+HF's half-rotation RoPE and llama3's interleaved complex RoPE).
+
+Import writes the model's global (unsharded) tensors as a DCP checkpoint in `hf_import` inside
+the run's checkpoint folder; DCP reshards on load, so any parallelism can start from it. Export
+reads a DCP step folder (or that import) one safetensors shard's keys at a time, without a
+process group and without building the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from primus.core.errors import ConfigError
+
+IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
+SHARD_BYTES = 4 * 1024**3  # export: tensor bytes per safetensors file (and in memory at once)
+EMBEDDING, LM_HEAD = "tok_embeddings.weight", "lm_head.weight"
+HF_LM_HEAD = "lm_head.weight"
+HF_MODEL_TYPES = {"llama3": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
+
+
+def import_dir(config: Any) -> Path:
+    """Where `import_hf` writes for the run of this Trainer.Config."""
+    return Path(config.dump_folder, config.checkpoint.folder, IMPORT_FOLDER)
+
+
+def _family(config: Any) -> str:
+    name = config.model_spec.name
+    if name not in HF_MODEL_TYPES or config.model_spec.state_dict_adapter is None:
+        raise ConfigError(f"TorchTitan's {name} model has no Hugging Face conversion here",
+                          hint=f"supported: {', '.join(HF_MODEL_TYPES)}")  # fmt: skip
+    return str(name)
+
+
+def _adapter(config: Any) -> Any:
+    """The family's state-dict adapter, untied: tied embeddings are handled here, tensor by
+    tensor (the adapters tie by looking at the whole state dict at once)."""
+    model = copy.copy(config.model_spec.model)
+    model.enable_weight_tying = False
+    return config.model_spec.state_dict_adapter(model, None)
+
+
+def _tied(config: Any) -> bool:
+    return bool(config.model_spec.model.enable_weight_tying)
+
+
+def expected_state(config: Any) -> dict[str, Any]:
+    """The model's state dict as meta tensors, in the training dtype (as the Trainer builds it)."""
+    import torch
+
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.tools.utils import set_default_dtype
+
+    with torch.device("meta"), set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+        model = config.model_spec.model.build()
+    return dict(model.state_dict())
+
+
+def _hf_name(adapter: Any, key: str, tensor: Any) -> str:
+    return next(iter(adapter.to_hf({key: tensor})), key)
+
+
+# -- import ---------------------------------------------------------------------------------
+def _safetensors_files(hf_dir: Path) -> list[Path]:
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [hf_dir / name for name in names]
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{hf_dir}: no *.safetensors files")
+    return files
+
+
+def _truncation(path: Path) -> str:
+    """Which tensor of a safetensors file lies past its end (the file's header is read)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else size
+        if 8 + length > size:
+            return "its header runs past the end"
+        try:
+            header = json.loads(f.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return "its header is not JSON"
+    ends = {k: 8 + length + v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"}
+    cut = sorted((end, name) for name, end in ends.items() if end > size)
+    return f"tensor '{cut[0][1]}' runs past its end ({size} bytes)" if cut else "unreadable"
+
+
+def _convert(adapter: Any, name: str, tensor: Any, where: str) -> dict[str, Any]:
+    try:
+        return dict(adapter.from_hf({name: tensor}))
+    except KeyError:
+        raise ConfigError(f"{where}: has no place in the TorchTitan model") from None
+    except RuntimeError as exc:  # a reshape of the q/k permutation that does not fit
+        raise ConfigError(f"{where}: shape {list(tensor.shape)} does not fit: {exc}") from None
+
+
+def _checked(expected: dict[str, Any], key: str, value: Any, where: str) -> Any:
+    """`value` for native `key` in the expected dtype; ConfigError naming the HF tensor."""
+    if key not in expected:
+        raise ConfigError(f"{where}: has no place in the TorchTitan model (it would be '{key}')")
+    want = expected[key]
+    if not value.is_floating_point():
+        raise ConfigError(f"{where}: dtype {value.dtype} is not a floating-point dtype")
+    if value.shape != want.shape:
+        raise ConfigError(
+            f"{where}: shape {list(value.shape)}, TorchTitan's '{key}' is {list(want.shape)}"
+        )
+    return value.to(want.dtype)
+
+
+def _check_norm_eps(hf_dir: Path, config: Any) -> None:
+    from primus.core.checkpoint.hf import HFArchitecture, read_config
+
+    hf_eps = HFArchitecture.from_config(read_config(hf_dir)).norm_eps
+    eps = config.model_spec.model.norm.eps
+    if not math.isclose(hf_eps, eps, rel_tol=1e-6):
+        raise ConfigError(f"{hf_dir}/config.json: rms_norm_eps {hf_eps:g} differs from TorchTitan's "
+                          f"{config.model_spec.name} ({eps:g}), which fixes it")  # fmt: skip
+
+
+def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
+    """The HF model in `hf_dir` as a DCP checkpoint (model weights only) in `out`."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors import SafetensorError, safe_open
+
+    _family(config)
+    _check_norm_eps(hf_dir, config)
+    expected, adapter, tied = expected_state(config), _adapter(config), _tied(config)
+    state: dict[str, Any] = {}
+    for path in _safetensors_files(hf_dir):
+        if not path.is_file():
+            raise ConfigError(f"{path}: missing (named by model.safetensors.index.json)")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    if tied and name == HF_LM_HEAD:
+                        continue  # the embedding stands for it
+                    where = f"{path}: tensor '{name}'"
+                    for key, value in _convert(adapter, name, f.get_tensor(name), where).items():
+                        state[key] = _checked(expected, key, value, where)
+        except SafetensorError as exc:
+            raise ConfigError(f"{path}: not a readable safetensors file: {_truncation(path)} "
+                              f"({exc})") from None  # fmt: skip
+    if tied and EMBEDDING in state:
+        state[LM_HEAD] = state[EMBEDDING]
+    missing = [_hf_name(adapter, key, expected[key]) for key in expected if key not in state]
+    if missing:
+        files = ", ".join(p.name for p in _safetensors_files(hf_dir))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"{hf_dir}: tensor '{missing[0]}'{more} is in none of {files}")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(out)), no_dist=True)
+
+
+# -- export ---------------------------------------------------------------------------------
+def _step_folders(config: Any) -> dict[int, Path]:
+    """Step -> DCP folder of the run: its `step-N` folders, and the import as step 0."""
+    from primus.core.checkpoint.dcp import numbered
+
+    root = Path(config.dump_folder, config.checkpoint.folder)
+    folders = {n: p for n, p in numbered(root, "step-").items() if (p / ".metadata").is_file()}
+    if (import_dir(config) / ".metadata").is_file():
+        folders.setdefault(0, import_dir(config))
+    return folders
+
+
+def _source(config: Any, iteration: int | None) -> Path:
+    folders = _step_folders(config)
+    root = Path(config.dump_folder, config.checkpoint.folder)
+    if not folders:
+        raise ConfigError(f"{root}: no TorchTitan checkpoint (step-N folder or {IMPORT_FOLDER})")
+    step = max(folders) if iteration is None else iteration
+    if step not in folders:
+        raise ConfigError(f"{root}: no checkpoint of step {step}",
+                          hint=f"saved steps: {', '.join(map(str, sorted(folders)))}")  # fmt: skip
+    return folders[step]
+
+
+def _shards(sizes: dict[str, int]) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    total = 0
+    for key, size in sizes.items():
+        if shards[-1] and total + size > SHARD_BYTES:
+            shards.append([])
+            total = 0
+        shards[-1].append(key)
+        total += size
+    return shards
+
+
+def hf_config(config: Any, dtype: str) -> dict[str, Any]:
+    """config.json for the model of this Trainer.Config."""
+    family = _family(config)
+    model = config.model_spec.model
+    layer = model.layers[0]
+    attention, rope = layer.attention, layer.attention.rope
+    n_heads = attention.n_heads
+    model_type, architecture = HF_MODEL_TYPES[family]
+    hf: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": model.dim,
+        "intermediate_size": layer.feed_forward.w1.out_features,
+        "num_hidden_layers": len(model.layers),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": attention.n_kv_heads or n_heads,
+        "head_dim": attention.qkv_linear.head_dim or model.dim // n_heads,
+        "vocab_size": model.vocab_size,
+        "max_position_embeddings": rope.max_seq_len,
+        "rope_theta": float(rope.theta),
+        "rms_norm_eps": model.norm.eps,
+        "tie_word_embeddings": bool(model.enable_weight_tying),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "dtype": dtype,
+    }
+    if family == "llama3":
+        hf["mlp_bias"] = False
+        if rope.scaling == "llama":
+            hf["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": float(rope.scaling_factor),
+                "low_freq_factor": float(rope.low_freq_factor),
+                "high_freq_factor": float(rope.high_freq_factor),
+                "original_max_position_embeddings": int(rope.original_max_position_embeddings),
+            }
+    else:
+        hf.update(use_sliding_window=False, sliding_window=None)
+    return hf
+
+
+def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
+    """The run's DCP checkpoint (latest, or step `iteration`; 0: the import) as safetensors
+    shards, their index and config.json in `out`, in `checkpoint.export_dtype`; the folder read."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    source = _source(config, iteration)
+    stored = dcp.FileSystemReader(str(source)).read_metadata().state_dict_metadata
+    adapter, dtype = _adapter(config), TORCH_DTYPE_MAP[config.checkpoint.export_dtype]
+    keys = [k for k in expected_state(config) if not (_tied(config) and k == LM_HEAD)]
+    for key in keys:
+        if not isinstance(stored.get(key), TensorStorageMetadata):
+            raise ConfigError(f"{source}: no tensor '{key}' (a checkpoint of another model?)")
+    sizes = {k: math.prod(stored[k].size) * dtype.itemsize for k in keys}  # type: ignore[union-attr]
+    shards = _shards(sizes)
+    weight_map = {}
+    for number, shard in enumerate(shards, 1):
+        state = {}
+        for k in shard:
+            meta = stored[k]
+            state[k] = torch.empty(meta.size, dtype=meta.properties.dtype)  # type: ignore[union-attr]
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(source)), no_dist=True)
+        hf = {name: t.to(dtype).contiguous() for name, t in adapter.to_hf(state).items()}
+        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file(hf, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(hf, name))
+        del state, hf
+    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    hf_dtype = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(hf_config(config, hf_dtype), indent=2) + "\n")
+    return source
+
+
+def tokenizer_dir(config: Any) -> Path | None:
+    """The experiment's tokenizer folder (`hf_assets_path`), None when it trains on mock data."""
+    from primus.backends.torchtitan.data import MockTokenizer
+
+    if isinstance(config.tokenizer, MockTokenizer.Config):
+        return None
+    folder = Path(config.hf_assets_path)
+    return folder if folder.is_dir() else None
+
+
+def start_from_import(config: Any) -> Path | None:
+    """Make TorchTitan's checkpointer load the imported weights (model only) when the run has
+    no checkpoint of its own: `checkpoint.initial_load_path` is the import folder (TorchTitan
+    prefers any step-N folder over it). A run with checkpointing off only loads (`load_only`)."""
+    folder = import_dir(config)
+    if not (folder / ".metadata").is_file():
+        return None
+    checkpoint, folder = config.checkpoint, folder.resolve()
+    if checkpoint.initial_load_in_hf or checkpoint.initial_load_path not in (None, str(folder)):
+        raise ConfigError(
+            f"{folder} holds imported HF weights, and checkpoint.initial_load_path/"
+            "initial_load_in_hf name another start",
+            hint=f"remove {folder}, or the checkpoint.initial_load_* settings",
+        )
+    checkpoint.initial_load_path = str(folder)
+    checkpoint.initial_load_model_only = True
+    if not checkpoint.enable:
+        checkpoint.enable = checkpoint.load_only = True
+    return folder
