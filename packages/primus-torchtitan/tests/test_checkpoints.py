@@ -20,21 +20,11 @@ from safetensors.torch import load_file, save_file
 from primus.core.errors import ConfigError
 from primus.core.patches import restore_all
 from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
-from primus.core.testing.hf_models import hf_config, hf_logits, hf_loss, make_hf_model
+from primus.core.testing.hf_models import HF_CONFIGS, hf_config, hf_logits, hf_loss, make_hf_model
 from primus.core.testing.runs import losses, primus, train_run
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
-# meta-llama/Llama-3.1-8B config.json, as published (Llama-3 scaling with TorchTitan's factor 8)
-LLAMA31_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "tie_word_embeddings": False, "vocab_size": 128256, "attention_bias": False, "mlp_bias": False,
-}  # fmt: skip
 ARCHITECTURE = ("family", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim",
                 "vocab_size", "rope_theta", "rope_scaling", "rope_scaling_factor", "max_seq_len")  # fmt: skip
 # TINY_CONFIGS' llama3 (Llama-3.2 RoPE scaling) in the shape of the `tiny` preset
@@ -128,7 +118,7 @@ def run(workspace: Path, hf_llama: Path) -> Path:
 
 
 def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> None:
-    derived = derived_preset("torchtitan", LLAMA31_8B, tmp_path)
+    derived = derived_preset("torchtitan", HF_CONFIGS["llama3.1_8B"], tmp_path)
     ours = resolved_model("torchtitan", "torchtitan_pretrain", derived.name, tmp_path)["model"]
     shipped = resolved_model("torchtitan", "torchtitan_pretrain", "llama3.1_8B", tmp_path)["model"]
     assert {k: ours[k] for k in ARCHITECTURE} == {k: shipped[k] for k in ARCHITECTURE}
