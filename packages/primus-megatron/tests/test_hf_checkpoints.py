@@ -222,11 +222,11 @@ def test_a_broken_hf_directory_is_refused(refused: dict[str, Any], how: str) -> 
     assert leftovers == []  # nothing half-written
 
 
-def test_truncated_header_names_the_file(tmp_path: Path, converted: Path) -> None:
+def test_truncated_header_names_the_file(tmp_path: Path) -> None:
     from primus.backends.megatron.hf_convert import HFTensors
     from primus.core.errors import ConfigError
 
-    hf = _broken(tmp_path / "hf", converted / "llama3" / "hf", "none")
+    hf = make_hf_model(tmp_path / "hf", "llama3")
     (hf / "model.safetensors").write_bytes(struct.pack("<Q", 10_000) + b"{")
-    with pytest.raises(ConfigError, match="model.safetensors: not a safetensors file"):
+    with pytest.raises(ConfigError, match=r"model\.safetensors: not a safetensors file"):
         HFTensors(hf)

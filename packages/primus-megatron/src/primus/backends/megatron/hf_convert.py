@@ -224,13 +224,13 @@ class HFTensors:
         paths = sorted(folder.glob("*.safetensors"))
         if not paths:
             raise ConfigError(f"{folder}: no *.safetensors files")
+        self.where = index if index.is_file() else paths[0] if len(paths) == 1 else folder
         for path in paths:
             for name, entry in _checked_header(path).items():
                 self.files[name] = path
                 if entry["dtype"] not in FLOAT_DTYPES:
                     self._bad(name, f"has dtype {entry['dtype']}; expected a floating-point dtype "
                                     f"({', '.join(FLOAT_DTYPES)})")  # fmt: skip
-        self.where = index if index.is_file() else paths[0] if len(paths) == 1 else folder
 
     def _bad(self, name: str, problem: str) -> None:
         raise ConfigError(f"{self.files.get(name, self.where)}: tensor '{name}' {problem}")
