@@ -15,8 +15,16 @@ class MegatronPretrainTrainer(BaseTrainer):
     def setup(self) -> None:
         from megatron.training.global_vars import set_global_variables
         from primus.backends.megatron.checkpoints import is_imported
+        from primus.core.dist_env import get_torchrun_env
+        from primus.core.errors import ConfigError
 
         args = self.backend_args
+        if args.world_size != get_torchrun_env().world_size:
+            raise ConfigError(
+                f"megatron: this parallel layout needs {args.world_size} processes (tensor x "
+                "pipeline x context parallel); one is running",
+                hint=f"primus train --nproc-per-node {args.world_size} ...",
+            )
         if args.load and is_imported(Path(args.load)) and not args.finetune:
             # an HF import: the model weights only, with a fresh optimizer, schedule and RNG
             args.finetune = True
