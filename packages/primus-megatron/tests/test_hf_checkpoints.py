@@ -118,8 +118,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory, converted: Path) -> Path:
     return train_run(exp, folder / "ws", "exp_name=initfrom", *TRAIN, "lr=0", "min_lr=0")
 
 
-def test_training_starts_from_the_hf_weights(trained: Path, converted: Path) -> None:
-    # Megatron's step-2 batch (samples 8-15 of its mock data, from megatron_forward.py)
+def step2_loss(converted: Path) -> float:
+    """transformers' loss on Megatron's step-2 batch (mock-data samples 8-15, as
+    megatron_forward.py read them) for the llama3 model."""
     samples = torch.load(converted / "llama3" / "megatron.pt", weights_only=False)["samples"][8:]
     tokens, labels, mask = (torch.stack([s[k] for s in samples]) for k in
                             ("tokens", "labels", "loss_mask"))  # fmt: skip
@@ -127,8 +128,18 @@ def test_training_starts_from_the_hf_weights(trained: Path, converted: Path) -> 
     per_token = torch.nn.functional.cross_entropy(
         logits.flatten(0, 1), labels.flatten(), reduction="none"
     )
-    expected = float((per_token * mask.flatten()).sum() / mask.sum())
-    assert losses(trained)[2] == pytest.approx(expected, abs=1e-4)
+    return float((per_token * mask.flatten()).sum() / mask.sum())
+
+
+def export(exp: Path, out: Path, *args: str) -> dict[str, torch.Tensor]:
+    """`primus checkpoint export` of the experiment (one process); the tensors written."""
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out), *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return safetensors(out)
+
+
+def test_training_starts_from_the_hf_weights(trained: Path, converted: Path) -> None:
+    assert losses(trained)[2] == pytest.approx(step2_loss(converted), abs=1e-4)
     log = (trained / "logs" / "rank-0.log").read_text()
     assert "starting from the HF import" in log and "weights only" in log
     provenance = json.loads((trained / "checkpoints" / "primus_provenance.json").read_text())
@@ -151,13 +162,30 @@ def test_inspect_a_distributed_checkpoint_from_a_real_run(trained: Path) -> None
 
 
 def test_export_a_trained_checkpoint(trained: Path, converted: Path, tmp_path: Path) -> None:
-    out = tmp_path / "hf"
-    done = primus("checkpoint", "export", "--config", str(trained.parents[3] / "exp.yaml"),
-                  "--iteration", "4", "--hf", str(out), "exp_name=initfrom",
-                  PRIMUS_WORKSPACE=str(trained.parents[2]))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    exported = export(trained.parents[3] / "exp.yaml", tmp_path / "hf", "--iteration", "4")
     source = safetensors(converted / "llama3" / "hf")  # learning rate 0: the same weights
-    assert all(torch.equal(safetensors(out)[k], v) for k, v in source.items())
+    assert all(torch.equal(exported[k], v) for k, v in source.items())
+
+
+def test_tensor_and_pipeline_parallel(converted: Path, tmp_path: Path) -> None:
+    """TP=2 x PP=2 over gloo (4 processes): the import loads sharded and trains to the same
+    loss; the sharded checkpoint it saves exports (one process) to the HF weights."""
+    folder = tmp_path / "tp2pp2"
+    folder.mkdir()
+    exp = experiment(folder, converted / "llama3" / "hf", init_from=True)
+    parallel = ("tensor_model_parallel_size=2", "pipeline_model_parallel_size=2")
+    run = train_run(exp, folder / "ws", "exp_name=tp2pp2", "train_iters=3", "lr=0", "min_lr=0",
+                    *parallel, nproc=4)  # fmt: skip
+    assert losses(run)[2] == pytest.approx(step2_loss(converted), abs=1e-4)
+    info = inspect_json(run / "checkpoints")
+    assert info["iteration"] == 3 and (
+        info["parallel"]["tensor"],
+        info["parallel"]["pipeline"],
+    ) == (2, 2)
+    exported = export(exp, tmp_path / "hf", *parallel)
+    source = safetensors(converted / "llama3" / "hf")
+    assert sorted(exported) == sorted(source)
+    assert all(torch.equal(exported[k], v) for k, v in source.items())
 
 
 # -- bad HF directories ----------------------------------------------------------------
