@@ -22,16 +22,14 @@ def test_every_model_preset_has_its_hf_config() -> None:
 def test_rotary_frequencies_match_transformers(model: str, tmp_path: Path) -> None:
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
+    from primus.backends.megatron.providers import rotary_kwargs
+
     args = preset_args(tmp_path, "megatron", "megatron_pretrain", model, device="cpu")
     rope = RotaryEmbedding(  # as GPTModel builds it from the args (providers.model_provider)
         kv_channels=args.kv_channels,
-        rotary_percent=args.rotary_percent,
         rotary_interleaved=args.rotary_interleaved,
-        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
-        rotary_base=args.rotary_base,
-        rope_scaling=args.use_rope_scaling,
-        rope_scaling_factor=args.rope_scaling_factor,
         use_cpu_initialization=True,
+        **rotary_kwargs(args),
     )
     np.testing.assert_allclose(rope.inv_freq.double().numpy(), hf_inv_freq(model), rtol=1e-6)
 

@@ -87,6 +87,27 @@ def _iteration_folder(path: Path) -> tuple[Path, int, list[int]] | None:
     return None
 
 
+def iteration_dir(folder: Path, iteration: int | None = None) -> Path:
+    """The `iter_N` folder of the checkpoint folder `folder`: the latest, or `iteration`."""
+    found = _iteration_folder(folder)
+    if found is None:
+        raise ConfigError(f"{folder}: no Megatron checkpoint (no {TRACKER} and iter_N folder)")
+    latest, number, saved = found
+    if iteration is None or iteration == number:
+        return latest
+    if iteration not in saved:
+        raise ConfigError(f"{folder}: no checkpoint of iteration {iteration}",
+                          hint=f"saved: {', '.join(map(str, saved))}")  # fmt: skip
+    return numbered(folder, "iter_")[iteration]
+
+
+def is_imported(folder: Path) -> bool:
+    """Whether the latest checkpoint in `folder` is an HF import (iteration 0: model only;
+    a run never saves iteration 0 itself)."""
+    tracker = folder / TRACKER
+    return tracker.is_file() and tracker.read_text().strip() == "0"
+
+
 def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
     """Iteration, model shape and parallel layout (from the saved args), and size."""
     found = _iteration_folder(path)

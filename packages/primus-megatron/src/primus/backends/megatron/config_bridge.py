@@ -136,6 +136,15 @@ def _validation_error(exc: BaseException, config: ModuleConfig) -> ConfigError:
     )
 
 
+def model_parallel_size(args: argparse.Namespace) -> int:
+    """Processes one model replica spans: tensor x pipeline x context parallel."""
+    return int(
+        args.tensor_model_parallel_size
+        * args.pipeline_model_parallel_size
+        * args.context_parallel_size
+    )
+
+
 def build_megatron_args(
     config: ModuleConfig, megatron_params: dict[str, Any]
 ) -> argparse.Namespace:
@@ -151,6 +160,8 @@ def build_megatron_args(
             raise config.error(key, f"{key}: {exc}") from None
     env = get_torchrun_env()
     args.rank, args.world_size = env.rank, env.world_size
+    if env.world_size == 1:  # one process (checkpoint conversion, dry run): the smallest world
+        args.world_size = model_parallel_size(args)  # the layout needs; the trainer checks it
     args._is_global_batch_size_explicitly_specified = args.global_batch_size is not None
     dump = io.StringIO()
     try:

@@ -10,6 +10,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 
 TESTED = ">=0.19,<0.20"  # the megatron-core versions Primus's patches were tested on
@@ -28,6 +29,8 @@ class MegatronAdapter(BackendAdapter):
 
     trainers = {"pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer"}
     tested_versions = TESTED
+    # Training choices in `model_preset_from_hf`'s result, not architecture.
+    hf_preset_training_keys = frozenset({"seq_length", "attention_dropout", "hidden_dropout"})
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util
@@ -62,6 +65,25 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.checkpoints import preset_from_hf
 
         return preset_from_hf(hf_config)
+
+    def hf_import_dir(self, backend_args: Any) -> Path | None:
+        folder = backend_args.load or backend_args.save
+        if folder is None:
+            raise ConfigError(
+                "megatron: the experiment has no checkpoint folder to import into",
+                hint="set save_interval (checkpoints go into the run directory) or load",
+            )
+        return Path(folder)
+
+    def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
+        from primus.backends.megatron.hf_convert import import_hf
+
+        import_hf(hf_dir, backend_args, out)
+
+    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+        from primus.backends.megatron.hf_convert import export_hf
+
+        export_hf(backend_args, iteration, out)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         from primus.backends.megatron.checkpoints import inspect_checkpoint

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
@@ -13,9 +14,23 @@ class MegatronPretrainTrainer(BaseTrainer):
 
     def setup(self) -> None:
         from megatron.training.global_vars import set_global_variables
+        from primus.backends.megatron.checkpoints import is_imported
+        from primus.core.dist_env import get_torchrun_env
+        from primus.core.errors import ConfigError
 
+        args = self.backend_args
+        if args.world_size != get_torchrun_env().world_size:
+            raise ConfigError(
+                f"megatron: this parallel layout needs {args.world_size} processes (tensor x "
+                "pipeline x context parallel); one is running",
+                hint=f"primus train --nproc-per-node {args.world_size} ...",
+            )
+        if args.load and is_imported(Path(args.load)) and not args.finetune:
+            # an HF import: the model weights only, with a fresh optimizer, schedule and RNG
+            args.finetune = True
+            log_rank_0(f"[megatron] starting from the HF import in {args.load} (weights only)")
         # pretrain() reads the global args; set them from ours, not from sys.argv.
-        set_global_variables(self.backend_args)
+        set_global_variables(args)
 
     def init(self) -> None:
         from megatron.training.argument_utils import pretrain_cfg_container_from_args

@@ -46,6 +46,17 @@ def layer_spec(args: Any, config: TransformerConfig, vp_stage: int | None) -> An
     return make(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm, **kwargs)
 
 
+def rotary_kwargs(args: Any) -> dict[str, Any]:
+    """GPTModel's rotary arguments from Megatron's args (also RotaryEmbedding's names)."""
+    return {
+        "rotary_percent": args.rotary_percent,
+        "rotary_base": args.rotary_base,
+        "rope_scaling": args.use_rope_scaling,
+        "rope_scaling_factor": args.rope_scaling_factor,
+        "seq_len_interpolation_factor": args.rotary_seq_len_interpolation_factor,
+    }
+
+
 def model_provider(
     pre_process: bool = True,
     post_process: bool = True,
@@ -70,11 +81,7 @@ def model_provider(
         parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type,
-        rotary_percent=args.rotary_percent,
-        rotary_base=args.rotary_base,
-        rope_scaling=args.use_rope_scaling,
-        rope_scaling_factor=args.rope_scaling_factor,
-        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        **rotary_kwargs(args),
         vp_stage=vp_stage,
         pg_collection=pg_collection,
     )

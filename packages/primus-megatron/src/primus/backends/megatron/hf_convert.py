@@ -1,0 +1,196 @@
+"""Hugging Face model directories into and out of Megatron distributed (torch_dist) checkpoints.
+
+The mapping is hf_mapping's (megatron-bridge is not used: see docs/checkpoints.md). Megatron
+stores global, unsharded tensors (each layer a chunk of a tensor with a leading layer axis),
+so neither direction builds the model: import reads the HF safetensors one tensor at a time
+and saves iteration 0 with `megatron.core.dist_checkpointing` (loadable at any TP/PP/EP:
+Megatron reshards on load); export reads one Megatron tensor at a time from a checkpoint of
+any parallel layout and writes it as one safetensors file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from primus.backends.megatron.checkpoints import TRACKER, iteration_dir
+from primus.backends.megatron.hf_mapping import (
+    Layout,
+    Param,
+    extra_state_keys,
+    hf_config,
+    params,
+    rank_offsets,
+    to_hf,
+    to_megatron,
+)
+from primus.core.checkpoint.convert import copy_tokenizer
+from primus.core.errors import ConfigError
+
+CHECKPOINT_VERSION = 3.0  # what megatron.training writes
+# The model's part of the content metadata megatron.training saves (sharded_state_dict layout).
+CONTENT_METADATA = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+# -- HF safetensors, read one tensor at a time ------------------------------------------
+
+
+class HFTensors:
+    """The tensors of an HF model directory by name, each read (and checked) on demand."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files: dict[str, Path] = {}
+        index = folder / "model.safetensors.index.json"
+        paths = sorted(folder.glob("*.safetensors"))
+        if not paths:
+            raise ConfigError(f"{folder}: no *.safetensors files")
+        self.where = index if index.is_file() else paths[0] if len(paths) == 1 else folder
+        for path in paths:
+            for name, entry in _checked_header(path).items():
+                self.files[name] = path
+                if entry["dtype"] not in FLOAT_DTYPES:
+                    self._bad(name, f"has dtype {entry['dtype']}; expected a floating-point dtype "
+                                    f"({', '.join(FLOAT_DTYPES)})")  # fmt: skip
+
+    def _bad(self, name: str, problem: str) -> None:
+        raise ConfigError(f"{self.files.get(name, self.where)}: tensor '{name}' {problem}")
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self.files:
+            raise ConfigError(f"{self.where}: tensor '{name}' is missing")
+        with safe_open(self.files[name], "pt") as f:
+            tensor = f.get_tensor(name)
+        if tuple(tensor.shape) != shape:
+            self._bad(name, f"has shape {list(tensor.shape)}; config.json needs {list(shape)}")
+        return tensor
+
+
+def _checked_header(path: Path) -> dict[str, Any]:
+    """The tensor entries of a safetensors header; a ConfigError naming the first tensor that
+    lies past the end of a truncated file."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else size
+        try:
+            header = json.loads(f.read(length)) if 8 + length <= size else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            header = None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: not a safetensors file, or truncated in its header")
+    header.pop("__metadata__", None)
+    for name, entry in header.items():
+        if 8 + length + entry["data_offsets"][1] > size:
+            raise ConfigError(f"{path}: tensor '{name}' is truncated (the file ends at byte "
+                              f"{size})")  # fmt: skip
+    return header
+
+
+# -- import ----------------------------------------------------------------------------
+
+
+@contextmanager
+def _one_process_group() -> Iterator[None]:
+    """A one-process gloo group (no network) for dist_checkpointing, unless one exists."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def padded_vocab_size(args: Any) -> int:
+    """Megatron's padded vocabulary for these args (as the tokenizer would pad it)."""
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+    if args.padded_vocab_size:
+        return int(args.padded_vocab_size)
+    if not args.vocab_size:
+        raise ConfigError("megatron: set vocab_size to import a Hugging Face model")
+    return int(vocab_size_with_padding(args.vocab_size, args, logging_enabled=False))
+
+
+def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
+    """Write the HF model in `hf_dir` into `out` as Megatron's iteration 0 (model only)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+
+    layout = Layout.from_args(args, padded_vocab_size(args))
+    source = HFTensors(hf_dir)
+    state: dict[str, Any] = {}
+    for param in params(layout):
+        for index in param.indices(layout):
+            hf = [source.get(n, s) for n, s in zip(param.names(index), param.shapes, strict=True)]
+            state[f"{param.key}{index}"] = ShardedTensor.fromrank_offsets(
+                param.key, to_megatron(param, hf, layout), *rank_offsets(index, layout),
+                replica_id=0, prepend_axis_num=len(index),
+            )  # fmt: skip
+    for key, scope in extra_state_keys(layout):
+        for index in Param(key, (), (), scope).indices(layout):
+            counts = (layout.num_layers, layout.experts)[: len(index)]
+            state[f"{key}{index}"] = ShardedObject(key, None, counts, index, replica_id=0)
+    saved_args = copy.copy(args)
+    saved_args.padded_vocab_size = layout.padded_vocab
+    saved_args.consumed_train_samples = saved_args.consumed_valid_samples = 0
+    state |= {"args": saved_args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0}
+    folder = out / "iter_0000000"
+    folder.mkdir()
+    with _one_process_group():
+        dist_checkpointing.save(state, str(folder), content_metadata=dict(CONTENT_METADATA))
+    (out / TRACKER).write_text("0")
+
+
+# -- export ----------------------------------------------------------------------------
+def export_hf(args: Any, iteration: int | None, out: Path) -> None:
+    """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`: one
+    safetensors file per Megatron tensor (all its layers), read from the checkpoint alone."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    folder = iteration_dir(Path(args.load or args.save or ""), iteration)
+    saved = load_common_state_dict(str(folder))["args"]
+    layout = Layout.from_args(saved, saved.padded_vocab_size)
+    reader = dcp.FileSystemReader(str(folder))
+    stored: dict[str, Any] = reader.read_metadata().state_dict_metadata
+    table = params(layout)
+    missing = [p.key for p in table if p.key not in stored]
+    if missing:
+        raise ConfigError(f"{folder}: no tensor '{missing[0]}' (not a model Primus converts)")
+    dtype = stored[table[0].key].properties.dtype
+    weight_map: dict[str, str] = {}
+    for number, param in enumerate(table, start=1):
+        meta = stored[param.key]
+        whole = {param.key: torch.empty(meta.size, dtype=meta.properties.dtype)}
+        dcp.load(whole, storage_reader=reader, no_dist=True)
+        tensors: dict[str, torch.Tensor] = {}
+        for index in param.indices(layout):
+            hf = to_hf(param, whole[param.key][index], layout)
+            tensors |= dict(zip(param.names(index), hf, strict=True))
+        del whole
+        name = f"model-{number:05d}-of-{len(table):05d}.safetensors"
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, name)
+    weights = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(weights, indent=2) + "\n")
+    config = hf_config(layout, saved, dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer = Path(saved.tokenizer_model or "")
+    if saved.tokenizer_type == "HuggingFaceTokenizer" and tokenizer.is_dir():
+        copy_tokenizer(tokenizer, out)

@@ -1,0 +1,260 @@
+"""HF checkpoints into and out of Megatron on CPU, against transformers: tiny random models of
+every family, imported and run through Megatron's own forward (megatron_forward.py, one
+process for all of them), exported back; one `primus train` run that starts from an HF model
+(`init_from`), trains, saves and is inspected and exported; bad HF directories refused."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from primus.core.testing.checkpoints import inspect_json
+from primus.core.testing.hf_models import hf_logits, make_hf_model
+from primus.core.testing.runs import losses, primus, train_run
+
+pytestmark = pytest.mark.slow
+RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+FORWARD = Path(__file__).with_name("megatron_forward.py")
+# name -> (family, changes to its tiny config.json)
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama3": ("llama3", {}),
+    "llama3_tied": ("llama3", {"tie_word_embeddings": True}),
+    "qwen2.5": ("qwen2.5", {}),
+    "qwen3": ("qwen3", {}),
+    "mixtral": ("mixtral", {}),
+}
+TRAIN = ("train_iters=4", "save_interval=2")
+
+
+def experiment(folder: Path, hf: Path, init_from: bool = False) -> Path:
+    """An experiment on the tiny CPU recipe whose model preset is derived from `hf`."""
+    from primus.backends.megatron.checkpoints import preset_from_hf
+    from primus.core.checkpoint.hf import read_config
+
+    (folder / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf))))
+    module: dict[str, Any] = {"model": str(folder / "preset.yaml"),
+                              "overrides": {"seq_length": 32, "save_interval": 1000}}  # fmt: skip
+    if init_from:
+        module["init_from"] = {"hf": str(hf)}
+    exp = folder / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "exp_name": folder.name,
+                                   "workspace": str(folder / "ws"),
+                                   "modules": {"pre_trainer": module}}))  # fmt: skip
+    return exp
+
+
+def safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tokens") / "tokens.pt"
+    torch.save(torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0)), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory, tokens: Path) -> Path:
+    """Every model imported, run through Megatron's forward and exported, in one process."""
+    root = tmp_path_factory.mktemp("models")
+    jobs = []
+    for seed, (name, (family, changes)) in enumerate(MODELS.items()):
+        hf = make_hf_model(root / name / "hf", family, seed, **changes)
+        jobs.append({"exp": str(experiment(root / name, hf)), "hf": str(hf),
+                     "tokens": str(tokens), "out": str(root / name / "megatron.pt"),
+                     "export": str(root / name / "exported"), "samples": name == "llama3",
+                     "overrides": ["train_iters=4"]})  # fmt: skip
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    done = subprocess.run([sys.executable, str(FORWARD), str(root / "jobs.json")],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_imported_model_gives_transformers_logits(converted: Path, tokens: Path, name: str) -> None:
+    ours = torch.load(converted / name / "megatron.pt", weights_only=False)["logits"]
+    theirs = hf_logits(converted / name / "hf", torch.load(tokens))
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_export_round_trip_is_bit_exact(converted: Path, tokens: Path, name: str) -> None:
+    source, exported = converted / name / "hf", converted / name / "exported"
+    before, after = safetensors(source), safetensors(exported)
+    assert sorted(before) == sorted(after)
+    for key, tensor in before.items():
+        assert after[key].dtype == tensor.dtype and torch.equal(after[key], tensor), key
+    batch = torch.load(tokens)
+    assert torch.equal(
+        hf_logits(exported, batch), hf_logits(source, batch)
+    )  # transformers loads it
+    assert json.loads((exported / "primus_provenance.json").read_text())["initial_weights"]
+
+
+# -- one training run that starts from an HF model ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, converted: Path) -> Path:
+    """`primus train` with `init_from` (learning rate 0: the weights stay the HF ones), 4 steps,
+    checkpoints at 2 and 4: the run directory."""
+    folder = tmp_path_factory.mktemp("init_from") / "initfrom"
+    folder.mkdir()
+    exp = experiment(folder, converted / "llama3" / "hf", init_from=True)
+    return train_run(exp, folder / "ws", "exp_name=initfrom", *TRAIN, "lr=0", "min_lr=0")
+
+
+def step2_loss(converted: Path) -> float:
+    """transformers' loss on Megatron's step-2 batch (mock-data samples 8-15, as
+    megatron_forward.py read them) for the llama3 model."""
+    samples = torch.load(converted / "llama3" / "megatron.pt", weights_only=False)["samples"][8:]
+    tokens, labels, mask = (torch.stack([s[k] for s in samples]) for k in
+                            ("tokens", "labels", "loss_mask"))  # fmt: skip
+    logits = hf_logits(converted / "llama3" / "hf", tokens)
+    per_token = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), reduction="none"
+    )
+    return float((per_token * mask.flatten()).sum() / mask.sum())
+
+
+def export(exp: Path, out: Path, *args: str) -> dict[str, torch.Tensor]:
+    """`primus checkpoint export` of the experiment (one process); the tensors written."""
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out), *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return safetensors(out)
+
+
+def test_training_starts_from_the_hf_weights(trained: Path, converted: Path) -> None:
+    assert losses(trained)[2] == pytest.approx(step2_loss(converted), abs=1e-4)
+    log = (trained / "logs" / "rank-0.log").read_text()
+    assert "starting from the HF import" in log and "weights only" in log
+    provenance = json.loads((trained / "checkpoints" / "primus_provenance.json").read_text())
+    assert provenance["initial_weights"]["hf"] == str(converted / "llama3" / "hf")
+
+
+def test_inspect_a_distributed_checkpoint_from_a_real_run(trained: Path) -> None:
+    info = inspect_json(trained / "checkpoints")
+    assert (info["format"], info["backend"], info["iteration"]) == (
+        "megatron distributed checkpoint (torch_dist)", "megatron", 4)  # fmt: skip
+    assert info["iterations_saved"] == [0, 2, 4]  # 0: the HF import
+    assert info["model"]["num_layers"] == 2 and info["model"]["hidden_size"] == 64
+    assert info["parallel"]["tensor"] == 1 and info["parallel"]["data"] == 1
+    # tiny llama3: embedding + output 2x256x64, 2 layers of qkv, proj, fc1, fc2, norms
+    layer = 64 * (64 + 2 * 32) + 64 * 64 + 64 * 2 * 128 + 128 * 64 + 2 * 64
+    assert info["size"]["model_parameters"] == 2 * 256 * 64 + 2 * layer + 64
+    assert info["provenance"]["run_dir"] == str(trained.resolve())
+    one = inspect_json(trained / "checkpoints" / "iter_0000002")
+    assert one["iteration"] == 2 and one["size"] == {**info["size"], "bytes": one["size"]["bytes"]}
+
+
+def test_export_a_trained_checkpoint(trained: Path, converted: Path, tmp_path: Path) -> None:
+    exported = export(trained.parents[3] / "exp.yaml", tmp_path / "hf", "--iteration", "4")
+    source = safetensors(converted / "llama3" / "hf")  # learning rate 0: the same weights
+    assert all(torch.equal(exported[k], v) for k, v in source.items())
+
+
+def test_tensor_and_pipeline_parallel(converted: Path, tmp_path: Path) -> None:
+    """TP=2 x PP=2 over gloo (4 processes): the import loads sharded and trains to the same
+    loss; the sharded checkpoint it saves exports (one process) to the HF weights."""
+    folder = tmp_path / "tp2pp2"
+    folder.mkdir()
+    exp = experiment(folder, converted / "llama3" / "hf", init_from=True)
+    parallel = ("tensor_model_parallel_size=2", "pipeline_model_parallel_size=2")
+    run = train_run(exp, folder / "ws", "exp_name=tp2pp2", "train_iters=3", "lr=0", "min_lr=0",
+                    *parallel, nproc=4)  # fmt: skip
+    assert losses(run)[2] == pytest.approx(step2_loss(converted), abs=1e-4)
+    info = inspect_json(run / "checkpoints")
+    assert info["iteration"] == 3 and (
+        info["parallel"]["tensor"],
+        info["parallel"]["pipeline"],
+    ) == (2, 2)
+    exported = export(exp, tmp_path / "hf", *parallel)
+    source = safetensors(converted / "llama3" / "hf")
+    assert sorted(exported) == sorted(source)
+    assert all(torch.equal(exported[k], v) for k, v in source.items())
+
+
+# -- bad HF directories ----------------------------------------------------------------
+
+
+def _broken(folder: Path, source: Path, how: str) -> Path:
+    """A copy of the HF model `source` with one defect."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    tensors = load_file(source / "model.safetensors")
+    if how == "missing":
+        del tensors["model.layers.1.self_attn.k_proj.weight"]
+    elif how == "dtype":
+        tensors["model.layers.0.mlp.up_proj.weight"] = torch.ones(128, 64, dtype=torch.int32)
+    elif how == "architecture":
+        config["num_key_value_heads"] = 4
+    elif how == "family":
+        config["model_type"] = "gpt2"
+    save_file(tensors, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config))
+    if how == "truncated":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    return folder
+
+
+BROKEN = {
+    "missing": "model.safetensors: tensor 'model.layers.1.self_attn.k_proj.weight' is missing",
+    "dtype": "model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' has dtype I32",
+    "truncated": "' is truncated (the file ends at byte",
+    "architecture": "num_query_groups: 4 in the HF config, 2 in the experiment",
+    "family": "model_type 'gpt2' is not supported",
+}
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory, converted: Path) -> dict[str, Any]:
+    """`primus checkpoint import` of each broken copy (run side by side): how, dir, result."""
+    root = tmp_path_factory.mktemp("broken")
+    exp = converted / "llama3" / "exp.yaml"
+
+    def attempt(how: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+        hf = _broken(root / how, converted / "llama3" / "hf", how)
+        ws = root / f"ws-{how}"
+        return ws, primus("checkpoint", "import", "--hf", str(hf), "--config", str(exp),
+                          f"workspace={ws}")  # fmt: skip
+
+    with ThreadPoolExecutor(len(BROKEN)) as pool:
+        return dict(zip(BROKEN, pool.map(attempt, BROKEN), strict=True))
+
+
+@pytest.mark.parametrize("how", BROKEN)
+def test_a_broken_hf_directory_is_refused(refused: dict[str, Any], how: str) -> None:
+    ws, done = refused[how]
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert BROKEN[how] in done.stderr and "Traceback" not in done.stderr
+    if how in ("missing", "dtype", "truncated"):
+        assert f"{ws.parent / how}/model.safetensors: tensor '" in done.stderr
+    leftovers = [p for p in ws.rglob("*") if "checkpoints" in p.name or ".partial" in p.name]
+    assert leftovers == []  # nothing half-written
+
+
+def test_truncated_header_names_the_file(tmp_path: Path) -> None:
+    from primus.backends.megatron.hf_convert import HFTensors
+    from primus.core.errors import ConfigError
+
+    hf = make_hf_model(tmp_path / "hf", "llama3")
+    (hf / "model.safetensors").write_bytes(struct.pack("<Q", 10_000) + b"{")
+    with pytest.raises(ConfigError, match=r"model\.safetensors: not a safetensors file"):
+        HFTensors(hf)
