@@ -153,12 +153,13 @@ def _quiet() -> Iterator[None]:
         absl_logging.set_verbosity(verbosity)
 
 
-def build_config(config: ModuleConfig, owned: ParamSchema) -> MaxTextArgs:
-    """Resolve and validate MaxText's config as its training entry point does."""
+def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:
+    """Resolve and validate MaxText's config as its training entry point does (with `extra`
+    keys the adapter adds)."""
     from maxtext.configs import pyconfig
     from maxtext.utils import train_utils
 
-    argv = maxtext_argv(config.params, owned)
+    argv = maxtext_argv(config.params | extra, owned)
     with rejections_as_config_errors(config), _quiet():
         resolved = pyconfig.initialize_pydantic(argv)
         train_utils.validate_train_config(pyconfig.HyperParameters(resolved))
