@@ -14,7 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -32,10 +32,12 @@ _SCALARS = (bool, int, float, str)
 
 @dataclass
 class MaxTextArgs:
-    """What the trainer runs: MaxText's command line, and the config it resolves to (flat)."""
+    """What the trainer runs: MaxText's command line, the config it resolves to (flat), and
+    the params Primus's own patches take (not MaxText's, so not in `argv`)."""
 
     argv: list[str]
     config: dict[str, Any]
+    primus: dict[str, Any] = field(default_factory=dict)
 
 
 def base_config() -> str:
@@ -163,4 +165,5 @@ def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxT
     with rejections_as_config_errors(config), _quiet():
         resolved = pyconfig.initialize_pydantic(argv)
         train_utils.validate_train_config(pyconfig.HyperParameters(resolved))
-    return MaxTextArgs(argv, resolved.model_dump(mode="json"))
+    primus = {key: value for key, value in config.params.items() if key in owned}
+    return MaxTextArgs(argv, resolved.model_dump(mode="json"), primus)

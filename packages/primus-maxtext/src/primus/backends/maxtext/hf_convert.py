@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from primus.backends.maxtext.checkpoints import DECODER_BLOCKS
+from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, LLAMA31_SCALING
+from primus.backends.maxtext.config_bridge import MaxTextArgs
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.hf import read_config
 from primus.core.errors import ConfigError
@@ -66,15 +67,13 @@ def _family(config: Any) -> str:
     )
 
 
-def hf_config_from_maxtext(config: Any) -> dict[str, Any]:
-    """config.json's values for the model of a MaxText config (the inverse of the preset)."""
+def hf_config_from_maxtext(config: Any, rope_factor: float | None) -> dict[str, Any]:
+    """config.json's values for the model of a MaxText config (the inverse of the preset);
+    `rope_factor`: Primus's rope_scaling_factor (None: MaxText's own 8)."""
     family = _family(config)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.rope_max_timescale)}
     if family == "llama3" and config.rope_type.startswith("llama3.1") and config.rope_use_scale:
-        from primus.backends.maxtext.checkpoints import LLAMA31_SCALING
-
-        factor = getattr(config, "rope_scaling_factor", None) or 8.0
-        rope |= {"rope_type": "llama3", "factor": float(factor), **LLAMA31_SCALING}
+        rope |= {"rope_type": "llama3", "factor": float(rope_factor or 8.0), **LLAMA31_SCALING}
         rope["original_max_position_embeddings"] = int(LLAMA31_SCALING["original_max_position_embeddings"])
     values: dict[str, Any] = {
         "model_type": MODEL_TYPES[family],
@@ -88,7 +87,8 @@ def hf_config_from_maxtext(config: Any) -> dict[str, Any]:
         "rms_norm_eps": config.normalization_layer_epsilon,
         "rope_parameters": rope,
         "tie_word_embeddings": bool(config.logits_via_embedding),
-        "max_position_embeddings": max(config.max_target_length, config.max_position_embeddings),
+        # at least Llama-3 RoPE's original context, which transformers checks
+        "max_position_embeddings": max(config.max_target_length, 8192),
         "dtype": str(np.dtype(config.weight_dtype)),
     }
     if family == "mixtral":
@@ -268,7 +268,8 @@ def checkpoint_step(config: Any, iteration: int | None) -> Path:
     """The step folder of the run's orbax checkpoint: the latest, or `iteration`; while the
     run has none, the params-only checkpoint it starts from (`load_parameters_path`)."""
     folder = Path(config.checkpoint_dir)
-    steps = {n: p for n, p in numbered(folder, "").items() if (p / "items").is_dir()}
+    saved = numbered(folder, "") if folder.is_dir() else {}
+    steps = {n: p for n, p in saved.items() if (p / "items").is_dir()}
     start = Path(config.load_parameters_path).parent if config.load_parameters_path else None
     if not steps and start is not None and start.is_dir() and iteration in (None, 0):
         return start
@@ -332,12 +333,12 @@ def write_safetensors(tensors: Iterator[tuple[str, np.ndarray]], out: Path) -> N
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def export_hf(argv: list[str], iteration: int | None, out: Path) -> None:
+def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     """The run's checkpoint (params only) as HF safetensors and config.json in `out`."""
     from transformers import AutoConfig
 
-    config = maxtext_config(argv)
-    values = hf_config_from_maxtext(config)
+    config = maxtext_config(args.argv)
+    values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"))
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
     found = tables(config, hf.to_dict(), saving_to_hf=True)
     import jax

@@ -65,7 +65,7 @@ class MaxTextAdapter(BackendAdapter):
     def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
         from primus.backends.maxtext.hf_convert import export_hf
 
-        export_hf(backend_args.argv, iteration, out)
+        export_hf(backend_args, iteration, out)
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
         from primus.backends.maxtext.checkpoints import preset_from_hf
