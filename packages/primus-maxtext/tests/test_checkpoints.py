@@ -57,10 +57,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 def synthetic_batch(rows: int = 4, length: int = 128) -> np.ndarray:
-    """MaxText's synthetic batch (SyntheticDataIterator): inputs and targets are its slices."""
+    """MaxText's synthetic batch (SyntheticDataIterator, under the PRNG its trainer sets):
+    inputs and targets are its slices."""
     import jax
 
-    tokens = jax.random.randint(jax.random.PRNGKey(0), (rows, length + 1), 0, 256)
+    key = jax.random.key(0, impl="unsafe_rbg")
+    tokens = jax.random.randint(key, (rows, length + 1), 0, 256)
     return np.asarray(tokens, dtype=np.int64)
 
 

@@ -9,12 +9,13 @@ validates it with MaxText's pydantic model (`MaxTextConfig`); the schema is that
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import re
 import types
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ class MaxTextArgs:
 
     argv: list[str]
     config: dict[str, Any]
-    primus: dict[str, Any] = field(default_factory=dict)
+    primus: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def base_config() -> str:

@@ -74,7 +74,9 @@ def hf_config_from_maxtext(config: Any, rope_factor: float | None) -> dict[str, 
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.rope_max_timescale)}
     if family == "llama3" and config.rope_type.startswith("llama3.1") and config.rope_use_scale:
         rope |= {"rope_type": "llama3", "factor": float(rope_factor or 8.0), **LLAMA31_SCALING}
-        rope["original_max_position_embeddings"] = int(LLAMA31_SCALING["original_max_position_embeddings"])
+        rope["original_max_position_embeddings"] = int(
+            LLAMA31_SCALING["original_max_position_embeddings"]
+        )
     values: dict[str, Any] = {
         "model_type": MODEL_TYPES[family],
         "hidden_size": config.emb_dim,
@@ -309,26 +311,29 @@ def _hf_tensors(found: Tables, params: dict[str, Any]) -> Iterator[tuple[str, np
 
 def write_safetensors(tensors: Iterator[tuple[str, np.ndarray]], out: Path) -> None:
     """Shards of at most SHARD_BYTES (model.safetensors when one is enough), with HF's
-    index file when there are several."""
+    index file when there are several. Each shard is written, and dropped, once full."""
     from safetensors.numpy import save_file
 
     shards: list[dict[str, np.ndarray]] = [{}]
+    size = total = 0
     for name, tensor in tensors:
-        if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + tensor.nbytes > SHARD_BYTES:
+        if shards[-1] and size + tensor.nbytes > SHARD_BYTES:
             save_file(shards[-1], str(out / f"shard-{len(shards)}"), metadata={"format": "pt"})
             shards[-1] = dict.fromkeys(shards[-1], np.empty(0))  # names kept, memory freed
             shards.append({})
+            size = 0
         shards[-1][name] = np.ascontiguousarray(tensor)
+        size += tensor.nbytes
+        total += tensor.nbytes
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
         return
     save_file(shards[-1], str(out / f"shard-{len(shards)}"), metadata={"format": "pt"})
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, 1):
         final = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         (out / f"shard-{i}").rename(out / final)
         weight_map |= dict.fromkeys(shard, final)
-    total = sum(p.stat().st_size for p in out.glob("model-*.safetensors"))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 

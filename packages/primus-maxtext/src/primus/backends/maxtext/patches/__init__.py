@@ -11,4 +11,12 @@ from primus.backends.maxtext.patches import (
     tied_logits,
 )
 
-__all__ = ["config_errors", "devices", "log_routing", "rope", "run_dir", "throughput", "tied_logits"]
+__all__ = [
+    "config_errors",
+    "devices",
+    "log_routing",
+    "rope",
+    "run_dir",
+    "throughput",
+    "tied_logits",
+]
