@@ -43,13 +43,15 @@ CASES = {  # name -> (family, config.json changes)
 }  # llama3 with default RoPE: test_checkpoints.py's init_from run
 
 
-def experiment(folder: Path, hf: Path, **changes: Any) -> Path:
-    """A one-module MaxText experiment whose model preset is derived from `hf`'s config."""
+def experiment(folder: Path, hf: Path, tokenizer: Path | None = None, **changes: Any) -> Path:
+    """A one-module MaxText experiment whose model preset is derived from `hf`'s config
+    (with `changes`)."""
     from primus.backends.maxtext.checkpoints import preset_from_hf
 
     (folder / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf)) | changes))
+    overrides = OVERRIDES | ({"tokenizer_path": str(tokenizer)} if tokenizer else {})
     module = {"framework": "maxtext", "config": "maxtext_pretrain", "model": "preset.yaml",
-              "overrides": OVERRIDES}  # fmt: skip
+              "overrides": overrides}  # fmt: skip
     exp = folder / "exp.yaml"
     exp.write_text(yaml.safe_dump({"workspace": str(folder / "ws"), "exp_name": "hf",
                                    "modules": {"pre_trainer": module}}))  # fmt: skip
@@ -102,7 +104,7 @@ def converted(
     family, changes = CASES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
     hf = make_hf_model(folder / "hf", family, **changes)
-    exp = experiment(folder, hf)
+    exp = experiment(folder, hf, hf_tokenizer(folder / "tokenizer"))
     with runtime(exp) as run, pytest.MonkeyPatch.context() as patch:
         imported = run.import_hf(hf)  # one runtime: its patches (RoPE factor) stay applied
         logits = maxtext_logits(run)
@@ -110,6 +112,17 @@ def converted(
             patch.setattr(hf_convert, "SHARD_BYTES", 100_000)
         exported = run.export_hf(None, folder / "export")
     return Converted(family, hf, exp, imported, exported, logits)
+
+
+def hf_tokenizer(folder: Path) -> Path:
+    """An HF tokenizer folder (a word-level tokenizer.json is enough here)."""
+    from tokenizers import Tokenizer, models
+
+    folder.mkdir()
+    Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(
+        str(folder / "tokenizer.json")
+    )
+    return folder
 
 
 def tensors(folder: Path) -> dict[str, np.ndarray]:
@@ -126,6 +139,8 @@ def test_import_gives_transformers_logits(converted: Converted) -> None:
 
 
 def test_export_loads_in_transformers_with_the_same_logits(converted: Converted) -> None:
+    tokenizer = converted.hf.parent / "tokenizer" / "tokenizer.json"
+    assert (converted.exported / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
     index = converted.exported / "model.safetensors.index.json"
     assert index.is_file() == (converted.family == "mixtral")
     source, exported = tensors(converted.hf), tensors(converted.exported)
@@ -183,7 +198,7 @@ def test_an_integer_tensor_is_named(llama: tuple[Path, Path], tmp_path: Path) ->
     name = "model.layers.0.self_attn.k_proj.weight"
     bad = broken(hf, tmp_path / "hf", lambda t: t | {name: t[name].astype(np.int64)})
     message = refused(exp, bad)
-    assert f"model.safetensors: tensor '{name}' is int64, not floating point" in message
+    assert f"model.safetensors: tensor '{name}' is I64, not floating point" in message
 
 
 def test_a_mismatched_architecture_is_refused(llama: tuple[Path, Path], tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, LLAMA31_SCALING
 from primus.backends.maxtext.config_bridge import MaxTextArgs
+from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.hf import read_config
 from primus.core.errors import ConfigError
@@ -31,6 +32,7 @@ UPSTREAM_MODELS = {
 }
 MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}
 SHARD_BYTES = 4 << 30  # HF shards written by export
+FLOATS = ("F16", "BF16", "F32", "F64")  # safetensors dtypes an import takes
 IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
 
 
@@ -191,6 +193,7 @@ class HFTensors:
             raise ConfigError(f"{folder}: no *.safetensors files")
 
     def get(self, name: str, shape: list[int]) -> np.ndarray:
+        """Tensor `name`, checked to be floating point and of `shape` before it is read."""
         from safetensors import safe_open
 
         file = self.files.get(name)
@@ -198,15 +201,15 @@ class HFTensors:
             raise ConfigError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
         try:
             with safe_open(file, framework="flax") as handle:
-                tensor = np.asarray(handle.get_tensor(name))
+                header = handle.get_slice(name)
+                dtype, found = header.get_dtype(), list(header.get_shape())
+                tensor = np.asarray(handle.get_tensor(name)) if dtype in FLOATS else None
         except Exception as exc:
             raise ConfigError(f"{file}: cannot read tensor '{name}': {exc}") from None
-        if not np.issubdtype(tensor.dtype, np.floating) and tensor.dtype.name != "bfloat16":
-            raise ConfigError(f"{file}: tensor '{name}' is {tensor.dtype}, not floating point")
-        if list(tensor.shape) != list(shape):
-            raise ConfigError(
-                f"{file}: tensor '{name}' has shape {list(tensor.shape)}, the model needs {shape}"
-            )
+        if tensor is None:
+            raise ConfigError(f"{file}: tensor '{name}' is {dtype}, not floating point")
+        if found != list(shape):
+            raise ConfigError(f"{file}: tensor '{name}' has shape {found}, the model needs {shape}")
         return tensor
 
 
@@ -339,7 +342,8 @@ def write_safetensors(tensors: Iterator[tuple[str, np.ndarray]], out: Path) -> N
 
 
 def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
-    """The run's checkpoint (params only) as HF safetensors and config.json in `out`."""
+    """The run's checkpoint (params only) as HF safetensors and config.json in `out`, with
+    the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer)."""
     from transformers import AutoConfig
 
     config = maxtext_config(args.argv)
@@ -354,3 +358,6 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     write_safetensors(_hf_tensors(found, params), out)
     hf.architectures = [type(hf).__name__.removesuffix("Config") + "ForCausalLM"]
     hf.save_pretrained(out)
+    tokenizer = Path(config.tokenizer_path) if config.tokenizer_path else None
+    if tokenizer is not None and tokenizer.is_dir():  # an HF tokenizer folder
+        copy_tokenizer(tokenizer, out)
