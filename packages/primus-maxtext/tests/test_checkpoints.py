@@ -1,12 +1,16 @@
-"""`primus checkpoint preset` and `inspect` on MaxText: a preset derived from Mixtral 8x7B's
-published config.json, and an orbax checkpoint written by a real CPU run."""
+"""`primus checkpoint preset`, `inspect` and `export` on MaxText, and `init_from`: a preset
+derived from Mixtral 8x7B's published config.json, and one real CPU run that starts from a
+tiny HF Llama model (`init_from`), saves orbax checkpoints, and is exported back to HF."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
 from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
-from primus.core.testing.runs import train_run
+from primus.core.testing.hf_models import hf_loss, make_hf_model
+from primus.core.testing.runs import losses, primus, train_run
 
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
 # mistralai/Mixtral-8x7B-v0.1 config.json, as published
@@ -35,10 +39,58 @@ def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> Non
     assert ours["load_balance_loss_weight"] == 0.02  # HF's router_aux_loss_coef
 
 
+RUN = ("exp_name=ckpt", "steps=4", "enable_checkpointing=true", "checkpoint_period=2")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The tiny recipe with `init_from` an HF Llama of the tiny preset's architecture (default
+    RoPE, untied embeddings): (run dir, HF model, experiment)."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    hf = make_hf_model(folder / "hf", "llama3", intermediate_size=176, rope_scaling=None)
+    exp = yaml.safe_load(RECIPE.read_text())
+    module = exp["modules"]["pre_trainer"]
+    module["init_from"] = {"hf": str(hf)}
+    module["overrides"]["normalize_embedding_logits"] = False  # the preset from HF says so
+    (folder / "exp.yaml").write_text(yaml.safe_dump(exp))
+    return train_run(folder / "exp.yaml", folder, *RUN), hf, folder / "exp.yaml"
+
+
+def synthetic_batch(rows: int = 4, length: int = 128) -> np.ndarray:
+    """MaxText's synthetic batch (SyntheticDataIterator, under the PRNG its trainer sets):
+    inputs and targets are its slices."""
+    import jax
+
+    key = jax.random.key(0, impl="unsafe_rbg")
+    tokens = jax.random.randint(key, (rows, length + 1), 0, 256)
+    return np.asarray(tokens, dtype=np.int64)
+
+
 @pytest.mark.slow
-def test_inspect_an_orbax_checkpoint_from_a_real_run(tmp_path: Path) -> None:
-    run_dir = train_run(RECIPE, tmp_path, "exp_name=ckpt", "steps=4",
-                        "enable_checkpointing=true", "checkpoint_period=2")  # fmt: skip
+def test_init_from_starts_training_from_the_hf_model(run: tuple[Path, Path, Path]) -> None:
+    run_dir, hf, _ = run
+    assert (run_dir / "hf_import" / "0" / "items").is_dir()
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"restoring params from {run_dir / 'hf_import' / '0'}" in log
+    assert losses(run_dir)[1] == pytest.approx(hf_loss(hf, synthetic_batch()), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_export_of_the_trained_run_gives_its_loss(
+    run: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    run_dir, _, exp = run
+    out = tmp_path / "hf"
+    result = primus("checkpoint", "export", "--config", str(exp), "--iteration", "2",
+                    "--hf", str(out), *RUN, PRIMUS_WORKSPACE=str(exp.parent))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    # orbax step 2 holds the weights after three updates: the ones step 4's loss was taken on
+    assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch()), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_inspect_an_orbax_checkpoint_from_a_real_run(run: tuple[Path, Path, Path]) -> None:
+    run_dir, _, _ = run
     info = inspect_json(run_dir / "checkpoints")
     # orbax counts steps from 0: 0, 2 and the final 3
     assert (info["backend"], info["iteration"], info["iterations_saved"]) == (

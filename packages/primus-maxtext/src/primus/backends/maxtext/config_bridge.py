@@ -9,6 +9,7 @@ validates it with MaxText's pydantic model (`MaxTextConfig`); the schema is that
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import re
 import types
@@ -32,10 +33,12 @@ _SCALARS = (bool, int, float, str)
 
 @dataclass
 class MaxTextArgs:
-    """What the trainer runs: MaxText's command line, and the config it resolves to (flat)."""
+    """What the trainer runs: MaxText's command line, the config it resolves to (flat), and
+    the params Primus's own patches take (not MaxText's, so not in `argv`)."""
 
     argv: list[str]
     config: dict[str, Any]
+    primus: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def base_config() -> str:
@@ -153,13 +156,15 @@ def _quiet() -> Iterator[None]:
         absl_logging.set_verbosity(verbosity)
 
 
-def build_config(config: ModuleConfig, owned: ParamSchema) -> MaxTextArgs:
-    """Resolve and validate MaxText's config as its training entry point does."""
+def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:
+    """Resolve and validate MaxText's config as its training entry point does (with `extra`
+    keys the adapter adds)."""
     from maxtext.configs import pyconfig
     from maxtext.utils import train_utils
 
-    argv = maxtext_argv(config.params, owned)
+    argv = maxtext_argv(config.params | extra, owned)
     with rejections_as_config_errors(config), _quiet():
         resolved = pyconfig.initialize_pydantic(argv)
         train_utils.validate_train_config(pyconfig.HyperParameters(resolved))
-    return MaxTextArgs(argv, resolved.model_dump(mode="json"))
+    primus = {key: value for key, value in config.params.items() if key in owned}
+    return MaxTextArgs(argv, resolved.model_dump(mode="json"), primus)

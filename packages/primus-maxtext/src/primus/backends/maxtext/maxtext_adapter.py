@@ -30,10 +30,42 @@ class MaxTextAdapter(BackendAdapter):
 
         return maxtext_schema()
 
-    def convert_config(self, config: ModuleConfig) -> Any:
-        from primus.backends.maxtext.config_bridge import build_config
+    # the preset's keys that are training choices, not architecture
+    hf_preset_training_keys = frozenset({"enable_dropout"})
 
-        return build_config(config, registered_params(self.framework))
+    def convert_config(self, config: ModuleConfig) -> Any:
+        """MaxText's config; a run with `init_from` (or an import folder already there)
+        starts from the import through `load_parameters_path`, which MaxText reads only
+        while the run's own checkpoint folder has no step."""
+        from primus.backends.maxtext.config_bridge import build_config
+        from primus.backends.maxtext.hf_convert import import_dir, params_path
+
+        owned = registered_params(self.framework)
+        params = config.params
+        if params.get("load_parameters_path") or params.get("load_full_state_path"):
+            return build_config(config, owned)
+        run = {k: params.get(k) for k in ("base_output_directory", "run_name")}
+        if not all(run.values()):
+            return build_config(config, owned)
+        folder = import_dir(run)
+        if config.init_from is None and not folder.is_dir():
+            return build_config(config, owned)
+        return build_config(config, owned, load_parameters_path=str(params_path(folder)))
+
+    def hf_import_dir(self, backend_args: Any) -> Path | None:
+        from primus.backends.maxtext.hf_convert import import_dir
+
+        return import_dir(backend_args.config)
+
+    def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
+        from primus.backends.maxtext.hf_convert import import_hf
+
+        import_hf(hf_dir, backend_args.argv, out)
+
+    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+        from primus.backends.maxtext.hf_convert import export_hf
+
+        export_hf(backend_args, iteration, out)
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
         from primus.backends.maxtext.checkpoints import preset_from_hf

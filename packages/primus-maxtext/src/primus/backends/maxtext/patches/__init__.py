@@ -8,6 +8,15 @@ from primus.backends.maxtext.patches import (
     rope,
     run_dir,
     throughput,
+    tied_logits,
 )
 
-__all__ = ["config_errors", "devices", "log_routing", "rope", "run_dir", "throughput"]
+__all__ = [
+    "config_errors",
+    "devices",
+    "log_routing",
+    "rope",
+    "run_dir",
+    "throughput",
+    "tied_logits",
+]

@@ -1,0 +1,363 @@
+"""HF checkpoints into and out of MaxText, with MaxText's own conversion tables.
+
+The names, shapes and per-tensor transforms are MaxText's (`checkpoint_conversion.utils`:
+PARAM_MAPPING, HOOK_FNS, HF_SHAPE, and `process_maxtext_param` for export); Primus adds the
+tensor streaming, the checks that name the file and tensor, and the params-only orbax
+checkpoint MaxText's `load_parameters_path` reads (`<import dir>/0/items`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, LLAMA31_SCALING
+from primus.backends.maxtext.config_bridge import MaxTextArgs
+from primus.core.checkpoint.convert import copy_tokenizer
+from primus.core.checkpoint.dcp import numbered
+from primus.core.checkpoint.hf import read_config
+from primus.core.errors import ConfigError
+
+# Primus family -> the MaxText model whose conversion tables fit it (PARAM_MAPPING's keys)
+UPSTREAM_MODELS = {
+    "llama3": "llama3.1-8b",
+    "qwen2.5": "qwen2.5-7b",
+    "qwen3": "qwen3-8b",
+    "mixtral": "mixtral-8x7b",
+}
+MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}
+SHARD_BYTES = 4 << 30  # HF shards written by export
+FLOATS = ("F16", "BF16", "F32", "F64")  # safetensors dtypes an import takes
+IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
+
+
+def import_dir(config: dict[str, Any]) -> Path:
+    """The folder an import fills for a run: `<run dir>/hf_import`."""
+    return Path(config["base_output_directory"]) / config["run_name"] / "hf_import"
+
+
+def params_path(folder: Path) -> Path:
+    """What `load_parameters_path` names for an import folder."""
+    return folder / IMPORT_STEP / "items"
+
+
+@dataclass
+class Tables:
+    """One run's MaxText config and the upstream conversion tables for its family."""
+
+    config: Any  # MaxText's HyperParameters
+    hf_config: dict[str, Any]
+    mapping: dict[str, Any]  # MaxText key -> HF name(s), nested per stacked axis
+    hooks: dict[str, Any]
+    hf_shapes: dict[str, list[int]]
+    params: dict[str, Any]  # MaxText key -> abstract leaf (shape, dtype)
+    treedef: Any
+
+
+def _family(config: Any) -> str:
+    for family, block in DECODER_BLOCKS.items():
+        if config.decoder_block.value == block:
+            return family
+    raise ConfigError(
+        f"MaxText decoder_block '{config.decoder_block.value}' has no HF conversion in Primus",
+        hint="supported: " + ", ".join(f"{b} ({f})" for f, b in DECODER_BLOCKS.items()),
+    )
+
+
+def hf_config_from_maxtext(config: Any, rope_factor: float | None) -> dict[str, Any]:
+    """config.json's values for the model of a MaxText config (the inverse of the preset);
+    `rope_factor`: Primus's rope_scaling_factor (None: MaxText's own 8)."""
+    family = _family(config)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.rope_max_timescale)}
+    if family == "llama3" and config.rope_type.startswith("llama3.1") and config.rope_use_scale:
+        rope |= {"rope_type": "llama3", "factor": float(rope_factor or 8.0), **LLAMA31_SCALING}
+        rope["original_max_position_embeddings"] = int(
+            LLAMA31_SCALING["original_max_position_embeddings"]
+        )
+    values: dict[str, Any] = {
+        "model_type": MODEL_TYPES[family],
+        "hidden_size": config.emb_dim,
+        "intermediate_size": config.moe_mlp_dim if config.num_experts > 1 else config.mlp_dim,
+        "num_hidden_layers": config.num_decoder_layers,
+        "num_attention_heads": config.num_query_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab_size": config.vocab_size,
+        "rms_norm_eps": config.normalization_layer_epsilon,
+        "rope_parameters": rope,
+        "tie_word_embeddings": bool(config.logits_via_embedding),
+        # at least Llama-3 RoPE's original context, which transformers checks
+        "max_position_embeddings": max(config.max_target_length, 8192),
+        "dtype": str(np.dtype(config.weight_dtype)),
+    }
+    if family == "mixtral":
+        values |= {
+            "num_local_experts": config.num_experts,
+            "num_experts_per_tok": config.num_experts_per_tok,
+            "router_aux_loss_coef": config.load_balance_loss_weight,
+        }
+    return values
+
+
+def maxtext_config(argv: list[str]) -> Any:
+    """MaxText's HyperParameters for a run's argv (as its trainer builds them)."""
+    from maxtext.configs import pyconfig
+
+    return pyconfig.initialize(argv)
+
+
+def tables(config: Any, hf_config: dict[str, Any], saving_to_hf: bool) -> Tables:
+    """MaxText's conversion tables for `config`'s family, and its parameters' shapes."""
+    from maxtext.checkpoint_conversion.utils.hf_shape import HF_SHAPE
+    from maxtext.checkpoint_conversion.utils.param_mapping import HOOK_FNS, PARAM_MAPPING
+
+    family = _family(config)
+    model = UPSTREAM_MODELS[family]
+    hf_config = dict(hf_config)
+    hf_config.setdefault("head_dim", config.head_dim)
+    if family == "qwen2.5":  # Qwen2's QKV biases are built in, not a config.json option
+        hf_config["attention_bias"] = True
+    hooks = HOOK_FNS[model](hf_config, config, config.scan_layers, saving_to_hf=saving_to_hf)
+    if family == "llama3" and not config.rope_type.startswith("llama3.1"):
+        # MaxText's Llama tables assume its interleaved Llama-3.1 RoPE; the default RoPE
+        # rotates halves as HF does, so q and k keep HF's layout.
+        hooks = {k: _without(v, "adjust_rope") for k, v in hooks.items()}
+    _, params, treedef = abstract_model(config)
+    return Tables(
+        config, hf_config, PARAM_MAPPING[model](hf_config, config, config.scan_layers), hooks,
+        HF_SHAPE[model](hf_config), params, treedef,
+    )  # fmt: skip
+
+
+def abstract_model(config: Any) -> tuple[Any, dict[str, Any], Any]:
+    """(MaxText's Linen model, its parameters' abstract leaves by MaxText key, their treedef).
+    The leaves are replicated on the devices: conversion reads and writes whole tensors."""
+    import flax.linen as nn
+    import jax
+
+    from maxtext.checkpoint_conversion.utils.utils import param_key_parts_from_path
+    from maxtext.common.common_types import MODEL_MODE_TRAIN
+    from maxtext.layers import quantizations
+    from maxtext.models import models
+    from maxtext.utils import maxtext_utils
+
+    mesh = jax.sharding.Mesh(maxtext_utils.create_device_mesh(config), config.mesh_axes)
+    quant = quantizations.configure_quantization(config)
+    linen = models.transformer_as_linen(config, mesh, quant=quant, model_mode=MODEL_MODE_TRAIN)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(
+        maxtext_utils.get_abstract_param(linen, config),
+        is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned),
+    )
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = {
+        "-".join(param_key_parts_from_path(path)): jax.ShapeDtypeStruct(
+            leaf.value.shape, leaf.value.dtype, sharding=replicated
+        )
+        for path, leaf in flat
+    }
+    return linen, params, treedef
+
+
+def _without(hooks: Any, name: str) -> Any:
+    if isinstance(hooks, list):
+        return [h for h in hooks if h.__name__ != name]
+    return hooks
+
+
+class HFTensors:
+    """The tensors of an HF model folder, read one at a time (safetensors' safe_open) and
+    checked: a ConfigError names the file and the tensor."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self.folder = folder
+        index = folder / "model.safetensors.index.json"
+        self.files: dict[str, Path] = {}
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: folder / file for name, file in weight_map.items()}
+            return
+        for file in sorted(folder.glob("*.safetensors")):
+            try:
+                with safe_open(file, framework="flax") as handle:
+                    self.files |= dict.fromkeys(handle.keys(), file)
+            except Exception as exc:
+                raise ConfigError(f"{file}: not a readable safetensors file: {exc}") from None
+        if not self.files:
+            raise ConfigError(f"{folder}: no *.safetensors files")
+
+    def get(self, name: str, shape: list[int]) -> np.ndarray:
+        """Tensor `name`, checked to be floating point and of `shape` before it is read."""
+        from safetensors import safe_open
+
+        file = self.files.get(name)
+        if file is None:
+            raise ConfigError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
+        try:
+            with safe_open(file, framework="flax") as handle:
+                header = handle.get_slice(name)
+                dtype, found = header.get_dtype(), list(header.get_shape())
+                tensor = np.asarray(handle.get_tensor(name)) if dtype in FLOATS else None
+        except Exception as exc:
+            raise ConfigError(f"{file}: cannot read tensor '{name}': {exc}") from None
+        if tensor is None:
+            raise ConfigError(f"{file}: tensor '{name}' is {dtype}, not floating point")
+        if found != list(shape):
+            raise ConfigError(f"{file}: tensor '{name}' has shape {found}, the model needs {shape}")
+        return tensor
+
+
+def _stack_axes(tables: Tables, key: str, names: Any, ndim: int) -> tuple[int, ...]:
+    """Where MaxText stacks the HF tensors of `names` (`process_maxtext_param`'s rule)."""
+    from maxtext.checkpoint_conversion.utils.tensor_handling import nesting_depth, stacked_axes
+
+    depth = nesting_depth(names)
+    if depth > 1:
+        return tuple(stacked_axes(key, tables.config, depth))
+    axis = tables.config.param_scan_axis
+    return (axis if tables.config.scan_layers and ndim > axis else 0,)
+
+
+def _gather(tables: Tables, key: str, reader: HFTensors) -> np.ndarray:
+    """One MaxText parameter from its HF tensors: each transformed by MaxText's hooks,
+    then stacked on the layer (and expert) axes."""
+    from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
+
+    names, target = tables.mapping[key], tables.params[key]
+    axes = _stack_axes(tables, key, names, len(target.shape))
+    if not isinstance(names, list):
+        axes = ()
+    one = tuple(d for i, d in enumerate(target.shape) if i not in axes)
+
+    def build(names: Any) -> np.ndarray:
+        if isinstance(names, list):
+            return np.stack([build(n) for n in names])
+        tensor = reader.get(names, tables.hf_shapes[names]).astype(target.dtype)
+        return np.asarray(apply_hook_fns(tensor, one, tables.hooks.get(key)), target.dtype)
+
+    stacked = build(names)
+    if axes and axes != tuple(range(len(axes))):
+        stacked = np.moveaxis(stacked, tuple(range(len(axes))), axes)
+    if stacked.shape != tuple(target.shape):
+        raise ConfigError(
+            f"{reader.folder}: {names if isinstance(names, str) else names[0]} and the rest of "
+            f"MaxText's {key} make shape {list(stacked.shape)}, not {list(target.shape)}"
+        )
+    return stacked
+
+
+def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
+    """Write `hf_dir`'s weights as a params-only orbax checkpoint `out/0/items`."""
+    import jax
+
+    from maxtext.common import checkpointing
+
+    config = maxtext_config(argv)
+    found = tables(config, read_config(hf_dir), saving_to_hf=False)
+    reader = HFTensors(hf_dir)
+    unmapped = [k for k in found.params if k not in found.mapping]
+    if unmapped:
+        raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
+    leaves = [_gather(found, key, reader) for key in found.params]
+    tree = jax.tree_util.tree_unflatten(found.treedef, leaves)
+    checkpointing.save_params_to_path(str(out / IMPORT_STEP), tree)
+
+
+def checkpoint_step(config: Any, iteration: int | None) -> Path:
+    """The step folder of the run's orbax checkpoint: the latest, or `iteration`; while the
+    run has none, the params-only checkpoint it starts from (`load_parameters_path`)."""
+    folder = Path(config.checkpoint_dir)
+    saved = numbered(folder, "") if folder.is_dir() else {}
+    steps = {n: p for n, p in saved.items() if (p / "items").is_dir()}
+    start = Path(config.load_parameters_path).parent if config.load_parameters_path else None
+    if not steps and start is not None and start.is_dir() and iteration in (None, 0):
+        return start
+    if not steps:
+        raise ConfigError(f"{folder}: no MaxText checkpoint to export",
+                          hint="train with enable_checkpointing=true first")  # fmt: skip
+    step = max(steps) if iteration is None else iteration
+    if step not in steps:
+        raise ConfigError(f"{folder}: no step {step}; saved: {sorted(steps)}")
+    return steps[step]
+
+
+def load_params(config: Any, params: dict[str, Any], treedef: Any, step: Path) -> Any:
+    """The model parameters (only) of an orbax step folder, as the tree `treedef` describes
+    (`params`: the abstract leaves, by MaxText key)."""
+    import jax
+
+    from maxtext.common import checkpointing
+
+    abstract = jax.tree_util.tree_unflatten(treedef, list(params.values()))
+    return checkpointing.load_params_from_path(
+        str(step / "items"), abstract, config.checkpoint_storage_concurrent_gb,
+        config.checkpoint_storage_use_ocdbt, config.checkpoint_storage_use_zarr3,
+    )  # fmt: skip
+
+
+def _hf_tensors(found: Tables, params: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """HF (name, tensor) pairs, one MaxText parameter at a time (each dropped once done)."""
+    from maxtext.checkpoint_conversion.utils.utils import process_maxtext_param
+
+    for key in list(params):
+        weight = params.pop(key)
+        yield from process_maxtext_param(
+            key, weight, found.mapping, found.hooks, found.hf_shapes, found.config
+        )
+
+
+def write_safetensors(tensors: Iterator[tuple[str, np.ndarray]], out: Path) -> None:
+    """Shards of at most SHARD_BYTES (model.safetensors when one is enough), with HF's
+    index file when there are several. Each shard is written, and dropped, once full."""
+    from safetensors.numpy import save_file
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = total = 0
+    for name, tensor in tensors:
+        if shards[-1] and size + tensor.nbytes > SHARD_BYTES:
+            save_file(shards[-1], str(out / f"shard-{len(shards)}"), metadata={"format": "pt"})
+            shards[-1] = dict.fromkeys(shards[-1], np.empty(0))  # names kept, memory freed
+            shards.append({})
+            size = 0
+        shards[-1][name] = np.ascontiguousarray(tensor)
+        size += tensor.nbytes
+        total += tensor.nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    save_file(shards[-1], str(out / f"shard-{len(shards)}"), metadata={"format": "pt"})
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, 1):
+        final = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        (out / f"shard-{i}").rename(out / final)
+        weight_map |= dict.fromkeys(shard, final)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
+    """The run's checkpoint (params only) as HF safetensors and config.json in `out`, with
+    the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer)."""
+    from transformers import AutoConfig
+
+    config = maxtext_config(args.argv)
+    values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"))
+    hf = AutoConfig.for_model(values.pop("model_type"), **values)
+    found = tables(config, hf.to_dict(), saving_to_hf=True)
+    import jax
+
+    tree = load_params(config, found.params, found.treedef, checkpoint_step(config, iteration))
+    params = dict(zip(found.params, jax.tree_util.tree_leaves(tree), strict=True))
+    del tree
+    write_safetensors(_hf_tensors(found, params), out)
+    hf.architectures = [type(hf).__name__.removesuffix("Config") + "ForCausalLM"]
+    hf.save_pretrained(out)
+    tokenizer = Path(config.tokenizer_path) if config.tokenizer_path else None
+    if tokenizer is not None and tokenizer.is_dir():  # an HF tokenizer folder
+        copy_tokenizer(tokenizer, out)

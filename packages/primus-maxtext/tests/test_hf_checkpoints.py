@@ -1,0 +1,226 @@
+"""HF checkpoints into and out of MaxText, on tiny random HF models of each family: MaxText's
+forward on the import equals transformers' logits, the export loads in transformers with the
+same logits, import -> export is bit-exact per tensor, and bad input is refused.
+
+Import and export run in this process (PrimusRuntime, as `primus checkpoint` does) so JAX and
+MaxText load once; one CLI run checks the exit status and that nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from primus.backends.maxtext import hf_convert
+from primus.core.checkpoint.hf import HFArchitecture, read_config
+from primus.core.errors import ConfigError
+from primus.core.testing.hf_models import hf_logits, make_hf_model
+from primus.core.testing.runs import primus
+
+pytestmark = pytest.mark.slow
+TOKENS = np.random.default_rng(0).integers(0, 256, (2, 24))
+OVERRIDES = {
+    "hardware": "cpu", "dataset_type": "synthetic", "packing": False, "steps": 2,
+    "per_device_batch_size": 2, "max_target_length": 32, "dtype": "float32",
+    "matmul_precision": "highest",
+}  # fmt: skip
+CASES = {  # name -> (family, config.json changes)
+    "llama3": ("llama3", {}),
+    "llama3-tied": ("llama3", {"tie_word_embeddings": True}),
+    "qwen2.5": ("qwen2.5", {}),
+    "qwen3": ("qwen3", {}),
+    "mixtral": ("mixtral", {}),
+}  # llama3 with default RoPE: test_checkpoints.py's init_from run
+
+
+def experiment(folder: Path, hf: Path, tokenizer: Path | None = None, **changes: Any) -> Path:
+    """A one-module MaxText experiment whose model preset is derived from `hf`'s config
+    (with `changes`)."""
+    from primus.backends.maxtext.checkpoints import preset_from_hf
+
+    (folder / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf)) | changes))
+    overrides = OVERRIDES | ({"tokenizer_path": str(tokenizer)} if tokenizer else {})
+    module = {"framework": "maxtext", "config": "maxtext_pretrain", "model": "preset.yaml",
+              "overrides": overrides}  # fmt: skip
+    exp = folder / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"workspace": str(folder / "ws"), "exp_name": "hf",
+                                   "modules": {"pre_trainer": module}}))  # fmt: skip
+    return exp
+
+
+@contextmanager
+def runtime(exp: Path) -> Iterator[Any]:
+    """PrimusRuntime for `exp`; the environment and what its patches replaced are put back
+    after."""
+    from primus.core.patches import rebind
+    from primus.core.runtime.primus_runtime import PrimusRuntime
+
+    saved = dict(os.environ)
+    try:
+        yield PrimusRuntime(exp)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        rebind.restore_all()
+
+
+def maxtext_logits(run: Any) -> np.ndarray:
+    """MaxText's fp32 forward (the model its trainer builds) on TOKENS, from the checkpoint
+    the run starts from (its import)."""
+    config = hf_convert.maxtext_config(run.backend_args().argv)
+    model, params, treedef = hf_convert.abstract_model(config)
+    start = Path(config.load_parameters_path).parent
+    tree = hf_convert.load_params(config, params, treedef, start)
+    positions = np.broadcast_to(np.arange(TOKENS.shape[1]), TOKENS.shape)
+    logits = model.apply(tree, TOKENS, positions, decoder_segment_ids=np.ones_like(TOKENS),
+                         enable_dropout=False)  # fmt: skip
+    return np.asarray(logits)
+
+
+@dataclass
+class Converted:
+    family: str
+    hf: Path
+    exp: Path
+    imported: Path
+    exported: Path
+    logits: np.ndarray  # MaxText's, on the import
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def converted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Converted:
+    family, changes = CASES[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = make_hf_model(folder / "hf", family, **changes)
+    exp = experiment(folder, hf, hf_tokenizer(folder / "tokenizer"))
+    with runtime(exp) as run, pytest.MonkeyPatch.context() as patch:
+        imported = run.import_hf(hf)  # one runtime: its patches (RoPE factor) stay applied
+        logits = maxtext_logits(run)
+        if family == "mixtral":  # an export in several shards, with its index
+            patch.setattr(hf_convert, "SHARD_BYTES", 100_000)
+        exported = run.export_hf(None, folder / "export")
+    return Converted(family, hf, exp, imported, exported, logits)
+
+
+def hf_tokenizer(folder: Path) -> Path:
+    """An HF tokenizer folder (a word-level tokenizer.json is enough here)."""
+    from tokenizers import Tokenizer, models
+
+    folder.mkdir()
+    Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(
+        str(folder / "tokenizer.json")
+    )
+    return folder
+
+
+def tensors(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return {k: v for f in folder.glob("*.safetensors") for k, v in load_file(f).items()}
+
+
+def test_import_gives_transformers_logits(converted: Converted) -> None:
+    assert (converted.imported / "0" / "items").is_dir()
+    assert (converted.imported / "primus_provenance.json").is_file()
+    reference = hf_logits(converted.hf, TOKENS).numpy()
+    assert np.abs(converted.logits - reference).max() <= 1e-4
+
+
+def test_export_loads_in_transformers_with_the_same_logits(converted: Converted) -> None:
+    tokenizer = converted.hf.parent / "tokenizer" / "tokenizer.json"
+    assert (converted.exported / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    index = converted.exported / "model.safetensors.index.json"
+    assert index.is_file() == (converted.family == "mixtral")
+    source, exported = tensors(converted.hf), tensors(converted.exported)
+    assert sorted(exported) == sorted(source)
+    for name, tensor in source.items():  # the round trip is bit-exact per tensor
+        assert exported[name].dtype == tensor.dtype and np.array_equal(exported[name], tensor), name
+    assert np.array_equal(hf_logits(converted.exported, TOKENS), hf_logits(converted.hf, TOKENS))
+    # the same architecture, but for max_position_embeddings (MaxText keeps no such number)
+    exported_arch, source_arch = (
+        dataclasses.replace(HFArchitecture.from_config(read_config(f)), max_position_embeddings=0)
+        for f in (converted.exported, converted.hf)
+    )
+    assert exported_arch == source_arch
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An HF llama3 model and an experiment of its architecture: (hf, exp)."""
+    folder = tmp_path_factory.mktemp("bad")
+    hf = make_hf_model(folder / "hf", "llama3")
+    return hf, experiment(folder, hf)
+
+
+def broken(hf: Path, folder: Path, change: Any) -> Path:
+    """A copy of `hf` whose tensors `change` (a function of the tensor dict) rewrote."""
+    from safetensors.numpy import save_file
+
+    shutil.copytree(hf, folder)
+    save_file(change(tensors(hf)), str(folder / "model.safetensors"))
+    return folder
+
+
+def leftovers(exp: Path) -> list[Path]:
+    """Import folders (staged or final) under the experiment's workspace."""
+    return list((exp.parent / "ws").rglob("*hf_import*"))
+
+
+def refused(exp: Path, hf: Path) -> str:
+    """The ConfigError importing `hf` raises; nothing is left behind."""
+    with runtime(exp) as run, pytest.raises(ConfigError) as error:
+        run.import_hf(hf)
+    assert not leftovers(exp)
+    return str(error.value)
+
+
+def test_a_missing_tensor_is_named(llama: tuple[Path, Path], tmp_path: Path) -> None:
+    hf, exp = llama
+    name = "model.layers.1.mlp.up_proj.weight"
+    bad = broken(hf, tmp_path / "hf", lambda t: {k: v for k, v in t.items() if k != name})
+    assert f"tensor '{name}' is missing" in refused(exp, bad)
+
+
+def test_an_integer_tensor_is_named(llama: tuple[Path, Path], tmp_path: Path) -> None:
+    hf, exp = llama
+    name = "model.layers.0.self_attn.k_proj.weight"
+    bad = broken(hf, tmp_path / "hf", lambda t: t | {name: t[name].astype(np.int64)})
+    message = refused(exp, bad)
+    assert f"model.safetensors: tensor '{name}' is I64, not floating point" in message
+
+
+def test_a_mismatched_architecture_is_refused(llama: tuple[Path, Path], tmp_path: Path) -> None:
+    hf, _ = llama
+    exp = experiment(tmp_path, hf, base_mlp_dim=96)
+    assert "base_mlp_dim: 128 in the HF config, 96 in the experiment" in refused(exp, hf)
+
+
+def test_a_truncated_file_exits_2_naming_it(llama: tuple[Path, Path], tmp_path: Path) -> None:
+    hf, exp = llama
+    bad = tmp_path / "hf"
+    shutil.copytree(hf, bad)
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    result = primus("checkpoint", "import", "--hf", str(bad), "--config", str(exp))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"{bad}/model.safetensors" in result.stderr and "Traceback" not in result.stderr
+    assert not leftovers(exp)
+
+
+def test_an_unsupported_family_is_a_config_error(llama: tuple[Path, Path], tmp_path: Path) -> None:
+    hf, _ = llama
+    exp = experiment(tmp_path, hf, decoder_block="gemma")
+    with runtime(exp) as run, pytest.raises(ConfigError, match="decoder_block 'gemma' has no HF"):
+        run.export_hf(None, tmp_path / "out")
