@@ -19,11 +19,11 @@ LLAMA3_2 = {**_LLAMA3, "factor": 32.0, **_LLAMA3_ORIGINAL}
 _LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_position_embeddings": 131072,
           "vocab_size": 128256, "num_key_value_heads": 8, "head_dim": 128,
-          "attention_bias": False, "mlp_bias": False}
+          "attention_bias": False, "mlp_bias": False}  # fmt: skip
 _QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu",
           "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
           "vocab_size": 151936, "num_key_value_heads": 8, "head_dim": 128,
-          "attention_bias": False, "use_sliding_window": False, "sliding_window": None}
+          "attention_bias": False, "use_sliding_window": False, "sliding_window": None}  # fmt: skip
 
 HF_CONFIGS: dict[str, dict[str, Any]] = {
     "llama3.2_1B": {  # meta-llama/Llama-3.2-1B
