@@ -25,47 +25,10 @@ from typing import Any
 
 from common import environment
 
+from primus.core.testing.hf_models import make_published_model
+
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
-
-
-def write_random_hf(folder: Path, name: str) -> int:
-    """A random bf16 HF model of the published config `name`, one shard per layer (plus one
-    for the rest); its tensor bytes."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from primus.core.testing.hf_models import HF_CONFIGS
-
-    values = dict(HF_CONFIGS[name])
-    config = AutoConfig.for_model(values.pop("model_type"), **values)
-    with torch.device("meta"):
-        shapes = {
-            k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()
-        }
-    if config.tie_word_embeddings:
-        shapes.pop("lm_head.weight", None)
-    shards: dict[str, list[str]] = {}
-    for key in shapes:
-        part = key.split(".")
-        shards.setdefault(f"layer{part[2]}" if part[1] == "layers" else "rest", []).append(key)
-    folder.mkdir(parents=True)
-    index: dict[str, str] = {}
-    total = 0
-    generator = torch.Generator().manual_seed(0)
-    for number, keys in enumerate(shards.values()):
-        file = f"model-{number + 1:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {k: (torch.randn(shapes[k], generator=generator) * 0.02).bfloat16() for k in keys}
-        save_file(tensors, folder / file, metadata={"format": "pt"})
-        total += sum(t.numel() * 2 for t in tensors.values())
-        index |= dict.fromkeys(keys, file)
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": index})
-    )
-    config.dtype = torch.bfloat16
-    config.save_pretrained(folder)
-    return total
 
 
 def measure(command: list[str], log: Path) -> dict[str, float]:
@@ -101,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     hf = work / "hf"
-    model_bytes = write_random_hf(hf, args.model)
+    model_bytes = make_published_model(hf, args.model)
     load = [sys.executable, "-c", "import sys; from transformers import AutoModelForCausalLM; "
             "AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')", str(hf)]  # fmt: skip
     results: dict[str, Any] = {"transformers.from_pretrained": measure(load, work / "hf.log")}

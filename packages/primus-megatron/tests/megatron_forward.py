@@ -26,8 +26,8 @@ import torch
 
 def _forward(tokens: torch.Tensor, data: Any, model: Any) -> tuple[torch.Tensor, Any]:
     seq = tokens.shape[1]
-    positions = torch.arange(seq).expand_as(tokens)
-    mask = torch.tril(torch.ones(1, 1, seq, seq)) < 0.5
+    positions = torch.arange(seq, device=tokens.device).expand_as(tokens)
+    mask = torch.tril(torch.ones(1, 1, seq, seq, device=tokens.device)) < 0.5
     return model(tokens, positions, mask), lambda out, non_loss_data=True: out
 
 
@@ -59,7 +59,7 @@ def run(job: dict[str, Any]) -> None:
     load_checkpoint(model, None, None)
     for module in model:
         module.eval()
-    tokens = torch.load(job["tokens"])
+    tokens = torch.load(job["tokens"]).to(next(model[0].parameters()).device)
     with torch.no_grad():
         outputs = get_forward_backward_func()(
             forward_step_func=partial(_forward, tokens),

@@ -9,6 +9,8 @@ Needs `transformers` and `torch` (test-only).
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 from typing import Any
 
 _LLAMA3 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
@@ -164,3 +166,41 @@ def hf_loss(folder: Any, tokens: Any) -> float:
             logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
         )
     )
+
+
+def make_published_model(folder: Path, name: str) -> int:
+    """Save a random bf16 HF model of the published config `name` (a key of HF_CONFIGS) in
+    `folder`, one safetensors shard per layer (plus one for the rest), as published checkpoints
+    are sharded; its tensor bytes. Tensors are made one shard at a time (no model is built)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = dict(HF_CONFIGS[name])
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        shapes = {
+            k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()
+        }
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    shards: dict[str, list[str]] = {}
+    for key in shapes:
+        part = key.split(".")
+        shards.setdefault(f"layer{part[2]}" if part[1] == "layers" else "rest", []).append(key)
+    folder.mkdir(parents=True)
+    index: dict[str, str] = {}
+    total = 0
+    generator = torch.Generator().manual_seed(0)
+    for number, keys in enumerate(shards.values()):
+        file = f"model-{number + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {k: (torch.randn(shapes[k], generator=generator) * 0.02).bfloat16() for k in keys}
+        save_file(tensors, folder / file, metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        index |= dict.fromkeys(keys, file)
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": index})
+    )
+    config.dtype = torch.bfloat16
+    config.save_pretrained(folder)
+    return total

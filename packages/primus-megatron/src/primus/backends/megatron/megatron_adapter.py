@@ -29,8 +29,11 @@ class MegatronAdapter(BackendAdapter):
 
     trainers = {"pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer"}
     tested_versions = TESTED
-    # Training choices in `model_preset_from_hf`'s result, not architecture.
-    hf_preset_training_keys = frozenset({"seq_length", "attention_dropout", "hidden_dropout"})
+    # Training choices in `model_preset_from_hf`'s result, not architecture (with RoPE,
+    # max_position_embeddings only bounds seq_length: no weight or frequency depends on it).
+    hf_preset_training_keys = frozenset(
+        {"seq_length", "max_position_embeddings", "attention_dropout", "hidden_dropout"}
+    )
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util
