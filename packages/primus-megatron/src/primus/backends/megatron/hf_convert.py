@@ -136,7 +136,7 @@ def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
     for param in params(layout):
         for index in param.indices(layout):
             hf = [source.get(n, s) for n, s in zip(param.names(index), param.shapes, strict=True)]
-            state[f"{param.key}{index}"] = ShardedTensor.fromrank_offsets(
+            state[f"{param.key}{index}"] = ShardedTensor.from_rank_offsets(
                 param.key, to_megatron(param, hf, layout), *rank_offsets(index, layout),
                 replica_id=0, prepend_axis_num=len(index),
             )  # fmt: skip

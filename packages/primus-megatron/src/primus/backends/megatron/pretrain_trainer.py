@@ -18,11 +18,11 @@ class MegatronPretrainTrainer(BaseTrainer):
         from primus.core.dist_env import get_torchrun_env
         from primus.core.errors import ConfigError
 
-        args = self.backend_args
-        if args.world_size != get_torchrun_env().world_size:
+        args, running = self.backend_args, get_torchrun_env().world_size
+        if args.world_size != running:  # args validated for one process: see build_megatron_args
             raise ConfigError(
                 f"megatron: this parallel layout needs {args.world_size} processes (tensor x "
-                "pipeline x context parallel); one is running",
+                f"pipeline x context parallel); {running} running",
                 hint=f"primus train --nproc-per-node {args.world_size} ...",
             )
         if args.load and is_imported(Path(args.load)) and not args.finetune:
