@@ -18,7 +18,8 @@ from primus.core.patches import PatchContext, get_args, register_patch
 def run_dir(ctx: PatchContext) -> None:
     """Checkpoints (when save_interval is set), tensorboard (when installed) and wandb into the run directory;
     `load` defaults to `save`, so running the experiment again resumes it (or, with
-    `init_from`, to the run directory's checkpoints folder, where the HF import goes)."""
+    `init_from` or once `primus checkpoint import` filled it, to the run directory's
+    checkpoints folder, where the HF import goes)."""
     args, routed = get_args(ctx), []
     assert ctx.run_dir is not None, "the runtime always sets the run directory"
     if args.save is None and args.save_interval:
@@ -28,9 +29,10 @@ def run_dir(ctx: PatchContext) -> None:
         args.load = args.save
         routed.append("load=save (resumes from the latest checkpoint there)")
     module = ctx.extra.get("module")
-    if args.load is None and module is not None and module.init_from is not None:
+    imported = (ctx.run_dir / "checkpoints").is_dir()
+    if args.load is None and (imported or (module is not None and module.init_from is not None)):
         args.load = str(ctx.run_dir / "checkpoints")
-        routed.append(f"load={args.load} (init_from imports there)")
+        routed.append(f"load={args.load} (where the HF import goes)")
     if args.tensorboard_dir is None and importlib.util.find_spec("tensorboard") is not None:
         args.tensorboard_dir = str(ctx.run_dir / "tensorboard")
         routed.append(f"tensorboard_dir={args.tensorboard_dir}")
