@@ -9,19 +9,10 @@ import pytest
 import yaml
 
 from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
-from primus.core.testing.hf_models import hf_loss, make_hf_model
+from primus.core.testing.hf_models import HF_CONFIGS, hf_loss, make_hf_model
 from primus.core.testing.runs import losses, primus, train_run
 
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
-# mistralai/Mixtral-8x7B-v0.1 config.json, as published
-MIXTRAL_8X7B = {
-    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
-    "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
-    "rms_norm_eps": 1e-05, "rope_theta": 1e6, "sliding_window": None,
-    "tie_word_embeddings": False, "vocab_size": 32000,
-}  # fmt: skip
 ARCHITECTURE = (
     "decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
     "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_moe_mlp_dim", "num_experts",
@@ -32,7 +23,7 @@ ARCHITECTURE = (
 
 @pytest.mark.slow
 def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> None:
-    derived = derived_preset("maxtext", MIXTRAL_8X7B, tmp_path)
+    derived = derived_preset("maxtext", HF_CONFIGS["mixtral_8x7B"], tmp_path)
     ours = resolved_model("maxtext", "maxtext_pretrain", derived.name, tmp_path)
     shipped = resolved_model("maxtext", "maxtext_pretrain", "mixtral_8x7B", tmp_path)
     assert {k: ours[k] for k in ARCHITECTURE} == {k: shipped[k] for k in ARCHITECTURE}
