@@ -103,6 +103,18 @@ def test_a_failing_setup_patch_stops_before_any_training(experiment, tmp_path) -
     assert statuses["toy.broken"] == "failed" and statuses["toy.after_train"] == "not run"
 
 
+def test_a_patch_that_finds_bad_config_stops_the_run_as_bad_config(experiment) -> None:
+    @register_patch("toy.checks", backend="toy", phase="setup", priority=1)
+    def checks(ctx: PatchContext) -> None:
+        """Refuses the config."""
+        raise ConfigError("layers must be even here")
+
+    for on_error in ("fail", "warn"):  # a ConfigError is bad input, never a patch to skip
+        with pytest.raises(ConfigError, match="layers must be even here"):
+            PrimusRuntime(experiment, [f"patches.on_error={on_error}"]).run()
+    assert EVENTS == []
+
+
 def test_a_stage_the_adapter_does_not_declare_fails_before_anything_runs_or_is_written(
     experiment, tmp_path, monkeypatch
 ) -> None:

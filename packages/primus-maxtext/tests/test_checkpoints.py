@@ -94,3 +94,16 @@ def test_inspect_an_orbax_checkpoint_from_a_real_run(run: tuple[Path, Path, Path
                              "logits_via_embedding": False, "scan_layers": True}  # fmt: skip
     assert info["parallel"] == {"saving_processes": 1}
     assert info["provenance"]["run_dir"] == str(run_dir.resolve())
+
+
+@pytest.mark.slow
+def test_init_from_with_several_processes_asks_for_the_import_first(
+    run: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _, hf, exp = run  # a fresh run directory: nothing imported there yet
+    result = primus("train", "pretrain", "--config", str(exp), "--nproc-per-node", "2",
+                    "exp_name=two", PRIMUS_WORKSPACE=str(tmp_path))  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "MaxText cannot import while 2 processes run" in result.stderr
+    assert f"primus checkpoint import --hf {hf}" in result.stderr
+    assert not list(tmp_path.rglob("hf_import"))

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus.core.errors import PatchError
+from primus.core.errors import ConfigError, PatchError
 from primus.core.logging import get_logger
 from primus.core.patches.patch import Patch, PatchContext, PatchEffects
 from primus.core.patches.registry import all_patches
@@ -49,6 +49,7 @@ class PatchRunner:
 
     `on_error="fail"`: a patch (or its condition) that raises stops the run with a PatchError
     naming the patch, its file and the cause. `"warn"`: it is logged and the run goes on.
+    A ConfigError is bad input, not a failing patch: it stops the run as it is (exit 2).
     """
 
     def __init__(self, backend: str, selection: PatchSelection, on_error: str = "fail") -> None:
@@ -113,6 +114,10 @@ class PatchRunner:
                         finally:
                             outcome.record(effects)
                     reason = declined if isinstance(declined, str) else None
+            except ConfigError as exc:  # the patch found the config wrong: bad input, exit 2
+                outcome.status, outcome.reason = FAILED, f"ConfigError: {exc}"
+                outcome.seconds = time.perf_counter() - start
+                raise
             except Exception as exc:
                 outcome.status, outcome.reason = FAILED, f"{type(exc).__name__}: {exc}"
                 outcome.seconds = time.perf_counter() - start

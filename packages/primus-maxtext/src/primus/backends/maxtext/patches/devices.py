@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, get_param, register_patch
 
@@ -56,6 +57,16 @@ def jax_distributed(ctx: PatchContext) -> None:
     env = get_torchrun_env()
     if env.world_size == 1:
         return
+    module = ctx.extra.get("module")
+    if module is not None and module.init_from is not None and ctx.run_dir is not None:
+        imported = ctx.run_dir / (get_param(ctx, "run_name") or "") / "hf_import"  # as run_dir
+        if not imported.is_dir():  # orbax's save is a collective: import in one process
+            raise ConfigError(
+                f"init_from: MaxText cannot import while {env.world_size} processes run",
+                module.init_from_origin,
+                hint=f"import first, in one process: primus checkpoint import --hf "
+                f"{module.init_from} --config <experiment>; then train (it starts from it)",
+            )
     import jax
 
     gpu = get_param(ctx, "hardware") in ("gpu", "gpu_multiprocess")
