@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -44,14 +45,15 @@ def measure(command: list[str], log: Path) -> dict[str, float]:
     return {"seconds": round(wall, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 2)}
 
 
-def experiment(backend: str, hf: Path, work: Path) -> Path:
-    """The backend's Llama 3.2 1B GPU recipe with the model derived from `hf`."""
+def experiment(backend: str, hf: Path, work: Path, recipe_name: str) -> Path:
+    """The backend's recipe `recipe_name` (configs/<backend>/) with the model derived from
+    `hf`."""
     preset = work / f"{backend}-model.yaml"
     subprocess.run([sys.executable, "-m", "primus.cli", "checkpoint", "preset", "--hf", str(hf),
                     "--framework", backend, "--out", str(preset)], check=True, cwd=ROOT)  # fmt: skip
-    recipe = (ROOT / "configs" / backend / "llama3.2_1B-pretrain.yaml").read_text()
+    recipe = (ROOT / "configs" / backend / f"{recipe_name}.yaml").read_text()
     exp = work / f"{backend}.yaml"
-    exp.write_text(recipe.replace("model: llama3.2_1B", f"model: {preset}"))
+    exp.write_text(re.sub(r"(?m)^(\s+model:) \S+$", rf"\1 {preset}", recipe))
     return exp
 
 
@@ -59,6 +61,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama3.2_3B", help="a key of hf_models.HF_CONFIGS")
     parser.add_argument("--backends", nargs="+", default=["megatron", "torchtitan", "maxtext"])
+    parser.add_argument(
+        "--recipe",
+        default="llama3.2_1B-pretrain",
+        help="configs/<backend>/<RECIPE>.yaml, its model replaced (tiny-cpu on a CPU machine)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report (default: stdout)")
     args = parser.parse_args()
@@ -70,7 +77,7 @@ def main() -> None:
     results: dict[str, Any] = {"transformers.from_pretrained": measure(load, work / "hf.log")}
     primus = [sys.executable, "-m", "primus.cli", "checkpoint"]
     for backend in args.backends:
-        exp = ["--config", str(experiment(backend, hf, work)), f"workspace={work / 'runs'}",
+        exp = ["--config", str(experiment(backend, hf, work, args.recipe)), f"workspace={work / 'runs'}",
                f"exp_name=bench-{backend}"]  # fmt: skip
         results[f"{backend} import"] = measure(
             [*primus, "import", "--hf", str(hf), *exp], work / f"{backend}-import.log"
