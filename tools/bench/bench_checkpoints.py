@@ -20,16 +20,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from common import environment
+from common import environment, print_table
 
 from primus.core.testing.hf_models import make_published_model
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
+COLUMNS = (
+    ("seconds", "seconds", ".1f"),
+    ("x transformers", "time_vs_transformers", ".2f"),
+    ("peak RSS GiB", "peak_rss_gib", ".2f"),
+    ("x model bytes", "rss_vs_model", ".2f"),
+)
 
 
 def measure(command: list[str], log: Path) -> dict[str, float]:
@@ -100,27 +105,14 @@ def main() -> None:
         "maxtext",
     )
     report = {
-        **environment(tuple(d for d in distributions if _installed(d)), device),
+        **environment(distributions, device),
         "model": args.model,
         "model_gib": round(model_bytes / GIB, 2),
         "results": results,
     }
     text = json.dumps(report, indent=2)
     (args.out.write_text(text + "\n") if args.out else print(text))
-    print(
-        "| step | seconds | x transformers | peak RSS GiB | x model bytes |\n|---|---|---|---|---|"
-    )
-    for name, v in results.items():
-        print(f"| {name} | {v['seconds']} | {v['time_vs_transformers']} | {v['peak_rss_gib']} | "
-              f"{v['rss_vs_model']} |")  # fmt: skip
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+    print_table(results, COLUMNS, "goals: time <= 2x transformers, peak RSS <= 1.3x model bytes")
 
 
 def _cuda() -> bool:

@@ -36,8 +36,17 @@ def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> str
     return result.stdout + result.stderr
 
 
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def environment(distributions: tuple[str, ...], device: str | None = None) -> dict[str, Any]:
-    """Date, device (default: torch's name for it) and versions for the JSON report."""
+    """Date, device (default: torch's name for it) and the versions of those `distributions`
+    that are installed, for the JSON report."""
     if device is None:
         import torch
 
@@ -47,7 +56,7 @@ def environment(distributions: tuple[str, ...], device: str | None = None) -> di
         "device": device,
         "versions": {
             "python": platform.python_version(),
-            **{d: metadata.version(d) for d in distributions},
+            **{d: metadata.version(d) for d in distributions if _installed(d)},
         },
     }
 
