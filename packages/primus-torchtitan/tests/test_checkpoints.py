@@ -251,7 +251,7 @@ BAD = {
             "model.safetensors: tensor 'model.norm.weight': dtype torch.int32 is not a floating"),
     "shape": (lambda d: _rewrite(d, lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.ones(64, 32)})),
               "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight': shape [64, 32], TorchTitan's 'layers.0.attention.wo.weight' is [64, 64]"),
-    "truncated": (_truncate, "model.safetensors: not a readable safetensors file: tensor 'model.layers.1.self_attn.v_proj.weight' runs past its end"),
+    "truncated": (_truncate, "model.safetensors: truncated safetensors file: tensor 'model.layers.1.self_attn.v_proj.weight' ends at byte"),
     "architecture": (lambda d: (d / "config.json").write_text((d / "config.json").read_text().replace('"intermediate_size": 176', '"intermediate_size": 128')),
                      "config.json does not match the experiment's model:\n  model.ffn_hidden_dim: 128 in the HF config, 176"),
 }  # fmt: skip
@@ -283,5 +283,5 @@ def test_a_truncated_file_is_a_config_error_on_the_command_line(
         "checkpoint", "import", "--hf", str(hf_dir), "--config", str(exp), "exp_name=run"
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert f"{hf_dir / 'model.safetensors'}: not a readable safetensors file" in result.stderr
+    assert f"{hf_dir / 'model.safetensors'}: truncated safetensors file: tensor '" in result.stderr
     assert not list(tmp_path.rglob("hf_import*")) and not list(tmp_path.rglob(".hf_import*"))

@@ -107,8 +107,8 @@ def import_hf(
     adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
     hf_dir: Path,
 ) -> Path:  # fmt: skip
-    """Check and convert `hf_dir` into the run's import folder; the folder written."""
-    check_architecture(adapter, module, hf_dir)
+    """Convert `hf_dir` into the run's import folder (its architecture already checked, by
+    `resolution.check_init_from`); the folder written."""
     final = import_dir(adapter, backend_args)
     if final.exists() and any(final.iterdir()):
         raise ConfigError(

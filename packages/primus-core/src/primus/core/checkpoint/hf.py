@@ -169,9 +169,7 @@ def safetensors_summary(folder: Path) -> dict[str, Any]:
     dtypes: Counter[str] = Counter()
     tensors = parameters = data_bytes = 0
     for path in files:
-        for name, entry in _header(path).items():
-            if name == "__metadata__":
-                continue
+        for entry in safetensors_header(path).values():
             dtypes[entry["dtype"]] += 1
             tensors += 1
             parameters += math.prod(entry["shape"])
@@ -186,8 +184,10 @@ def safetensors_summary(folder: Path) -> dict[str, Any]:
     }
 
 
-def _header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file; ConfigError if it is truncated or malformed."""
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The tensor entries of a safetensors file's header (`__metadata__` left out); a
+    ConfigError when the header is malformed or truncated, or naming the first tensor whose
+    data lies past the end of a truncated file."""
     size = path.stat().st_size
     with path.open("rb") as f:
         raw = f.read(8)
@@ -197,12 +197,33 @@ def _header(path: Path) -> dict[str, Any]:
         try:
             header = json.loads(f.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ConfigError(f"{path}: not a safetensors file (bad JSON header)") from None
-    end = max((e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"), default=0)
-    if 8 + length + end > size:
-        raise ConfigError(f"{path}: truncated safetensors file ({size} bytes, tensors need "
-                          f"{8 + length + end})")  # fmt: skip
+            header = None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: not a safetensors file (bad JSON header)")
+    header.pop("__metadata__", None)
+    ends = sorted((8 + length + e["data_offsets"][1], name) for name, e in header.items())
+    cut = next(((end, name) for end, name in ends if end > size), None)
+    if cut is not None:
+        raise ConfigError(f"{path}: truncated safetensors file: tensor '{cut[1]}' ends at byte "
+                          f"{cut[0]}, the file at {size}")  # fmt: skip
     return header
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors files of an HF model directory: those its index names, else every
+    *.safetensors; a ConfigError when there are none or an indexed one is missing."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / name for name in names]
+        for path in files:
+            if not path.is_file():
+                raise ConfigError(f"{path}: missing (named by {index.name})")
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{folder}: no *.safetensors files")
+    return files
 
 
 def is_hf_directory(path: Path) -> bool:

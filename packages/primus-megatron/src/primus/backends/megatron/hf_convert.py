@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +31,7 @@ from primus.backends.megatron.hf_mapping import (
     to_megatron,
 )
 from primus.core.checkpoint.convert import copy_tokenizer
+from primus.core.checkpoint.hf import safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
 
 CHECKPOINT_VERSION = 3.0  # what megatron.training writes
@@ -49,12 +49,10 @@ class HFTensors:
         self.folder = folder
         self.files: dict[str, Path] = {}
         index = folder / "model.safetensors.index.json"
-        paths = sorted(folder.glob("*.safetensors"))
-        if not paths:
-            raise ConfigError(f"{folder}: no *.safetensors files")
+        paths = safetensors_files(folder)
         self.where = index if index.is_file() else paths[0] if len(paths) == 1 else folder
         for path in paths:
-            for name, entry in _checked_header(path).items():
+            for name, entry in safetensors_header(path).items():
                 self.files[name] = path
                 if entry["dtype"] not in FLOAT_DTYPES:
                     self._bad(name, f"has dtype {entry['dtype']}; expected a floating-point dtype "
@@ -73,27 +71,6 @@ class HFTensors:
         if tuple(tensor.shape) != shape:
             self._bad(name, f"has shape {list(tensor.shape)}; config.json needs {list(shape)}")
         return tensor
-
-
-def _checked_header(path: Path) -> dict[str, Any]:
-    """The tensor entries of a safetensors header; a ConfigError naming the first tensor that
-    lies past the end of a truncated file."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        raw = f.read(8)
-        length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else size
-        try:
-            header = json.loads(f.read(length)) if 8 + length <= size else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            header = None
-    if not isinstance(header, dict):
-        raise ConfigError(f"{path}: not a safetensors file, or truncated in its header")
-    header.pop("__metadata__", None)
-    for name, entry in header.items():
-        if 8 + length + entry["data_offsets"][1] > size:
-            raise ConfigError(f"{path}: tensor '{name}' is truncated (the file ends at byte "
-                              f"{size})")  # fmt: skip
-    return header
 
 
 # -- import ----------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-import struct
 from pathlib import Path
 from typing import Any
 
+from primus.core.checkpoint.hf import safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
 
 IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
@@ -68,34 +68,6 @@ def _hf_name(adapter: Any, key: str, tensor: Any) -> str:
 
 
 # -- import ---------------------------------------------------------------------------------
-def _safetensors_files(hf_dir: Path) -> list[Path]:
-    index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [hf_dir / name for name in names]
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"{hf_dir}: no *.safetensors files")
-    return files
-
-
-def _truncation(path: Path) -> str:
-    """Which tensor of a safetensors file lies past its end (the file's header is read)."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        raw = f.read(8)
-        length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else size
-        if 8 + length > size:
-            return "its header runs past the end"
-        try:
-            header = json.loads(f.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return "its header is not JSON"
-    ends = {k: 8 + length + v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"}
-    cut = sorted((end, name) for name, end in ends.items() if end > size)
-    return f"tensor '{cut[0][1]}' runs past its end ({size} bytes)" if cut else "unreadable"
-
-
 def _convert(adapter: Any, name: str, tensor: Any, where: str) -> dict[str, Any]:
     try:
         return dict(adapter.from_hf({name: tensor}))
@@ -132,33 +104,29 @@ def _check_norm_eps(hf_dir: Path, config: Any) -> None:
 def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
     """The HF model in `hf_dir` as a DCP checkpoint (model weights only) in `out`."""
     import torch.distributed.checkpoint as dcp
-    from safetensors import SafetensorError, safe_open
+    from safetensors import safe_open
 
     _family(config)
     _check_norm_eps(hf_dir, config)
     expected, adapter, tied = expected_state(config), _adapter(config), _tied(config)
     state: dict[str, Any] = {}
-    for path in _safetensors_files(hf_dir):
-        if not path.is_file():
-            raise ConfigError(f"{path}: missing (named by model.safetensors.index.json)")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    if tied and name == HF_LM_HEAD:
-                        continue  # the embedding stands for it
-                    where = f"{path}: tensor '{name}'"
-                    for key, value in _convert(adapter, name, f.get_tensor(name), where).items():
-                        state[key] = _checked(expected, key, value, where)
-        except SafetensorError as exc:
-            raise ConfigError(f"{path}: not a readable safetensors file: {_truncation(path)} "
-                              f"({exc})") from None  # fmt: skip
+    files = safetensors_files(hf_dir)
+    for path in files:
+        safetensors_header(path)  # a truncated file: the tensor it cuts is named
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                if tied and name == HF_LM_HEAD:
+                    continue  # the embedding stands for it
+                where = f"{path}: tensor '{name}'"
+                for key, value in _convert(adapter, name, f.get_tensor(name), where).items():
+                    state[key] = _checked(expected, key, value, where)
     if tied and EMBEDDING in state:
         state[LM_HEAD] = state[EMBEDDING]
     missing = [_hf_name(adapter, key, expected[key]) for key in expected if key not in state]
     if missing:
-        files = ", ".join(p.name for p in _safetensors_files(hf_dir))
+        names = ", ".join(p.name for p in files)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ConfigError(f"{hf_dir}: tensor '{missing[0]}'{more} is in none of {files}")
+        raise ConfigError(f"{hf_dir}: tensor '{missing[0]}'{more} is in none of {names}")
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(out)), no_dist=True)
 
 
