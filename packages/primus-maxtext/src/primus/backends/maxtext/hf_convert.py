@@ -20,7 +20,7 @@ from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, LLAMA31_SCALING
 from primus.backends.maxtext.config_bridge import MaxTextArgs
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
-from primus.core.checkpoint.hf import read_config
+from primus.core.checkpoint.hf import read_config, safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
 
 # Primus family -> the MaxText model whose conversion tables fit it (PARAM_MAPPING's keys)
@@ -174,23 +174,10 @@ class HFTensors:
     checked: a ConfigError names the file and the tensor."""
 
     def __init__(self, folder: Path) -> None:
-        from safetensors import safe_open
-
         self.folder = folder
-        index = folder / "model.safetensors.index.json"
-        self.files: dict[str, Path] = {}
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self.files = {name: folder / file for name, file in weight_map.items()}
-            return
-        for file in sorted(folder.glob("*.safetensors")):
-            try:
-                with safe_open(file, framework="flax") as handle:
-                    self.files |= dict.fromkeys(handle.keys(), file)
-            except Exception as exc:
-                raise ConfigError(f"{file}: not a readable safetensors file: {exc}") from None
-        if not self.files:
-            raise ConfigError(f"{folder}: no *.safetensors files")
+        self.files: dict[str, Path] = {
+            name: path for path in safetensors_files(folder) for name in safetensors_header(path)
+        }
 
     def get(self, name: str, shape: list[int]) -> np.ndarray:
         """Tensor `name`, checked to be floating point and of `shape` before it is read."""
