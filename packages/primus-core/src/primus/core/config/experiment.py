@@ -14,6 +14,14 @@ from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
 from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath
 from primus.core.errors import ConfigError, Origin, PrimusError, did_you_mean
+from primus.core.posttrain.config import (
+    POSTTRAIN_KEYS,
+    PeftConfig,
+    SFTConfig,
+    peft_config,
+    section_tree,
+    sft_config,
+)
 
 # (framework, kind: "modules" | "models") -> the folders that hold such presets, in search order
 PresetFolders = Callable[[str, str], list[Path]]
@@ -35,7 +43,7 @@ EXPERIMENT_SCHEMA = ParamSchema(
         "modules": ParamSpec(dict, "the modules (trainers) of this experiment"),
     }
 )
-MODULE_KEYS = ("framework", "config", "model", "overrides", "init_from")
+MODULE_KEYS = ("framework", "config", "model", "overrides", "init_from", *POSTTRAIN_KEYS)
 # Seed 001's module key for the console log level; Primus's is the experiment's `log_level`.
 LEGACY_LOG_LEVEL = "stderr_sink_level"
 
@@ -51,6 +59,9 @@ class ModuleConfig:
     # `init_from: {hf: DIR}`: the HF model directory the run starts from, and where it was set
     init_from: Path | None = None
     init_from_origin: Origin | None = None
+    # `sft:` and `peft:` (primus.core.posttrain.config), checked, or None where absent
+    sft: SFTConfig | None = None
+    peft: PeftConfig | None = None
 
     def origin(self, dotted_key: str) -> Origin | None:
         return self.tree.origin(tuple(dotted_key.split(".")))
@@ -149,7 +160,10 @@ def _resolve_module(
     for layer in cli:
         params.merge(layer)
     init_from, init_origin = _init_from(exp, path)
-    return ModuleConfig(name, framework, params.data, params, init_from, init_origin)
+    sft = sft_config(exp, path, init_from)
+    return ModuleConfig(
+        name, framework, params.data, params, init_from, init_origin, sft, peft_config(exp, path)
+    )
 
 
 def _init_from(exp: ConfigTree, module: KeyPath) -> tuple[Path | None, Origin | None]:
@@ -222,7 +236,8 @@ def load_experiment(
 
     Precedence, low to high: module preset < model preset < `overrides:` < CLI. CLI keys that
     name an experiment field (`exp_name`, `patches.select`, `env.X`, ...) set that field;
-    any other key is a param of the module. `module` picks one module; None resolves all.
+    `sft.X` and `peft.X` set that key of each module's section; any other key is a param of
+    the module. `module` picks one module; None resolves all.
     """
     path = Path(path)
     exp = load_config_file(path)
@@ -231,7 +246,11 @@ def load_experiment(
         if key not in exp.data:
             exp.merge(single_value_tree((key,), value, Origin("default")))
     cli_params: list[ConfigTree] = []
+    cli_sections: list[tuple[KeyPath, Any, Origin]] = []  # sft.*, peft.*: each module's section
     for keypath, value, origin in parse_overrides(overrides or []):
+        if keypath[0] in POSTTRAIN_KEYS:
+            cli_sections.append((keypath, value, origin))
+            continue
         layer = single_value_tree(keypath, value, origin)
         is_experiment_key = keypath[0] in {k.split(".")[0] for k in EXPERIMENT_SCHEMA.specs}
         (exp.merge(layer) if is_experiment_key else cli_params.append(layer))
@@ -259,6 +278,9 @@ def load_experiment(
             hint="choose one with --module NAME",
         )
     names = [module] if module else list(modules)
+    for n in names:
+        for keypath, value, origin in cli_sections:
+            exp.merge(single_value_tree(("modules", n, *keypath), value, origin))
     lookup = preset_folders or (lambda framework, kind: [])
     resolved = {
         n: _resolve_module(exp, n, path.resolve().parent, lookup, cli_params) for n in names
@@ -282,6 +304,9 @@ def resolved_tree(experiment: Experiment) -> ConfigTree:
             where = module.init_from_origin or Origin("default")
             hf = (*prefix, "init_from", "hf")
             tree.merge(single_value_tree(hf, str(module.init_from), where))
+        for key in POSTTRAIN_KEYS:
+            if (section := getattr(module, key)) is not None:
+                tree.merge(section_tree(prefix, key, section))
         params = ConfigTree({"modules": {name: {"overrides": module.tree.data}}})
         params.origins = {(*prefix, "overrides", *k): o for k, o in module.tree.origins.items()}
         params.replaced = {(*prefix, "overrides", *k): r for k, r in module.tree.replaced.items()}

@@ -1,0 +1,246 @@
+"""A module's posttrain keys, beside `init_from`: `sft:` (data, tokenizer, sequence) and
+`peft:` (LoRA). Checked when the experiment loads; each error names the file:line it is about.
+
+Paths are relative to the current directory, like every path in an experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
+from primus.core.config.tree import ConfigTree, single_value_tree
+from primus.core.config.yaml_io import KeyPath
+from primus.core.errors import ConfigError, Origin, did_you_mean
+
+POSTTRAIN_KEYS = ("sft", "peft")
+DATA_SUFFIXES = (".jsonl", ".parquet")
+FORMATS = ("auto", "chat", "prompt_completion")
+# LoRA targets by their Hugging Face (Llama-family) names; each backend maps them to its layers.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+SFT_SCHEMA = ParamSchema(
+    {
+        "sft.train": ParamSpec(str, "training data: a .jsonl or .parquet file"),
+        "sft.eval": ParamSpec(str, "eval data (.jsonl or .parquet); default: none"),
+        "sft.eval_fraction": ParamSpec(
+            float, "share of the training samples held out for eval when no eval file (0-0.5)", default=0.0
+        ),
+        "sft.format": ParamSpec(str, "the records' format", choices=FORMATS, default="auto"),
+        "sft.tokenizer": ParamSpec(str, "HF tokenizer directory; default: init_from.hf"),
+        "sft.chat_template": ParamSpec(str, "a Jinja chat template, or a file holding one"),
+        "sft.seq_length": ParamSpec(int, "tokens per row (the model's input length)"),
+        "sft.packing": ParamSpec(bool, "pack several samples into each row", default=False),
+        "sft.truncate": ParamSpec(bool, "cut samples longer than a row", default=False),
+        "sft.seed": ParamSpec(int, "seed of the eval split, packing and row order", default=1234),
+    }
+)
+PEFT_SCHEMA = ParamSchema(
+    {
+        "peft.type": ParamSpec(str, "the adapter kind", choices=("lora",)),
+        "peft.rank": ParamSpec(int, "LoRA rank", default=8),
+        "peft.alpha": ParamSpec(float, "LoRA alpha: the update is scaled by alpha/rank", default=16.0),
+        "peft.dropout": ParamSpec(float, "dropout on the adapter's input", default=0.0),
+        "peft.target_modules": ParamSpec(list, "layers that get adapters", default=LORA_TARGETS),
+    }
+)
+
+
+class _Located:
+    """A resolved section that knows where each key was set (the section's own line under "")."""
+
+    origins: dict[str, Origin]
+
+    def error(self, key: str, message: str, hint: str | None = None) -> ConfigError:
+        """A ConfigError at the line that set `key` (the section's line if it is a default)."""
+        return ConfigError(message, self.origins.get(key) or self.origins.get(""), hint)
+
+
+@dataclass(frozen=True)
+class SFTConfig(_Located):
+    """`sft:` resolved: absolute paths, defaults filled, the chat template's text read."""
+
+    train: Path
+    eval: Path | None
+    eval_fraction: float
+    format: str
+    tokenizer: Path
+    chat_template: str | None  # the template's text; None: the tokenizer's own
+    seq_length: int
+    packing: bool
+    truncate: bool
+    seed: int
+    written: dict[str, Any] = field(compare=False, repr=False)  # the section, as resolved
+    origins: dict[str, Origin] = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class PeftConfig(_Located):
+    """`peft:` resolved. The adapter's update is (alpha / rank) * B @ A."""
+
+    type: str
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: tuple[str, ...]
+    origins: dict[str, Origin] = field(compare=False, repr=False)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    @property
+    def written(self) -> dict[str, Any]:
+        """The section, as resolved."""
+        values = {f: getattr(self, f) for f in ("type", "rank", "alpha", "dropout")}
+        return values | {"target_modules": list(self.target_modules)}
+
+
+def _section(
+    exp: ConfigTree, module: KeyPath, name: str, schema: ParamSchema
+) -> tuple[dict[str, Any], dict[str, Origin]] | None:
+    """The section `name` of a module, type-checked, with defaults; None when absent."""
+    if name not in (exp.get(module) or {}):
+        return None
+    path = (*module, name)
+    data = exp.get(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{name}' must be a mapping", exp.origin(path))
+    n = len(module)
+    origins = {k[n:]: o for k, o in exp.origins.items() if k[:n] == module and k[n : n + 1] == (name,)}
+    raise_all(schema.check(ConfigTree({name: data}, origins), what=f"{name} key"))
+    defaults = {key.split(".", 1)[1]: spec.default for key, spec in schema.specs.items()}
+    where = {k[1]: o for k, o in origins.items() if len(k) == 2}
+    where[""] = exp.origin(path) or Origin("default")
+    return defaults | data, where
+
+
+def _existing(value: str, what: str, origin: Origin | None, hint: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ConfigError(f"{what}: {path} does not exist", origin, hint)
+    return path.resolve()
+
+
+def _data_file(values: dict[str, Any], key: str, origins: dict[str, Origin]) -> Path | None:
+    if values[key] is None:
+        return None
+    path = _existing(values[key], f"sft.{key}", origins.get(key), "a .jsonl or .parquet file")
+    if not path.is_file() or path.suffix not in DATA_SUFFIXES:
+        raise ConfigError(
+            f"sft.{key}: {path} is not a .jsonl or .parquet file",
+            origins.get(key),
+            hint="JSONL: one record per line; parquet: one record per row",
+        )
+    return path
+
+
+def _tokenizer_dir(
+    values: dict[str, Any], origins: dict[str, Origin], init_from: Path | None
+) -> tuple[Path, Origin | None]:
+    if values["tokenizer"] is None and init_from is None:
+        raise ConfigError(
+            "sft needs a tokenizer: set sft.tokenizer or init_from.hf", origins[""]
+        )
+    if values["tokenizer"] is None:
+        assert init_from is not None
+        return init_from, origins.get("")
+    origin = origins.get("tokenizer")
+    folder = _existing(values["tokenizer"], "sft.tokenizer", origin, "an HF tokenizer directory")
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(
+            f"sft.tokenizer: {folder} is not a Hugging Face tokenizer directory",
+            origin,
+            hint="it needs tokenizer.json or tokenizer_config.json",
+        )
+    return folder, origin
+
+
+def _chat_template(value: str | None, origin: Origin | None) -> str | None:
+    """A template's text: the value itself if it is Jinja, else the file it names."""
+    if value is None or "{{" in value or "{%" in value:
+        return value
+    path = _existing(value, "sft.chat_template", origin, "a Jinja template, or a file holding one")
+    return path.read_text()
+
+
+def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTConfig | None:
+    """The module's `sft:` section, checked; None when the module has none."""
+    section = _section(exp, module, "sft", SFT_SCHEMA)
+    if section is None:
+        return None
+    values, origins = section
+    for key in ("train", "seq_length"):
+        if values[key] is None:
+            raise ConfigError(f"sft.{key} is required", origins[""])
+    if values["seq_length"] <= 0:
+        raise ConfigError("sft.seq_length must be positive", origins["seq_length"])
+    fraction = values["eval_fraction"]
+    if not 0.0 <= fraction <= 0.5:
+        raise ConfigError("sft.eval_fraction must be between 0 and 0.5", origins["eval_fraction"])
+    if fraction and values["eval"] is not None:
+        raise ConfigError(
+            "sft.eval_fraction holds out training samples, but sft.eval names an eval file",
+            origins["eval_fraction"],
+            hint="set one of them",
+        )
+    train = _data_file(values, "train", origins)
+    eval_file = _data_file(values, "eval", origins)
+    tokenizer, tokenizer_origin = _tokenizer_dir(values, origins, init_from)
+    template = _chat_template(values["chat_template"], origins.get("chat_template"))
+    if tokenizer_origin is not None:
+        origins.setdefault("tokenizer", tokenizer_origin)
+    written = values | {"train": str(train), "tokenizer": str(tokenizer)}
+    written |= {"eval": str(eval_file)} if eval_file else {}
+    return SFTConfig(
+        train, eval_file, float(fraction), values["format"], tokenizer, template,
+        values["seq_length"], values["packing"], values["truncate"], values["seed"],
+        {k: v for k, v in written.items() if v is not None}, origins,
+    )  # fmt: skip
+
+
+def peft_config(exp: ConfigTree, module: KeyPath) -> PeftConfig | None:
+    """The module's `peft:` section, checked; None when the module has none."""
+    section = _section(exp, module, "peft", PEFT_SCHEMA)
+    if section is None:
+        return None
+    values, origins = section
+    if values["type"] is None:
+        raise ConfigError("peft.type is required (lora)", origins[""])
+    checks = (
+        ("rank", values["rank"] > 0, "a positive integer"),
+        ("alpha", values["alpha"] > 0, "positive"),
+        ("dropout", 0 <= values["dropout"] < 1, "at least 0 and below 1"),
+    )
+    for key, ok, wanted in checks:
+        if not ok:
+            raise ConfigError(f"peft.{key} must be {wanted}, got {values[key]}", origins[key])
+    targets = values["target_modules"]
+    where = origins.get("target_modules")
+    if not targets:
+        raise ConfigError("peft.target_modules is empty", where, hint=", ".join(LORA_TARGETS))
+    for name in targets:
+        if name not in LORA_TARGETS:
+            raise ConfigError(
+                f"peft.target_modules: unknown layer {name!r}{did_you_mean(str(name), LORA_TARGETS)}",
+                where,
+                hint=f"layers by their Hugging Face names: {', '.join(LORA_TARGETS)}",
+            )
+    if len(set(targets)) < len(targets):
+        raise ConfigError("peft.target_modules names a layer twice", where)
+    return PeftConfig(
+        "lora", values["rank"], float(values["alpha"]), float(values["dropout"]),
+        tuple(targets), origins,
+    )  # fmt: skip
+
+
+def section_tree(prefix: KeyPath, name: str, section: SFTConfig | PeftConfig) -> ConfigTree:
+    """A resolved section as the tree `name:` under `prefix`, each key with its origin (for
+    the resolved experiment)."""
+    tree = ConfigTree()
+    for key, value in section.written.items():
+        where = section.origins.get(key) or Origin("default")
+        tree.merge(single_value_tree((*prefix, name, key), value, where))
+    return tree
