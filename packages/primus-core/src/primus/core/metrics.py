@@ -109,11 +109,18 @@ class StepMetrics:
     mfu: float | None  # fraction of peak, None when the device's peak is unknown
     lr: float | None = None
     peak_memory_gib: float | None = None
+    # fine-tuning's eval at this step (primus.core.posttrain.metrics defines them)
+    eval_loss: float | None = None
+    eval_token_accuracy: float | None = None
 
     def line(self) -> str:
         parts = [f"step {self.step}/{self.total_steps}"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4f}")
+        if self.eval_loss is not None:
+            parts.append(f"eval loss {self.eval_loss:.4f}")
+        if self.eval_token_accuracy is not None:
+            parts.append(f"eval token acc {self.eval_token_accuracy:.2%}")
         if self.lr is not None:
             parts.append(f"lr {self.lr:.3g}")
         parts += [
@@ -132,6 +139,11 @@ class StepMetrics:
             "primus/tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "primus/tflops_per_gpu": self.tflops_per_gpu,
         }
+        evals = {
+            "primus/eval_loss": self.eval_loss,
+            "primus/eval_token_accuracy": self.eval_token_accuracy,
+        }
+        values |= {k: v for k, v in evals.items() if v is not None}
         return values | ({"primus/mfu": self.mfu} if self.mfu is not None else {})
 
 

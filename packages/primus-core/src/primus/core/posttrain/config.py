@@ -26,7 +26,9 @@ SFT_SCHEMA = ParamSchema(
         "sft.train": ParamSpec(str, "training data: a .jsonl or .parquet file"),
         "sft.eval": ParamSpec(str, "eval data (.jsonl or .parquet); default: none"),
         "sft.eval_fraction": ParamSpec(
-            float, "share of the training samples held out for eval when no eval file (0-0.5)", default=0.0
+            float,
+            "share of the training samples held out for eval when no eval file (0-0.5)",
+            default=0.0,
         ),
         "sft.format": ParamSpec(str, "the records' format", choices=FORMATS, default="auto"),
         "sft.tokenizer": ParamSpec(str, "HF tokenizer directory; default: init_from.hf"),
@@ -41,7 +43,9 @@ PEFT_SCHEMA = ParamSchema(
     {
         "peft.type": ParamSpec(str, "the adapter kind", choices=("lora",)),
         "peft.rank": ParamSpec(int, "LoRA rank", default=8),
-        "peft.alpha": ParamSpec(float, "LoRA alpha: the update is scaled by alpha/rank", default=16.0),
+        "peft.alpha": ParamSpec(
+            float, "LoRA alpha: the update is scaled by alpha/rank", default=16.0
+        ),
         "peft.dropout": ParamSpec(float, "dropout on the adapter's input", default=0.0),
         "peft.target_modules": ParamSpec(list, "layers that get adapters", default=LORA_TARGETS),
     }
@@ -109,7 +113,9 @@ def _section(
     if not isinstance(data, dict):
         raise ConfigError(f"'{name}' must be a mapping", exp.origin(path))
     n = len(module)
-    origins = {k[n:]: o for k, o in exp.origins.items() if k[:n] == module and k[n : n + 1] == (name,)}
+    origins = {
+        k[n:]: o for k, o in exp.origins.items() if k[:n] == module and k[n : n + 1] == (name,)
+    }
     raise_all(schema.check(ConfigTree({name: data}, origins), what=f"{name} key"))
     defaults = {key.split(".", 1)[1]: spec.default for key, spec in schema.specs.items()}
     where = {k[1]: o for k, o in origins.items() if len(k) == 2}
@@ -141,9 +147,7 @@ def _tokenizer_dir(
     values: dict[str, Any], origins: dict[str, Origin], init_from: Path | None
 ) -> tuple[Path, Origin | None]:
     if values["tokenizer"] is None and init_from is None:
-        raise ConfigError(
-            "sft needs a tokenizer: set sft.tokenizer or init_from.hf", origins[""]
-        )
+        raise ConfigError("sft needs a tokenizer: set sft.tokenizer or init_from.hf", origins[""])
     if values["tokenizer"] is None:
         assert init_from is not None
         return init_from, origins.get("")
@@ -187,6 +191,7 @@ def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTC
             hint="set one of them",
         )
     train = _data_file(values, "train", origins)
+    assert train is not None  # required, checked above
     eval_file = _data_file(values, "eval", origins)
     tokenizer, tokenizer_origin = _tokenizer_dir(values, origins, init_from)
     template = _chat_template(values["chat_template"], origins.get("chat_template"))

@@ -1,0 +1,155 @@
+"""Records into tokens and a loss mask, with the HF tokenizer and its (or the config's) chat
+template.
+
+Chat: the loss covers what the template emits for each assistant message after the
+generation prompt: the content and the end of turn (Llama 3: `<|eot_id|>`), not the role
+header. Few templates mark that span (`{% generation %}`), so it is found by rendering
+prefixes: render(messages[:i], add_generation_prompt=True) must be a prefix of
+render(messages[:i+1]), itself a prefix of the whole chat's rendering; the text between the
+two is the span, and a token is trained on when it starts inside one.
+Prompt/completion: tokenizer(prompt) (with the tokenizer's BOS), then the completion's tokens
+and EOS; the loss covers the completion and EOS.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from primus.core.errors import Origin
+from primus.core.posttrain.config import SFTConfig
+from primus.core.posttrain.records import Record, data_error
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One record's tokens; `mask[i]` is True where token i is trained on."""
+
+    tokens: list[int]
+    mask: list[bool]
+    where: Origin
+
+
+def load_tokenizer(cfg: SFTConfig) -> Any:
+    """The HF tokenizer of `sft.tokenizer` (default: the init_from directory), which must be a
+    fast one (the mask needs its character offsets). Imports transformers."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(cfg.tokenizer))
+    except (OSError, ValueError) as exc:
+        raise cfg.error(
+            "tokenizer", f"cannot load the tokenizer in {cfg.tokenizer}: {exc}"
+        ) from None
+    if not tokenizer.is_fast:
+        raise cfg.error(
+            "tokenizer",
+            f"the tokenizer in {cfg.tokenizer} is not a fast (tokenizers) one",
+            hint="the loss mask needs character offsets: save it with tokenizer.json",
+        )
+    return tokenizer
+
+
+class Encoder:
+    """Encodes records with one tokenizer and chat template."""
+
+    def __init__(self, tokenizer: Any, cfg: SFTConfig) -> None:
+        self.tokenizer = tokenizer
+        self.template = cfg.chat_template
+        self.cfg = cfg
+        where = cfg.origins.get("chat_template") if self.template else None
+        self.template_source = (
+            f"the chat template of sft.chat_template ({where})"
+            if self.template
+            else f"the chat template of the tokenizer in {cfg.tokenizer}"
+        )
+
+    def encode(self, record: Record) -> Sample:
+        if record.messages is not None:
+            return self._chat(record, record.messages)
+        assert record.prompt is not None and record.completion is not None
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise self.cfg.error(
+                "tokenizer", f"the tokenizer in {self.cfg.tokenizer} has no EOS token",
+                hint="prompt/completion samples end with EOS: set eos_token in tokenizer_config.json",
+            )  # fmt: skip
+        prompt = self.tokenizer(record.prompt)["input_ids"]
+        completion = [
+            *self.tokenizer(record.completion, add_special_tokens=False)["input_ids"],
+            eos,
+        ]
+        return Sample(
+            prompt + completion, [False] * len(prompt) + [True] * len(completion), record.where
+        )
+
+    def _render(self, record: Record, messages: list[dict[str, Any]], generation: bool) -> str:
+        if self.template is None and self.tokenizer.chat_template is None:
+            raise self.cfg.error(
+                "tokenizer",
+                f"the tokenizer in {self.cfg.tokenizer} has no chat template, and "
+                f"{record.where} is a chat",
+                hint="set sft.chat_template (a Jinja template or a file holding one)",
+            )
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                chat_template=self.template,
+                tokenize=False,
+                add_generation_prompt=generation,
+            )
+        except Exception as exc:  # jinja's errors, and the template's own raise_exception
+            raise record.error(f"{self.template_source} failed: {exc}") from None
+
+    def _chat(self, record: Record, messages: list[dict[str, Any]]) -> Sample:
+        text = self._render(record, messages, False)
+        spans: list[tuple[int, int]] = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._render(record, messages[:i], True)
+            after = self._render(record, messages[: i + 1], False)
+            if not after.startswith(before) or not text.startswith(after):
+                shorter, longer = (
+                    (f"messages[:{i}] with the generation prompt", f"messages[:{i + 1}]")
+                    if not after.startswith(before)
+                    else (f"messages[:{i + 1}]", "the whole chat")
+                )
+                raise record.error(
+                    f"messages[{i}]: {self.template_source} renders {shorter} as text that is "
+                    f"not a prefix of its rendering of {longer}, so the assistant's tokens "
+                    "cannot be told apart",
+                    hint="use a template that renders each message the same whatever follows "
+                    "it (sft.chat_template)",
+                )
+            spans.append((len(before), len(after)))
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = [start for start, _ in spans]
+        mask = []
+        for start, end in encoded["offset_mapping"]:
+            k = bisect.bisect_right(starts, start) - 1
+            mask.append(end > start and k >= 0 and start < spans[k][1])
+        if not any(mask):
+            why = "" if spans else " (it has no assistant message)"
+            raise record.error(
+                f"{self.template_source} renders no assistant tokens for this chat{why}"
+            )
+        return Sample(list(encoded["input_ids"]), mask, record.where)
+
+
+def check_length(sample: Sample, cfg: SFTConfig) -> Sample | None:
+    """A sample that fits a row (at most seq_length + 1 tokens: each position's target is the
+    next token); with `truncate`, a longer one is cut, or None if nothing to train on is left."""
+    limit = cfg.seq_length + 1
+    if len(sample.tokens) <= limit:
+        return sample
+    if not cfg.truncate:
+        raise data_error(
+            sample.where,
+            f"sample is {len(sample.tokens)} tokens, more than seq_length + 1 = {limit}",
+            hint="set sft.truncate: true to cut it, or a larger sft.seq_length",
+        )
+    if not any(sample.mask[1:limit]):
+        return None
+    return Sample(sample.tokens[:limit], sample.mask[:limit], sample.where)
