@@ -10,11 +10,7 @@ from typing import Any
 
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
-from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
-from primus.core.config.tree import ConfigTree, single_value_tree
-from primus.core.config.yaml_io import KeyPath
-from primus.core.errors import ConfigError, Origin, PrimusError, did_you_mean
-from primus.core.posttrain.config import (
+from primus.core.config.posttrain import (
     POSTTRAIN_KEYS,
     PeftConfig,
     SFTConfig,
@@ -22,6 +18,10 @@ from primus.core.posttrain.config import (
     section_tree,
     sft_config,
 )
+from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
+from primus.core.config.tree import ConfigTree, single_value_tree
+from primus.core.config.yaml_io import KeyPath
+from primus.core.errors import ConfigError, Origin, PrimusError, did_you_mean
 
 # (framework, kind: "modules" | "models") -> the folders that hold such presets, in search order
 PresetFolders = Callable[[str, str], list[Path]]
@@ -59,7 +59,7 @@ class ModuleConfig:
     # `init_from: {hf: DIR}`: the HF model directory the run starts from, and where it was set
     init_from: Path | None = None
     init_from_origin: Origin | None = None
-    # `sft:` and `peft:` (primus.core.posttrain.config), checked, or None where absent
+    # `sft:` and `peft:` (primus.core.config.posttrain), checked, or None where absent
     sft: SFTConfig | None = None
     peft: PeftConfig | None = None
 

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from primus.core.posttrain.config import SFTConfig
+from primus.core.config.posttrain import SFTConfig
 from primus.core.posttrain.encode import Encoder, Sample, check_length, load_tokenizer
 from primus.core.posttrain.packing import one_per_row, pack
 from primus.core.posttrain.records import Record, read_records

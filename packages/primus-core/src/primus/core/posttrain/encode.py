@@ -17,8 +17,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from primus.core.config.posttrain import SFTConfig
 from primus.core.errors import Origin
-from primus.core.posttrain.config import SFTConfig
 from primus.core.posttrain.records import Record, data_error
 
 

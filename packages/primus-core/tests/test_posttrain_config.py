@@ -1,0 +1,152 @@
+"""The `sft:` and `peft:` module keys: checked when the experiment loads, every error at the
+file:line it is about; through the real CLI where that is cheap."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from primus.core.config import load_experiment
+from primus.core.config.experiment import resolved_tree
+from primus.core.config.posttrain import LORA_TARGETS
+from primus.core.config.render import to_yaml
+from primus.core.errors import ConfigError
+from primus.core.testing.runs import primus
+from primus.core.testing.sft_data import LLAMA3_TEMPLATE, write_reverse_task, write_tokenizer
+
+# the sft section's first key is on line 6, peft's on line 10
+EXPERIMENT = """\
+modules:
+  trainer:
+    framework: {framework}
+    init_from: {{hf: {hf}}}
+    sft:
+      train: {train}
+      seq_length: 64
+      packing: true
+    peft:
+      type: lora
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sft")
+    hf = write_tokenizer(root / "hf")
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    return {"hf": hf, **write_reverse_task(root / "data", 8, 2)}
+
+
+def experiment(
+    files: dict[str, Path], tmp_path: Path, edit: str = "", framework: str = "x"
+) -> Path:
+    """The experiment above, with `edit` ("old => new" per line) applied."""
+    text = EXPERIMENT.format(framework=framework, hf=files["hf"], train=files["chat_train"])
+    for change in filter(None, edit.split("\n")):
+        old, new = (part.replace("\\n", "\n") for part in change.split(" => "))
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_resolved_paths_and_the_resolved_experiment(files, tmp_path) -> None:
+    module = load_experiment(experiment(files, tmp_path), ["sft.seed=7"]).modules["trainer"]
+    sft, peft = module.sft, module.peft
+    assert sft is not None and peft is not None
+    assert (sft.train, sft.eval, sft.seq_length, sft.packing, sft.truncate, sft.seed) == (
+        files["chat_train"],
+        None,
+        64,
+        True,
+        False,
+        7,
+    )
+    assert sft.tokenizer == files["hf"] and sft.format == "auto" and sft.chat_template is None
+    assert (peft.rank, peft.alpha, peft.dropout, peft.target_modules) == (
+        8,
+        16.0,
+        0.0,
+        LORA_TARGETS,
+    )
+    assert peft.scaling == 2.0
+    text = to_yaml(resolved_tree(load_experiment(experiment(files, tmp_path), ["sft.seed=7"])))
+    assert f"train: {files['chat_train']}" in text and "seed: 7" in text
+    assert "target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]" in text
+
+
+def test_chat_template_from_a_file_or_inline(files, tmp_path) -> None:
+    (tmp_path / "t.jinja").write_text(LLAMA3_TEMPLATE)
+    inline = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for value, text in ((tmp_path / "t.jinja", LLAMA3_TEMPLATE), (json.dumps(inline), inline)):
+        path = experiment(files, tmp_path, f"packing: true => chat_template: {value}")
+        sft = load_experiment(path).modules["trainer"].sft
+        assert sft is not None and sft.chat_template == text
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "message"),
+    [
+        ("seq_length: 64 => seq_lenght: 64", 7,
+         "unknown sft key 'sft.seq_lenght' (did you mean: sft.seq_length"),
+        ("seq_length: 64 => seq_length: 0", 7, "sft.seq_length must be positive"),
+        ("seq_length: 64 => seq_length: many", 7, "sft.seq_length: must be an integer"),
+        ("seq_length: 64 => truncate: false", 5, "sft.seq_length is required"),
+        ("train: {t} => train: nowhere.jsonl", 6, "sft.train: nowhere.jsonl does not exist"),
+        ("train: {t} => train: {hf}/config.json", 6, "is not a .jsonl or .parquet file"),
+        ("packing: true => format: xml", 8, "sft.format: must be one of 'auto', 'chat'"),
+        ("packing: true => eval_fraction: 0.7", 8, "sft.eval_fraction must be between 0 and 0.5"),
+        ("packing: true => eval: {t}\\n      eval_fraction: 0.1", 9,
+         "sft.eval_fraction holds out training samples, but sft.eval names an eval file"),
+        ("packing: true => tokenizer: {t}", 8, "is not a Hugging Face tokenizer directory"),
+        ("packing: true => chat_template: missing.jinja", 8, "sft.chat_template: missing.jinja does not exist"),
+        ("    init_from: {hf: {hf}}\\n => ", 4, "sft needs a tokenizer: set sft.tokenizer or init_from.hf"),
+        ("peft:\\n      type: lora => peft: lora", 9, "'peft' must be a mapping"),
+        ("type: lora => type: lora\\n      rank: 0", 11, "peft.rank must be a positive integer, got 0"),
+        ("type: lora => type: lora\\n      dropout: 1.0", 11, "peft.dropout must be at least 0 and below 1"),
+        ("type: lora => type: lora\\n      alpha: -2", 11, "peft.alpha must be positive"),
+        ("type: lora => type: dora", 10, "peft.type: must be one of 'lora', got 'dora'"),
+        ("type: lora => rank: 4", 9, "peft.type is required (lora)"),
+        ("type: lora => type: lora\\n      target_modules: [q_prj]", 11,
+         "peft.target_modules: unknown layer 'q_prj' (did you mean: q_proj"),
+        ("type: lora => type: lora\\n      target_modules: [q_proj, q_proj]", 11, "names a layer twice"),
+        ("type: lora => type: lora\\n      target_modules: []", 11, "peft.target_modules is empty"),
+    ],
+)  # fmt: skip
+def test_bad_keys_are_refused_where_they_are_written(files, tmp_path, edit, line, message) -> None:
+    edit = edit.replace("{t}", str(files["chat_train"])).replace("{hf}", str(files["hf"]))
+    with pytest.raises(ConfigError) as err:
+        load_experiment(experiment(files, tmp_path, edit))
+    assert message in str(err.value)
+    assert err.value.origin is not None and err.value.origin.line == line, str(err.value)
+
+
+def test_cli_validate_and_show_name_the_line_and_the_command_line(files, tmp_path) -> None:
+    path = experiment(files, tmp_path, "seq_length: 64 => seq_length: -3", framework="dummy")
+    result = primus("config", "validate", str(path), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert re.search(r"exp.yaml:7: sft.seq_length must be positive", result.stderr), result.stderr
+    path = experiment(files, tmp_path, framework="dummy")
+    result = primus("config", "show", str(path), "--provenance", "sft.seq_length=32", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"seq_length: 32 +# cli \(sft.seq_length=32\)", result.stdout), result.stdout
+    assert re.search(r"packing: true +# exp.yaml:8", result.stdout)
+
+
+def test_importing_posttrain_imports_no_framework() -> None:
+    probe = textwrap.dedent("""
+        import sys
+        import primus.core.posttrain, primus.core.testing.sft_data, primus.core.config
+        heavy = {"torch", "jax", "numpy", "transformers", "pyarrow", "tokenizers"}
+        print("HEAVY", sorted(heavy & {m.split(".")[0] for m in sys.modules}))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "HEAVY []" in out.stdout
