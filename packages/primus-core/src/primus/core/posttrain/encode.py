@@ -58,9 +58,9 @@ class Encoder:
         self.tokenizer = tokenizer
         self.template = cfg.chat_template
         self.cfg = cfg
-        where = cfg.origins.get("chat_template") if self.template else None
+        where = cfg.origins.get("chat_template")
         self.template_source = (
-            f"the chat template of sft.chat_template ({where})"
+            "the chat template of sft.chat_template" + (f" ({where})" if where else "")
             if self.template
             else f"the chat template of the tokenizer in {cfg.tokenizer}"
         )

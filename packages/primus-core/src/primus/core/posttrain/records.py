@@ -48,7 +48,7 @@ def _jsonl(path: Path) -> Iterator[tuple[Origin, Any]]:
                 continue
             where = Origin("file", str(path), number)
             try:
-                yield where, json.loads(line)
+                yield where, json.loads(line.rstrip("\n"))
             except json.JSONDecodeError as exc:
                 raise ConfigError(
                     f"not valid JSON: {exc.msg} (column {exc.colno})", where
