@@ -3,6 +3,7 @@ resume, the eval split, truncation, and every bad-data error at its file and lin
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def samples_of(dataset: SFTDataset, row: dict[str, Any]) -> list[list[int]]:
     cuts = row["cu_seqlens"].tolist()
     assert cuts[0] == 0 and cuts[-1] <= dataset.seq_length
     found = []
-    for segment, (start, end) in enumerate(zip(cuts, cuts[1:], strict=False), 1):
+    for segment, (start, end) in enumerate(itertools.pairwise(cuts), 1):
         assert (row["segment_ids"][start:end] == segment).all()
         assert row["position_ids"][start:end].tolist() == list(range(end - start))
         assert (row["labels"][start : end - 1] == row["tokens"][start + 1 : end]).all()
@@ -238,7 +239,7 @@ def test_a_template_that_hides_the_assistant_tokens_is_refused(root, tokenizer, 
 
 def test_a_chat_needs_a_template(root, tokenizer) -> None:
     cfg = config(root, jsonl(root / "one.jsonl", GOOD), tokenizer=str(root / "bare"))
-    with pytest.raises(ConfigError, match="has no chat template, and .*one.jsonl:1 is a chat"):
+    with pytest.raises(ConfigError, match=r"has no chat template, and .*one\.jsonl:1 is a chat"):
         build_sft_data(cfg)  # loads the bare tokenizer itself
 
 
