@@ -16,7 +16,8 @@ from primus.core.config.tree import ConfigTree
 from primus.core.errors import ConfigError
 from primus.core.posttrain import SFTDataset, build_sft_data
 from primus.core.posttrain.encode import load_tokenizer
-from primus.core.testing.sft_data import EOT, write_reverse_task, write_tokenizer
+from primus.core.testing.hf_models import make_hf_model
+from primus.core.testing.sft_data import EOT, hf_eval_stats, write_reverse_task, write_tokenizer
 
 # LLAMA3_TEMPLATE with the assistant's content and end of turn marked as `{% generation %}`:
 # it renders the same text, and transformers' return_assistant_tokens_mask then gives the
@@ -270,3 +271,28 @@ def test_positions_and_masks_as_arrays(root, tokenizer) -> None:
         "tokens": np.int32, "labels": np.int32, "position_ids": np.int32,
         "segment_ids": np.int32, "loss_mask": np.float32, "cu_seqlens": np.int32,
     }  # fmt: skip
+
+
+def test_the_hf_reference_agrees_with_transformers_own_masked_loss(root, tokenizer) -> None:
+    """hf_eval_stats over rows == transformers' loss with labels -100 outside the mask, summed
+    per sample: the rows' shift and mask are what transformers means by them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    make_hf_model(root / "hf", "llama3")
+    lines = (root / "task" / "chat_eval.jsonl").read_text().splitlines()[:3]
+    three = jsonl(root / "three.jsonl", *map(json.loads, lines))
+    data = build_sft_data(config(root, three), tokenizer).train
+    stats = hf_eval_stats(root / "hf", data)
+    model = AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32).eval()
+    loss_sum = count = 0.0
+    for first, last in itertools.pairwise(data.offsets.tolist()):
+        tokens = torch.as_tensor(data.tokens[first:last], dtype=torch.long)[None]
+        labels = tokens.masked_fill(torch.as_tensor(data.mask[first:last])[None] == 0, -100)
+        with torch.no_grad():
+            loss = model(tokens, labels=labels).loss
+        targets = int((labels[0, 1:] != -100).sum())
+        loss_sum, count = loss_sum + float(loss) * targets, count + targets
+    assert stats.count == count == data.loss_tokens
+    assert stats.loss == pytest.approx(loss_sum / count, rel=1e-5)
+    assert 0 <= stats.accuracy < 0.5  # random weights

@@ -1,7 +1,7 @@
 """Fine-tuning test data without the hub: a tiny Llama-3-style HF tokenizer, and a synthetic
 task (answer = the prompt's words reversed) that no pretraining data teaches.
 
-Needs `tokenizers` (and `transformers` to load the tokenizer); test-only.
+Needs `tokenizers` (and `transformers` to load the tokenizer, torch for `hf_eval_stats`); test-only.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 BOS, EOT, END, PAD, UNK = (
     "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<unk>",
@@ -93,3 +94,26 @@ def write_reverse_task(
             path.write_text("".join(json.dumps(r) + "\n" for r in records))
             files[f"{kind}_{split}"] = path
     return files
+
+
+def hf_eval_stats(hf_dir: Path, dataset: Any) -> Any:
+    """Teacher-forced TokenStats of the HF model in `hf_dir` (transformers, fp32) over every
+    row of an unpacked SFTDataset: the framework-independent reference for a backend's
+    eval_loss and eval_token_accuracy (unpacked, since transformers' eager attention would let
+    packed samples see each other). Imports torch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from primus.core.posttrain.metrics import TokenStats, token_stats_torch
+
+    assert all(len(samples) == 1 for samples in dataset.rows), "needs sft.packing: false"
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    total = TokenStats()
+    with torch.no_grad():
+        for index in range(len(dataset)):
+            row = {k: torch.as_tensor(v)[None] for k, v in dataset[index].items()}
+            logits = model(row["tokens"].long(), position_ids=row["position_ids"].long()).logits
+            total += TokenStats(
+                *token_stats_torch(logits, row["labels"], row["loss_mask"]).tolist()
+            )
+    return total
