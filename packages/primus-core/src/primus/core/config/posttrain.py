@@ -36,7 +36,7 @@ SFT_SCHEMA = ParamSchema(
         "sft.seq_length": ParamSpec(int, "tokens per row (the model's input length)"),
         "sft.packing": ParamSpec(bool, "pack several samples into each row", default=False),
         "sft.truncate": ParamSpec(bool, "cut samples longer than a row", default=False),
-        "sft.seed": ParamSpec(int, "seed of the eval split, packing and row order", default=1234),
+        "sft.seed": ParamSpec(int, "seed of the eval split and the row order", default=1234),
     }
 )
 PEFT_SCHEMA = ParamSchema(
