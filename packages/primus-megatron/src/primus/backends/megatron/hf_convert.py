@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,7 @@ from primus.backends.megatron.hf_mapping import (
 )
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.hf import safetensors_files, safetensors_header
+from primus.core.checkpoint.hf_writer import INDEX, SafetensorsWriter
 from primus.core.errors import ConfigError
 
 CHECKPOINT_VERSION = 3.0  # what megatron.training writes
@@ -48,7 +50,7 @@ class HFTensors:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.files: dict[str, Path] = {}
-        index = folder / "model.safetensors.index.json"
+        index = folder / INDEX
         paths = safetensors_files(folder)
         self.where = index if index.is_file() else paths[0] if len(paths) == 1 else folder
         for path in paths:
@@ -102,6 +104,14 @@ def padded_vocab_size(args: Any) -> int:
     return int(vocab_size_with_padding(args.vocab_size, args, logging_enabled=False))
 
 
+def _save_strategy() -> Any:
+    """torch_dist with a writer thread per core (up to 8): one per output file."""
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    threads = min(8, os.cpu_count() or 1)
+    return TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=threads)
+
+
 def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
     """Write the HF model in `hf_dir` into `out` as Megatron's iteration 0 (model only)."""
     from megatron.core import dist_checkpointing
@@ -128,7 +138,8 @@ def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
     folder = out / "iter_0000000"
     folder.mkdir()
     with _one_process_group():
-        dist_checkpointing.save(state, str(folder), content_metadata=dict(CONTENT_METADATA))
+        dist_checkpointing.save(state, str(folder), _save_strategy(),
+                                content_metadata=dict(CONTENT_METADATA))  # fmt: skip
     (out / TRACKER).write_text("0")
 
 
@@ -137,7 +148,6 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
     """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`: one
     safetensors file per Megatron tensor (all its layers), read from the checkpoint alone."""
     import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_file
 
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
@@ -151,8 +161,8 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
     if missing:
         raise ConfigError(f"{folder}: no tensor '{missing[0]}' (not a model Primus converts)")
     dtype = stored[table[0].key].properties.dtype
-    weight_map: dict[str, str] = {}
-    for number, param in enumerate(table, start=1):
+    writer = SafetensorsWriter(out)
+    for param in table:
         meta = stored[param.key]
         whole = {param.key: torch.empty(meta.size, dtype=meta.properties.dtype)}
         dcp.load(whole, storage_reader=reader, no_dist=True)
@@ -161,11 +171,8 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
             hf = to_hf(param, whole[param.key][index], layout)
             tensors |= dict(zip(param.names(index), hf, strict=True))
         del whole
-        name = f"model-{number:05d}-of-{len(table):05d}.safetensors"
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(tensors, name)
-    weights = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / "model.safetensors.index.json").write_text(json.dumps(weights, indent=2) + "\n")
+        writer.write(tensors)
+    writer.finish()
     config = hf_config(layout, saved, dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer = Path(saved.tokenizer_model or "")
