@@ -37,17 +37,20 @@ COLUMNS = (
 )
 
 
-def measure(command: list[str], log: Path) -> dict[str, float]:
-    """Wall seconds and peak RSS (GiB) of `command` as one process tree (wait4's rusage)."""
+def measure(command: list[str], log: Path) -> dict[str, Any]:
+    """Wall seconds and peak RSS (GiB) of `command` as one process tree (wait4's rusage);
+    a failed command gives its exit code and log tail, and the report goes on."""
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"failed; see {log}:\n{log.read_text()[-3000:]}")
-    return {"seconds": round(wall, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 2)}
+    result = {"seconds": round(wall, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 2)}
+    if code := os.waitstatus_to_exitcode(status):
+        print(f"failed (exit {code}); see {log}:\n{log.read_text()[-3000:]}", flush=True)
+        result |= {"exit_code": code, "log_tail": log.read_text()[-1500:]}
+    return result
 
 
 def experiment(backend: str, hf: Path, work: Path, recipe_name: str) -> Path:
