@@ -32,47 +32,12 @@ from primus.backends.megatron.hf_mapping import (
     to_megatron,
 )
 from primus.core.checkpoint.convert import copy_tokenizer
-from primus.core.checkpoint.hf import safetensors_files, safetensors_header
-from primus.core.checkpoint.hf_writer import INDEX, SafetensorsWriter
+from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
 
 CHECKPOINT_VERSION = 3.0  # what megatron.training writes
 # The model's part of the content metadata megatron.training saves (sharded_state_dict layout).
 CONTENT_METADATA = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-# -- HF safetensors, read one tensor at a time ------------------------------------------
-
-
-class HFTensors:
-    """The tensors of an HF model directory by name, each read (and checked) on demand."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.files: dict[str, Path] = {}
-        index = folder / INDEX
-        paths = safetensors_files(folder)
-        self.where = index if index.is_file() else paths[0] if len(paths) == 1 else folder
-        for path in paths:
-            for name, entry in safetensors_header(path).items():
-                self.files[name] = path
-                if entry["dtype"] not in FLOAT_DTYPES:
-                    self._bad(name, f"has dtype {entry['dtype']}; expected a floating-point dtype "
-                                    f"({', '.join(FLOAT_DTYPES)})")  # fmt: skip
-
-    def _bad(self, name: str, problem: str) -> None:
-        raise ConfigError(f"{self.files.get(name, self.where)}: tensor '{name}' {problem}")
-
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        from safetensors import safe_open
-
-        if name not in self.files:
-            raise ConfigError(f"{self.where}: tensor '{name}' is missing")
-        with safe_open(self.files[name], "pt") as f:
-            tensor = f.get_tensor(name)
-        if tuple(tensor.shape) != shape:
-            self._bad(name, f"has shape {list(tensor.shape)}; config.json needs {list(shape)}")
-        return tensor
 
 
 # -- import ----------------------------------------------------------------------------
@@ -118,7 +83,7 @@ def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
     layout = Layout.from_args(args, padded_vocab_size(args))
-    source = HFTensors(hf_dir)
+    source = HFTensors(hf_dir, "pt")
     state: dict[str, Any] = {}
     for param in params(layout):
         for index in param.indices(layout):
@@ -171,7 +136,7 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
             hf = to_hf(param, whole[param.key][index], layout)
             tensors |= dict(zip(param.names(index), hf, strict=True))
         del whole
-        writer.write(tensors)
+        writer.add(tensors)
     writer.finish()
     config = hf_config(layout, saved, dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
