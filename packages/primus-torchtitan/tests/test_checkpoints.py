@@ -248,7 +248,7 @@ BAD = {
     "missing": (lambda d: _rewrite(d, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
                 "tensor 'model.layers.1.mlp.up_proj.weight' is in none of model.safetensors"),
     "int": (lambda d: _rewrite(d, lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)})),
-            "model.safetensors: tensor 'model.norm.weight': dtype torch.int32 is not a floating"),
+            "model.safetensors: tensor 'model.norm.weight': dtype I32 is not a floating-point dtype"),
     "shape": (lambda d: _rewrite(d, lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.ones(64, 32)})),
               "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight': shape [64, 32], TorchTitan's 'layers.0.attention.wo.weight' is [64, 64]"),
     "truncated": (_truncate, "model.safetensors: truncated safetensors file: tensor 'model.layers.1.self_attn.v_proj.weight' ends at byte"),
