@@ -28,7 +28,9 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(tmp_path: Path) ->
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "workspace": str(workspace),
                                    "modules": {"pre_trainer": {"init_from": {"hf": str(hf)}}}}))  # fmt: skip
-    run = train_run(exp, workspace, "exp_name=gpu1b", f"training.steps={STEPS}", "metrics.log_freq=1")
+    run = train_run(
+        exp, workspace, "exp_name=gpu1b", f"training.steps={STEPS}", "metrics.log_freq=1"
+    )
     log = (run / "logs" / "rank-0.log").read_text()
     assert f"Loading the checkpoint from {run / 'checkpoint' / 'hf_import'}" in log
     curve = losses(run)
