@@ -2,8 +2,8 @@
 state-dict adapters (`ModelSpec.state_dict_adapter`: names, and the q/k row permutation between
 HF's half-rotation RoPE and llama3's interleaved complex RoPE).
 
-Both stream, one tensor in host memory at a time (peak RSS: the process plus the largest
-tensor, read and cast). Import checks every HF tensor from the safetensors headers first, then
+Both stream: a few tensors in host memory at a time (peak RSS: the process plus the largest
+tensors, read and cast; one per import writer thread). Import checks every HF tensor from the safetensors headers first, then
 DCP writes the model's global (unsharded) tensors in the training dtype, each read from its file
 only as it is written, into `hf_import` inside the run's checkpoint folder; DCP reshards on
 load, so any parallelism can start from it. Export reads a DCP step folder (or that import) one
@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from primus.core.checkpoint.hf import DTYPE_BYTES, safetensors_files, safetensor
 from primus.core.errors import ConfigError
 
 IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
+WRITER_THREADS = min(4, os.cpu_count() or 1)  # import: 1B on 2 cores, 40 s -> 29 s with 2
 SHARD_BYTES = 4 * 1024**3  # export: tensor bytes per safetensors file
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # export_dtype
 EMBEDDING, LM_HEAD = "tok_embeddings.weight", "lm_head.weight"
@@ -154,8 +156,8 @@ def _streaming_planner(sources: Sources, adapter: Any, expected: dict[str, Any])
 
 def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
     """The HF model in `hf_dir` as a DCP checkpoint (model weights only) in `out`, one file per
-    tensor: DCP's writer keeps every tensor of a file until the file is done, so one tensor at a
-    time is in memory."""
+    tensor: DCP's writer keeps every tensor of a file until the file is done, so each writer
+    thread holds one tensor at a time."""
     import torch.distributed.checkpoint as dcp
 
     _family(config)
@@ -164,7 +166,9 @@ def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
     sources = _sources(hf_dir, adapter, expected, _tied(config))
     dcp.save(
         expected,
-        storage_writer=dcp.FileSystemWriter(str(out), single_file_per_rank=False),
+        storage_writer=dcp.FileSystemWriter(
+            str(out), single_file_per_rank=False, thread_count=WRITER_THREADS
+        ),
         planner=_streaming_planner(sources, adapter, expected),
         no_dist=True,
     )
