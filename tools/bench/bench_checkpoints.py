@@ -25,8 +25,6 @@ from typing import Any
 
 from common import environment, print_table
 
-from primus.core.testing.hf_models import make_published_model
-
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 COLUMNS = (
@@ -79,7 +77,13 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     hf = work / "hf"
-    model_bytes = make_published_model(hf, args.model)
+    # made by a child process: a child's peak RSS (wait4) starts at this process's own peak
+    # (fork and exec carry the high-water mark over), so this process never holds tensors
+    make = ("import sys; from pathlib import Path; from primus.core.testing.hf_models import "
+            "make_published_model; print(make_published_model(Path(sys.argv[1]), sys.argv[2]))")  # fmt: skip
+    made = subprocess.run([sys.executable, "-c", make, str(hf), args.model], check=True,
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    model_bytes = int(made.stdout.split()[-1])
     load = [sys.executable, "-c", "import sys; from transformers import AutoModelForCausalLM; "
             "AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')", str(hf)]  # fmt: skip
     results: dict[str, Any] = {"transformers.from_pretrained": measure(load, work / "hf.log")}

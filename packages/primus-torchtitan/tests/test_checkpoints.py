@@ -5,10 +5,7 @@ checkpoint every 2) serves every test; the other imports and exports run in this
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +14,8 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from primus.backends.torchtitan.testing import first_batch, runtime
 from primus.core.errors import ConfigError
-from primus.core.patches import restore_all
 from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
 from primus.core.testing.hf_models import HF_CONFIGS, hf_config, hf_logits, hf_loss, make_hf_model
 from primus.core.testing.runs import losses, primus, train_run
@@ -33,7 +30,6 @@ LLAMA_MODEL = {"max_seq_len": 16384, "rope_scaling": "llama", "rope_scaling_fact
 QWEN3_MODEL = {"family": "qwen3", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                "head_dim": 32, "ffn_hidden_dim": 128, "vocab_size": 256,
                "rope_theta": 1000000.0, "max_seq_len": 4096}  # fmt: skip
-BATCH, SEQ, SEED = 4, 128, 1234  # the recipe's local batch and the mock data's seed
 
 
 def experiment(folder: Path, hf_dir: Path, model: dict[str, Any]) -> Path:
@@ -43,29 +39,6 @@ def experiment(folder: Path, hf_dir: Path, model: dict[str, Any]) -> Path:
     exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "workspace": str(folder),
                                    "modules": {"pre_trainer": module}}))  # fmt: skip
     return exp
-
-
-@contextmanager
-def runtime(exp: Path, *overrides: str) -> Iterator[Any]:
-    """`primus`'s runtime for `exp` in this process; the environment and the names the patches
-    replaced are put back afterwards."""
-    from primus.core.runtime.primus_runtime import PrimusRuntime
-
-    saved = dict(os.environ)
-    try:
-        yield PrimusRuntime(exp, list(overrides))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        restore_all()
-
-
-def first_batch() -> torch.Tensor:
-    """The tokens (batch, seq + 1) of the first step of a mock-data run on one rank."""
-    from primus.backends.torchtitan.data import SyntheticTokens
-
-    stream = iter(SyntheticTokens(512, SEQ, SEED))
-    return torch.stack([torch.cat([x["input"], y[-1:]]) for x, y in (next(stream) for _ in range(BATCH))])  # fmt: skip
 
 
 def titan_logits(args: Any, folder: Path, tokens: torch.Tensor) -> torch.Tensor:
@@ -100,6 +73,12 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hf_llama(workspace: Path) -> Path:
     return make_hf_model(workspace / "hf_llama", "llama3", **TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def batch(workspace: Path, hf_llama: Path) -> torch.Tensor:
+    """The tokens (batch, seq + 1) of the run's first step."""
+    return first_batch(experiment(workspace, hf_llama, LLAMA_MODEL), "exp_name=ckpt")
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +124,12 @@ def test_inspect_a_dcp_checkpoint_from_a_real_run(run: Path) -> None:
     assert info["provenance"]["run_dir"] == str(run.resolve())
 
 
-def test_the_run_starts_from_the_hf_weights(run: Path, hf_llama: Path) -> None:
+def test_the_run_starts_from_the_hf_weights(run: Path, hf_llama: Path, batch: torch.Tensor) -> None:
     """Step 1's loss (before any update) is transformers' loss on the same batch."""
     assert (run / "checkpoint" / "hf_import" / ".metadata").is_file()
     log = (run / "logs" / "rank-0.log").read_text()
     assert f"Loading the checkpoint from {run / 'checkpoint' / 'hf_import'}" in log
-    assert losses(run)[1] == pytest.approx(hf_loss(hf_llama, first_batch()), rel=1e-5)
+    assert losses(run)[1] == pytest.approx(hf_loss(hf_llama, batch), rel=1e-5)
 
 
 def test_a_resumed_run_prefers_its_own_checkpoint(run: Path) -> None:
@@ -161,27 +140,29 @@ def test_a_resumed_run_prefers_its_own_checkpoint(run: Path) -> None:
     assert sorted(losses(run)) == [1, 2, 3, 4]
 
 
-def test_imported_logits_match_transformers(workspace: Path, run: Path, hf_llama: Path) -> None:
-    tokens = first_batch()[:, :-1]
+def test_imported_logits_match_transformers(
+    workspace: Path, run: Path, hf_llama: Path, batch: torch.Tensor
+) -> None:
+    tokens = batch[:, :-1]
     with runtime(experiment(workspace, hf_llama, LLAMA_MODEL), "exp_name=ckpt") as rt:
         ours = titan_logits(rt.backend_args(), run / "checkpoint" / "hf_import", tokens)
     assert (ours - hf_logits(hf_llama, tokens)).abs().max() <= 1e-4
 
 
 def test_export_of_the_import_is_the_hf_model_bit_for_bit(
-    workspace: Path, run: Path, hf_llama: Path
+    workspace: Path, run: Path, hf_llama: Path, batch: torch.Tensor
 ) -> None:
     out = workspace / "export-0"
     with runtime(experiment(workspace, hf_llama, LLAMA_MODEL), "exp_name=ckpt") as rt:
         rt.export_hf(0, out)
     assert_same_tensors(hf_llama, out)
-    tokens = first_batch()[:, :-1]
+    tokens = batch[:, :-1]
     assert (hf_logits(out, tokens) - hf_logits(hf_llama, tokens)).abs().max() <= 1e-4
     assert json.loads((out / "primus_provenance.json").read_text())  # core's record
 
 
 def test_export_after_training_loads_in_transformers(
-    workspace: Path, run: Path, hf_llama: Path
+    workspace: Path, run: Path, hf_llama: Path, batch: torch.Tensor
 ) -> None:
     """`primus checkpoint export` of step 4: transformers' logits are TorchTitan's; the
     experiment's tokenizer folder (hf_assets_path) comes along."""
@@ -194,7 +175,7 @@ def test_export_after_training_loads_in_transformers(
                     "exp_name=ckpt", "mock_data=false", f"hf_assets_path={tokenizer}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step-4" in result.stderr and (out / "tokenizer.json").read_text() == "{}"
-    tokens = first_batch()[:, :-1]
+    tokens = batch[:, :-1]
     with runtime(exp, "exp_name=ckpt") as rt:
         ours = titan_logits(rt.backend_args(), run / "checkpoint" / "step-4", tokens)
     assert (hf_logits(out, tokens) - ours).abs().max() <= 1e-4
@@ -248,7 +229,7 @@ BAD = {
     "missing": (lambda d: _rewrite(d, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
                 "tensor 'model.layers.1.mlp.up_proj.weight' is in none of model.safetensors"),
     "int": (lambda d: _rewrite(d, lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)})),
-            "model.safetensors: tensor 'model.norm.weight': dtype torch.int32 is not a floating"),
+            "model.safetensors: tensor 'model.norm.weight': dtype I32 is not a floating-point dtype"),
     "shape": (lambda d: _rewrite(d, lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.ones(64, 32)})),
               "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight': shape [64, 32], TorchTitan's 'layers.0.attention.wo.weight' is [64, 64]"),
     "truncated": (_truncate, "model.safetensors: truncated safetensors file: tensor 'model.layers.1.self_attn.v_proj.weight' ends at byte"),
