@@ -2,6 +2,7 @@
 derived from Mixtral 8x7B's published config.json, and one real CPU run that starts from a
 tiny HF Llama model (`init_from`), saves orbax checkpoints, and is exported back to HF."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,28 +48,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return train_run(folder / "exp.yaml", folder, *RUN), hf, folder / "exp.yaml"
 
 
-def synthetic_batch(rows: int = 4, length: int = 128) -> np.ndarray:
-    """MaxText's synthetic batch (SyntheticDataIterator, under the PRNG its trainer sets):
-    inputs and targets are its slices."""
-    import jax
-
-    key = jax.random.key(0, impl="unsafe_rbg")
-    tokens = jax.random.randint(key, (rows, length + 1), 0, 256)
-    return np.asarray(tokens, dtype=np.int64)
-
-
 @pytest.mark.slow
-def test_init_from_starts_training_from_the_hf_model(run: tuple[Path, Path, Path]) -> None:
+def test_init_from_starts_training_from_the_hf_model(
+    run: tuple[Path, Path, Path], synthetic_batch: Callable[[Path], np.ndarray]
+) -> None:
     run_dir, hf, _ = run
     assert (run_dir / "hf_import" / "0" / "items").is_dir()
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"restoring params from {run_dir / 'hf_import' / '0'}" in log
-    assert losses(run_dir)[1] == pytest.approx(hf_loss(hf, synthetic_batch()), rel=1e-5)
+    assert losses(run_dir)[1] == pytest.approx(hf_loss(hf, synthetic_batch(run_dir)), rel=1e-5)
 
 
 @pytest.mark.slow
 def test_export_of_the_trained_run_gives_its_loss(
-    run: tuple[Path, Path, Path], tmp_path: Path
+    run: tuple[Path, Path, Path], tmp_path: Path, synthetic_batch: Callable[[Path], np.ndarray]
 ) -> None:
     run_dir, _, exp = run
     out = tmp_path / "hf"
@@ -76,7 +69,7 @@ def test_export_of_the_trained_run_gives_its_loss(
                     "--hf", str(out), *RUN, PRIMUS_WORKSPACE=str(exp.parent))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     # orbax step 2 holds the weights after three updates: the ones step 4's loss was taken on
-    assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch()), rel=1e-5)
+    assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch(run_dir)), rel=1e-5)
 
 
 @pytest.mark.slow
