@@ -38,6 +38,7 @@ MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral
 SHARD_BYTES = 4 << 30  # HF shards written by export
 # safetensors dtypes an import takes (numpy knows bfloat16 once JAX has loaded ml_dtypes)
 FLOATS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+CHUNK_BYTES = 64 << 20  # zarr chunks an import writes: each is compressed in a buffer of its own
 IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
 
 
@@ -277,6 +278,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
         use_ocdbt=False, use_zarr3=config.checkpoint_storage_use_zarr3
     )
     context.memory.deepcopy_host_arrays = False
+    context.array.saving.storage_options.chunk_byte_size = CHUNK_BYTES
     with context:
         ocp.save(str(out / IMPORT_STEP), {"params": tree}, checkpointable_name="items")
 
