@@ -2,6 +2,7 @@
 derived from Mixtral 8x7B's published config.json, and one real CPU run that starts from a
 tiny HF Llama model (`init_from`), saves orbax checkpoints, and is exported back to HF."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,15 @@ ARCHITECTURE = (
 
 
 @pytest.mark.slow
-def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> None:
-    derived = derived_preset("maxtext", HF_CONFIGS["mixtral_8x7B"], tmp_path)
+@pytest.mark.parametrize("name", ["mixtral_8x7B", "llama3.2_1B"])
+def test_preset_from_hf_config_matches_the_shipped_preset(name: str, tmp_path: Path) -> None:
+    derived = derived_preset("maxtext", HF_CONFIGS[name], tmp_path)
     ours = resolved_model("maxtext", "maxtext_pretrain", derived.name, tmp_path)
-    shipped = resolved_model("maxtext", "maxtext_pretrain", "mixtral_8x7B", tmp_path)
-    assert {k: ours[k] for k in ARCHITECTURE} == {k: shipped[k] for k in ARCHITECTURE}
-    assert ours["load_balance_loss_weight"] == 0.02  # HF's router_aux_loss_coef
+    shipped = resolved_model("maxtext", "maxtext_pretrain", name, tmp_path)
+    # tied logits are HF's only without MaxText's 1/sqrt(emb_dim) on them
+    keys = ARCHITECTURE + ("normalize_embedding_logits",) * shipped["logits_via_embedding"]
+    assert {k: ours.get(k) for k in keys} == {k: shipped.get(k) for k in keys}
+    assert ours.get("load_balance_loss_weight") == shipped.get("load_balance_loss_weight")
 
 
 RUN = ("exp_name=ckpt", "steps=4", "enable_checkpointing=true", "checkpoint_period=2")
@@ -47,28 +51,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return train_run(folder / "exp.yaml", folder, *RUN), hf, folder / "exp.yaml"
 
 
-def synthetic_batch(rows: int = 4, length: int = 128) -> np.ndarray:
-    """MaxText's synthetic batch (SyntheticDataIterator, under the PRNG its trainer sets):
-    inputs and targets are its slices."""
-    import jax
-
-    key = jax.random.key(0, impl="unsafe_rbg")
-    tokens = jax.random.randint(key, (rows, length + 1), 0, 256)
-    return np.asarray(tokens, dtype=np.int64)
-
-
 @pytest.mark.slow
-def test_init_from_starts_training_from_the_hf_model(run: tuple[Path, Path, Path]) -> None:
+def test_init_from_starts_training_from_the_hf_model(
+    run: tuple[Path, Path, Path], synthetic_batch: Callable[[Path], np.ndarray]
+) -> None:
     run_dir, hf, _ = run
     assert (run_dir / "hf_import" / "0" / "items").is_dir()
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"restoring params from {run_dir / 'hf_import' / '0'}" in log
-    assert losses(run_dir)[1] == pytest.approx(hf_loss(hf, synthetic_batch()), rel=1e-5)
+    assert losses(run_dir)[1] == pytest.approx(hf_loss(hf, synthetic_batch(run_dir)), rel=1e-5)
 
 
 @pytest.mark.slow
 def test_export_of_the_trained_run_gives_its_loss(
-    run: tuple[Path, Path, Path], tmp_path: Path
+    run: tuple[Path, Path, Path], tmp_path: Path, synthetic_batch: Callable[[Path], np.ndarray]
 ) -> None:
     run_dir, _, exp = run
     out = tmp_path / "hf"
@@ -76,7 +72,7 @@ def test_export_of_the_trained_run_gives_its_loss(
                     "--hf", str(out), *RUN, PRIMUS_WORKSPACE=str(exp.parent))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     # orbax step 2 holds the weights after three updates: the ones step 4's loss was taken on
-    assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch()), rel=1e-5)
+    assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch(run_dir)), rel=1e-5)
 
 
 @pytest.mark.slow

@@ -77,10 +77,13 @@ def runtime(exp: Path) -> Iterator[Any]:
 def maxtext_logits(run: Any) -> np.ndarray:
     """MaxText's fp32 forward (the model its trainer builds) on TOKENS, from the checkpoint
     the run starts from (its import)."""
+    import jax
+
     config = hf_convert.maxtext_config(run.backend_args().argv)
     model, params, treedef = hf_convert.abstract_model(config)
     start = Path(config.load_parameters_path).parent
-    tree = hf_convert.load_params(config, params, treedef, start)
+    loaded = hf_convert.load_params(config, params, start)
+    tree = jax.tree_util.tree_unflatten(treedef, [loaded[key] for key in params])
     positions = np.broadcast_to(np.arange(TOKENS.shape[1]), TOKENS.shape)
     logits = model.apply(tree, TOKENS, positions, decoder_segment_ids=np.ones_like(TOKENS),
                          enable_dropout=False)  # fmt: skip

@@ -8,7 +8,11 @@ checkpoint MaxText's `load_parameters_path` reads (`<import dir>/0/items`).
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import operator
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +36,9 @@ UPSTREAM_MODELS = {
 }
 MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}
 SHARD_BYTES = 4 << 30  # HF shards written by export
-FLOATS = ("F16", "BF16", "F32", "F64")  # safetensors dtypes an import takes
+# safetensors dtypes an import takes (numpy knows bfloat16 once JAX has loaded ml_dtypes)
+FLOATS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+CHUNK_BYTES = 64 << 20  # zarr chunks an import writes: each is compressed in a buffer of its own
 IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
 
 
@@ -170,34 +176,31 @@ def _without(hooks: Any, name: str) -> Any:
 
 
 class HFTensors:
-    """The tensors of an HF model folder, read one at a time (safetensors' safe_open) and
-    checked: a ConfigError names the file and the tensor."""
+    """The tensors of an HF model folder, each read from its file on its own (no mapping of
+    the file is kept) and checked: a ConfigError names the file and the tensor."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.files: dict[str, Path] = {
-            name: path for path in safetensors_files(folder) for name in safetensors_header(path)
-        }
+        self.entries: dict[str, tuple[Path, int, dict[str, Any]]] = {}
+        for path in safetensors_files(folder):
+            header = safetensors_header(path)
+            with path.open("rb") as f:
+                start = 8 + struct.unpack("<Q", f.read(8))[0]
+            self.entries |= {name: (path, start, entry) for name, entry in header.items()}
 
     def get(self, name: str, shape: list[int]) -> np.ndarray:
         """Tensor `name`, checked to be floating point and of `shape` before it is read."""
-        from safetensors import safe_open
-
-        file = self.files.get(name)
-        if file is None:
+        if name not in self.entries:
             raise ConfigError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
-        try:
-            with safe_open(file, framework="flax") as handle:
-                header = handle.get_slice(name)
-                dtype, found = header.get_dtype(), list(header.get_shape())
-                tensor = np.asarray(handle.get_tensor(name)) if dtype in FLOATS else None
-        except Exception as exc:
-            raise ConfigError(f"{file}: cannot read tensor '{name}': {exc}") from None
-        if tensor is None:
-            raise ConfigError(f"{file}: tensor '{name}' is {dtype}, not floating point")
-        if found != list(shape):
-            raise ConfigError(f"{file}: tensor '{name}' has shape {found}, the model needs {shape}")
-        return tensor
+        file, start, entry = self.entries[name]
+        if entry["dtype"] not in FLOATS:
+            raise ConfigError(f"{file}: tensor '{name}' is {entry['dtype']}, not floating point")
+        if entry["shape"] != list(shape):
+            raise ConfigError(
+                f"{file}: tensor '{name}' has shape {entry['shape']}, the model needs {shape}"
+            )
+        dtype, offset = np.dtype(FLOATS[entry["dtype"]]), start + entry["data_offsets"][0]
+        return np.fromfile(file, dtype, math.prod(shape), offset=offset).reshape(shape)
 
 
 def _stack_axes(tables: Tables, key: str, names: Any, ndim: int) -> tuple[int, ...]:
@@ -211,39 +214,54 @@ def _stack_axes(tables: Tables, key: str, names: Any, ndim: int) -> tuple[int, .
     return (axis if tables.config.scan_layers and ndim > axis else 0,)
 
 
-def _gather(tables: Tables, key: str, reader: HFTensors) -> np.ndarray:
-    """One MaxText parameter from its HF tensors: each transformed by MaxText's hooks,
-    then stacked on the layer (and expert) axes."""
+def _slots(names: Any, axes: tuple[int, ...], shape: tuple[int, ...]) -> Iterator[tuple[Any, str]]:
+    """(index into a MaxText parameter of `shape`, HF name) for each HF tensor of nested
+    `names`, stacked on `axes`."""
+
+    def walk(names: Any, at: tuple[int, ...]) -> Iterator[tuple[Any, str]]:
+        if not isinstance(names, list):
+            index: list[Any] = [slice(None)] * len(shape)
+            for axis, i in zip(axes, at, strict=True):
+                index[axis] = i
+            yield tuple(index), names
+            return
+        if len(names) != shape[axes[len(at)]]:  # no slot left unfilled
+            raise ConfigError(f"{len(names)} HF tensors from {names[0]} on for an axis of "
+                              f"{shape[axes[len(at)]]} in MaxText")  # fmt: skip
+        for i, sub in enumerate(names):
+            yield from walk(sub, (*at, i))
+
+    yield from walk(names, ())
+
+
+def _build(tables: Tables, key: str, reader: HFTensors) -> np.ndarray:
+    """One MaxText parameter, filled in place from its HF tensors read one at a time: each
+    transformed by MaxText's hooks and written to its slot on the layer (and expert) axes."""
     from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
 
-    names, target = tables.mapping[key], tables.params[key]
-    axes = _stack_axes(tables, key, names, len(target.shape))
-    if not isinstance(names, list):
-        axes = ()
+    names, target, hooks = tables.mapping[key], tables.params[key], tables.hooks.get(key)
+    axes = _stack_axes(tables, key, names, len(target.shape)) if isinstance(names, list) else ()
     one = tuple(d for i, d in enumerate(target.shape) if i not in axes)
-
-    def build(names: Any) -> np.ndarray:
-        if isinstance(names, list):
-            return np.stack([build(n) for n in names])
-        tensor = reader.get(names, tables.hf_shapes[names]).astype(target.dtype)
-        return np.asarray(apply_hook_fns(tensor, one, tables.hooks.get(key)), target.dtype)
-
-    stacked = build(names)
-    if axes and axes != tuple(range(len(axes))):
-        stacked = np.moveaxis(stacked, tuple(range(len(axes))), axes)
-    if stacked.shape != tuple(target.shape):
-        raise ConfigError(
-            f"{reader.folder}: {names if isinstance(names, str) else names[0]} and the rest of "
-            f"MaxText's {key} make shape {list(stacked.shape)}, not {list(target.shape)}"
-        )
-    return stacked
+    built = np.empty(target.shape, target.dtype)
+    for index, name in _slots(names, axes, target.shape):
+        tensor = reader.get(name, tables.hf_shapes[name])
+        if hooks is not None:  # MaxText's hooks take the tensor in the parameter's dtype
+            tensor = np.asarray(apply_hook_fns(tensor.astype(target.dtype), one, hooks))
+        if tensor.shape != one:
+            raise ConfigError(f"{reader.folder}: tensor '{name}' gives shape {list(tensor.shape)} "
+                              f"in MaxText's {key}, which holds {list(one)} per tensor")  # fmt: skip
+        built[index] = tensor  # cast to the parameter's dtype
+    return built
 
 
 def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
-    """Write `hf_dir`'s weights as a params-only orbax checkpoint `out/0/items`."""
+    """Write `hf_dir`'s weights as a params-only orbax checkpoint `out/0/items` (zarr, one
+    folder per parameter). Each parameter is built in its final (numpy) buffer, and orbax
+    writes those buffers as they are: the model is held once."""
     import jax
+    from orbax.checkpoint import v1 as ocp
 
-    from maxtext.common import checkpointing
+    from maxtext.common import checkpoint_context
 
     config = maxtext_config(argv)
     found = tables(config, read_config(hf_dir), saving_to_hf=False)
@@ -251,9 +269,18 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
-    leaves = [_gather(found, key, reader) for key in found.params]
+    leaves = [_build(found, key, reader) for key in found.params]
     tree = jax.tree_util.tree_unflatten(found.treedef, leaves)
-    checkpointing.save_params_to_path(str(out / IMPORT_STEP), tree)
+    # Measured on CPU: orbax's default deep copy of numpy arrays holds a second model, and
+    # OCDBT holds the compressed bytes of every array until the save commits (a third of the
+    # model more); without either the save adds next to nothing. Loads read either format.
+    context = checkpoint_context.build_context(
+        use_ocdbt=False, use_zarr3=config.checkpoint_storage_use_zarr3
+    )
+    context.memory.deepcopy_host_arrays = False
+    context.array.saving.storage_options.chunk_byte_size = CHUNK_BYTES
+    with context:
+        ocp.save(str(out / IMPORT_STEP), {"params": tree}, checkpointable_name="items")
 
 
 def checkpoint_step(config: Any, iteration: int | None) -> Path:
@@ -274,75 +301,128 @@ def checkpoint_step(config: Any, iteration: int | None) -> Path:
     return steps[step]
 
 
-def load_params(config: Any, params: dict[str, Any], treedef: Any, step: Path) -> Any:
-    """The model parameters (only) of an orbax step folder, as the tree `treedef` describes
-    (`params`: the abstract leaves, by MaxText key)."""
-    import jax
+def load_params(config: Any, params: dict[str, Any], step: Path) -> dict[str, Any]:
+    """Parameters of an orbax step folder, by MaxText key: those of `params` (abstract
+    leaves by MaxText key: the model's, or any of them), and only those are read."""
+    from orbax.checkpoint import v1 as ocp
 
-    from maxtext.common import checkpointing
+    from maxtext.common import checkpoint_context
 
-    abstract = jax.tree_util.tree_unflatten(treedef, list(params.values()))
-    return checkpointing.load_params_from_path(
-        str(step / "items"), abstract, config.checkpoint_storage_concurrent_gb,
-        config.checkpoint_storage_use_ocdbt, config.checkpoint_storage_use_zarr3,
-    )  # fmt: skip
+    wanted: dict[str, Any] = {}
+    for key, leaf in params.items():
+        *parents, name = key.split("-")
+        node = wanted
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf
+    context = checkpoint_context.build_context(
+        use_ocdbt=config.checkpoint_storage_use_ocdbt,
+        use_zarr3=config.checkpoint_storage_use_zarr3,
+        checkpoint_storage_concurrent_gb=config.checkpoint_storage_concurrent_gb,
+        partial_load=True,  # a training checkpoint also holds the optimizer's state
+    )
+    with context:
+        restored = ocp.load(str(step), {"params": wanted}, checkpointable_name="items")["params"]
+    return {key: functools.reduce(operator.getitem, key.split("-"), restored) for key in params}
 
 
-def _hf_tensors(found: Tables, params: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-    """HF (name, tensor) pairs, one MaxText parameter at a time (each dropped once done)."""
-    from maxtext.checkpoint_conversion.utils.utils import process_maxtext_param
-
-    for key in list(params):
-        weight = params.pop(key)
-        yield from process_maxtext_param(
-            key, weight, found.mapping, found.hooks, found.hf_shapes, found.config
-        )
+def _names(names: Any) -> Iterator[str]:
+    """The HF names of a (nested) mapping entry."""
+    if isinstance(names, list):
+        for sub in names:
+            yield from _names(sub)
+    elif names is not None:
+        yield names
 
 
-def write_safetensors(tensors: Iterator[tuple[str, np.ndarray]], out: Path) -> None:
-    """Shards of at most SHARD_BYTES (model.safetensors when one is enough), with HF's
-    index file when there are several. Each shard is written, and dropped, once full."""
-    from safetensors.numpy import save_file
+def shard_plan(found: Tables) -> list[dict[str, list[int]]]:
+    """The HF tensors an export writes (name -> shape), in MaxText's parameter order, in
+    shards of at most SHARD_BYTES."""
+    itemsize = np.dtype(found.config.weight_dtype).itemsize
+    shards: list[dict[str, list[int]]] = [{}]
+    size = 0
+    for key in found.params:
+        for name in _names(found.mapping[key]):
+            nbytes = math.prod(found.hf_shapes[name]) * itemsize
+            if shards[-1] and size + nbytes > SHARD_BYTES:
+                shards.append({})
+                size = 0
+            shards[-1][name] = list(found.hf_shapes[name])
+            size += nbytes
+    return shards
 
-    shards: list[dict[str, np.ndarray]] = [{}]
-    size = total = 0
-    for name, tensor in tensors:
-        if shards[-1] and size + tensor.nbytes > SHARD_BYTES:
-            save_file(shards[-1], str(out / f"shard-{len(shards)}"), metadata={"format": "pt"})
-            shards[-1] = dict.fromkeys(shards[-1], np.empty(0))  # names kept, memory freed
-            shards.append({})
-            size = 0
-        shards[-1][name] = np.ascontiguousarray(tensor)
-        size += tensor.nbytes
-        total += tensor.nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
-        return
-    save_file(shards[-1], str(out / f"shard-{len(shards)}"), metadata={"format": "pt"})
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards, 1):
-        final = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        (out / f"shard-{i}").rename(out / final)
-        weight_map |= dict.fromkeys(shard, final)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+class SafetensorsWriter:
+    """HF safetensors files (model.safetensors, or shards and HF's index) laid out from a
+    shard plan before any tensor exists; each tensor is then written to its place."""
+
+    def __init__(self, out: Path, shards: list[dict[str, list[int]]], dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.places: dict[str, tuple[Path, int, list[int]]] = {}
+        code = {name: code for code, name in FLOATS.items()}[dtype.name]
+        files = ["model.safetensors"] if len(shards) == 1 else [
+            f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+        ]  # fmt: skip
+        total = 0
+        for file, shard in zip(files, shards, strict=True):
+            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+            end = 0
+            for name, shape in shard.items():
+                begin, end = end, end + math.prod(shape) * dtype.itemsize
+                header[name] = {"dtype": code, "shape": shape, "data_offsets": [begin, end]}
+            raw = json.dumps(header).encode()
+            raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as safetensors writes it
+            with (out / file).open("wb") as f:
+                f.write(struct.pack("<Q", len(raw)) + raw)
+                f.truncate(8 + len(raw) + end)
+            for name, shape in shard.items():
+                self.places[name] = (
+                    out / file,
+                    8 + len(raw) + header[name]["data_offsets"][0],
+                    shape,
+                )
+            total += end
+        if len(files) > 1:
+            index = {"metadata": {"total_size": total},
+                     "weight_map": {n: f for f, s in zip(files, shards, strict=True) for n in s}}  # fmt: skip
+            (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+    def write(self, name: str, tensor: np.ndarray) -> None:
+        file, offset, shape = self.places.pop(name)
+        if list(tensor.shape) != shape or tensor.dtype != self.dtype:
+            raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)}, planned "
+                             f"{self.dtype}{shape}")  # fmt: skip
+        with file.open("r+b") as f:
+            f.seek(offset)
+            f.write(np.ascontiguousarray(tensor).data)
+
+    def close(self) -> None:
+        if self.places:
+            raise ValueError(f"tensors planned but not written: {', '.join(self.places)}")
 
 
 def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     """The run's checkpoint (params only) as HF safetensors and config.json in `out`, with
-    the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer)."""
+    the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer). One MaxText
+    parameter is read at a time, and its HF tensors written before the next is read."""
     from transformers import AutoConfig
+
+    from maxtext.checkpoint_conversion.utils.utils import process_maxtext_param
 
     config = maxtext_config(args.argv)
     values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"))
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
     found = tables(config, hf.to_dict(), saving_to_hf=True)
-    import jax
-
-    tree = load_params(config, found.params, found.treedef, checkpoint_step(config, iteration))
-    params = dict(zip(found.params, jax.tree_util.tree_leaves(tree), strict=True))
-    del tree
-    write_safetensors(_hf_tensors(found, params), out)
+    step = checkpoint_step(config, iteration)
+    writer = SafetensorsWriter(out, shard_plan(found), np.dtype(config.weight_dtype))
+    for key, leaf in found.params.items():
+        weight = load_params(config, {key: leaf}, step)[key]
+        for name, tensor in process_maxtext_param(
+            key, weight, found.mapping, found.hooks, found.hf_shapes, config
+        ):
+            writer.write(name, tensor)
+        del weight
+    writer.close()
     hf.architectures = [type(hf).__name__.removesuffix("Config") + "ForCausalLM"]
     hf.save_pretrained(out)
     tokenizer = Path(config.tokenizer_path) if config.tokenizer_path else None

@@ -1,0 +1,50 @@
+"""On the GPU: a random HF model of Llama-3.2-1B's published shape, imported into MaxText at the
+start of `primus train` (`init_from`) with the 1B recipe (bf16 activations, sequence 4096,
+synthetic data), trains 20 steps; step 1's loss is transformers' loss (bf16, on the GPU) on the
+same batch, MaxText's synthetic one, within bf16's tolerance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from primus.core.testing.hf_models import make_published_model
+from primus.core.testing.runs import losses, train_run
+
+pytestmark = pytest.mark.gpu
+RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "llama3.2_1B-pretrain.yaml"
+
+
+def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
+    tmp_path: Path, synthetic_batch: Callable[[Path], np.ndarray]
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from primus.backends.maxtext.checkpoints import preset_from_hf
+    from primus.core.checkpoint.hf import read_config
+
+    hf = tmp_path / "hf"
+    make_published_model(hf, "llama3.2_1B")
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf))))
+    exp = yaml.safe_load(RECIPE.read_text())
+    exp["modules"]["pre_trainer"] |= {"model": str(tmp_path / "preset.yaml"),
+                                      "init_from": {"hf": str(hf)}}  # fmt: skip
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    run_dir = train_run(tmp_path / "exp.yaml", tmp_path / "ws", "exp_name=gpu1b", "steps=20")
+    curve = losses(run_dir)
+    assert sorted(curve) == list(range(1, 21)) and curve[20] < curve[1]
+
+    # the training process has ended: JAX's preallocated GPU memory is free again
+    tokens = torch.as_tensor(synthetic_batch(run_dir)).cuda()
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():  # one row at a time; rows of one length: the mean of their means
+        rows = [
+            torch.nn.functional.cross_entropy(model(row[None, :-1]).logits[0].float(), row[1:])
+            for row in tokens
+        ]
+    assert curve[1] == pytest.approx(float(torch.stack(rows).mean()), rel=2e-2)
