@@ -1,5 +1,5 @@
-"""HFTensors reads and checks one tensor at a time; SafetensorsWriter writes shards, named and
-indexed at the end."""
+"""HFTensors reads and checks one tensor at a time; SafetensorsWriter lays the files out up
+front and takes tensors one at a time, in any order."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load_file, save_file
 
 from primus.core.checkpoint.hf import safetensors_files
@@ -16,31 +17,43 @@ from primus.core.checkpoint.hf_tensors import INDEX, HFTensors, SafetensorsWrite
 from primus.core.errors import ConfigError
 
 
-def test_tensors_are_written_in_shards_with_an_index_naming_every_tensor(tmp_path: Path) -> None:
-    groups = [{"a": np.arange(6, dtype=np.float32).reshape(2, 3)},  # 24 bytes
-              {"b": np.ones(4, dtype=np.float16), "c": np.zeros((1,), dtype=np.float32)},  # 12
-              {"d": np.full((2, 2), 7.0, dtype=np.float32)}]  # 16  # fmt: skip
-    writer = SafetensorsWriter(tmp_path, shard_bytes=36)
-    for group in groups:
-        writer.add(group)
-    writer.finish()
+def test_tensors_written_in_any_order_land_in_indexed_shards(tmp_path: Path) -> None:
+    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),  # 24 bytes
+               "b": np.ones(4, dtype=np.float16), "c": np.zeros((1,), dtype=np.float32),  # 12
+               "d": np.full((2, 2), 7.0, dtype=np.float32)}  # 16  # fmt: skip
+    codes = {np.float32: "F32", np.float16: "F16"}
+    layout = {n: (list(t.shape), codes[t.dtype.type]) for n, t in tensors.items()}
+    writer = SafetensorsWriter(tmp_path, layout, shard_bytes=36)
+    for name in ("d", "b", "a", "c"):
+        writer.write(name, tensors[name])
+    writer.close()
     index = json.loads((tmp_path / INDEX).read_text())
     first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([INDEX, first, second])
     assert index["weight_map"] == {"a": first, "b": first, "c": first, "d": second}
     assert index["metadata"]["total_size"] == 24 + 12 + 16
     read = {k: v for path in safetensors_files(tmp_path) for k, v in load_file(path).items()}
-    for group in groups:
-        for name, array in group.items():
-            assert read[name].dtype == array.dtype and np.array_equal(read[name], array)
+    for name, array in tensors.items():
+        assert read[name].dtype == array.dtype and np.array_equal(read[name], array)
 
 
-def test_one_shard_is_one_unindexed_file(tmp_path: Path) -> None:
-    writer = SafetensorsWriter(tmp_path)
-    writer.add({"w": np.eye(3, dtype=np.float32)})
-    writer.finish()
+def test_bf16_torch_tensors_round_trip_through_one_file(tmp_path: Path) -> None:
+    weight = torch.randn(3, 5).to(torch.bfloat16)
+    writer = SafetensorsWriter(tmp_path, {"w": ([3, 5], "BF16")})
+    writer.write("w", weight)
+    writer.close()
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
-    assert np.array_equal(HFTensors(tmp_path, "numpy").get("w", (3, 3)), np.eye(3))
+    assert torch.equal(HFTensors(tmp_path, "pt").get("w", (3, 5)), weight)
+    read = HFTensors(tmp_path, "numpy").get("w", (3, 5))
+    assert np.array_equal(read.astype(np.float32), weight.float().numpy())
+
+
+def test_a_tensor_not_as_laid_out_or_never_written_is_an_error(tmp_path: Path) -> None:
+    writer = SafetensorsWriter(tmp_path, {"w": ([2, 2], "F32"), "v": ([1], "F32")})
+    with pytest.raises(ValueError, match="w: 8 bytes, laid out for 16"):
+        writer.write("w", np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="laid out but not written: v"):
+        writer.close()
 
 
 def test_a_bad_tensor_is_named_with_its_file(tmp_path: Path) -> None:

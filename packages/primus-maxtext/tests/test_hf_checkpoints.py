@@ -201,7 +201,7 @@ def test_an_integer_tensor_is_named(llama: tuple[Path, Path], tmp_path: Path) ->
     name = "model.layers.0.self_attn.k_proj.weight"
     bad = broken(hf, tmp_path / "hf", lambda t: t | {name: t[name].astype(np.int64)})
     message = refused(exp, bad)
-    assert f"model.safetensors: tensor '{name}' is I64, not floating point" in message
+    assert f"model.safetensors: tensor '{name}' has dtype I64; expected a floating-point" in message
 
 
 def test_a_mismatched_architecture_is_refused(llama: tuple[Path, Path], tmp_path: Path) -> None:

@@ -1,31 +1,40 @@
 """The tensors of an HF model directory, read one at a time and checked (HFTensors), and
-written a shard at a time (SafetensorsWriter): neither holds the model."""
+written one at a time into files laid out up front (SafetensorsWriter): neither holds the
+model."""
 
 from __future__ import annotations
 
 import json
+import math
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from primus.core.checkpoint.hf import safetensors_files, safetensors_header
+from primus.core.checkpoint.hf import DTYPE_BYTES, safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
 
 INDEX = "model.safetensors.index.json"
-SHARD_BYTES = 1 << 30  # the size of the safetensors files an export writes
+SHARD_BYTES = 4 << 30  # the most an export puts in one safetensors file
 
 
-FLOAT_DTYPES = ("F32", "F16", "BF16")  # safetensors' names of the dtypes a model's weights have
+FLOAT_DTYPES = (
+    "F64",
+    "F32",
+    "F16",
+    "BF16",
+)  # safetensors' names of the dtypes a model's weights have
 
 
 class HFTensors:
-    """The tensors of an HF model directory by name, each read on demand with safetensors'
-    `safe_open(framework=...)` ("pt": torch tensors, "flax": JAX arrays). Every tensor's dtype
-    is checked up front and its shape when read: a ConfigError names the file and tensor."""
+    """The tensors of an HF model directory by name, each read on demand: `framework="pt"`
+    gives torch tensors (safetensors' safe_open), `"numpy"` numpy arrays read straight from
+    the file (BF16 as ml_dtypes' bfloat16), keeping no mapping of it. Every tensor's dtype is
+    checked up front and its shape before it is read: a ConfigError names file and tensor."""
 
     def __init__(self, folder: Path, framework: str) -> None:
         self.framework = framework
-        self.files: dict[str, Path] = {}
+        self.entries: dict[str, tuple[Path, int, dict[str, Any]]] = {}  # file, data start
         paths = safetensors_files(folder)
         self.where = (
             folder / INDEX
@@ -35,82 +44,110 @@ class HFTensors:
             else folder
         )
         for path in paths:
+            with path.open("rb") as f:
+                start = 8 + struct.unpack("<Q", f.read(8))[0]
             for name, entry in safetensors_header(path).items():
-                self.files[name] = path
+                self.entries[name] = (path, start, entry)
                 if entry["dtype"] not in FLOAT_DTYPES:
-                    self._bad(name, f"has dtype {entry['dtype']}; expected a floating-point dtype "
-                                    f"({', '.join(FLOAT_DTYPES)})")  # fmt: skip
+                    raise ConfigError(f"{path}: tensor '{name}' has dtype {entry['dtype']}; "
+                                      f"expected a floating-point dtype ({', '.join(FLOAT_DTYPES)})")  # fmt: skip
 
-    def _bad(self, name: str, problem: str) -> None:
-        raise ConfigError(f"{self.files.get(name, self.where)}: tensor '{name}' {problem}")
-
-    def get(self, name: str, shape: tuple[int, ...]) -> Any:
+    def get(self, name: str, shape: tuple[int, ...] | list[int]) -> Any:
         """Tensor `name`, which must have `shape` (config.json's)."""
-        from safetensors import safe_open
-
-        if name not in self.files:
+        if name not in self.entries:
             raise ConfigError(f"{self.where}: tensor '{name}' is missing")
-        with safe_open(self.files[name], self.framework) as f:
-            found = tuple(f.get_slice(name).get_shape())
-            if found != tuple(shape):
-                self._bad(name, f"has shape {list(found)}; config.json needs {list(shape)}")
-            return f.get_tensor(name)
+        file, start, entry = self.entries[name]
+        if entry["shape"] != list(shape):
+            raise ConfigError(f"{file}: tensor '{name}' has shape {entry['shape']}; "
+                              f"config.json needs {list(shape)}")  # fmt: skip
+        if self.framework == "pt":
+            from safetensors import safe_open
+
+            with safe_open(file, "pt") as f:
+                return f.get_tensor(name)
+        import numpy as np
+
+        dtype = _numpy_dtype(entry["dtype"])
+        offset = start + entry["data_offsets"][0]
+        return np.fromfile(file, dtype, math.prod(shape), offset=offset).reshape(shape)
 
 
-def _nbytes(tensor: Any) -> int:
-    nbytes = getattr(tensor, "nbytes", None)  # numpy arrays and torch tensors alike
-    return int(nbytes if nbytes is not None else tensor.numel() * tensor.element_size())
+def _numpy_dtype(code: str) -> Any:
+    import numpy as np
 
+    if code == "BF16":
+        import ml_dtypes
 
-def _save(tensors: Mapping[str, Any], path: Path) -> None:
-    """One safetensors file of torch tensors or of numpy arrays."""
-    first = next(iter(tensors.values()))
-    if type(first).__module__.startswith("torch"):
-        import safetensors.torch as library
-    else:
-        import safetensors.numpy as library  # type: ignore[no-redef]
-    library.save_file(dict(tensors), str(path), metadata={"format": "pt"})
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype({"F64": np.float64, "F32": np.float32, "F16": np.float16}[code])
 
 
 class SafetensorsWriter:
-    """Writes tensors as `model.safetensors`, or as numbered `model-0000i-of-0000N.safetensors`
-    files of about `shard_bytes` each and `model.safetensors.index.json`."""
+    """HF safetensors files laid out before any tensor exists, from the tensors' names, shapes
+    and safetensors dtypes (in file order): `model.safetensors`, or files of about
+    `shard_bytes` each and HF's index. `write` then puts each tensor (torch or numpy, any
+    order) in its place, so an exporter holds one tensor at a time; `close` checks all came."""
 
-    def __init__(self, out: Path, shard_bytes: int = SHARD_BYTES) -> None:
-        self.out, self.shard_bytes = out, shard_bytes
-        self.shard: dict[str, Any] = {}
-        self.files: list[tuple[Path, list[str]]] = []
-        self.total = 0
+    def __init__(
+        self,
+        out: Path,
+        tensors: Mapping[str, tuple[list[int], str]],
+        shard_bytes: int = SHARD_BYTES,
+    ) -> None:
+        shards: list[dict[str, tuple[list[int], str]]] = [{}]
+        size = 0
+        for name, (shape, dtype) in tensors.items():
+            nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
+            if shards[-1] and size + nbytes > shard_bytes:
+                shards, size = [*shards, {}], 0
+            shards[-1][name] = (list(shape), dtype)
+            size += nbytes
+        files = ["model.safetensors"] if len(shards) == 1 else [
+            f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+        ]  # fmt: skip
+        self.places: dict[str, tuple[Path, int, int]] = {}  # name -> file, offset, bytes
+        total = 0
+        for file, shard in zip(files, shards, strict=True):
+            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+            end = 0
+            for name, (shape, dtype) in shard.items():
+                begin, end = end, end + math.prod(shape) * DTYPE_BYTES[dtype]
+                header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as safetensors writes it
+            with (out / file).open("wb") as f:
+                f.write(struct.pack("<Q", len(raw)) + raw)
+                f.truncate(8 + len(raw) + end)
+            for name in shard:
+                begin, stop = header[name]["data_offsets"]
+                self.places[name] = (out / file, 8 + len(raw) + begin, stop - begin)
+            total += end
+        if len(files) > 1:
+            weight_map = {n: f for f, shard in zip(files, shards, strict=True) for n in shard}
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
-    def add(self, tensors: Mapping[str, Any]) -> None:
-        """Adds `tensors` to the current file, first writing that out if they would take it
-        past shard_bytes."""
-        size = sum(_nbytes(t) for t in tensors.values())
-        if self.shard and sum(_nbytes(t) for t in self.shard.values()) + size > self.shard_bytes:
-            self._flush()
-        self.shard |= tensors
-        self.total += size
+    def write(self, name: str, tensor: Any) -> None:
+        """Tensor `name`'s bytes into its place (its shape and dtype as laid out)."""
+        file, offset, nbytes = self.places.pop(name)
+        data = _bytes(tensor)
+        if data.nbytes != nbytes:
+            raise ValueError(f"{name}: {data.nbytes} bytes, laid out for {nbytes}")
+        with file.open("r+b") as f:
+            f.seek(offset)
+            f.write(data)
 
-    def _flush(self) -> None:
-        path = self.out / f".part-{len(self.files):05d}.safetensors"
-        _save(self.shard, path)
-        self.files.append((path, list(self.shard)))
-        self.shard = {}
+    def close(self) -> None:
+        if self.places:
+            raise ValueError(f"tensors laid out but not written: {', '.join(self.places)}")
 
-    def finish(self) -> None:
-        """Writes the last file, names them all, and writes the index."""
-        if self.shard:
-            self._flush()
-        if len(self.files) == 1:
-            self.files[0][0].rename(self.out / "model.safetensors")
-            return
-        weight_map: dict[str, str] = {}
-        for number, (path, names) in enumerate(self.files, start=1):
-            name = f"model-{number:05d}-of-{len(self.files):05d}.safetensors"
-            path.rename(self.out / name)
-            weight_map |= dict.fromkeys(names, name)
-        index = {
-            "metadata": {"total_size": self.total},
-            "weight_map": dict(sorted(weight_map.items())),
-        }
-        (self.out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+def _bytes(tensor: Any) -> Any:
+    """A tensor's bytes as a flat numpy uint8 array (torch tensors and numpy arrays)."""
+    import numpy as np
+
+    if type(tensor).__module__.startswith("torch"):
+        import torch
+
+        return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return np.ascontiguousarray(tensor).reshape(-1).view(np.uint8)

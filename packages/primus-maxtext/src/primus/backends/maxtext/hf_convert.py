@@ -9,10 +9,7 @@ checkpoint MaxText's `load_parameters_path` reads (`<import dir>/0/items`).
 from __future__ import annotations
 
 import functools
-import json
-import math
 import operator
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +21,8 @@ from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, LLAMA31_SCALING
 from primus.backends.maxtext.config_bridge import MaxTextArgs
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
-from primus.core.checkpoint.hf import read_config, safetensors_files, safetensors_header
+from primus.core.checkpoint.hf import read_config
+from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
 
 # Primus family -> the MaxText model whose conversion tables fit it (PARAM_MAPPING's keys)
@@ -35,9 +33,8 @@ UPSTREAM_MODELS = {
     "mixtral": "mixtral-8x7b",
 }
 MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}
-SHARD_BYTES = 4 << 30  # HF shards written by export
 # safetensors dtypes an import takes (numpy knows bfloat16 once JAX has loaded ml_dtypes)
-FLOATS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+FLOAT_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 CHUNK_BYTES = 64 << 20  # zarr chunks an import writes: each is compressed in a buffer of its own
 IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
 
@@ -175,34 +172,6 @@ def _without(hooks: Any, name: str) -> Any:
     return hooks
 
 
-class HFTensors:
-    """The tensors of an HF model folder, each read from its file on its own (no mapping of
-    the file is kept) and checked: a ConfigError names the file and the tensor."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.entries: dict[str, tuple[Path, int, dict[str, Any]]] = {}
-        for path in safetensors_files(folder):
-            header = safetensors_header(path)
-            with path.open("rb") as f:
-                start = 8 + struct.unpack("<Q", f.read(8))[0]
-            self.entries |= {name: (path, start, entry) for name, entry in header.items()}
-
-    def get(self, name: str, shape: list[int]) -> np.ndarray:
-        """Tensor `name`, checked to be floating point and of `shape` before it is read."""
-        if name not in self.entries:
-            raise ConfigError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
-        file, start, entry = self.entries[name]
-        if entry["dtype"] not in FLOATS:
-            raise ConfigError(f"{file}: tensor '{name}' is {entry['dtype']}, not floating point")
-        if entry["shape"] != list(shape):
-            raise ConfigError(
-                f"{file}: tensor '{name}' has shape {entry['shape']}, the model needs {shape}"
-            )
-        dtype, offset = np.dtype(FLOATS[entry["dtype"]]), start + entry["data_offsets"][0]
-        return np.fromfile(file, dtype, math.prod(shape), offset=offset).reshape(shape)
-
-
 def _stack_axes(tables: Tables, key: str, names: Any, ndim: int) -> tuple[int, ...]:
     """Where MaxText stacks the HF tensors of `names` (`process_maxtext_param`'s rule)."""
     from maxtext.checkpoint_conversion.utils.tensor_handling import nesting_depth, stacked_axes
@@ -248,7 +217,7 @@ def _build(tables: Tables, key: str, reader: HFTensors) -> np.ndarray:
         if hooks is not None:  # MaxText's hooks take the tensor in the parameter's dtype
             tensor = np.asarray(apply_hook_fns(tensor.astype(target.dtype), one, hooks))
         if tensor.shape != one:
-            raise ConfigError(f"{reader.folder}: tensor '{name}' gives shape {list(tensor.shape)} "
+            raise ConfigError(f"{reader.where}: tensor '{name}' gives shape {list(tensor.shape)} "
                               f"in MaxText's {key}, which holds {list(one)} per tensor")  # fmt: skip
         built[index] = tensor  # cast to the parameter's dtype
     return built
@@ -265,7 +234,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
 
     config = maxtext_config(argv)
     found = tables(config, read_config(hf_dir), saving_to_hf=False)
-    reader = HFTensors(hf_dir)
+    reader = HFTensors(hf_dir, "numpy")
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
@@ -335,70 +304,15 @@ def _names(names: Any) -> Iterator[str]:
         yield names
 
 
-def shard_plan(found: Tables) -> list[dict[str, list[int]]]:
-    """The HF tensors an export writes (name -> shape), in MaxText's parameter order, in
-    shards of at most SHARD_BYTES."""
-    itemsize = np.dtype(found.config.weight_dtype).itemsize
-    shards: list[dict[str, list[int]]] = [{}]
-    size = 0
-    for key in found.params:
-        for name in _names(found.mapping[key]):
-            nbytes = math.prod(found.hf_shapes[name]) * itemsize
-            if shards[-1] and size + nbytes > SHARD_BYTES:
-                shards.append({})
-                size = 0
-            shards[-1][name] = list(found.hf_shapes[name])
-            size += nbytes
-    return shards
-
-
-class SafetensorsWriter:
-    """HF safetensors files (model.safetensors, or shards and HF's index) laid out from a
-    shard plan before any tensor exists; each tensor is then written to its place."""
-
-    def __init__(self, out: Path, shards: list[dict[str, list[int]]], dtype: np.dtype) -> None:
-        self.dtype = dtype
-        self.places: dict[str, tuple[Path, int, list[int]]] = {}
-        code = {name: code for code, name in FLOATS.items()}[dtype.name]
-        files = ["model.safetensors"] if len(shards) == 1 else [
-            f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
-        ]  # fmt: skip
-        total = 0
-        for file, shard in zip(files, shards, strict=True):
-            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-            end = 0
-            for name, shape in shard.items():
-                begin, end = end, end + math.prod(shape) * dtype.itemsize
-                header[name] = {"dtype": code, "shape": shape, "data_offsets": [begin, end]}
-            raw = json.dumps(header).encode()
-            raw += b" " * (-len(raw) % 8)  # data 8-byte aligned, as safetensors writes it
-            with (out / file).open("wb") as f:
-                f.write(struct.pack("<Q", len(raw)) + raw)
-                f.truncate(8 + len(raw) + end)
-            for name, shape in shard.items():
-                self.places[name] = (
-                    out / file,
-                    8 + len(raw) + header[name]["data_offsets"][0],
-                    shape,
-                )
-            total += end
-        if len(files) > 1:
-            index = {"metadata": {"total_size": total},
-                     "weight_map": {n: f for f, s in zip(files, shards, strict=True) for n in s}}  # fmt: skip
-            (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-    def write(self, name: str, tensor: np.ndarray) -> None:
-        file, offset, shape = self.places.pop(name)
-        if list(tensor.shape) != shape or tensor.dtype != self.dtype:
-            raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)}, planned "
-                             f"{self.dtype}{shape}")  # fmt: skip
-        with file.open("r+b") as f:
-            f.seek(offset)
-            f.write(np.ascontiguousarray(tensor).data)
-
-    def close(self) -> None:
-        if self.places:
-            raise ValueError(f"tensors planned but not written: {', '.join(self.places)}")
+def export_layout(found: Tables) -> dict[str, tuple[list[int], str]]:
+    """The HF tensors an export writes (name -> shape, safetensors dtype), in MaxText's
+    parameter order."""
+    code = FLOAT_CODES[np.dtype(found.config.weight_dtype).name]
+    return {
+        name: (list(found.hf_shapes[name]), code)
+        for key in found.params
+        for name in _names(found.mapping[key])
+    }
 
 
 def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
@@ -414,7 +328,7 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
     found = tables(config, hf.to_dict(), saving_to_hf=True)
     step = checkpoint_step(config, iteration)
-    writer = SafetensorsWriter(out, shard_plan(found), np.dtype(config.weight_dtype))
+    writer = SafetensorsWriter(out, export_layout(found))
     for key, leaf in found.params.items():
         weight = load_params(config, {key: leaf}, step)[key]
         for name, tensor in process_maxtext_param(

@@ -126,18 +126,24 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
     if missing:
         raise ConfigError(f"{folder}: no tensor '{missing[0]}' (not a model Primus converts)")
     dtype = stored[table[0].key].properties.dtype
-    writer = SafetensorsWriter(out)
+    code = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dtype]
+    layout_out = {
+        name: (list(shape), code)
+        for param in table
+        for index in param.indices(layout)
+        for name, shape in zip(param.names(index), param.shapes, strict=True)
+    }
+    writer = SafetensorsWriter(out, layout_out)
     for param in table:
         meta = stored[param.key]
         whole = {param.key: torch.empty(meta.size, dtype=meta.properties.dtype)}
         dcp.load(whole, storage_reader=reader, no_dist=True)
-        tensors: dict[str, torch.Tensor] = {}
         for index in param.indices(layout):
             hf = to_hf(param, whole[param.key][index], layout)
-            tensors |= dict(zip(param.names(index), hf, strict=True))
+            for name, tensor in zip(param.names(index), hf, strict=True):
+                writer.write(name, tensor)
         del whole
-        writer.add(tensors)
-    writer.finish()
+    writer.close()
     config = hf_config(layout, saved, dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer = Path(saved.tokenizer_model or "")

@@ -17,17 +17,15 @@ import copy
 import json
 import math
 import os
-import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from primus.core.checkpoint.hf import DTYPE_BYTES, safetensors_files, safetensors_header
+from primus.core.checkpoint.hf import safetensors_files, safetensors_header
+from primus.core.checkpoint.hf_tensors import FLOAT_DTYPES, SafetensorsWriter
 from primus.core.errors import ConfigError
 
 IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
 WRITER_THREADS = min(4, os.cpu_count() or 1)  # import: 1B on 2 cores, 40 s -> 29 s with 2
-SHARD_BYTES = 4 * 1024**3  # export: tensor bytes per safetensors file
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # export_dtype
 EMBEDDING, LM_HEAD = "tok_embeddings.weight", "lm_head.weight"
 HF_LM_HEAD = "lm_head.weight"
@@ -77,7 +75,6 @@ def _hf_name(adapter: Any, key: str, tensor: Any) -> str:
 
 
 # -- import ---------------------------------------------------------------------------------
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors dtypes an import takes
 
 
 def _convert(adapter: Any, name: str, tensor: Any, where: str) -> dict[str, Any]:
@@ -198,18 +195,6 @@ def _source(config: Any, iteration: int | None) -> Path:
     return folders[step]
 
 
-def _shards(sizes: dict[str, int]) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    total = 0
-    for key, size in sizes.items():
-        if shards[-1] and total + size > SHARD_BYTES:
-            shards.append([])
-            total = 0
-        shards[-1].append(key)
-        total += size
-    return shards
-
-
 def hf_config(config: Any, dtype: str) -> dict[str, Any]:
     """config.json for the model of this Trainer.Config."""
     family = _family(config)
@@ -251,31 +236,6 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
     return hf
 
 
-def _write_safetensors(
-    path: Path, shapes: dict[str, list[int]], dtype: str, load: Callable[[str], Any]
-) -> None:
-    """A safetensors file of the tensors `shapes` names (safetensors `dtype`), each one got from
-    `load` as it is written: one tensor in memory at a time."""
-    import torch
-
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    end = 0
-    for name, shape in shapes.items():
-        size = math.prod(shape) * DTYPE_BYTES[dtype]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [end, end + size]}
-        end += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data 8-byte aligned, as safetensors writes it
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for name in shapes:
-            tensor = load(name)
-            begin, stop = header[name]["data_offsets"]
-            if tensor.nbytes != stop - begin:
-                raise RuntimeError(f"{name}: {tensor.nbytes} bytes, its header says {stop - begin}")
-            f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
 def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
     """The run's DCP checkpoint (latest, or step `iteration`; 0: the import) as safetensors
     shards, their index and config.json in `out`, in `checkpoint.export_dtype`; the folder read.
@@ -302,16 +262,11 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
         dcp.load(state, storage_reader=reader, no_dist=True)
         return adapter.to_hf(state)[name]
 
-    sizes = {name: math.prod(shapes[k]) * dtype.itemsize for name, k in names.items()}
-    shards = _shards(sizes)
-    weight_map = {}
-    for number, shard in enumerate(shards, 1):
-        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        st_dtype = SAFETENSORS_DTYPES[config.checkpoint.export_dtype]
-        _write_safetensors(out / file, {n: shapes[names[n]] for n in shard}, st_dtype, load)
-        weight_map.update(dict.fromkeys(shard, file))
-    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    code = SAFETENSORS_DTYPES[config.checkpoint.export_dtype]
+    writer = SafetensorsWriter(out, {name: (shapes[key], code) for name, key in names.items()})
+    for name in names:
+        writer.write(name, load(name))
+    writer.close()
     hf_dtype = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(hf_config(config, hf_dtype), indent=2) + "\n")
     return source
