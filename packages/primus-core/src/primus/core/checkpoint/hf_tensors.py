@@ -85,20 +85,20 @@ def _numpy_dtype(code: str) -> Any:
 class SafetensorsWriter:
     """HF safetensors files laid out before any tensor exists, from the tensors' names, shapes
     and safetensors dtypes (in file order): `model.safetensors`, or files of about
-    `shard_bytes` each and HF's index. `write` then puts each tensor (torch or numpy, any
+    `shard_bytes` (default SHARD_BYTES) each and HF's index. `write` then puts each tensor (torch or numpy, any
     order) in its place, so an exporter holds one tensor at a time; `close` checks all came."""
 
     def __init__(
         self,
         out: Path,
         tensors: Mapping[str, tuple[list[int], str]],
-        shard_bytes: int = SHARD_BYTES,
+        shard_bytes: int | None = None,
     ) -> None:
         shards: list[dict[str, tuple[list[int], str]]] = [{}]
         size = 0
         for name, (shape, dtype) in tensors.items():
             nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
-            if shards[-1] and size + nbytes > shard_bytes:
+            if shards[-1] and size + nbytes > (shard_bytes or SHARD_BYTES):
                 shards, size = [*shards, {}], 0
             shards[-1][name] = (list(shape), dtype)
             size += nbytes
