@@ -57,13 +57,14 @@ class LoRA(torch.nn.Module):
     def __init__(self, param: Param, layout: Layout, peft: PeftConfig) -> None:
         super().__init__()
         self.param, self.layout, self.scaling = param, layout, peft.scaling
-        self.parts = [(target(name), shape[0]) for name, shape in zip(param.hf, param.shapes)]
+        named = [(target(name), shape) for name, shape in zip(param.hf, param.shapes, strict=True)]
+        self.parts = [(name, shape[0]) for name, shape in named]
         self.a, self.b = torch.nn.ModuleDict(), torch.nn.ModuleDict()
-        for name, (out, inp) in zip(param.hf, param.shapes, strict=True):
-            if target(name) in peft.target_modules:
-                self.a[target(name)] = torch.nn.Linear(inp, peft.rank, bias=False)
-                self.b[target(name)] = torch.nn.Linear(peft.rank, out, bias=False)
-                torch.nn.init.zeros_(self.b[target(name)].weight)
+        for name, (out, inp) in named:
+            if name in peft.target_modules:
+                self.a[name] = torch.nn.Linear(inp, peft.rank, bias=False)
+                self.b[name] = torch.nn.Linear(peft.rank, out, bias=False)
+                torch.nn.init.zeros_(self.b[name].weight)
         self.dropout = torch.nn.Dropout(peft.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +142,11 @@ def merge(
     """`weight` (the HF tensor `hf_name` of `layer`) with its adapter merged in, if it has one.
     `adapters`: the checkpoint's adapter tensors by key, each with a leading layer axis."""
     name = target(hf_name)
-    if name not in FUSED or not hf_name.endswith(".weight") or adapter_key(name, "a") not in adapters:
+    if (
+        name not in FUSED
+        or not hf_name.endswith(".weight")
+        or adapter_key(name, "a") not in adapters
+    ):
         return weight
     a, b = adapters[adapter_key(name, "a")][layer], adapters[adapter_key(name, "b")][layer]
     return (weight.double() + b.double() @ a.double() * scaling).to(weight.dtype)

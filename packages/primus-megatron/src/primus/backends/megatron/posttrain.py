@@ -53,8 +53,7 @@ class SFTSamples(torch.utils.data.Dataset):
             row = self.rows[0]
             row = {**row, "loss_mask": row["loss_mask"] * 0}
         sample = {
-            key: torch.as_tensor(row[key]).long()
-            for key in ("tokens", "labels", "position_ids")
+            key: torch.as_tensor(row[key]).long() for key in ("tokens", "labels", "position_ids")
         }
         sample["loss_mask"] = torch.as_tensor(row["loss_mask"])
         if self.packed:

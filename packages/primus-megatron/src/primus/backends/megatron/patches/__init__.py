@@ -2,7 +2,12 @@
 `primus.patches`); megatron and torch are imported only inside the handlers."""
 
 from primus.backends.megatron.patches import (
-    data, devices, fallbacks, posttrain, run_dir, throughput,
-)  # fmt: skip
+    data,
+    devices,
+    fallbacks,
+    posttrain,
+    run_dir,
+    throughput,
+)
 
 __all__ = ["data", "devices", "fallbacks", "posttrain", "run_dir", "throughput"]

@@ -1,0 +1,271 @@
+"""`primus train posttrain` through megatron.training on CPU: a tiny Llama-3 HF model (with its
+tokenizer) fine-tuned on the reverse-words task from its import, resumed, exported; the rows
+Megatron reads against the tokenizer's chat template; a packed eval against transformers.
+LoRA: only the adapters train and are checkpointed, the frozen weights stay the HF import's,
+and the merged export gives the adapted model's logits and eval."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from primus.core.testing.runs import primus, step_metrics
+
+pytestmark = pytest.mark.slow
+RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "sft-tiny-cpu.yaml"
+FORWARD = Path(__file__).with_name("megatron_forward.py")
+STEPS = 800  # the recipe's
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny Llama-3 HF model with the tiny tokenizer in its folder, and the reverse task."""
+    from primus.core.testing.hf_models import make_hf_model
+    from primus.core.testing.sft_data import write_reverse_task, write_tokenizer
+
+    root = tmp_path_factory.mktemp("task")
+    hf = make_hf_model(root / "hf", "llama3")
+    write_tokenizer(hf)
+    return {"hf": hf, "root": root, **write_reverse_task(root / "data", 4096, 64)}
+
+
+def experiment(folder: Path, task: dict[str, Path], **sft: Any) -> Path:
+    """The CPU recipe on `task` (sft keys changed by `sft`), in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    module = {
+        "init_from": {"hf": str(task["hf"])},
+        "sft": {"train": str(task["chat_train"]), "eval": str(task["chat_eval"]), **sft},
+    }
+    exp = folder / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "exp_name": folder.name,
+                                   "workspace": str(folder / "ws"),
+                                   "modules": {"post_trainer": module}}))  # fmt: skip
+    return exp
+
+
+def posttrain(exp: Path, *overrides: str) -> Path:
+    """`primus train posttrain` of `exp`; the run directory."""
+    done = primus("train", "posttrain", "--config", str(exp), *overrides)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run_dir(exp)
+
+
+def module_of(exp: Path) -> Any:
+    from primus.core.runtime import resolution
+
+    return next(iter(resolution.load(exp, [], None, single=True).modules.values()))
+
+
+def run_dir(exp: Path) -> Path:
+    from primus.core.runtime import resolution
+
+    return resolution.load(exp, [], None, single=True).run_dir
+
+
+def safetensors(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
+
+
+def eval_lines(run: Path) -> dict[int, dict[str, Any]]:
+    return {m["step"]: m for m in step_metrics(run) if m["eval_loss"] is not None}
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+    """The recipe's full fine-tune from the HF import: the run directory."""
+    return posttrain(experiment(tmp_path_factory.mktemp("sft") / "sft", task))
+
+
+def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
+    task: dict[str, Path], tmp_path: Path
+) -> None:
+    """A micro-batch as Megatron's data loader stacks it: per row, the loss mask is the
+    core row's, and the targets it covers are the assistant's answer and <|eot_id|>, as the
+    tokenizer's own chat template writes them."""
+
+    from transformers import AutoTokenizer
+
+    from primus.backends.megatron.posttrain import SFTSamples
+    from primus.core.posttrain import build_sft_data
+
+    data = build_sft_data(module_of(experiment(tmp_path, task)).sft)
+    batch = next(iter(torch.utils.data.DataLoader(SFTSamples(data.train, 8, False, True), 8)))
+    records = [json.loads(line) for line in task["chat_train"].read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(task["hf"])
+    for position in range(8):
+        row = data.train.row(position)
+        assert torch.equal(batch["loss_mask"][position], torch.as_tensor(row["loss_mask"]))
+        (sample,) = data.train.rows[data.train.order(0)[position]]
+        messages = records[sample]["messages"]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        full = tokenizer(text, add_special_tokens=False)["input_ids"]
+        answer = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        trained = batch["labels"][position][batch["loss_mask"][position] == 1].tolist()
+        assert trained == [*answer, tokenizer.convert_tokens_to_ids("<|eot_id|>")]
+        assert batch["tokens"][position][: len(full) - 1].tolist() == full[:-1]
+
+
+def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
+    evals = eval_lines(finetuned)
+    last = evals[STEPS]
+    assert last["eval_token_accuracy"] >= 0.95, evals
+    first = min(evals)
+    assert last["eval_loss"] < evals[first]["eval_loss"]
+    log = (finetuned / "logs" / "rank-0.log").read_text()
+    assert f"step {STEPS}/{STEPS} | loss" in log and "| eval token acc " in log
+    assert "starting from the HF import" in log
+    assert all(m["eval_loss"] is None for m in step_metrics(finetuned) if m["step"] not in evals)
+
+
+def test_the_export_evaluates_as_the_run_did(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
+    the run's last eval; the tokenizer comes along."""
+    from primus.core.posttrain import build_sft_data
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    exp = finetuned.parents[3] / "exp.yaml"
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(tmp_path / "hf"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    data = build_sft_data(module_of(exp).sft)
+    assert data.eval is not None
+    stats = hf_eval_stats(tmp_path / "hf", data.eval)
+    last = eval_lines(finetuned)[STEPS]
+    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
+    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+
+
+def test_resume_continues_exactly(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """The fine-tune resumed from its checkpoint at step 600 (in a new run directory holding
+    only the HF import and that checkpoint) logs the uninterrupted run's losses and evals."""
+    import shutil
+
+    exp = experiment(tmp_path / "resumed", task)
+    run = run_dir(exp)
+    for folder in ("iter_0000000", "iter_0000600"):
+        shutil.copytree(finetuned / "checkpoints" / folder, run / "checkpoints" / folder)
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("600")
+    posttrain(exp)
+    whole = {m["step"]: m for m in step_metrics(finetuned)}
+    resumed = {m["step"]: m for m in step_metrics(run)}
+    assert sorted(resumed) == [s for s in sorted(whole) if s > 620]  # 620 starts the clock
+    for step, metrics in resumed.items():
+        for key in ("loss", "eval_loss", "eval_token_accuracy"):
+            assert metrics[key] == pytest.approx(whole[step][key], rel=1e-5), (step, key)
+
+
+def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
+    """Packing on, learning rate 0: the eval of the packed rows (several samples each) equals
+    transformers' eval of the HF model over the same samples one per row."""
+    from primus.core.posttrain import build_sft_data
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
+    run = posttrain(exp, "train_iters=4", "eval_interval=4", "log_interval=2", "lr=0",
+                    "min_lr=0", "lr_warmup_iters=0", "save_interval=1000")  # fmt: skip
+    packed = build_sft_data(module_of(exp).sft).eval
+    assert packed is not None and packed.num_samples > len(packed)  # several samples a row
+    unpacked = build_sft_data(module_of(experiment(tmp_path / "unpacked", task)).sft).eval
+    stats = hf_eval_stats(task["hf"], unpacked)
+    metrics = eval_lines(run)[4]
+    assert metrics["eval_loss"] == pytest.approx(stats.loss, rel=1e-4)
+    assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
+
+
+# -- LoRA ----------------------------------------------------------------------------
+LORA_STEPS = 60
+TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]  # not k_proj, gate_proj
+LORA = {"type": "lora", "rank": 4, "alpha": 8.0, "target_modules": TARGETS}
+TRAIN = (f"train_iters={LORA_STEPS}", "eval_interval=30", "save_interval=30")
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+    exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
+    return posttrain(exp, *TRAIN)
+
+
+@pytest.fixture(scope="module")
+def exported(lora_run: Path) -> Path:
+    """`primus checkpoint export` of the LoRA run: the HF directory."""
+    out = lora_run.parents[3] / "exported"
+    done = primus("checkpoint", "export", "--config", str(lora_run.parents[3] / "exp.yaml"),
+                  "--hf", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    stored = dcp.FileSystemReader(str(lora_run / "checkpoints" / "iter_0000060")).read_metadata()
+    tensors = [k for k, v in stored.state_dict_metadata.items() if hasattr(v, "size")]
+    model = [k for k in tensors if not k.startswith("optimizer.")]
+    assert sorted(model) == sorted(
+        f"decoder.layers.{path}.lora.{side}.{name}.weight"
+        for name, path in [("q_proj", "self_attention.linear_qkv"),
+                           ("v_proj", "self_attention.linear_qkv"),
+                           ("o_proj", "self_attention.linear_proj"),
+                           ("up_proj", "mlp.linear_fc1"), ("down_proj", "mlp.linear_fc2")]
+        for side in "ab"
+    )  # fmt: skip
+    optimizer = {k.split(".", 3)[-1] for k in tensors if k.startswith("optimizer.")}
+    assert optimizer and all(".lora." in k for k in optimizer), optimizer
+    curve = {m["step"]: m["loss"] for m in step_metrics(lora_run)}
+    assert curve[LORA_STEPS] < curve[min(curve)] - 0.5  # the adapters learn
+    assert "LoRA: rank 4, alpha 8 (scaling 2)" in (lora_run / "logs" / "rank-0.log").read_text()
+
+
+def test_the_merged_export_keeps_the_frozen_weights(exported: Path, task: dict[str, Path]) -> None:
+    source, merged = safetensors(task["hf"]), safetensors(exported)
+    assert sorted(source) == sorted(merged)
+    for key, tensor in source.items():
+        adapted = any(f".{t}." in key for t in TARGETS)
+        assert torch.equal(merged[key], tensor) != adapted, key
+
+
+def test_the_merged_export_gives_the_adapted_models_logits(
+    lora_run: Path, exported: Path, tmp_path: Path
+) -> None:
+    """Megatron's forward of the adapted model (frozen weights from the import, adapters from
+    the last checkpoint) against transformers' forward of the merged export, in fp32."""
+    from primus.core.testing.hf_models import hf_logits
+
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    job = {"exp": str(lora_run.parents[3] / "exp.yaml"), "stage": "posttrain",
+           "tokens": str(tmp_path / "tokens.pt"), "out": str(tmp_path / "megatron.pt"),
+           "overrides": list(TRAIN)}  # fmt: skip
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    done = subprocess.run([sys.executable, str(FORWARD), str(tmp_path / "jobs.json")],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = torch.load(tmp_path / "megatron.pt", weights_only=False)["logits"]
+    assert (ours - hf_logits(exported, tokens)).abs().max() <= 1e-4
+
+
+def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:
+    """The run's last eval used the in-memory frozen weights: equal to transformers' eval of
+    the import's weights with the adapters merged, so training left them as imported."""
+    from primus.core.posttrain import build_sft_data
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    data = build_sft_data(module_of(lora_run.parents[3] / "exp.yaml").sft)
+    assert data.eval is not None
+    stats = hf_eval_stats(exported, data.eval)
+    last = {m["step"]: m for m in step_metrics(lora_run)}[LORA_STEPS]
+    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
+    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
