@@ -146,9 +146,7 @@ def test_the_export_evaluates_as_the_run_did(
     assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
 
 
-def test_resume_continues_exactly(
-    finetuned: Path, task: dict[str, Path], tmp_path: Path
-) -> None:
+def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
     """The fine-tune resumed from its checkpoint at step 600 (in a new run directory holding
     only the HF import and that checkpoint) logs the uninterrupted run's losses and evals."""
     import shutil
@@ -269,3 +267,28 @@ def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Pa
     last = {m["step"]: m for m in step_metrics(lora_run)}[LORA_STEPS]
     assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
     assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+
+
+def test_the_gpu_recipe_builds_against_the_published_model(
+    task: dict[str, Path], tmp_path: Path
+) -> None:
+    """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
+    passes the architecture check and Megatron's validate_args, packing on."""
+    from primus.core.testing.hf_models import hf_config
+
+    hf = tmp_path / "hf"
+    hf_config("llama3.2_1B").save_pretrained(hf)
+    (hf / "model.safetensors").touch()  # init_from wants one; a dry run reads none
+    done = primus("train", "posttrain", "--config", str(RECIPE.with_name("llama3.2_1B-sft.yaml")),
+                  "--dry-run", PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
+                  PRIMUS_WORKSPACE=str(tmp_path / "ws"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "MegatronPosttrainTrainer" in done.stdout
+    for line in (
+        "seq_length: 4096",
+        "create_attention_mask_in_dataloader: true",
+        "calculate_per_token_loss: true",
+        "bf16: true",
+        f"tokenizer_model: {hf}",
+    ):
+        assert f"\n{line}\n" in done.stdout, line  # fmt: skip

@@ -63,8 +63,8 @@ class LoRA(torch.nn.Module):
         for name, (out, inp) in named:
             if name in peft.target_modules:
                 self.a[name] = torch.nn.Linear(inp, peft.rank, bias=False)
-                self.b[name] = torch.nn.Linear(peft.rank, out, bias=False)
-                torch.nn.init.zeros_(self.b[name].weight)
+                self.b[name] = b = torch.nn.Linear(peft.rank, out, bias=False)
+                torch.nn.init.zeros_(b.weight)
         self.dropout = torch.nn.Dropout(peft.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def _add_adapter(linear: torch.nn.Module, adapter: LoRA) -> None:
 
     def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
         out, bias = output
-        return out + module.lora(inputs[0]), bias
+        return out + adapter(inputs[0]), bias
 
     linear.register_forward_hook(hook)
 

@@ -82,12 +82,13 @@ def datasets_provider(
 
 
 def eval_loss(
-    labels: torch.Tensor, loss_mask: torch.Tensor, logits: torch.Tensor
+    labels: torch.Tensor | None, loss_mask: torch.Tensor | None, logits: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Core's token stats of one eval micro-batch: `lm loss` and `token acc` as
     (sum, count) pairs, which Megatron's evaluate adds up over micro-batches and ranks."""
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+    assert labels is not None and loss_mask is not None, "the last pipeline stage has them"
     logits = gather_from_tensor_model_parallel_region(logits)  # the whole vocabulary
     loss_sum, correct, count = token_stats_torch(logits, labels, loss_mask).float()
     report = {
