@@ -128,8 +128,8 @@ def _load_base(model: Any, folder: str, args: Any) -> None:
         for key, value in model.sharded_state_dict(metadata=metadata).items()
         if ADAPTER not in key and not key.endswith("_extra_state")
     }
-    loaded = dist_checkpointing.load(wanted, folder)
-    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    loaded = dist_checkpointing.load(wanted, folder)  # with the checkpoint's common state
+    missing, unexpected = model.load_state_dict({key: loaded[key] for key in wanted}, strict=False)
     assert not unexpected, unexpected
     left = [key for key in missing if ADAPTER not in key and not key.endswith("_extra_state")]
     assert not left, f"not in the HF import {folder}: {left}"
