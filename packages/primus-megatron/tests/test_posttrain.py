@@ -150,25 +150,28 @@ def test_the_export_evaluates_as_the_run_did(
     assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
 
 
-def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
-    """The fine-tune resumed from its checkpoint at step 500 (in a new run directory holding
-    only the HF import and that checkpoint) logs the uninterrupted run's losses and evals."""
+def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
+    """`exp` run from `run`'s checkpoint at `step` (a new run directory holding only the HF
+    import and that checkpoint) logs `run`'s losses and evals from there on."""
     import shutil
 
-    exp = experiment(tmp_path / "resumed", task)
-    run = run_dir(exp)
-    for folder in ("iter_0000000", "iter_0000500"):
-        shutil.copytree(finetuned / "checkpoints" / folder, run / "checkpoints" / folder)
-    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("500")
-    posttrain(exp)
-    whole = {m["step"]: m for m in step_metrics(finetuned)}
-    resumed = {m["step"]: m for m in step_metrics(run)}
-    assert sorted(resumed) == [s for s in sorted(whole) if s > 500]
+    resumed_run = run_dir(exp)
+    for folder in ("iter_0000000", f"iter_{step:07d}"):
+        shutil.copytree(run / "checkpoints" / folder, resumed_run / "checkpoints" / folder)
+    (resumed_run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+    posttrain(exp, *overrides)
+    whole = {m["step"]: m for m in step_metrics(run)}
+    resumed = {m["step"]: m for m in step_metrics(resumed_run)}
+    assert sorted(resumed) == [s for s in sorted(whole) if s > step]
     keys = ("loss", "eval_loss", "eval_token_accuracy")
-    for step, metrics in resumed.items():
-        got, expected = ([m[k] for k in keys if m[k] is not None] for m in (metrics, whole[step]))
-        assert got == pytest.approx(expected, rel=1e-5) and len(got) == len(expected), step
-    assert resumed[STEPS]["eval_loss"] is not None
+    for at, metrics in resumed.items():
+        got, expected = ([m[k] for k in keys if m[k] is not None] for m in (metrics, whole[at]))
+        assert got == pytest.approx(expected, rel=1e-5) and len(got) == len(expected), at
+    assert resumed[max(whole)]["eval_loss"] is not None
+
+
+def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
+    assert_resumes_exactly(finetuned, experiment(tmp_path / "resumed", task), 500)
 
 
 def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
@@ -298,3 +301,10 @@ def test_the_gpu_recipe_builds_against_the_published_model(
         f"tokenizer_model: {hf}",
     ):
         assert f"\n{line}\n" in done.stdout, line  # fmt: skip
+
+
+def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: Path) -> None:
+    """Resumed from its adapters-only checkpoint at step 30 (the frozen weights from the HF
+    import, the adapters and their optimizer state from the checkpoint)."""
+    exp = experiment(tmp_path / "lora_resumed", task, peft=LORA)
+    assert_resumes_exactly(lora_run, exp, 30, *TRAIN)

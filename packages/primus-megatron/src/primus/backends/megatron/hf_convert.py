@@ -185,7 +185,7 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
         for index in param.indices(layout):
             names = param.names(index)
             hf = to_hf(param, whole[index], layout)
-            if adapters:
+            if adapters and param.scope == "layer":
                 hf = [lora.merge(n, t, adapters, index[0], saved.primus_peft.scaling)
                       for n, t in zip(names, hf, strict=True)]  # fmt: skip
             tensors |= dict(zip(names, hf, strict=True))
