@@ -308,3 +308,12 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
     import, the adapters and their optimizer state from the checkpoint)."""
     exp = experiment(tmp_path / "lora_resumed", task, peft=LORA)
     assert_resumes_exactly(lora_run, exp, 30, *TRAIN)
+
+
+def test_lora_with_tensor_parallel_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
+    exp = experiment(tmp_path / "tp", task, peft=LORA)
+    done = primus("train", "posttrain", "--config", str(exp), "--dry-run",
+                  "tensor_model_parallel_size=2")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "LoRA is not supported with tensor_model_parallel_size: 2" in done.stderr
+    assert f"{exp}:" in done.stderr  # at the peft section's line

@@ -14,8 +14,8 @@ def _posttrain(ctx: PatchContext) -> bool:
 def _check_supported(ctx: PatchContext) -> None:
     """What Primus's fine-tuning on Megatron does not cover, refused before anything runs."""
     module = ctx.extra["module"]
+    # after megatron.local_layers_without_te, which sets local when TE is not installed
     te = get_param(ctx, "transformer_impl", "transformer_engine") == "transformer_engine"
-    te = te and get_param(ctx, "device") != "cpu" and _te_installed()
     if module.sft.packing and te:
         raise module.sft.error(
             "packing",
@@ -38,12 +38,6 @@ def _check_supported(ctx: PatchContext) -> None:
                 hint="Primus's Megatron LoRA covers dense models, tensor parallel 1, "
                 "Megatron's local layers (docs/posttrain.md)",
             )
-
-
-def _te_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 @register_patch(
