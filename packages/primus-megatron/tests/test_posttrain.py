@@ -174,6 +174,22 @@ def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_pa
     assert_resumes_exactly(finetuned, experiment(tmp_path / "resumed", task), 500)
 
 
+def test_two_data_parallel_ranks_train_as_one(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two processes (gloo), each reading its half of every global batch: the same losses and
+    eval as the one-process run (the loss is one masked mean over the global batch)."""
+    exp = experiment(tmp_path / "dp2", task)
+    run = posttrain(exp, "--nproc-per-node", "2", "micro_batch_size=16", "exit_interval=100")
+    whole = {m["step"]: m for m in step_metrics(finetuned)}
+    two = {m["step"]: m for m in step_metrics(run)}
+    assert sorted(two) == [s for s in sorted(whole) if s <= 100]
+    for step, metrics in two.items():
+        assert metrics["loss"] == pytest.approx(whole[step]["loss"], rel=1e-4), step
+    for key in ("eval_loss", "eval_token_accuracy"):
+        assert two[100][key] == pytest.approx(whole[100][key], rel=1e-4), key
+
+
 def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
     """Packing on, learning rate 0: the eval of the packed rows (several samples each) equals
     transformers' eval of the HF model over the same samples one per row."""
