@@ -3,7 +3,8 @@
 
     python megatron_forward.py JOBS.json
 
-Each job (a JSON object) names an experiment `exp` (with `overrides`), optionally an HF
+Each job (a JSON object) names an experiment `exp` (with `overrides`, and the `stage`
+whose trainer sets it up: pretrain unless given), optionally an HF
 directory `hf` to import first (`primus checkpoint import`'s code path), a token-id file
 `tokens` (torch.save'd, batch x seq) and an output file `out`; with `export`, the checkpoint is
 exported there afterwards. For each job the model is built as the trainer builds it (patches,
@@ -32,14 +33,15 @@ def _forward(tokens: torch.Tensor, data: Any, model: Any) -> tuple[torch.Tensor,
 
 
 def run(job: dict[str, Any]) -> None:
-    from primus.backends.megatron.pretrain_trainer import MegatronPretrainTrainer
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
-    runtime = PrimusRuntime(Path(job["exp"]), job.get("overrides", []))
+    stage = job.get("stage", "pretrain")
+    runtime = PrimusRuntime(Path(job["exp"]), job.get("overrides", []), stage)
     if job.get("hf"):
         runtime.import_hf(Path(job["hf"]))
     args = runtime.backend_args()
-    MegatronPretrainTrainer(backend_args=args).setup()  # global args; weights only if imported
+    # global args; weights only if imported (posttrain with LoRA: the frozen weights' folder)
+    runtime.adapter.load_trainer_class(stage)(backend_args=args).setup()
 
     from megatron.core import parallel_state as ps
     from megatron.core.enums import ModelType

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from primus.backends.megatron import lora
 from primus.backends.megatron.checkpoints import TRACKER, iteration_dir
 from primus.backends.megatron.hf_mapping import (
     Layout,
@@ -109,9 +110,19 @@ def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
 
 
 # -- export ----------------------------------------------------------------------------
+def _read(reader: Any, stored: dict[str, Any], key: str) -> torch.Tensor:
+    """One whole (unsharded) tensor of a checkpoint, read in this process."""
+    import torch.distributed.checkpoint as dcp
+
+    meta = stored[key]
+    whole = {key: torch.empty(meta.size, dtype=meta.properties.dtype)}
+    dcp.load(whole, storage_reader=reader, no_dist=True)
+    return whole[key]
+
+
 def export_hf(args: Any, iteration: int | None, out: Path) -> None:
-    """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`: one
-    safetensors file per Megatron tensor (all its layers), read from the checkpoint alone."""
+    """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`, read
+    from the checkpoint alone one Megatron tensor (all its layers) at a time. A LoRA checkpoint (adapters only) is merged into the run's HF import (iteration 0)."""
     import torch.distributed.checkpoint as dcp
 
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
@@ -121,6 +132,11 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
     layout = Layout.from_args(saved, saved.padded_vocab_size)
     reader = dcp.FileSystemReader(str(folder))
     stored: dict[str, Any] = reader.read_metadata().state_dict_metadata
+    adapters = {k: _read(reader, stored, k) for k in stored if lora.ADAPTER in k}
+    if adapters:  # the frozen weights are the HF import's
+        base = iteration_dir(folder.parent, 0)
+        reader = dcp.FileSystemReader(str(base))
+        stored = reader.read_metadata().state_dict_metadata
     table = params(layout)
     missing = [p.key for p in table if p.key not in stored]
     if missing:
@@ -135,12 +151,14 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
     }
     writer = SafetensorsWriter(out, layout_out)
     for param in table:
-        meta = stored[param.key]
-        whole = {param.key: torch.empty(meta.size, dtype=meta.properties.dtype)}
-        dcp.load(whole, storage_reader=reader, no_dist=True)
+        whole = _read(reader, stored, param.key)
         for index in param.indices(layout):
-            hf = to_hf(param, whole[param.key][index], layout)
-            for name, tensor in zip(param.names(index), hf, strict=True):
+            names = param.names(index)
+            hf = to_hf(param, whole[index], layout)
+            if adapters and param.scope == "layer":
+                hf = [lora.merge(n, t, adapters, index[0], saved.primus_peft.scaling)
+                      for n, t in zip(names, hf, strict=True)]  # fmt: skip
+            for name, tensor in zip(names, hf, strict=True):
                 writer.write(name, tensor)
         del whole
     writer.close()

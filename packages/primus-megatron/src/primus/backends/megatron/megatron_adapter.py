@@ -27,7 +27,10 @@ PRIMUS_KEYS = ParamSchema(
 class MegatronAdapter(BackendAdapter):
     """Builds Megatron's args namespace; the trainer calls `megatron.training.pretrain`."""
 
-    trainers = {"pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer"}
+    trainers = {
+        "pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer",
+        "posttrain": "primus.backends.megatron.posttrain_trainer:MegatronPosttrainTrainer",
+    }
     tested_versions = TESTED
     # Training choices in `model_preset_from_hf`'s result, not architecture (with RoPE,
     # max_position_embeddings only bounds seq_length: no weight or frequency depends on it).
@@ -62,7 +65,10 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.config_bridge import build_megatron_args, megatron_actions
 
         actions = megatron_actions()
-        return build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
+        args = build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
+        # the module's `sft:`/`peft:` (None when absent) for the posttrain trainer and export
+        args.primus_sft, args.primus_peft = config.sft, config.peft
+        return args
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
         from primus.backends.megatron.checkpoints import preset_from_hf

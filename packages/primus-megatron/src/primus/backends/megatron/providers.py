@@ -70,7 +70,7 @@ def model_provider(
     spec = layer_spec(args, config, vp_stage)
     if not isinstance(spec, ModuleSpec | list) and not hasattr(spec, "layer_specs"):
         raise TypeError(f"layer_spec returned {type(spec).__name__}, not a ModuleSpec")
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=args.padded_vocab_size,
@@ -85,6 +85,11 @@ def model_provider(
         vp_stage=vp_stage,
         pg_collection=pg_collection,
     )
+    if args.primus_peft is not None:  # `peft:` (fine-tuning): adapters on the frozen model
+        from primus.backends.megatron.lora import add_lora
+
+        add_lora(model, args)
+    return model
 
 
 def _dataset_config(args: Any) -> GPTDatasetConfig:
@@ -132,7 +137,7 @@ def _to_gpu(value: Any) -> Any:
     return value.cuda(non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
-def _get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
+def get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
     """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP."""
     args = get_args()
     first = parallel_state.is_pipeline_first_stage()
@@ -194,7 +199,7 @@ def forward_step(data_iterator: Any, model: GPTModel) -> tuple[torch.Tensor, Any
     """One micro-batch forward: the per-token losses, and how to reduce them."""
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    batch = _get_batch(data_iterator)
+    batch = get_batch(data_iterator)
     timers("batch-generator").stop()
     output = model(
         batch["tokens"],

@@ -1,6 +1,13 @@
 """The megatron backend's patches. Importing this package registers them (entry point
 `primus.patches`); megatron and torch are imported only inside the handlers."""
 
-from primus.backends.megatron.patches import data, devices, fallbacks, run_dir, throughput
+from primus.backends.megatron.patches import (
+    data,
+    devices,
+    fallbacks,
+    posttrain,
+    run_dir,
+    throughput,
+)
 
-__all__ = ["data", "devices", "fallbacks", "run_dir", "throughput"]
+__all__ = ["data", "devices", "fallbacks", "posttrain", "run_dir", "throughput"]

@@ -16,8 +16,9 @@ DATA_KEYS = (
 
 
 def _no_data(ctx: PatchContext) -> bool:
-    """no data_path (or other data source) and no mock_data given"""
-    return all(ctx.params.get(key) in (None, False, []) for key in DATA_KEYS)
+    """pretraining, with no data_path (or other data source) and no mock_data given"""
+    none = all(ctx.params.get(key) in (None, False, []) for key in DATA_KEYS)
+    return ctx.stage == "pretrain" and none
 
 
 @register_patch(

@@ -34,6 +34,9 @@ class StepMeter:
         self.on_gpu = torch.cuda.is_available() and torch.cuda.get_device_name() != "cpu"
         self.peak = self.sink.peak(torch.cuda.get_device_name() if self.on_gpu else None)
         self.last: tuple[int, float] | None = None
+        self.posttrain = ctx.stage == "posttrain"
+        self.pending: Any = None  # a step's metrics, held until the eval that follows it
+        self.evaluated_at: int | None = None
 
     def __call__(
         self,
@@ -67,8 +70,40 @@ class StepMeter:
             lr=float(lr) if lr is not None else None,
             peak_memory_gib=self.max_memory() / 2**30 if self.on_gpu else None,
         )
-        self.sink.report(metrics, primary=True, writer=self.tensorboard())
+        evaluates = args.do_valid and args.eval_interval and iteration % args.eval_interval == 0
+        if self.posttrain and evaluates:
+            self.pending = metrics  # reported with the eval's results (`evaluate`)
+        else:
+            self.sink.report(metrics, primary=True, writer=self.tensorboard())
         return result
+
+    def evaluate(self, original: Any) -> Any:
+        """Megatron's `evaluate`, its results added to the held step line (fine-tuning: `lm
+        loss` and `token acc` as defined by primus.core.posttrain.metrics)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if self.pending is not None and result[0]:
+                self.pending.eval_loss = float(result[0]["lm loss"])
+                self.pending.eval_token_accuracy = float(result[0]["token acc"])
+                self.sink.report(self.pending, primary=True, writer=self.tensorboard())
+                self.pending = None
+            return result
+
+        return run
+
+    def once_per_step(self, original: Any) -> Any:
+        """Megatron's `evaluate_and_print_results`, skipped when it already ran at this
+        iteration (the eval after training, when the last step evaluated)."""
+
+        def run(prefix: str, step: Any, data: Any, model: Any, iteration: int, *rest: Any,
+                **kwargs: Any) -> Any:  # fmt: skip
+            if iteration == self.evaluated_at:
+                return None
+            self.evaluated_at = iteration
+            return original(prefix, step, data, model, iteration, *rest, **kwargs)
+
+        return run
 
 
 @register_patch(
@@ -76,10 +111,20 @@ class StepMeter:
     backend="megatron",
     phase="before_train",
     condition=metrics_enabled,
-    target="megatron.training.training.training_log",
+    target="megatron.training.training.training_log, evaluate, evaluate_and_print_results",
     tags=("observability",),
 )
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval; write metrics.jsonl
-    and tensorboard scalars."""
-    ctx.wrap("megatron.training.training", "training_log", lambda log: StepMeter(ctx, log))
+    and tensorboard scalars. Fine-tuning: a step's eval loss and token accuracy on its line."""
+    meters: list[StepMeter] = []
+
+    def meter(log: Any) -> StepMeter:
+        meters.append(StepMeter(ctx, log))
+        return meters[-1]
+
+    training = "megatron.training.training"
+    ctx.wrap(training, "training_log", meter)
+    if ctx.stage == "posttrain":
+        ctx.wrap(training, "evaluate", meters[-1].evaluate)
+        ctx.wrap(training, "evaluate_and_print_results", meters[-1].once_per_step)

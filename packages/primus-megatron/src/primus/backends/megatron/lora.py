@@ -1,0 +1,152 @@
+"""LoRA on Megatron's GPT model: Primus's own (no Megatron-Bridge, no Transformer Engine).
+
+Each targeted Hugging Face projection gets its own adapter pair, y += (alpha / r) * B A x,
+on the fused Megatron linear that holds it; the pieces join the linear's output in the
+layout hf_mapping gives its weight (per query group q, k, v; [gate; up]):
+
+    q_proj, k_proj, v_proj   -> self_attention.linear_qkv
+    o_proj                   -> self_attention.linear_proj
+    gate_proj, up_proj       -> mlp.linear_fc1
+    down_proj                -> mlp.linear_fc2
+
+A is drawn like nn.Linear's default, B starts at zero (the adapted model starts as the base).
+The base is frozen and loaded from the run's HF import (iteration 0); the model's sharded
+state dict holds only the adapters, so checkpoints hold only them (and their optimizer state).
+Export merges W_hf += (alpha / r) * B A per HF tensor. Tensor parallel 1, dense models, local
+layers (the LayerNorm Transformer Engine fuses into linear_qkv would hide the adapter's input).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from primus.backends.megatron.hf_mapping import Layout, Param, params, to_megatron
+from primus.core.posttrain import PeftConfig
+
+# The fused Megatron linear (under decoder.layers.) holding each HF projection.
+FUSED = {
+    "q_proj": "self_attention.linear_qkv", "k_proj": "self_attention.linear_qkv",
+    "v_proj": "self_attention.linear_qkv", "o_proj": "self_attention.linear_proj",
+    "gate_proj": "mlp.linear_fc1", "up_proj": "mlp.linear_fc1", "down_proj": "mlp.linear_fc2",
+}  # fmt: skip
+ADAPTER = ".lora."  # in the state-dict key of every adapter tensor
+
+
+def adapter_key(name: str, side: str) -> str:
+    """The checkpoint key of adapter `side` (a or b) of HF projection `name` (all layers)."""
+    return f"decoder.layers.{FUSED[name]}.lora.{side}.{name}.weight"
+
+
+def target(hf_name: str) -> str:
+    """`q_proj` for `model.layers.{i}.self_attn.q_proj.weight`."""
+    return hf_name.split(".")[-2]
+
+
+def describe(peft: PeftConfig) -> str:
+    return (
+        f"rank {peft.rank}, alpha {peft.alpha:g} (scaling {peft.scaling:g}), dropout "
+        f"{peft.dropout:g}, on {', '.join(peft.target_modules)}"
+    )
+
+
+class LoRA(torch.nn.Module):
+    """The adapters of one fused linear: A (rank x in) and B (out x rank) per targeted part."""
+
+    def __init__(self, param: Param, layout: Layout, peft: PeftConfig) -> None:
+        super().__init__()
+        self.param, self.layout, self.scaling = param, layout, peft.scaling
+        named = [(target(name), shape) for name, shape in zip(param.hf, param.shapes, strict=True)]
+        self.parts = [(name, shape[0]) for name, shape in named]
+        self.a, self.b = torch.nn.ModuleDict(), torch.nn.ModuleDict()
+        for name, (out, inp) in named:
+            if name in peft.target_modules:
+                self.a[name] = torch.nn.Linear(inp, peft.rank, bias=False)
+                self.b[name] = b = torch.nn.Linear(peft.rank, out, bias=False)
+                torch.nn.init.zeros_(b.weight)
+        self.dropout = torch.nn.Dropout(peft.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(x)
+        pieces = [
+            self.b[name](self.a[name](x)) if name in self.a else x.new_zeros(*x.shape[:-1], out)
+            for name, out in self.parts
+        ]
+        if len(pieces) == 1:
+            return pieces[0] * self.scaling
+        joined = to_megatron(self.param, [p.movedim(-1, 0) for p in pieces], self.layout)
+        return joined.movedim(0, -1) * self.scaling
+
+
+def _add_adapter(linear: torch.nn.Module, adapter: LoRA) -> None:
+    linear.add_module("lora", adapter)
+
+    def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
+        out, bias = output
+        return out + adapter(inputs[0]), bias
+
+    linear.register_forward_hook(hook)
+
+
+def add_lora(model: Any, args: Any) -> None:
+    """Freeze `model` (a GPTModel of one pipeline stage), add the adapters `args.primus_peft`
+    asks for, load the frozen weights from `args.primus_lora_base` when set (the HF import),
+    and make the model's sharded state dict the adapters only."""
+    from primus.backends.megatron.hf_convert import padded_vocab_size
+
+    peft: PeftConfig = args.primus_peft
+    layout = Layout.from_args(args, padded_vocab_size(args))
+    table = {p.key: p for p in params(layout)}
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for layer in model.decoder.layers:
+        for path in dict.fromkeys(FUSED.values()):
+            adapter = LoRA(table[f"decoder.layers.{path}.weight"], layout, peft)
+            if len(adapter.a):
+                block, name = path.split(".")
+                _add_adapter(getattr(getattr(layer, block), name), adapter)
+    base = getattr(args, "primus_lora_base", None)
+    if base:
+        _load_base(model, base, args)
+    full = model.sharded_state_dict
+
+    def adapters_only(*a: Any, **k: Any) -> dict[str, Any]:
+        return {key: v for key, v in full(*a, **k).items() if ADAPTER in key}
+
+    model.sharded_state_dict = adapters_only
+
+
+def _load_base(model: Any, folder: str, args: Any) -> None:
+    """The frozen weights from the Megatron checkpoint in `folder` (model tensors only)."""
+    from megatron.core import dist_checkpointing
+    from megatron.training.checkpointing import _build_sharded_state_dict_metadata
+
+    metadata = _build_sharded_state_dict_metadata(args)
+    wanted = {
+        key: value
+        for key, value in model.sharded_state_dict(metadata=metadata).items()
+        if ADAPTER not in key and not key.endswith("_extra_state")
+    }
+    loaded = dist_checkpointing.load(wanted, folder)  # with the checkpoint's common state
+    missing, unexpected = model.load_state_dict({key: loaded[key] for key in wanted}, strict=False)
+    assert not unexpected, unexpected
+    left = [key for key in missing if ADAPTER not in key and not key.endswith("_extra_state")]
+    assert not left, f"not in the HF import {folder}: {left}"
+
+
+def merge(
+    hf_name: str, weight: torch.Tensor, adapters: dict[str, torch.Tensor], layer: int,
+    scaling: float,
+) -> torch.Tensor:  # fmt: skip
+    """`weight` (the HF tensor `hf_name` of `layer`) with its adapter merged in, if it has one.
+    `adapters`: the checkpoint's adapter tensors by key, each with a leading layer axis."""
+    name = target(hf_name)
+    if (
+        name not in FUSED
+        or not hf_name.endswith(".weight")
+        or adapter_key(name, "a") not in adapters
+    ):
+        return weight
+    a, b = adapters[adapter_key(name, "a")][layer], adapters[adapter_key(name, "b")][layer]
+    return (weight.double() + b.double() @ a.double() * scaling).to(weight.dtype)

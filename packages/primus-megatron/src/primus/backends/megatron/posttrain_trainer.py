@@ -1,0 +1,67 @@
+"""The posttrain trainer: megatron.training's `pretrain()` loop on the module's SFT rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from primus.backends.megatron.pretrain_trainer import MegatronPretrainTrainer
+from primus.core.errors import ConfigError
+from primus.core.logging import log_rank_0
+
+
+class MegatronPosttrainTrainer(MegatronPretrainTrainer):
+    """Fine-tunes from the `init_from` import (or the run's latest checkpoint) on
+    `build_sft_data(module.sft)`, evaluating every `eval_interval` steps; with `peft:`, only
+    the LoRA adapters train (primus.backends.megatron.lora)."""
+
+    stages = ("posttrain",)
+
+    def setup(self) -> None:
+        from primus.backends.megatron import lora, posttrain
+        from primus.backends.megatron.checkpoints import is_imported
+        from primus.backends.megatron.hf_convert import padded_vocab_size
+        from primus.core.posttrain import build_sft_data
+
+        args = self.backend_args
+        self.data = build_sft_data(args.primus_sft)
+        log_rank_0(f"[megatron] sft train: {self.data.train.describe()}")
+        args.padded_vocab_size = padded_vocab_size(args)  # the model's, not the tokenizer's
+        args.eval_iters = 0
+        if self.data.eval is not None:
+            log_rank_0(f"[megatron] sft eval: {self.data.eval.describe()}")
+            if args.eval_interval % args.log_interval:
+                raise ConfigError(
+                    f"megatron: eval_interval {args.eval_interval} is not a multiple of "
+                    f"log_interval {args.log_interval}",
+                    hint="the eval is reported on the step line of the step it follows",
+                )
+            args.eval_iters = posttrain.eval_batches(self.data.eval, args.global_batch_size)
+        if args.primus_peft is not None:
+            load = Path(args.load or "")
+            if not (load / "iter_0000000").is_dir():
+                raise ConfigError(
+                    "megatron: LoRA needs the base model as the run's HF import (iteration 0)",
+                    hint="set init_from: {hf: DIR}, or run primus checkpoint import first",
+                )
+            args.primus_lora_base = str(load / "iter_0000000")
+            if is_imported(load):  # a fresh fine-tune: no adapters yet, nothing for Megatron
+                args.load = None
+            log_rank_0(f"[megatron] LoRA: {lora.describe(args.primus_peft)}")
+        super().setup()
+
+    def train(self) -> None:
+        from megatron.core.enums import ModelType
+        from megatron.training import pretrain
+        from primus.backends.megatron import posttrain, providers
+
+        args = self.backend_args
+        log_rank_0(f"[megatron] posttrain: {args.train_iters} iterations")
+        pretrain(
+            self.cfg,
+            posttrain.datasets_provider(
+                self.data.train, self.data.eval, args.primus_sft.packing, args.global_batch_size
+            ),
+            ModelType.encoder_or_decoder,
+            posttrain.forward_step,
+            model_provider=providers.model_provider,
+        )

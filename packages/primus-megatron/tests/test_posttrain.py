@@ -1,0 +1,344 @@
+"""`primus train posttrain` through megatron.training on CPU: a tiny Llama-3 HF model (with its
+tokenizer) fine-tuned on the reverse-words task from its import, resumed, exported; the rows
+Megatron reads against the tokenizer's chat template; a packed eval against transformers.
+LoRA: only the adapters train and are checkpointed, the frozen weights stay the HF import's,
+and the merged export gives the adapted model's logits and eval."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from primus.core.testing.runs import primus, step_metrics
+
+pytestmark = pytest.mark.slow
+RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "sft-tiny-cpu.yaml"
+FORWARD = Path(__file__).with_name("megatron_forward.py")
+STEPS = 600  # the recipe's
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny Llama-3 HF model with the tiny tokenizer in its folder, and the reverse task."""
+    from primus.core.testing.hf_models import make_hf_model
+    from primus.core.testing.sft_data import write_reverse_task, write_tokenizer
+
+    root = tmp_path_factory.mktemp("task")
+    hf = make_hf_model(root / "hf", "llama3")
+    write_tokenizer(hf)
+    return {"hf": hf, "root": root, **write_reverse_task(root / "data", 4096, 64)}
+
+
+def experiment(
+    folder: Path, task: dict[str, Path], peft: dict[str, Any] | None = None, **sft: Any
+) -> Path:
+    """The CPU recipe on `task` (sft keys changed by `sft`, with `peft`), in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    module: dict[str, Any] = {
+        "init_from": {"hf": str(task["hf"])},
+        "sft": {"train": str(task["chat_train"]), "eval": str(task["chat_eval"]), **sft},
+    }
+    if peft is not None:
+        module["peft"] = peft
+    exp = folder / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "exp_name": folder.name,
+                                   "workspace": str(folder / "ws"),
+                                   "modules": {"post_trainer": module}}))  # fmt: skip
+    return exp
+
+
+def posttrain(exp: Path, *overrides: str) -> Path:
+    """`primus train posttrain` of `exp`; the run directory."""
+    done = primus("train", "posttrain", "--config", str(exp), *overrides)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run_dir(exp)
+
+
+def module_of(exp: Path) -> Any:
+    from primus.core.runtime import resolution
+
+    return next(iter(resolution.load(exp, [], None, single=True).modules.values()))
+
+
+def eval_rows(exp: Path) -> Any:
+    """The eval rows of `exp`'s sft: section, as core builds them."""
+    from primus.core.posttrain import build_sft_data
+
+    rows = build_sft_data(module_of(exp).sft).eval
+    assert rows is not None
+    return rows
+
+
+def run_dir(exp: Path) -> Path:
+    from primus.core.runtime import resolution
+
+    return resolution.load(exp, [], None, single=True).run_dir
+
+
+def safetensors(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
+
+
+def eval_lines(run: Path) -> dict[int, dict[str, Any]]:
+    return {m["step"]: m for m in step_metrics(run) if m["eval_loss"] is not None}
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+    """The recipe's full fine-tune from the HF import: the run directory."""
+    return posttrain(experiment(tmp_path_factory.mktemp("sft") / "sft", task))
+
+
+def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
+    task: dict[str, Path], tmp_path: Path
+) -> None:
+    """A micro-batch as Megatron's data loader stacks it: per row, the loss mask is the
+    core row's, and the targets it covers are the assistant's answer and <|eot_id|>, as the
+    tokenizer's own chat template writes them."""
+
+    from transformers import AutoTokenizer
+
+    from primus.backends.megatron.posttrain import SFTSamples
+    from primus.core.posttrain import build_sft_data
+
+    data = build_sft_data(module_of(experiment(tmp_path, task)).sft)
+    batch = next(iter(torch.utils.data.DataLoader(SFTSamples(data.train, 8, False, True), 8)))
+    records = [json.loads(line) for line in task["chat_train"].read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(task["hf"])
+    for position in range(8):
+        row = data.train.row(position)
+        assert torch.equal(batch["loss_mask"][position], torch.as_tensor(row["loss_mask"]))
+        (sample,) = data.train.rows[data.train.order(0)[position]]
+        messages = records[sample]["messages"]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        full = tokenizer(text, add_special_tokens=False)["input_ids"]
+        answer = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        trained = batch["labels"][position][batch["loss_mask"][position] == 1].tolist()
+        assert trained == [*answer, tokenizer.convert_tokens_to_ids("<|eot_id|>")]
+        assert batch["tokens"][position][: len(full) - 1].tolist() == full[:-1]
+
+
+def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
+    evals = eval_lines(finetuned)
+    last = evals[STEPS]
+    assert last["eval_token_accuracy"] >= 0.95, evals
+    first = min(evals)
+    assert last["eval_loss"] < evals[first]["eval_loss"]
+    log = (finetuned / "logs" / "rank-0.log").read_text()
+    assert f"step {STEPS}/{STEPS} | loss" in log and "| eval token acc " in log
+    assert "starting from the HF import" in log
+    assert all(m["eval_loss"] is None for m in step_metrics(finetuned) if m["step"] not in evals)
+
+
+def test_the_export_evaluates_as_the_run_did(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
+    the run's last eval; the tokenizer comes along."""
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    exp = finetuned.parents[3] / "exp.yaml"
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(tmp_path / "hf"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    stats = hf_eval_stats(tmp_path / "hf", eval_rows(exp))
+    last = eval_lines(finetuned)[STEPS]
+    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
+    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+
+
+def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
+    """`exp` run from `run`'s checkpoint at `step` (a new run directory holding only the HF
+    import and that checkpoint) logs `run`'s losses and evals from there on."""
+    import shutil
+
+    resumed_run = run_dir(exp)
+    for folder in ("iter_0000000", f"iter_{step:07d}"):
+        shutil.copytree(run / "checkpoints" / folder, resumed_run / "checkpoints" / folder)
+    (resumed_run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+    posttrain(exp, *overrides)
+    whole = {m["step"]: m for m in step_metrics(run)}
+    resumed = {m["step"]: m for m in step_metrics(resumed_run)}
+    assert sorted(resumed) == [s for s in sorted(whole) if s > step]
+    keys = ("loss", "eval_loss", "eval_token_accuracy")
+    for at, metrics in resumed.items():
+        got, expected = ([m[k] for k in keys if m[k] is not None] for m in (metrics, whole[at]))
+        assert got == pytest.approx(expected, rel=1e-5) and len(got) == len(expected), at
+    assert resumed[max(whole)]["eval_loss"] is not None
+
+
+def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
+    assert_resumes_exactly(finetuned, experiment(tmp_path / "resumed", task), 500)
+
+
+def test_two_data_parallel_ranks_train_as_one(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two processes (gloo), each reading its half of every global batch: the same losses and
+    eval as the one-process run (the loss is one masked mean over the global batch)."""
+    exp = experiment(tmp_path / "dp2", task)
+    run = posttrain(exp, "--nproc-per-node", "2", "micro_batch_size=16", "exit_interval=100")
+    whole = {m["step"]: m for m in step_metrics(finetuned)}
+    two = {m["step"]: m for m in step_metrics(run)}
+    assert sorted(two) == [s for s in sorted(whole) if s <= 100]
+    for step, metrics in two.items():
+        assert metrics["loss"] == pytest.approx(whole[step]["loss"], rel=1e-4), step
+    for key in ("eval_loss", "eval_token_accuracy"):
+        assert two[100][key] == pytest.approx(whole[100][key], rel=1e-4), key
+
+
+def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
+    """Packing on, learning rate 0: the eval of the packed rows (several samples each) equals
+    transformers' eval of the HF model over the same samples one per row."""
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
+    run = posttrain(exp, "train_iters=4", "eval_interval=4", "log_interval=2", "lr=0",
+                    "min_lr=0", "lr_warmup_iters=0", "save_interval=1000")  # fmt: skip
+    packed = eval_rows(exp)
+    assert packed.num_samples > len(packed)  # several samples a row
+    unpacked = eval_rows(experiment(tmp_path / "unpacked", task))
+    stats = hf_eval_stats(task["hf"], unpacked)
+    metrics = eval_lines(run)[4]
+    assert metrics["eval_loss"] == pytest.approx(stats.loss, rel=1e-4)
+    assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
+
+
+# -- LoRA ----------------------------------------------------------------------------
+LORA_STEPS = 60
+TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]  # not k_proj, gate_proj
+LORA = {"type": "lora", "rank": 4, "alpha": 8.0, "target_modules": TARGETS}
+TRAIN = (f"train_iters={LORA_STEPS}", "log_interval=10", "eval_interval=30", "save_interval=30")
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+    exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
+    return posttrain(exp, *TRAIN)
+
+
+@pytest.fixture(scope="module")
+def exported(lora_run: Path) -> Path:
+    """`primus checkpoint export` of the LoRA run: the HF directory."""
+    out = lora_run.parents[3] / "exported"
+    done = primus("checkpoint", "export", "--config", str(lora_run.parents[3] / "exp.yaml"),
+                  "--hf", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    stored = dcp.FileSystemReader(str(lora_run / "checkpoints" / "iter_0000060")).read_metadata()
+    tensors = [k for k, v in stored.state_dict_metadata.items() if hasattr(v, "size")]
+    model = [k for k in tensors if not k.startswith("optimizer.")]
+    assert sorted(model) == sorted(
+        f"decoder.layers.{path}.lora.{side}.{name}.weight"
+        for name, path in [("q_proj", "self_attention.linear_qkv"),
+                           ("v_proj", "self_attention.linear_qkv"),
+                           ("o_proj", "self_attention.linear_proj"),
+                           ("up_proj", "mlp.linear_fc1"), ("down_proj", "mlp.linear_fc2")]
+        for side in "ab"
+    )  # fmt: skip
+    optimizer = {k.split(".", 3)[-1] for k in tensors if k.startswith("optimizer.")}
+    assert optimizer and all(".lora." in k for k in optimizer), optimizer
+    assert "LoRA: rank 4, alpha 8 (scaling 2)" in (lora_run / "logs" / "rank-0.log").read_text()
+
+
+def test_the_adapters_learn(lora_run: Path, task: dict[str, Path]) -> None:
+    """The run's last eval loss is well below the base model's (transformers' eval of the
+    HF source: the adapted model at step 0)."""
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    base = hf_eval_stats(task["hf"], eval_rows(lora_run.parents[3] / "exp.yaml")).loss
+    assert eval_lines(lora_run)[LORA_STEPS]["eval_loss"] < base - 0.3, base
+
+
+def test_the_merged_export_keeps_the_frozen_weights(exported: Path, task: dict[str, Path]) -> None:
+    source, merged = safetensors(task["hf"]), safetensors(exported)
+    assert sorted(source) == sorted(merged)
+    for key, tensor in source.items():
+        adapted = any(f".{t}." in key for t in TARGETS)
+        assert torch.equal(merged[key], tensor) != adapted, key
+
+
+def test_the_merged_export_gives_the_adapted_models_logits(
+    lora_run: Path, exported: Path, tmp_path: Path
+) -> None:
+    """Megatron's forward of the adapted model (frozen weights from the import, adapters from
+    the last checkpoint) against transformers' forward of the merged export, in fp32."""
+    from primus.core.testing.hf_models import hf_logits
+
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    job = {"exp": str(lora_run.parents[3] / "exp.yaml"), "stage": "posttrain",
+           "tokens": str(tmp_path / "tokens.pt"), "out": str(tmp_path / "megatron.pt"),
+           "overrides": list(TRAIN)}  # fmt: skip
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    done = subprocess.run([sys.executable, str(FORWARD), str(tmp_path / "jobs.json")],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = torch.load(tmp_path / "megatron.pt", weights_only=False)["logits"]
+    assert (ours - hf_logits(exported, tokens)).abs().max() <= 1e-4
+
+
+def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:
+    """The run's last eval used the in-memory frozen weights: equal to transformers' eval of
+    the import's weights with the adapters merged, so training left them as imported."""
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    stats = hf_eval_stats(exported, eval_rows(lora_run.parents[3] / "exp.yaml"))
+    last = {m["step"]: m for m in step_metrics(lora_run)}[LORA_STEPS]
+    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
+    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+
+
+def test_the_gpu_recipe_builds_against_the_published_model(
+    task: dict[str, Path], tmp_path: Path
+) -> None:
+    """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
+    passes the architecture check and Megatron's validate_args, packing on."""
+    from primus.core.testing.hf_models import hf_config
+
+    hf = tmp_path / "hf"
+    hf_config("llama3.2_1B").save_pretrained(hf)
+    (hf / "model.safetensors").touch()  # init_from wants one; a dry run reads none
+    done = primus("train", "posttrain", "--config", str(RECIPE.with_name("llama3.2_1B-sft.yaml")),
+                  "--dry-run", PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
+                  PRIMUS_WORKSPACE=str(tmp_path / "ws"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "MegatronPosttrainTrainer" in done.stdout
+    for line in (
+        "seq_length: 4096",
+        "create_attention_mask_in_dataloader: true",
+        "calculate_per_token_loss: true",
+        "bf16: true",
+        f"tokenizer_model: {hf}",
+    ):
+        assert f"\n{line}\n" in done.stdout, line  # fmt: skip
+
+
+def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: Path) -> None:
+    """Resumed from its adapters-only checkpoint at step 30 (the frozen weights from the HF
+    import, the adapters and their optimizer state from the checkpoint)."""
+    exp = experiment(tmp_path / "lora_resumed", task, peft=LORA)
+    assert_resumes_exactly(lora_run, exp, 30, *TRAIN)
+
+
+def test_lora_with_tensor_parallel_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
+    exp = experiment(tmp_path / "tp", task, peft=LORA)
+    done = primus("train", "posttrain", "--config", str(exp), "--dry-run",
+                  "tensor_model_parallel_size=2")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "LoRA is not supported with tensor_model_parallel_size: 2" in done.stderr
+    assert f"{exp}:" in done.stderr  # at the peft section's line
