@@ -27,6 +27,7 @@ from primus.backends.megatron.hf_mapping import (
     Param,
     extra_state_keys,
     hf_config,
+    padded_vocab_size,
     params,
     rank_offsets,
     to_hf,
@@ -57,17 +58,6 @@ def _one_process_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
-
-
-def padded_vocab_size(args: Any) -> int:
-    """Megatron's padded vocabulary for these args (as the tokenizer would pad it)."""
-    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
-
-    if args.padded_vocab_size:
-        return int(args.padded_vocab_size)
-    if not args.vocab_size:
-        raise ConfigError("megatron: set vocab_size to import a Hugging Face model")
-    return int(vocab_size_with_padding(args.vocab_size, args, logging_enabled=False))
 
 
 def _save_strategy() -> Any:

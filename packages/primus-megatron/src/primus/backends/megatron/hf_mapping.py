@@ -232,3 +232,14 @@ def hf_config(layout: Layout, args: Any, dtype: torch.dtype) -> dict[str, Any]:
         config |= {"num_local_experts": layout.experts, "num_experts_per_tok": args.moe_router_topk,
                    "router_aux_loss_coef": args.moe_aux_loss_coeff, "sliding_window": None}  # fmt: skip
     return config
+
+
+def padded_vocab_size(args: Any) -> int:
+    """Megatron's padded vocabulary for these args (as the tokenizer would pad it)."""
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+    if args.padded_vocab_size:
+        return int(args.padded_vocab_size)
+    if not args.vocab_size:
+        raise ConfigError("megatron: set vocab_size to import a Hugging Face model")
+    return int(vocab_size_with_padding(args.vocab_size, args, logging_enabled=False))

@@ -19,7 +19,7 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
     def setup(self) -> None:
         from primus.backends.megatron import lora, posttrain
         from primus.backends.megatron.checkpoints import is_imported
-        from primus.backends.megatron.hf_convert import padded_vocab_size
+        from primus.backends.megatron.hf_mapping import padded_vocab_size
         from primus.core.posttrain import build_sft_data
 
         args = self.backend_args
