@@ -22,6 +22,7 @@ LLAMA3_SCALING = (
     "high_freq_factor",
     "original_max_position_embeddings",
 )
+INDEX = "model.safetensors.index.json"  # which safetensors file holds each tensor
 # safetensors dtype -> bytes per element
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
                "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
@@ -212,7 +213,7 @@ def safetensors_header(path: Path) -> dict[str, Any]:
 def safetensors_files(folder: Path) -> list[Path]:
     """The safetensors files of an HF model directory: those its index names, else every
     *.safetensors; a ConfigError when there are none or an indexed one is missing."""
-    index = folder / "model.safetensors.index.json"
+    index = folder / INDEX
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [folder / name for name in names]

@@ -11,19 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from primus.core.checkpoint.hf import DTYPE_BYTES, safetensors_files, safetensors_header
+from primus.core.checkpoint.hf import DTYPE_BYTES, INDEX, safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
 
-INDEX = "model.safetensors.index.json"
 SHARD_BYTES = 4 << 30  # the most an export puts in one safetensors file
-
-
-FLOAT_DTYPES = (
-    "F64",
-    "F32",
-    "F16",
-    "BF16",
-)  # safetensors' names of the dtypes a model's weights have
+# safetensors' names of the dtypes a model's weights have
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 class HFTensors:
