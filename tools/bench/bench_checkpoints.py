@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -63,6 +64,27 @@ def experiment(backend: str, hf: Path, work: Path, recipe_name: str) -> Path:
     return exp
 
 
+def make_model(hf: Path, model: str) -> Path:
+    """A random bf16 HF model of `model`'s published shape in `hf`, made by a child process: a
+    child's peak RSS (wait4) starts at this process's own peak (fork and exec carry the
+    high-water mark over), so this process never holds tensors."""
+    make = ("import sys; from pathlib import Path; from primus.core.testing.hf_models import "
+            "make_published_model; make_published_model(Path(sys.argv[1]), sys.argv[2])")  # fmt: skip
+    subprocess.run([sys.executable, "-c", make, str(hf), model], check=True, cwd=ROOT)
+    return hf
+
+
+def tensor_bytes(hf: Path) -> int:
+    """The bytes of an HF model's tensors, from its safetensors headers."""
+    from primus.core.checkpoint.hf import DTYPE_BYTES, safetensors_files, safetensors_header
+
+    return sum(
+        DTYPE_BYTES[entry["dtype"]] * math.prod(entry["shape"])
+        for path in safetensors_files(hf)
+        for entry in safetensors_header(path).values()
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama3.2_3B", help="a key of hf_models.HF_CONFIGS")
@@ -74,16 +96,13 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report (default: stdout)")
+    parser.add_argument(
+        "--hf", type=Path, default=None, help="an HF model an earlier run made (default: make one)"
+    )
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
-    hf = work / "hf"
-    # made by a child process: a child's peak RSS (wait4) starts at this process's own peak
-    # (fork and exec carry the high-water mark over), so this process never holds tensors
-    make = ("import sys; from pathlib import Path; from primus.core.testing.hf_models import "
-            "make_published_model; print(make_published_model(Path(sys.argv[1]), sys.argv[2]))")  # fmt: skip
-    made = subprocess.run([sys.executable, "-c", make, str(hf), args.model], check=True,
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
-    model_bytes = int(made.stdout.split()[-1])
+    hf = args.hf or make_model(work / "hf", args.model)
+    model_bytes = tensor_bytes(hf)
     load = [sys.executable, "-c", "import sys; from transformers import AutoModelForCausalLM; "
             "AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')", str(hf)]  # fmt: skip
     results: dict[str, Any] = {"transformers.from_pretrained": measure(load, work / "hf.log")}
@@ -110,6 +129,9 @@ def main() -> None:
         "megatron-core",
         "torchtitan",
         "maxtext",
+        "jax",
+        "orbax-checkpoint",
+        "tensorstore",
     )
     report = {
         **environment(distributions, device),

@@ -9,6 +9,7 @@ checkpoint MaxText's `load_parameters_path` reads (`<import dir>/0/items`).
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -203,24 +204,54 @@ def _slots(names: Any, axes: tuple[int, ...], shape: tuple[int, ...]) -> Iterato
     yield from walk(names, ())
 
 
-def _build(tables: Tables, key: str, reader: HFTensors) -> np.ndarray:
-    """One MaxText parameter, filled in place from its HF tensors read one at a time: each
-    transformed by MaxText's hooks and written to its slot on the layer (and expert) axes."""
-    from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
+def _widen(tensor: np.ndarray, dtype: Any) -> np.ndarray:
+    """`tensor` in `dtype`; bfloat16 to float32 as integer shifts, which numpy runs without
+    the GIL (ml_dtypes' own cast holds it, and the import's threads would queue on it)."""
+    if tensor.dtype.name == "bfloat16" and np.dtype(dtype) == np.float32:
+        return np.left_shift(tensor.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
+    return tensor.astype(dtype)
 
-    names, target, hooks = tables.mapping[key], tables.params[key], tables.hooks.get(key)
+
+def _slot_jobs(tables: Tables, key: str) -> Iterator[tuple[str, Any, str, tuple[int, ...]]]:
+    """(MaxText key, index into its parameter, HF name, shape of one HF tensor there) for
+    each HF tensor of MaxText parameter `key`."""
+    names, target = tables.mapping[key], tables.params[key]
     axes = _stack_axes(tables, key, names, len(target.shape)) if isinstance(names, list) else ()
     one = tuple(d for i, d in enumerate(target.shape) if i not in axes)
-    built = np.empty(target.shape, target.dtype)
     for index, name in _slots(names, axes, target.shape):
-        tensor = reader.get(name, tables.hf_shapes[name])
-        if hooks is not None:  # MaxText's hooks take the tensor in the parameter's dtype
-            tensor = np.asarray(apply_hook_fns(tensor.astype(target.dtype), one, hooks))
-        if tensor.shape != one:
-            raise ConfigError(f"{reader.where}: tensor '{name}' gives shape {list(tensor.shape)} "
-                              f"in MaxText's {key}, which holds {list(one)} per tensor")  # fmt: skip
-        built[index] = tensor  # cast to the parameter's dtype
-    return built
+        yield key, index, name, one
+
+
+def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray],
+          job: tuple[str, Any, str, tuple[int, ...]]) -> None:  # fmt: skip
+    """Read one HF tensor, transform it by MaxText's hooks and write it to its slot."""
+    from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
+
+    key, index, name, one = job
+    tensor = _widen(reader.get(name, tables.hf_shapes[name]), built[key].dtype)
+    hooks = tables.hooks.get(key)
+    if hooks is not None:  # MaxText's hooks take the tensor in the parameter's dtype
+        tensor = np.asarray(apply_hook_fns(tensor, one, hooks))
+    if tensor.shape != one:
+        raise ConfigError(f"{reader.where}: tensor '{name}' gives shape {list(tensor.shape)} "
+                          f"in MaxText's {key}, which holds {list(one)} per tensor")  # fmt: skip
+    built[key][index] = tensor  # cast to the parameter's dtype
+
+
+def build_params(tables: Tables, reader: HFTensors) -> list[np.ndarray]:
+    """Every MaxText parameter (in `tables.params` order), each filled in place from its HF
+    tensors: one thread per core (up to 8) reads, transforms and writes one HF tensor at a
+    time, the largest first, so their transient copies come before the model fills memory."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    built = {key: np.empty(leaf.shape, leaf.dtype) for key, leaf in tables.params.items()}
+    jobs = [job for key in tables.params for job in _slot_jobs(tables, key)]
+    jobs.sort(key=lambda job: -math.prod(job[3]))
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        for _ in pool.map(functools.partial(_fill, tables, reader, built), jobs):
+            pass
+    return list(built.values())
 
 
 def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
@@ -238,15 +269,16 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
-    leaves = [_build(found, key, reader) for key in found.params]
-    tree = jax.tree_util.tree_unflatten(found.treedef, leaves)
+    tree = jax.tree_util.tree_unflatten(found.treedef, build_params(found, reader))
     # Measured on CPU: orbax's default deep copy of numpy arrays holds a second model, and
     # OCDBT holds the compressed bytes of every array until the save commits (a third of the
-    # model more); without either the save adds next to nothing. Loads read either format.
+    # model more); without either the save adds next to nothing. zstd took most of the
+    # import's time and saves little on weights. Loads read every one of these formats.
     context = checkpoint_context.build_context(
         use_ocdbt=False, use_zarr3=config.checkpoint_storage_use_zarr3
     )
     context.memory.deepcopy_host_arrays = False
+    context.array.saving.use_compression = False
     context.array.saving.storage_options.chunk_byte_size = CHUNK_BYTES
     with context:
         ocp.save(str(out / IMPORT_STEP), {"params": tree}, checkpointable_name="items")
@@ -315,13 +347,28 @@ def export_layout(found: Tables) -> dict[str, tuple[list[int], str]]:
     }
 
 
+def _export_slot(found: Tables, weight: np.ndarray, writer: SafetensorsWriter,
+                 job: tuple[str, Any, str, tuple[int, ...]]) -> None:  # fmt: skip
+    """One HF tensor of a MaxText parameter: its slot, through MaxText's hooks (as
+    `process_maxtext_param` does, in numpy), in the checkpoint's dtype, written."""
+    from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
+
+    key, index, name, _ = job
+    shape = found.hf_shapes[name]
+    tensor = np.asarray(apply_hook_fns(weight[index], shape, found.hooks.get(key)))
+    writer.write(name, tensor.astype(np.dtype(found.config.weight_dtype)).reshape(shape))
+
+
 def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     """The run's checkpoint (params only) as HF safetensors and config.json in `out`, with
     the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer). One MaxText
-    parameter is read at a time, and its HF tensors written before the next is read."""
-    from transformers import AutoConfig
+    parameter is read at a time (into host memory), and its HF tensors written by a thread
+    per core (up to 8) before the next is read."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
 
-    from maxtext.checkpoint_conversion.utils.utils import process_maxtext_param
+    import jax
+    from transformers import AutoConfig
 
     config = maxtext_config(args.argv)
     values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"))
@@ -329,13 +376,15 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     found = tables(config, hf.to_dict(), saving_to_hf=True)
     step = checkpoint_step(config, iteration)
     writer = SafetensorsWriter(out, export_layout(found))
-    for key, leaf in found.params.items():
-        weight = load_params(config, {key: leaf}, step)[key]
-        for name, tensor in process_maxtext_param(
-            key, weight, found.mapping, found.hooks, found.hf_shapes, config
-        ):
-            writer.write(name, tensor)
-        del weight
+    host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        for key, leaf in found.params.items():
+            on_host = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=host)
+            weight = np.asarray(load_params(config, {key: on_host}, step)[key])
+            export = functools.partial(_export_slot, found, weight, writer)
+            for _ in pool.map(export, _slot_jobs(found, key)):
+                pass
+            del weight
     writer.close()
     hf.architectures = [type(hf).__name__.removesuffix("Config") + "ForCausalLM"]
     hf.save_pretrained(out)
