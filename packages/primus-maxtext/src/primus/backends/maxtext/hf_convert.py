@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.hf import read_config
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
+from primus.core.logging import log_rank_0
 
 # Primus family -> the MaxText model whose conversion tables fit it (PARAM_MAPPING's keys)
 UPSTREAM_MODELS = {
@@ -37,7 +40,16 @@ MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral
 # safetensors dtypes an import takes (numpy knows bfloat16 once JAX has loaded ml_dtypes)
 FLOAT_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 CHUNK_BYTES = 64 << 20  # zarr chunks an import writes: each is compressed in a buffer of its own
+THREADS = min(8, os.cpu_count() or 1)  # conversion threads: numpy copies run without the GIL
+WRITE_BYTES = 1 << 30  # the most an import's save has in flight (orbax's default: unbounded)
 IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, in GiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def import_dir(config: dict[str, Any]) -> Path:
@@ -242,13 +254,12 @@ def build_params(tables: Tables, reader: HFTensors) -> list[np.ndarray]:
     """Every MaxText parameter (in `tables.params` order), each filled in place from its HF
     tensors: one thread per core (up to 8) reads, transforms and writes one HF tensor at a
     time, the largest first, so their transient copies come before the model fills memory."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
     built = {key: np.empty(leaf.shape, leaf.dtype) for key, leaf in tables.params.items()}
     jobs = [job for key in tables.params for job in _slot_jobs(tables, key)]
     jobs.sort(key=lambda job: -math.prod(job[3]))
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(THREADS) as pool:
         for _ in pool.map(functools.partial(_fill, tables, reader, built), jobs):
             pass
     return list(built.values())
@@ -269,19 +280,27 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
-    tree = jax.tree_util.tree_unflatten(found.treedef, build_params(found, reader))
+    start = time.perf_counter()
+    leaves = build_params(found, reader)
+    gib = sum(leaf.nbytes for leaf in leaves) / 2**30
+    log_rank_0(f"[maxtext] converted {len(leaves)} parameters ({gib:.2f} GiB) in "
+               f"{time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB); saving")  # fmt: skip
+    tree = jax.tree_util.tree_unflatten(found.treedef, leaves)
+    start = time.perf_counter()
     # Measured on CPU: orbax's default deep copy of numpy arrays holds a second model, and
     # OCDBT holds the compressed bytes of every array until the save commits (a third of the
-    # model more); without either the save adds next to nothing. zstd took most of the
-    # import's time and saves little on weights. Loads read every one of these formats.
+    # model more); without either the save adds next to nothing. Loads read either format.
     context = checkpoint_context.build_context(
         use_ocdbt=False, use_zarr3=config.checkpoint_storage_use_zarr3
     )
     context.memory.deepcopy_host_arrays = False
-    context.array.saving.use_compression = False
+    context.memory.write_concurrent_bytes = WRITE_BYTES
     context.array.saving.storage_options.chunk_byte_size = CHUNK_BYTES
     with context:
         ocp.save(str(out / IMPORT_STEP), {"params": tree}, checkpointable_name="items")
+    log_rank_0(
+        f"[maxtext] saved in {time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)"
+    )
 
 
 def checkpoint_step(config: Any, iteration: int | None) -> Path:
@@ -362,9 +381,8 @@ def _export_slot(found: Tables, weight: np.ndarray, writer: SafetensorsWriter,
 def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     """The run's checkpoint (params only) as HF safetensors and config.json in `out`, with
     the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer). One MaxText
-    parameter is read at a time (into host memory), and its HF tensors written by a thread
-    per core (up to 8) before the next is read."""
-    import os
+    parameter is written (its HF tensors by THREADS threads) while the next is read into host
+    memory: at most two are held."""
     from concurrent.futures import ThreadPoolExecutor
 
     import jax
@@ -377,15 +395,27 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     step = checkpoint_step(config, iteration)
     writer = SafetensorsWriter(out, export_layout(found))
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        for key, leaf in found.params.items():
-            on_host = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=host)
-            weight = np.asarray(load_params(config, {key: on_host}, step)[key])
+
+    def read(key: str) -> np.ndarray:
+        leaf = found.params[key]
+        on_host = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=host)
+        return np.asarray(load_params(config, {key: on_host}, step)[key])
+
+    start = time.perf_counter()
+    keys = list(found.params)
+    with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(THREADS) as pool:
+        coming = reader.submit(read, keys[0])
+        for i, key in enumerate(keys):
+            weight = coming.result()
+            if i + 1 < len(keys):
+                coming = reader.submit(read, keys[i + 1])
             export = functools.partial(_export_slot, found, weight, writer)
             for _ in pool.map(export, _slot_jobs(found, key)):
                 pass
             del weight
     writer.close()
+    log_rank_0(f"[maxtext] wrote {len(keys)} parameters from {step} as HF tensors in "
+               f"{time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)")  # fmt: skip
     hf.architectures = [type(hf).__name__.removesuffix("Config") + "ForCausalLM"]
     hf.save_pretrained(out)
     tokenizer = Path(config.tokenizer_path) if config.tokenizer_path else None
