@@ -98,6 +98,24 @@ def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_pa
     sft_runs.assert_continues(finetuned, resumed_run, RESUME_FROM + 1)
 
 
+def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
+    """Packing on, learning rate 0: MaxText's eval of the packed rows (several samples each,
+    kept apart by their segment ids) equals transformers' eval of the HF model over the same
+    samples one per row."""
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
+    run = sft_runs.posttrain(exp, "steps=2", "eval_interval=1", "learning_rate=0",
+                             "enable_checkpointing=false")  # fmt: skip
+    packed = sft_runs.eval_rows(exp)
+    assert packed.num_samples > 2 * len(packed)  # several samples a row
+    unpacked = sft_runs.eval_rows(experiment(tmp_path / "unpacked", task))
+    stats = hf_eval_stats(task["hf"], unpacked)
+    metrics = sft_runs.eval_lines(run)[1]
+    assert metrics["eval_loss"] == pytest.approx(stats.loss, rel=1e-4)
+    assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
+
+
 def test_peft_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
     """MaxText's LoRA lives in its Tunix trainer only: `peft:` is one error at its line."""
     exp = experiment(tmp_path / "lora", task, peft={"type": "lora", "rank": 4})

@@ -23,6 +23,8 @@ import numpy as np
 
 from primus.core.posttrain import SFTDataset
 
+ROW_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "segment_ids")  # what a batch needs
+
 
 def maxtext_batch(rows: dict[str, Any]) -> dict[str, np.ndarray]:
     """Stacked core rows (`SFTDataset.batch`, or rows stacked alike) as a MaxText batch."""
@@ -74,7 +76,7 @@ class EvalRows:
         for batch in range(self.batches):
             first = batch * self.global_batch + self.offset
             rows = [self._row(i) for i in range(first, first + self.local)]
-            yield maxtext_batch({key: np.stack([r[key] for r in rows]) for key in rows[0]})
+            yield maxtext_batch({key: np.stack([r[key] for r in rows]) for key in ROW_KEYS})
 
     def _row(self, index: int) -> dict[str, np.ndarray]:
         if index < len(self.rows):
