@@ -98,6 +98,30 @@ def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_pa
     sft_runs.assert_continues(finetuned, resumed_run, RESUME_FROM + 1)
 
 
+def test_two_data_parallel_processes_train_as_one(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two processes (one CPU device each), each loading its half of every global batch, the
+    schedule of the whole run: the first steps' losses are the one-process run's; after 100
+    steps the float32 sums, reduced in another order across processes, have drifted by less
+    than 1e-3 (losses and eval loss; accuracy within one token of the 411)."""
+    exp = experiment(tmp_path / "dp2", task)
+    shutil.copytree(finetuned / "hf_import", sft_runs.run_dir(exp) / "hf_import")
+    run = sft_runs.posttrain(exp, "--nproc-per-node", "2", "per_device_batch_size=16",
+                             "steps=100", "learning_rate_schedule_steps=500",
+                             "enable_checkpointing=false")  # fmt: skip
+    whole = {m["step"]: m for m in step_metrics(finetuned)}
+    two = {m["step"]: m for m in step_metrics(run)}
+    assert sorted(two) == list(range(1, 101))
+    for step, metrics in two.items():
+        close = 1e-5 if step <= 10 else 1e-3
+        assert metrics["loss"] == pytest.approx(whole[step]["loss"], rel=close), step
+    assert two[100]["eval_loss"] == pytest.approx(whole[100]["eval_loss"], rel=1e-3)
+    assert two[100]["eval_token_accuracy"] == pytest.approx(
+        whole[100]["eval_token_accuracy"], abs=0.003
+    )
+
+
 def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
     """Packing on, learning rate 0: MaxText's eval of the packed rows (several samples each,
     kept apart by their segment ids) equals transformers' eval of the HF model over the same
