@@ -17,8 +17,8 @@ from primus.core.testing.runs import primus, step_metrics
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "sft-tiny-cpu.yaml"
-STEPS = 500  # the recipe's
-RESUME_FROM = 400  # a checkpoint of the recipe (MaxText's step 400: 401 updates done)
+STEPS = 600  # the recipe's
+RESUME_FROM = 500  # a checkpoint of the recipe (MaxText's step 500: 501 updates done)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_the_export_evaluates_as_the_run_did(
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
     """A new run directory holding only the HF import and the fine-tune's checkpoint at
-    MaxText step 400 logs the fine-tune's losses and evals from there on (its rows by
+    MaxText step 500 logs the fine-tune's losses and evals from there on (its rows by
     position from the checkpoint's step)."""
     exp = experiment(tmp_path / "resumed", task)
     resumed_run = sft_runs.run_dir(exp)
@@ -108,7 +108,7 @@ def test_two_data_parallel_processes_train_as_one(
     exp = experiment(tmp_path / "dp2", task)
     shutil.copytree(finetuned / "hf_import", sft_runs.run_dir(exp) / "hf_import")
     run = sft_runs.posttrain(exp, "--nproc-per-node", "2", "per_device_batch_size=16",
-                             "steps=100", "learning_rate_schedule_steps=500",
+                             "steps=100", f"learning_rate_schedule_steps={STEPS}",
                              "enable_checkpointing=false")  # fmt: skip
     whole = {m["step"]: m for m in step_metrics(finetuned)}
     two = {m["step"]: m for m in step_metrics(run)}
