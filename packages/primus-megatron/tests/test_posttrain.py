@@ -14,9 +14,21 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from primus.core.testing.runs import primus, step_metrics
+from primus.core.testing.sft_runs import (
+    assert_continues,
+    assert_export_evaluates_as_the_run,
+    dry_run_1b_recipe,
+    eval_lines,
+    eval_rows,
+    module_of,
+    posttrain,
+    reverse_task,
+    run_dir,
+    sft_experiment,
+    template_tokens,
+)
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "sft-tiny-cpu.yaml"
@@ -26,70 +38,17 @@ STEPS = 600  # the recipe's
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny Llama-3 HF model with the tiny tokenizer in its folder, and the reverse task."""
-    from primus.core.testing.hf_models import make_hf_model
-    from primus.core.testing.sft_data import write_reverse_task, write_tokenizer
-
-    root = tmp_path_factory.mktemp("task")
-    hf = make_hf_model(root / "hf", "llama3")
-    write_tokenizer(hf)
-    return {"hf": hf, "root": root, **write_reverse_task(root / "data", 4096, 64)}
+    return reverse_task(tmp_path_factory.mktemp("task"))
 
 
-def experiment(
-    folder: Path, task: dict[str, Path], peft: dict[str, Any] | None = None, **sft: Any
-) -> Path:
-    """The CPU recipe on `task` (sft keys changed by `sft`, with `peft`), in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    module: dict[str, Any] = {
-        "init_from": {"hf": str(task["hf"])},
-        "sft": {"train": str(task["chat_train"]), "eval": str(task["chat_eval"]), **sft},
-    }
-    if peft is not None:
-        module["peft"] = peft
-    exp = folder / "exp.yaml"
-    exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "exp_name": folder.name,
-                                   "workspace": str(folder / "ws"),
-                                   "modules": {"post_trainer": module}}))  # fmt: skip
-    return exp
-
-
-def posttrain(exp: Path, *overrides: str) -> Path:
-    """`primus train posttrain` of `exp`; the run directory."""
-    done = primus("train", "posttrain", "--config", str(exp), *overrides)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return run_dir(exp)
-
-
-def module_of(exp: Path) -> Any:
-    from primus.core.runtime import resolution
-
-    return next(iter(resolution.load(exp, [], None, single=True).modules.values()))
-
-
-def eval_rows(exp: Path) -> Any:
-    """The eval rows of `exp`'s sft: section, as core builds them."""
-    from primus.core.posttrain import build_sft_data
-
-    rows = build_sft_data(module_of(exp).sft).eval
-    assert rows is not None
-    return rows
-
-
-def run_dir(exp: Path) -> Path:
-    from primus.core.runtime import resolution
-
-    return resolution.load(exp, [], None, single=True).run_dir
+def experiment(folder: Path, task: dict[str, Path], **changes: Any) -> Path:
+    return sft_experiment(RECIPE, folder, task, **changes)
 
 
 def safetensors(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
-
-
-def eval_lines(run: Path) -> dict[int, dict[str, Any]]:
-    return {m["step"]: m for m in step_metrics(run) if m["eval_loss"] is not None}
 
 
 @pytest.fixture(scope="module")
@@ -105,25 +64,17 @@ def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
     core row's, and the targets it covers are the assistant's answer and <|eot_id|>, as the
     tokenizer's own chat template writes them."""
 
-    from transformers import AutoTokenizer
-
     from primus.backends.megatron.posttrain import SFTSamples
     from primus.core.posttrain import build_sft_data
 
     data = build_sft_data(module_of(experiment(tmp_path, task)).sft)
     batch = next(iter(torch.utils.data.DataLoader(SFTSamples(data.train, 8, False, True), 8)))
-    records = [json.loads(line) for line in task["chat_train"].read_text().splitlines()]
-    tokenizer = AutoTokenizer.from_pretrained(task["hf"])
     for position in range(8):
         row = data.train.row(position)
         assert torch.equal(batch["loss_mask"][position], torch.as_tensor(row["loss_mask"]))
-        (sample,) = data.train.rows[data.train.order(0)[position]]
-        messages = records[sample]["messages"]
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-        full = tokenizer(text, add_special_tokens=False)["input_ids"]
-        answer = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        full, answer = template_tokens(task, data.train, position)
         trained = batch["labels"][position][batch["loss_mask"][position] == 1].tolist()
-        assert trained == [*answer, tokenizer.convert_tokens_to_ids("<|eot_id|>")]
+        assert trained == answer
         assert batch["tokens"][position][: len(full) - 1].tolist() == full[:-1]
 
 
@@ -144,16 +95,7 @@ def test_the_export_evaluates_as_the_run_did(
 ) -> None:
     """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
     the run's last eval; the tokenizer comes along."""
-    from primus.core.testing.sft_data import hf_eval_stats
-
-    exp = finetuned.parents[3] / "exp.yaml"
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(tmp_path / "hf"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "hf" / "tokenizer.json").is_file()
-    stats = hf_eval_stats(tmp_path / "hf", eval_rows(exp))
-    last = eval_lines(finetuned)[STEPS]
-    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
-    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+    assert_export_evaluates_as_the_run(finetuned, tmp_path / "hf", STEPS)
 
 
 def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
@@ -166,14 +108,7 @@ def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> 
         shutil.copytree(run / "checkpoints" / folder, resumed_run / "checkpoints" / folder)
     (resumed_run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
     posttrain(exp, *overrides)
-    whole = {m["step"]: m for m in step_metrics(run)}
-    resumed = {m["step"]: m for m in step_metrics(resumed_run)}
-    assert sorted(resumed) == [s for s in sorted(whole) if s > step]
-    keys = ("loss", "eval_loss", "eval_token_accuracy")
-    for at, metrics in resumed.items():
-        got, expected = ([m[k] for k in keys if m[k] is not None] for m in (metrics, whole[at]))
-        assert got == pytest.approx(expected, rel=1e-5) and len(got) == len(expected), at
-    assert resumed[max(whole)]["eval_loss"] is not None
+    assert_continues(run, resumed_run, step)
 
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
@@ -308,16 +243,8 @@ def test_the_gpu_recipe_builds_against_the_published_model(
 ) -> None:
     """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
     passes the architecture check and Megatron's validate_args, packing on."""
-    from primus.core.testing.hf_models import hf_config
-
-    hf = tmp_path / "hf"
-    hf_config("llama3.2_1B").save_pretrained(hf)
-    (hf / "model.safetensors").touch()  # init_from wants one; a dry run reads none
-    done = primus("train", "posttrain", "--config", str(RECIPE.with_name("llama3.2_1B-sft.yaml")),
-                  "--dry-run", PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
-                  PRIMUS_WORKSPACE=str(tmp_path / "ws"))  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "MegatronPosttrainTrainer" in done.stdout
+    stdout, hf = dry_run_1b_recipe(RECIPE.with_name("llama3.2_1B-sft.yaml"), task, tmp_path)
+    assert "MegatronPosttrainTrainer" in stdout
     for line in (
         "seq_length: 4096",
         "create_attention_mask_in_dataloader: true",
@@ -325,7 +252,7 @@ def test_the_gpu_recipe_builds_against_the_published_model(
         "bf16: true",
         f"tokenizer_model: {hf}",
     ):
-        assert f"\n{line}\n" in done.stdout, line  # fmt: skip
+        assert f"\n{line}\n" in stdout, line  # fmt: skip
 
 
 def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: Path) -> None:

@@ -5,7 +5,13 @@ imported when used, never by this import."""
 
 from primus.core.config.posttrain import PeftConfig, SFTConfig
 from primus.core.posttrain.dataset import SFTData, SFTDataset, build_sft_data
-from primus.core.posttrain.metrics import TokenStats, masked_mean, token_stats, token_stats_torch
+from primus.core.posttrain.metrics import (
+    TokenStats,
+    masked_mean,
+    token_stats,
+    token_stats_torch,
+    token_sums,
+)
 
 __all__ = [
     "PeftConfig",
@@ -17,4 +23,5 @@ __all__ = [
     "masked_mean",
     "token_stats",
     "token_stats_torch",
+    "token_sums",
 ]

@@ -48,9 +48,9 @@ def masked_mean(values: Any, loss_mask: Any) -> Any:
     return (values * loss_mask).sum() / loss_mask.sum()
 
 
-def token_stats(logits: Any, labels: Any, loss_mask: Any, xp: Any = None) -> TokenStats:
-    """The sums of one batch: logits (..., vocab), labels and loss_mask (...). `xp` is the
-    array module (numpy by default; jax.numpy works too)."""
+def token_sums(logits: Any, labels: Any, loss_mask: Any, xp: Any = None) -> tuple[Any, Any, Any]:
+    """`token_stats`' three sums as 0-d arrays of `xp`: traceable, so a backend can compute
+    them inside a compiled step (`jax.jit`)."""
     if xp is None:
         import numpy as xp
     logits = xp.asarray(logits).astype(xp.float32)
@@ -59,9 +59,13 @@ def token_stats(logits: Any, labels: Any, loss_mask: Any, xp: Any = None) -> Tok
     logsumexp = xp.log(xp.exp(logits - top).sum(axis=-1)) + top[..., 0]
     target = xp.take_along_axis(logits, labels[..., None].astype(xp.int32), axis=-1)[..., 0]
     correct = (logits.argmax(axis=-1) == labels) * mask
-    return TokenStats(
-        float(((logsumexp - target) * mask).sum()), float(correct.sum()), float(mask.sum())
-    )
+    return ((logsumexp - target) * mask).sum(), correct.sum(), mask.sum()
+
+
+def token_stats(logits: Any, labels: Any, loss_mask: Any, xp: Any = None) -> TokenStats:
+    """The sums of one batch: logits (..., vocab), labels and loss_mask (...). `xp` is the
+    array module (numpy by default; jax.numpy works too)."""
+    return TokenStats(*(float(s) for s in token_sums(logits, labels, loss_mask, xp)))
 
 
 def token_stats_torch(logits: Any, labels: Any, loss_mask: Any) -> Any:

@@ -20,7 +20,10 @@ class MaxTextAdapter(BackendAdapter):
     coordinator is MASTER_ADDR:MASTER_PORT, not torchrun's store.
     """
 
-    trainers = {"pretrain": "primus.backends.maxtext.pretrain_trainer:MaxTextPretrainTrainer"}
+    trainers = {
+        "pretrain": "primus.backends.maxtext.pretrain_trainer:MaxTextPretrainTrainer",
+        "posttrain": "primus.backends.maxtext.posttrain_trainer:MaxTextPosttrainTrainer",
+    }
 
     tested_versions = TESTED
     launcher = "spawn"

@@ -12,6 +12,7 @@ from typing import Any
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.metrics import MetricsSink, StepMetrics, metrics_enabled, step_metrics
 from primus.core.patches import PatchContext, register_patch
+from primus.core.posttrain import TokenStats
 
 
 class StepMeter:
@@ -20,8 +21,11 @@ class StepMeter:
     def __init__(self, ctx: PatchContext) -> None:
         self.sink = MetricsSink(ctx)
 
-    def measure(self, config: Any, step: int, scalars: dict[str, Any]) -> StepMetrics | None:
-        """None while the batch size ramps up (MaxText reports no throughput then)."""
+    def measure(
+        self, config: Any, step: int, scalars: dict[str, Any], evals: dict[str, float]
+    ) -> StepMetrics | None:
+        """None while the batch size ramps up (MaxText reports no throughput then). `evals`:
+        the eval that followed the step (`eval_stats`), if any."""
         import jax
 
         if "perf/per_device_tflops" not in scalars:
@@ -41,6 +45,7 @@ class StepMeter:
             self.sink.peak(device.device_kind if on_gpu else None),
             lr=float(scalars["learning/current_learning_rate"]),
             peak_memory_gib=memory["peak_bytes_in_use"] / 2**30 if memory else None,
+            **evals,
         )
 
     def report(self, metric_logger: Any, metrics: StepMetrics) -> None:
@@ -48,6 +53,19 @@ class StepMeter:
 
         writer = metric_logger.writer if metric_logger.config.enable_tensorboard else None
         self.sink.report(metrics, primary=jax.process_index() == 0, writer=writer)
+
+
+def eval_stats(metric_logger: Any) -> dict[str, float]:
+    """eval_loss and eval_token_accuracy of the eval MaxText ran after the step being
+    written, when a fine-tune's eval step (primus.backends.maxtext.posttrain) counted its
+    correct predictions; MaxText writes the step before it closes that eval."""
+    sums = metric_logger.cumulative_eval_metrics["scalar"]
+    if not metric_logger._pending_eval_step_count or "eval/primus_correct" not in sums:
+        return {}
+    stats = TokenStats(
+        sums["eval/total_loss"], sums["eval/primus_correct"], sums["eval/total_weights"]
+    )
+    return stats.as_metrics("eval_")
 
 
 @register_patch(
@@ -60,8 +78,9 @@ class StepMeter:
     tags=("observability",),
 )
 def step_metrics_patch(ctx: PatchContext) -> None:
-    """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory after every training step;
-    write metrics.jsonl and tensorboard scalars (when tensorboard is on)."""
+    """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory after every training step
+    (and a fine-tune's eval loss and token accuracy after the steps it evaluates); write
+    metrics.jsonl and tensorboard scalars (when tensorboard is on)."""
 
     def metered(original: Any) -> Any:
         meter = StepMeter(ctx)
@@ -69,7 +88,7 @@ def step_metrics_patch(ctx: PatchContext) -> None:
         def write_metrics(self: Any, metrics: Any, step: int, metric_type: str = "train") -> None:
             original(self, metrics, step, metric_type)
             if metric_type == "train" and metrics:
-                measured = meter.measure(self.config, step, metrics["scalar"])
+                measured = meter.measure(self.config, step, metrics["scalar"], eval_stats(self))
                 if measured is not None:
                     meter.report(self, measured)
 

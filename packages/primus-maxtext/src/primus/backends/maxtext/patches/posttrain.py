@@ -1,0 +1,158 @@
+"""Fine-tuning (`primus train posttrain`) through MaxText's own training loop.
+
+`maxtext.posttrain` (setup) sets the MaxText keys the module's `sft:` implies and refuses
+what MaxText's loop does not do (`peft:`); `maxtext.sft_data` (before_train) feeds core's SFT
+rows to the loop and evaluates with core's token sums (primus.backends.maxtext.posttrain).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from primus.backends.maxtext.maxtext_adapter import TESTED
+from primus.core.errors import ConfigError
+from primus.core.logging import log_rank_0
+from primus.core.patches import PatchContext, get_param, register_patch
+
+LORA_HINT = (
+    "MaxText 0.2's LoRA (maxtext.utils.lora_utils, through qwix) is applied only by its Tunix "
+    "SFT trainer, which Primus cannot install (docs/posttrain.md, MaxText); fine-tune in full, "
+    "or use the megatron backend for LoRA"
+)
+
+
+def _fine_tuning(ctx: PatchContext) -> bool:
+    """the stage is posttrain, or the module has an sft: section (e.g. to export a fine-tune)"""
+    return ctx.stage == "posttrain" or ctx.extra["module"].sft is not None
+
+
+@register_patch(
+    "maxtext.posttrain",
+    backend="maxtext",
+    phase="setup",
+    condition=_fine_tuning,
+    backend_versions=TESTED,
+    target="MaxText config max_target_length, tokenizer_path, tokenizer_type, dataset_type, "
+    "packing, eval_start_step",
+    tags=("posttrain",),
+)
+def posttrain(ctx: PatchContext) -> None:
+    """Fine-tune on the module's `sft:` rows: their sequence length and tokenizer (which an
+    export copies), MaxText's data pipeline off, evals after every eval_interval-th step."""
+    module = ctx.extra["module"]
+    if module.peft is not None:
+        raise module.peft.error(
+            "type", "maxtext: peft: (LoRA) is not supported on MaxText", hint=LORA_HINT
+        )
+    sft = module.sft
+    if sft is None:
+        raise ConfigError(
+            "maxtext: the posttrain stage needs the module's sft: section (the data)",
+            hint="see docs/posttrain.md",
+        )
+    ctx.set_param("tokenizer_path", str(sft.tokenizer), "sft.tokenizer")
+    ctx.set_param("tokenizer_type", "huggingface", "sft.tokenizer is an HF tokenizer")
+    if ctx.stage != "posttrain":
+        return
+    if sft.packing and get_param(ctx, "attention") == "cudnn_flash_te":
+        raise sft.error(
+            "packing",
+            "maxtext: packed rows are masked per sample through decoder_segment_ids, "
+            "which Primus has not tested with attention: cudnn_flash_te",
+            hint="set attention: autoselected (or dot_product, flash), or sft.packing: false",
+        )
+    ctx.set_param("max_target_length", sft.seq_length, "sft.seq_length")
+    ctx.set_param("dataset_type", "synthetic", "the batches are sft:'s rows (maxtext.sft_data)")
+    ctx.set_param("packing", False, "sft: packs the rows itself (sft.packing)")
+    interval = get_param(ctx, "eval_interval", -1)
+    if sft.eval is None and not sft.eval_fraction:
+        ctx.set_param("eval_interval", -1, "sft: has no eval split")
+    elif interval > 0:
+        ctx.set_param("eval_start_step", interval - 1, "evals after steps eval_interval, 2x, ...")
+
+
+class SFTStart:
+    """`get_first_step` of MaxText's train loop, wrapped: the step the loop starts from (0,
+    or a resumed checkpoint's) is where the training rows start."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+
+    def __call__(self, original: Any) -> Any:
+        def get_first_step(model: Any, state: Any) -> int:
+            step = int(original(model, state))
+            self.rows.start = step
+            log_rank_0(f"[maxtext] sft rows from position {step * self.rows.global_batch}")
+            return step
+
+        return get_first_step
+
+
+def _eval_sums(original: Any) -> Any:
+    """MetricLogger._accumulate_eval_metrics, adding up the eval step's correct predictions."""
+
+    def accumulate(self: Any, metrics: dict[str, Any]) -> None:
+        original(self, metrics)
+        correct = metrics.get("scalar", {}).get("evaluation/primus_correct")
+        if correct is not None:
+            self.cumulative_eval_metrics["scalar"]["eval/primus_correct"] += float(correct)
+
+    return accumulate
+
+
+def _posttrain_stage(ctx: PatchContext) -> bool:
+    """the stage is posttrain"""
+    return ctx.stage == "posttrain"
+
+
+@register_patch(
+    "maxtext.sft_data",
+    backend="maxtext",
+    phase="before_train",
+    condition=_posttrain_stage,
+    requires="maxtext.posttrain",
+    backend_versions=TESTED,
+    target="maxtext.input_pipeline.input_pipeline_interface.create_data_iterator, "
+    "maxtext.trainers.pre_train.train.eval_step, get_first_step, "
+    "maxtext.common.metric_logger.MetricLogger._accumulate_eval_metrics",
+    tags=("posttrain",),
+)
+def sft_data(ctx: PatchContext) -> None:
+    """MaxText's training loop reads the SFT rows by global position (each process its share
+    of every global batch, a resumed run from its step) and evaluates one pass over the eval
+    rows with core's token sums (loss and token accuracy)."""
+    import jax
+
+    from primus.backends.maxtext import posttrain
+    from primus.core.posttrain import build_sft_data
+
+    trainer = ctx.extra["trainer"]
+    config = trainer.config
+    if config.global_batch_size_to_load != config.global_batch_size_to_train_on:
+        raise ConfigError(
+            "maxtext: fine-tuning needs per_device_batch_size >= 1 (every loaded row trained on)"
+        )
+    data = build_sft_data(ctx.extra["module"].sft)
+    log_rank_0(f"[maxtext] sft train: {data.train.describe()}")
+    where = (jax.process_index(), jax.process_count())
+    train = posttrain.TrainRows(data.train, config.global_batch_size_to_load, *where)
+    evaluation = None
+    if data.eval is not None and config.eval_interval > 0:
+        log_rank_0(f"[maxtext] sft eval: {data.eval.describe()}")
+        evaluation = posttrain.EvalRows(data.eval, config.global_batch_size_to_load_eval, *where)
+
+    def create_data_iterator(config: Any, mesh: Any) -> tuple[Any, Any]:
+        from maxtext.input_pipeline.multihost_dataloading import MultiHostDataLoadIterator
+
+        batches = MultiHostDataLoadIterator(train, mesh)
+        return batches, MultiHostDataLoadIterator(evaluation, mesh) if evaluation else None
+
+    ctx.replace(
+        "maxtext.input_pipeline.input_pipeline_interface",
+        "create_data_iterator",
+        create_data_iterator,
+    )
+    ctx.wrap("maxtext.trainers.pre_train.train", "get_first_step", SFTStart(train))
+    ctx.replace("maxtext.trainers.pre_train.train", "eval_step", posttrain.eval_step)
+    ctx.wrap("maxtext.common.metric_logger.MetricLogger", "_accumulate_eval_metrics", _eval_sums)
+    trainer.sft_rows = train
