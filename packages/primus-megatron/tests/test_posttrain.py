@@ -14,9 +14,25 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from primus.core.testing.runs import primus, step_metrics
+from primus.core.testing.sft_runs import (
+    assert_adapters_learned,
+    assert_continues,
+    assert_evaluates_as,
+    assert_export_evaluates_as_run,
+    assert_learned,
+    assert_merged_only,
+    eval_lines,
+    eval_rows,
+    export,
+    make_task,
+    module_of,
+    posttrain,
+    published_dry_run,
+    resumed,
+    sft_experiment,
+)
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "sft-tiny-cpu.yaml"
@@ -26,70 +42,13 @@ STEPS = 600  # the recipe's
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny Llama-3 HF model with the tiny tokenizer in its folder, and the reverse task."""
-    from primus.core.testing.hf_models import make_hf_model
-    from primus.core.testing.sft_data import write_reverse_task, write_tokenizer
-
-    root = tmp_path_factory.mktemp("task")
-    hf = make_hf_model(root / "hf", "llama3")
-    write_tokenizer(hf)
-    return {"hf": hf, "root": root, **write_reverse_task(root / "data", 4096, 64)}
+    return make_task(tmp_path_factory.mktemp("task"))
 
 
 def experiment(
     folder: Path, task: dict[str, Path], peft: dict[str, Any] | None = None, **sft: Any
 ) -> Path:
-    """The CPU recipe on `task` (sft keys changed by `sft`, with `peft`), in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    module: dict[str, Any] = {
-        "init_from": {"hf": str(task["hf"])},
-        "sft": {"train": str(task["chat_train"]), "eval": str(task["chat_eval"]), **sft},
-    }
-    if peft is not None:
-        module["peft"] = peft
-    exp = folder / "exp.yaml"
-    exp.write_text(yaml.safe_dump({"extends": str(RECIPE), "exp_name": folder.name,
-                                   "workspace": str(folder / "ws"),
-                                   "modules": {"post_trainer": module}}))  # fmt: skip
-    return exp
-
-
-def posttrain(exp: Path, *overrides: str) -> Path:
-    """`primus train posttrain` of `exp`; the run directory."""
-    done = primus("train", "posttrain", "--config", str(exp), *overrides)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return run_dir(exp)
-
-
-def module_of(exp: Path) -> Any:
-    from primus.core.runtime import resolution
-
-    return next(iter(resolution.load(exp, [], None, single=True).modules.values()))
-
-
-def eval_rows(exp: Path) -> Any:
-    """The eval rows of `exp`'s sft: section, as core builds them."""
-    from primus.core.posttrain import build_sft_data
-
-    rows = build_sft_data(module_of(exp).sft).eval
-    assert rows is not None
-    return rows
-
-
-def run_dir(exp: Path) -> Path:
-    from primus.core.runtime import resolution
-
-    return resolution.load(exp, [], None, single=True).run_dir
-
-
-def safetensors(folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
-
-
-def eval_lines(run: Path) -> dict[int, dict[str, Any]]:
-    return {m["step"]: m for m in step_metrics(run) if m["eval_loss"] is not None}
+    return sft_experiment(RECIPE, folder, task, peft, **sft)
 
 
 @pytest.fixture(scope="module")
@@ -128,52 +87,20 @@ def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
 
 
 def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
-    evals = eval_lines(finetuned)
-    last = evals[STEPS]
-    assert last["eval_token_accuracy"] >= 0.95, evals
-    first = min(evals)
-    assert last["eval_loss"] < evals[first]["eval_loss"]
-    log = (finetuned / "logs" / "rank-0.log").read_text()
-    assert f"step {STEPS}/{STEPS} | loss" in log and "| eval token acc " in log
-    assert "starting from the HF import" in log
-    assert all(m["eval_loss"] is None for m in step_metrics(finetuned) if m["step"] not in evals)
+    assert_learned(finetuned, STEPS)
+    assert "starting from the HF import" in (finetuned / "logs" / "rank-0.log").read_text()
 
 
-def test_the_export_evaluates_as_the_run_did(
-    finetuned: Path, task: dict[str, Path], tmp_path: Path
-) -> None:
-    """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
-    the run's last eval; the tokenizer comes along."""
-    from primus.core.testing.sft_data import hf_eval_stats
-
-    exp = finetuned.parents[3] / "exp.yaml"
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(tmp_path / "hf"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "hf" / "tokenizer.json").is_file()
-    stats = hf_eval_stats(tmp_path / "hf", eval_rows(exp))
-    last = eval_lines(finetuned)[STEPS]
-    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
-    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+def test_the_export_evaluates_as_the_run_did(finetuned: Path, tmp_path: Path) -> None:
+    assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
 
 
 def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
     """`exp` run from `run`'s checkpoint at `step` (a new run directory holding only the HF
     import and that checkpoint) logs `run`'s losses and evals from there on."""
-    import shutil
-
-    resumed_run = run_dir(exp)
-    for folder in ("iter_0000000", f"iter_{step:07d}"):
-        shutil.copytree(run / "checkpoints" / folder, resumed_run / "checkpoints" / folder)
-    (resumed_run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
-    posttrain(exp, *overrides)
-    whole = {m["step"]: m for m in step_metrics(run)}
-    resumed = {m["step"]: m for m in step_metrics(resumed_run)}
-    assert sorted(resumed) == [s for s in sorted(whole) if s > step]
-    keys = ("loss", "eval_loss", "eval_token_accuracy")
-    for at, metrics in resumed.items():
-        got, expected = ([m[k] for k in keys if m[k] is not None] for m in (metrics, whole[at]))
-        assert got == pytest.approx(expected, rel=1e-5) and len(got) == len(expected), at
-    assert resumed[max(whole)]["eval_loss"] is not None
+    checkpoints = resumed(run, exp, ["checkpoints/iter_0000000", f"checkpoints/iter_{step:07d}"])
+    (checkpoints / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+    assert_continues(run, posttrain(exp, *overrides), step)
 
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
@@ -199,18 +126,13 @@ def test_two_data_parallel_ranks_train_as_one(
 def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
     """Packing on, learning rate 0: the eval of the packed rows (several samples each) equals
     transformers' eval of the HF model over the same samples one per row."""
-    from primus.core.testing.sft_data import hf_eval_stats
 
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
     run = posttrain(exp, "train_iters=4", "eval_interval=4", "log_interval=2", "lr=0",
                     "min_lr=0", "lr_warmup_iters=0", "save_interval=1000")  # fmt: skip
     packed = eval_rows(exp)
     assert packed.num_samples > len(packed)  # several samples a row
-    unpacked = eval_rows(experiment(tmp_path / "unpacked", task))
-    stats = hf_eval_stats(task["hf"], unpacked)
-    metrics = eval_lines(run)[4]
-    assert metrics["eval_loss"] == pytest.approx(stats.loss, rel=1e-4)
-    assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
+    assert_evaluates_as(task["hf"], experiment(tmp_path / "unpacked", task), eval_lines(run)[4])
 
 
 # -- LoRA ----------------------------------------------------------------------------
@@ -229,11 +151,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) ->
 @pytest.fixture(scope="module")
 def exported(lora_run: Path) -> Path:
     """`primus checkpoint export` of the LoRA run: the HF directory."""
-    out = lora_run.parents[3] / "exported"
-    done = primus("checkpoint", "export", "--config", str(lora_run.parents[3] / "exp.yaml"),
-                  "--hf", str(out))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return export(lora_run.parents[3] / "exp.yaml", lora_run.parents[3] / "exported")
 
 
 def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
@@ -256,20 +174,11 @@ def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
 
 
 def test_the_adapters_learn(lora_run: Path, task: dict[str, Path]) -> None:
-    """The run's last eval loss is well below the base model's (transformers' eval of the
-    HF source: the adapted model at step 0)."""
-    from primus.core.testing.sft_data import hf_eval_stats
-
-    base = hf_eval_stats(task["hf"], eval_rows(lora_run.parents[3] / "exp.yaml")).loss
-    assert eval_lines(lora_run)[LORA_STEPS]["eval_loss"] < base - 0.3, base
+    assert_adapters_learned(lora_run, task["hf"], LORA_STEPS)
 
 
 def test_the_merged_export_keeps_the_frozen_weights(exported: Path, task: dict[str, Path]) -> None:
-    source, merged = safetensors(task["hf"]), safetensors(exported)
-    assert sorted(source) == sorted(merged)
-    for key, tensor in source.items():
-        adapted = any(f".{t}." in key for t in TARGETS)
-        assert torch.equal(merged[key], tensor) != adapted, key
+    assert_merged_only(task["hf"], exported, TARGETS)
 
 
 def test_the_merged_export_gives_the_adapted_models_logits(
@@ -295,12 +204,9 @@ def test_the_merged_export_gives_the_adapted_models_logits(
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:
     """The run's last eval used the in-memory frozen weights: equal to transformers' eval of
     the import's weights with the adapters merged, so training left them as imported."""
-    from primus.core.testing.sft_data import hf_eval_stats
-
-    stats = hf_eval_stats(exported, eval_rows(lora_run.parents[3] / "exp.yaml"))
-    last = {m["step"]: m for m in step_metrics(lora_run)}[LORA_STEPS]
-    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
-    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+    assert_evaluates_as(
+        exported, lora_run.parents[3] / "exp.yaml", eval_lines(lora_run)[LORA_STEPS]
+    )
 
 
 def test_the_gpu_recipe_builds_against_the_published_model(
@@ -308,16 +214,9 @@ def test_the_gpu_recipe_builds_against_the_published_model(
 ) -> None:
     """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
     passes the architecture check and Megatron's validate_args, packing on."""
-    from primus.core.testing.hf_models import hf_config
-
-    hf = tmp_path / "hf"
-    hf_config("llama3.2_1B").save_pretrained(hf)
-    (hf / "model.safetensors").touch()  # init_from wants one; a dry run reads none
-    done = primus("train", "posttrain", "--config", str(RECIPE.with_name("llama3.2_1B-sft.yaml")),
-                  "--dry-run", PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
-                  PRIMUS_WORKSPACE=str(tmp_path / "ws"))  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "MegatronPosttrainTrainer" in done.stdout
+    recipe = RECIPE.with_name("llama3.2_1B-sft.yaml")
+    hf, stdout = published_dry_run(recipe, task, tmp_path)
+    assert "MegatronPosttrainTrainer" in stdout
     for line in (
         "seq_length: 4096",
         "create_attention_mask_in_dataloader: true",
@@ -325,7 +224,7 @@ def test_the_gpu_recipe_builds_against_the_published_model(
         "bf16: true",
         f"tokenizer_model: {hf}",
     ):
-        assert f"\n{line}\n" in done.stdout, line  # fmt: skip
+        assert f"\n{line}\n" in stdout, line  # fmt: skip
 
 
 def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: Path) -> None:

@@ -70,6 +70,13 @@ def expected_state(config: Any) -> dict[str, Any]:
     return dict(model.state_dict())
 
 
+def base_state(config: Any) -> dict[str, Any]:
+    """`expected_state` without LoRA adapters: what an HF model holds."""
+    from primus.backends.torchtitan.lora import is_adapter
+
+    return {k: v for k, v in expected_state(config).items() if not is_adapter(k)}
+
+
 def _hf_name(adapter: Any, key: str, tensor: Any) -> str:
     return next(iter(adapter.to_hf({key: tensor})), key)
 
@@ -159,7 +166,7 @@ def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
 
     _family(config)
     _check_norm_eps(hf_dir, config)
-    expected, adapter = expected_state(config), _adapter(config)
+    expected, adapter = base_state(config), _adapter(config)
     sources = _sources(hf_dir, adapter, expected, _tied(config))
     dcp.save(
         expected,
@@ -254,8 +261,7 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
     reader = dcp.FileSystemReader(str(base))
     stored = reader.read_metadata().state_dict_metadata
     adapter, dtype = _adapter(config), TORCH_DTYPE_MAP[config.checkpoint.export_dtype]
-    keys = [k for k in expected_state(config)
-            if not (_tied(config) and k == LM_HEAD) and not lora.is_adapter(k)]  # fmt: skip
+    keys = [k for k in base_state(config) if not (_tied(config) and k == LM_HEAD)]
     for key in keys:
         if not isinstance(stored.get(key), TensorStorageMetadata):
             raise ConfigError(f"{base}: no tensor '{key}' (a checkpoint of another model?)")

@@ -22,6 +22,7 @@ import torch
 import tyro
 from torch.utils.data import IterableDataset
 
+from primus.core.errors import ConfigError
 from primus.core.posttrain import SFTDataset, TokenStats, token_stats_torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
@@ -88,6 +89,9 @@ class SFTDataLoader(ParallelAwareDataloader):
         local_batch_size: int,
         **_: Any,
     ) -> None:
+        if config._rows is None:
+            raise ConfigError("torchtitan: the module's sft: section is trained on by "
+                              "primus train posttrain")  # fmt: skip
         global_batch = config._global_batch
         if global_batch <= 0:  # TorchTitan's -1: no gradient accumulation
             global_batch = local_batch_size * dp_world_size

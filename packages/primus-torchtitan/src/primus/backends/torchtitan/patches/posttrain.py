@@ -10,8 +10,8 @@ from primus.core.patches import PatchContext, get_param, register_patch
 
 
 def _posttrain(ctx: PatchContext) -> bool:
-    """the stage is posttrain"""
-    return ctx.stage == "posttrain"
+    """the stage is posttrain, or the module has an sft: section (its export)"""
+    return ctx.stage == "posttrain" or ctx.extra["module"].sft is not None
 
 
 def _check_supported(ctx: PatchContext, evaluates: bool) -> None:
@@ -86,3 +86,30 @@ def lora_checkpoint(ctx: PatchContext) -> None:
 
     ctx.wrap("torchtitan.components.checkpointer.base.ModelWrapper", "_get_state_dict",
              adapters_only)  # fmt: skip
+
+
+@register_patch(
+    "torchtitan.lora_keeps_frozen",
+    backend="torchtitan",
+    phase="build_args",
+    condition=_lora,
+    target="torchtitan.protocols.module.Module._spmd_distribute_state",
+    tags=("posttrain",),
+)
+def lora_keeps_frozen(ctx: PatchContext) -> None:
+    """Frozen weights stay frozen: with parallelism.spmd_backend spmd_types (TorchTitan's
+    default), distributing a parameter registers a new `nn.Parameter(tensor)`, which needs a
+    gradient, so LoRA's frozen base weights would train. The new parameter keeps the old one's
+    `requires_grad`."""
+
+    def keep_requires_grad(original: Any) -> Any:
+        def distribute(self: Any, parallel_dims: Any, name: str, tensor: Any, layout: Any,
+                       *, is_param: bool) -> None:  # fmt: skip
+            trainable = self._parameters[name].requires_grad if is_param else None
+            original(self, parallel_dims, name, tensor, layout, is_param=is_param)
+            if trainable is not None:
+                self._parameters[name].requires_grad_(trainable)
+
+        return distribute
+
+    ctx.wrap("torchtitan.protocols.module.Module", "_spmd_distribute_state", keep_requires_grad)
