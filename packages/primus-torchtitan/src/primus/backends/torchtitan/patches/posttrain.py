@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from primus.core.errors import ConfigError
-from primus.core.patches import PatchContext, get_param, register_patch
+from primus.core.patches import TESTED, PatchContext, get_param, register_patch
 
 
 def _posttrain(ctx: PatchContext) -> bool:
@@ -70,6 +70,7 @@ def _lora(ctx: PatchContext) -> bool:
     backend="torchtitan",
     phase="build_args",
     condition=_lora,
+    backend_versions=TESTED,
     target="torchtitan.components.checkpointer.base.ModelWrapper._get_state_dict",
     tags=("posttrain",),
 )
@@ -93,6 +94,7 @@ def lora_checkpoint(ctx: PatchContext) -> None:
     backend="torchtitan",
     phase="build_args",
     condition=_lora,
+    backend_versions=TESTED,
     target="torchtitan.protocols.module.Module._spmd_distribute_state",
     tags=("posttrain",),
 )

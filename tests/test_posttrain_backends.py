@@ -1,0 +1,31 @@
+"""One fine-tune, two backends: the same tiny Llama-3 HF checkpoint, data and schedule through
+Megatron-LM and through TorchTitan (their CPU recipes, shortened alike) reach the same eval loss
+within 2%. The task, the rows, the loss and the eval are core's (docs/posttrain.md), so only the
+frameworks differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.sft_runs import eval_lines, make_task, posttrain, sft_experiment
+
+pytestmark = pytest.mark.slow
+CONFIGS = Path(__file__).parents[1] / "configs"
+STEPS = 200
+SHORT = {
+    "megatron": (f"train_iters={STEPS}", f"eval_interval={STEPS}", "log_interval=20",
+                 "save_interval=100000"),
+    "torchtitan": (f"training.steps={STEPS}", f"validator.freq={STEPS}", "metrics.log_freq=20",
+                   "checkpoint.enable=false"),
+}  # fmt: skip
+
+
+def test_megatron_and_torchtitan_fine_tune_alike(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "task")
+    evals = {}
+    for backend, overrides in SHORT.items():
+        exp = sft_experiment(CONFIGS / backend / "sft-tiny-cpu.yaml", tmp_path / backend, task)
+        evals[backend] = eval_lines(posttrain(exp, *overrides))[STEPS]["eval_loss"]
+    assert evals["torchtitan"] == pytest.approx(evals["megatron"], rel=0.02), evals
