@@ -101,6 +101,18 @@ def test_data_parallel_ranks_split_each_global_batch(task: dict[str, Path], tmp_
         assert read == expected == set(range(step * 16, step * 16 + 16))
 
 
+def test_two_data_parallel_ranks_train_as_one(task: dict[str, Path], tmp_path: Path) -> None:
+    """Two processes (gloo, FSDP), each reading its two micro-batches of 8 rows of every global
+    batch of 32: the same losses and eval as one process reading 32 rows a step (the loss is
+    one masked mean over the global batch)."""
+    short = ("training.steps=10", "validator.freq=10", "metrics.log_freq=5",
+             "checkpoint.enable=false")  # fmt: skip
+    one = posttrain(experiment(tmp_path / "dp1", task), *short)
+    two = posttrain(experiment(tmp_path / "dp2", task), "--nproc-per-node", "2", *short,
+                    "training.local_batch_size=8", "training.global_batch_size=32")  # fmt: skip
+    assert_continues(one, two, 0)
+
+
 def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
     assert_learned(finetuned, STEPS)
     assert sorted(eval_lines(finetuned)) == [1, 100, 200, 300, 400, 500, 600]
@@ -158,8 +170,18 @@ TRAIN = (f"training.steps={LORA_STEPS}", "metrics.log_freq=10", "validator.freq=
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
-    """The LoRA fine-tune (TorchTitan's LoRAConverter) from the HF import: the run directory."""
-    return posttrain(experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA), *TRAIN)
+    """The LoRA fine-tune (TorchTitan's LoRAConverter) from the HF import, run by
+    frozen_weights.py (`primus train posttrain`'s runtime, in a subprocess), which also saves the
+    trained model's frozen weights in `frozen.pt` beside the experiment: the run directory."""
+    import subprocess
+    import sys
+
+    exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
+    script = Path(__file__).with_name("frozen_weights.py")
+    done = subprocess.run([sys.executable, str(script), str(exp), str(exp.with_name("frozen.pt")),
+                           *TRAIN], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run_dir(exp)
 
 
 @pytest.fixture(scope="module")
@@ -257,26 +279,14 @@ def test_what_torchtitans_lora_lacks_is_refused(
     assert message in done.stderr and f"{exp}:" in done.stderr
 
 
-def test_the_frozen_weights_are_the_imports_bits_after_training(
-    task: dict[str, Path], tmp_path: Path
-) -> None:
-    """A short LoRA run's model after training: every weight but the adapters is the HF
-    import's, bit for bit (the weights as the trained model holds them)."""
-    import subprocess
-    import sys
-
+def test_the_frozen_weights_are_the_imports_bits_after_training(lora_run: Path) -> None:
+    """The LoRA run's model after training: every weight but the adapters is the HF import's,
+    bit for bit (the weights as the trained model holds them)."""
     import torch.distributed.checkpoint as dcp
 
-    exp = experiment(tmp_path / "frozen", task, peft=LORA)
-    script = Path(__file__).with_name("frozen_weights.py")
-    done = subprocess.run([sys.executable, str(script), str(exp), str(tmp_path / "w.pt"),
-                           "training.steps=10", "checkpoint.enable=false"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    trained = torch.load(tmp_path / "w.pt")
+    trained = torch.load(lora_run.parents[3] / "frozen.pt")
     imported = {k: torch.empty_like(v) for k, v in trained.items()}
-    dcp.load(imported, checkpoint_id=str(run_dir(exp) / "checkpoint" / "hf_import"), no_dist=True)
+    dcp.load(imported, checkpoint_id=str(lora_run / "checkpoint" / "hf_import"), no_dist=True)
     assert len(trained) == 21  # wq, wk, wv, wo, w1, w2, w3, 2 norms a layer; embeddings, norm, head
     for key, tensor in trained.items():
         assert torch.equal(tensor, imported[key]), key
-    assert "loss" in done.stdout + done.stderr
