@@ -48,11 +48,6 @@ def converter(peft: PeftConfig) -> Any:
     return LoRAConverter.Config(rank=peft.rank, alpha=peft.alpha, target_modules=names)
 
 
-def describe(peft: PeftConfig) -> str:
-    return (f"rank {peft.rank}, alpha {peft.alpha:g} (scaling {peft.scaling:g}), "
-            f"targets {', '.join(peft.target_modules)}")  # fmt: skip
-
-
 def load_base(model: Any, folder: Path) -> int:
     """The frozen weights (every tensor but the adapters) from the DCP folder of the HF
     import into `model`; how many were loaded."""
