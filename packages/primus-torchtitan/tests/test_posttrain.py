@@ -101,15 +101,19 @@ def test_data_parallel_ranks_split_each_global_batch(task: dict[str, Path], tmp_
         assert read == expected == set(range(step * 16, step * 16 + 16))
 
 
-def test_two_data_parallel_ranks_train_as_one(task: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_data_parallel_ranks_train_as_one(
+    task: dict[str, Path], tmp_path: Path, lora: bool
+) -> None:
     """Two processes (gloo, FSDP), each reading its two micro-batches of 8 rows of every global
     batch of 32: the same losses and eval as one process reading 32 rows a step (the loss is
-    one masked mean over the global batch)."""
+    one masked mean over the global batch; LoRA's A is drawn whole, whatever the sharding)."""
+    peft = LORA if lora else None
     short = ("training.steps=10", "validator.freq=10", "metrics.log_freq=5",
              "checkpoint.enable=false")  # fmt: skip
-    one = posttrain(experiment(tmp_path / "dp1", task), *short)
-    two = posttrain(experiment(tmp_path / "dp2", task), "--nproc-per-node", "2", *short,
-                    "training.local_batch_size=8", "training.global_batch_size=32")  # fmt: skip
+    one = posttrain(experiment(tmp_path / "dp1", task, peft=peft), *short)
+    two = posttrain(experiment(tmp_path / "dp2", task, peft=peft), "--nproc-per-node", "2",
+                    *short, "training.local_batch_size=8", "training.global_batch_size=32")  # fmt: skip
     assert_continues(one, two, 0)
 
 

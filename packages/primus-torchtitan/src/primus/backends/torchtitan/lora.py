@@ -59,6 +59,30 @@ def load_base(model: Any, folder: Path) -> int:
     return len(state)
 
 
+def init_adapters(model: Any, seed: int) -> None:
+    """Draw each adapter's A anew (B stays zeros) from one generator, over the whole tensor,
+    as nn.Linear draws its weight: the same start whatever the sharding (TorchTitan draws on
+    each rank's shard, so several data-parallel ranks would start elsewhere than one)."""
+    import math
+
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if not name.endswith(".lora_a.weight"):
+                continue
+            bound = 1 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5))
+            full = torch.empty(param.shape, dtype=param.dtype).uniform_(
+                -bound, bound, generator=generator
+            )
+            if isinstance(param, DTensor):
+                mesh = param.device_mesh
+                full = distribute_tensor(full.to(mesh.device_type), mesh, param.placements)
+            param.copy_(full)
+
+
 def adapted_linears(config: Any) -> dict[str, Any]:
     """FQN -> LoRA linear config of each adapted Linear of Trainer.Config `config`'s model."""
     from torchtitan.models.common import Linear

@@ -40,5 +40,7 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
                 hint="set init_from: {hf: DIR}, or run primus checkpoint import first",
             )
         self.build()  # the import is not TorchTitan's initial load: it holds no adapters
-        loaded = lora.load_base(self.trainer.model_parts[0], base)
+        (model,) = self.trainer.model_parts
+        loaded = lora.load_base(model, base)
+        lora.init_adapters(model, config.debug.seed or 0)  # a resume loads them afterwards
         log_rank_0(f"[torchtitan] LoRA: {loaded} frozen tensors from {base}")
