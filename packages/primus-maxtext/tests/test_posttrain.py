@@ -23,7 +23,7 @@ RESUME_FROM = 500  # a checkpoint of the recipe (MaxText's step 500: 501 updates
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return sft_runs.reverse_task(tmp_path_factory.mktemp("task"))
+    return sft_runs.make_task(tmp_path_factory.mktemp("task"))
 
 
 def experiment(folder: Path, task: dict[str, Path], **changes: Any) -> Path:
@@ -82,7 +82,7 @@ def test_the_export_evaluates_as_the_run_did(
 ) -> None:
     """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
     the run's last eval; the tokenizer comes along."""
-    sft_runs.assert_export_evaluates_as_the_run(finetuned, tmp_path / "hf", STEPS)
+    sft_runs.assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
 
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
@@ -90,10 +90,7 @@ def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_pa
     MaxText step 500 logs the fine-tune's losses and evals from there on (its rows by
     position from the checkpoint's step)."""
     exp = experiment(tmp_path / "resumed", task)
-    resumed_run = sft_runs.run_dir(exp)
-    shutil.copytree(finetuned / "hf_import", resumed_run / "hf_import")
-    shutil.copytree(finetuned / "checkpoints" / str(RESUME_FROM),
-                    resumed_run / "checkpoints" / str(RESUME_FROM))  # fmt: skip
+    resumed_run = sft_runs.resumed(finetuned, exp, ["hf_import", f"checkpoints/{RESUME_FROM}"])
     sft_runs.posttrain(exp)
     sft_runs.assert_continues(finetuned, resumed_run, RESUME_FROM + 1)
 
@@ -155,7 +152,7 @@ def test_the_gpu_recipe_builds_against_the_published_model(
 ) -> None:
     """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
     passes the architecture check and MaxText's config validation, packing on."""
-    stdout, hf = sft_runs.dry_run_1b_recipe(
+    hf, stdout = sft_runs.published_dry_run(
         RECIPE.with_name("llama3.2_1B-sft.yaml"), task, tmp_path
     )
     assert "MaxTextPosttrainTrainer" in stdout

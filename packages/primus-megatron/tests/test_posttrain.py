@@ -17,17 +17,21 @@ import torch
 
 from primus.core.testing.runs import primus, step_metrics
 from primus.core.testing.sft_runs import (
+    assert_adapters_learned,
     assert_continues,
-    assert_export_evaluates_as_the_run,
-    dry_run_1b_recipe,
+    assert_evaluates_as,
+    assert_export_evaluates_as_run,
+    assert_learned,
+    assert_merged_only,
     eval_lines,
     eval_rows,
+    export,
+    make_task,
     module_of,
     posttrain,
-    reverse_task,
-    run_dir,
+    published_dry_run,
+    resumed,
     sft_experiment,
-    template_tokens,
 )
 
 pytestmark = pytest.mark.slow
@@ -38,17 +42,13 @@ STEPS = 600  # the recipe's
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return reverse_task(tmp_path_factory.mktemp("task"))
+    return make_task(tmp_path_factory.mktemp("task"))
 
 
-def experiment(folder: Path, task: dict[str, Path], **changes: Any) -> Path:
-    return sft_experiment(RECIPE, folder, task, **changes)
-
-
-def safetensors(folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
+def experiment(
+    folder: Path, task: dict[str, Path], peft: dict[str, Any] | None = None, **sft: Any
+) -> Path:
+    return sft_experiment(RECIPE, folder, task, peft, **sft)
 
 
 @pytest.fixture(scope="module")
@@ -64,51 +64,43 @@ def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
     core row's, and the targets it covers are the assistant's answer and <|eot_id|>, as the
     tokenizer's own chat template writes them."""
 
+    from transformers import AutoTokenizer
+
     from primus.backends.megatron.posttrain import SFTSamples
     from primus.core.posttrain import build_sft_data
 
     data = build_sft_data(module_of(experiment(tmp_path, task)).sft)
     batch = next(iter(torch.utils.data.DataLoader(SFTSamples(data.train, 8, False, True), 8)))
+    records = [json.loads(line) for line in task["chat_train"].read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(task["hf"])
     for position in range(8):
         row = data.train.row(position)
         assert torch.equal(batch["loss_mask"][position], torch.as_tensor(row["loss_mask"]))
-        full, answer = template_tokens(task, data.train, position)
+        (sample,) = data.train.rows[data.train.order(0)[position]]
+        messages = records[sample]["messages"]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        full = tokenizer(text, add_special_tokens=False)["input_ids"]
+        answer = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
         trained = batch["labels"][position][batch["loss_mask"][position] == 1].tolist()
-        assert trained == answer
+        assert trained == [*answer, tokenizer.convert_tokens_to_ids("<|eot_id|>")]
         assert batch["tokens"][position][: len(full) - 1].tolist() == full[:-1]
 
 
 def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
-    evals = eval_lines(finetuned)
-    last = evals[STEPS]
-    assert last["eval_token_accuracy"] >= 0.95, evals
-    first = min(evals)
-    assert last["eval_loss"] < evals[first]["eval_loss"]
-    log = (finetuned / "logs" / "rank-0.log").read_text()
-    assert f"step {STEPS}/{STEPS} | loss" in log and "| eval token acc " in log
-    assert "starting from the HF import" in log
-    assert all(m["eval_loss"] is None for m in step_metrics(finetuned) if m["step"] not in evals)
+    assert_learned(finetuned, STEPS)
+    assert "starting from the HF import" in (finetuned / "logs" / "rank-0.log").read_text()
 
 
-def test_the_export_evaluates_as_the_run_did(
-    finetuned: Path, task: dict[str, Path], tmp_path: Path
-) -> None:
-    """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
-    the run's last eval; the tokenizer comes along."""
-    assert_export_evaluates_as_the_run(finetuned, tmp_path / "hf", STEPS)
+def test_the_export_evaluates_as_the_run_did(finetuned: Path, tmp_path: Path) -> None:
+    assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
 
 
 def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
     """`exp` run from `run`'s checkpoint at `step` (a new run directory holding only the HF
     import and that checkpoint) logs `run`'s losses and evals from there on."""
-    import shutil
-
-    resumed_run = run_dir(exp)
-    for folder in ("iter_0000000", f"iter_{step:07d}"):
-        shutil.copytree(run / "checkpoints" / folder, resumed_run / "checkpoints" / folder)
-    (resumed_run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
-    posttrain(exp, *overrides)
-    assert_continues(run, resumed_run, step)
+    checkpoints = resumed(run, exp, ["checkpoints/iter_0000000", f"checkpoints/iter_{step:07d}"])
+    (checkpoints / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+    assert_continues(run, posttrain(exp, *overrides), step)
 
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
@@ -134,18 +126,13 @@ def test_two_data_parallel_ranks_train_as_one(
 def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
     """Packing on, learning rate 0: the eval of the packed rows (several samples each) equals
     transformers' eval of the HF model over the same samples one per row."""
-    from primus.core.testing.sft_data import hf_eval_stats
 
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
     run = posttrain(exp, "train_iters=4", "eval_interval=4", "log_interval=2", "lr=0",
                     "min_lr=0", "lr_warmup_iters=0", "save_interval=1000")  # fmt: skip
     packed = eval_rows(exp)
     assert packed.num_samples > len(packed)  # several samples a row
-    unpacked = eval_rows(experiment(tmp_path / "unpacked", task))
-    stats = hf_eval_stats(task["hf"], unpacked)
-    metrics = eval_lines(run)[4]
-    assert metrics["eval_loss"] == pytest.approx(stats.loss, rel=1e-4)
-    assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
+    assert_evaluates_as(task["hf"], experiment(tmp_path / "unpacked", task), eval_lines(run)[4])
 
 
 # -- LoRA ----------------------------------------------------------------------------
@@ -164,11 +151,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) ->
 @pytest.fixture(scope="module")
 def exported(lora_run: Path) -> Path:
     """`primus checkpoint export` of the LoRA run: the HF directory."""
-    out = lora_run.parents[3] / "exported"
-    done = primus("checkpoint", "export", "--config", str(lora_run.parents[3] / "exp.yaml"),
-                  "--hf", str(out))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return export(lora_run.parents[3] / "exp.yaml", lora_run.parents[3] / "exported")
 
 
 def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
@@ -191,20 +174,11 @@ def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
 
 
 def test_the_adapters_learn(lora_run: Path, task: dict[str, Path]) -> None:
-    """The run's last eval loss is well below the base model's (transformers' eval of the
-    HF source: the adapted model at step 0)."""
-    from primus.core.testing.sft_data import hf_eval_stats
-
-    base = hf_eval_stats(task["hf"], eval_rows(lora_run.parents[3] / "exp.yaml")).loss
-    assert eval_lines(lora_run)[LORA_STEPS]["eval_loss"] < base - 0.3, base
+    assert_adapters_learned(lora_run, task["hf"], LORA_STEPS)
 
 
 def test_the_merged_export_keeps_the_frozen_weights(exported: Path, task: dict[str, Path]) -> None:
-    source, merged = safetensors(task["hf"]), safetensors(exported)
-    assert sorted(source) == sorted(merged)
-    for key, tensor in source.items():
-        adapted = any(f".{t}." in key for t in TARGETS)
-        assert torch.equal(merged[key], tensor) != adapted, key
+    assert_merged_only(task["hf"], exported, TARGETS)
 
 
 def test_the_merged_export_gives_the_adapted_models_logits(
@@ -230,12 +204,9 @@ def test_the_merged_export_gives_the_adapted_models_logits(
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:
     """The run's last eval used the in-memory frozen weights: equal to transformers' eval of
     the import's weights with the adapters merged, so training left them as imported."""
-    from primus.core.testing.sft_data import hf_eval_stats
-
-    stats = hf_eval_stats(exported, eval_rows(lora_run.parents[3] / "exp.yaml"))
-    last = {m["step"]: m for m in step_metrics(lora_run)}[LORA_STEPS]
-    assert stats.loss == pytest.approx(last["eval_loss"], rel=1e-4)
-    assert stats.accuracy == pytest.approx(last["eval_token_accuracy"], abs=1e-6)
+    assert_evaluates_as(
+        exported, lora_run.parents[3] / "exp.yaml", eval_lines(lora_run)[LORA_STEPS]
+    )
 
 
 def test_the_gpu_recipe_builds_against_the_published_model(
@@ -243,7 +214,8 @@ def test_the_gpu_recipe_builds_against_the_published_model(
 ) -> None:
     """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
     passes the architecture check and Megatron's validate_args, packing on."""
-    stdout, hf = dry_run_1b_recipe(RECIPE.with_name("llama3.2_1B-sft.yaml"), task, tmp_path)
+    recipe = RECIPE.with_name("llama3.2_1B-sft.yaml")
+    hf, stdout = published_dry_run(recipe, task, tmp_path)
     assert "MegatronPosttrainTrainer" in stdout
     for line in (
         "seq_length: 4096",

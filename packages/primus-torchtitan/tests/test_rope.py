@@ -12,7 +12,7 @@ from primus.core.testing.hf_models import HF_CONFIGS, hf_inv_freq
 from primus.core.testing.runs import preset_args
 
 PRESETS = Path(__file__).parents[1] / "src/primus/backends/torchtitan/configs/models"
-TOYS = ("tiny", "llama3_debug")  # TorchTitan's and Primus's own test models: no HF config
+TOYS = ("tiny", "tiny_llama3", "llama3_debug")  # test models: not in HF_CONFIGS
 MODELS = sorted(p.stem for p in PRESETS.glob("*.yaml") if p.stem not in TOYS)
 
 

@@ -1,5 +1,5 @@
-"""Helpers for a backend's fine-tuning tests: the tiny HF model and reverse task, an experiment
-over a backend's CPU SFT recipe, and what a finished `primus train posttrain` left.
+"""Helpers for a backend's tests of `primus train posttrain`: the tiny HF model and reverse
+task, an experiment over a CPU SFT recipe, its run, its eval rows and evals, its export.
 
 Test-only; needs what `primus.core.testing.sft_data` and `hf_models` need.
 """
@@ -14,9 +14,9 @@ import yaml
 from primus.core.testing.runs import primus, step_metrics
 
 
-def reverse_task(root: Path) -> dict[str, Path]:
-    """The tiny Llama-3 HF model (`hf`, with the tiny tokenizer in its folder) and the reverse
-    task's files (4096 train, 64 eval samples) under `root`."""
+def make_task(root: Path) -> dict[str, Path]:
+    """The tiny Llama-3 HF model with the tiny tokenizer in its folder (`hf`), and the reverse
+    task's files in `root/data` (write_reverse_task's keys, 4096 train and 64 eval samples)."""
     from primus.core.testing.hf_models import make_hf_model
     from primus.core.testing.sft_data import write_reverse_task, write_tokenizer
 
@@ -32,8 +32,8 @@ def sft_experiment(
     peft: dict[str, Any] | None = None,
     **sft: Any,
 ) -> Path:
-    """`recipe` (a CPU SFT recipe, module `post_trainer`) on `task` from its HF model, with sft
-    keys changed by `sft` and with `peft`, in `folder`: the experiment file."""
+    """`recipe` (one module, `post_trainer`) on `task`'s chat data (sft keys changed by `sft`,
+    with `peft`), its workspace in `folder`; the experiment file."""
     folder.mkdir(parents=True, exist_ok=True)
     module: dict[str, Any] = {
         "init_from": {"hf": str(task["hf"])},
@@ -48,24 +48,25 @@ def sft_experiment(
     return exp
 
 
-def module_of(exp: Path) -> Any:
-    """The resolved module of a one-module experiment."""
-    from primus.core.runtime import resolution
-
-    return next(iter(resolution.load(exp, [], None, single=True).modules.values()))
-
-
 def run_dir(exp: Path) -> Path:
+    """The run directory of `exp`."""
     from primus.core.runtime import resolution
 
     return resolution.load(exp, [], None, single=True).run_dir
 
 
 def posttrain(exp: Path, *overrides: str) -> Path:
-    """`primus train posttrain` of `exp` (which must succeed); the run directory."""
+    """`primus train posttrain` of `exp`; the run directory."""
     done = primus("train", "posttrain", "--config", str(exp), *overrides)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return run_dir(exp)
+
+
+def module_of(exp: Path) -> Any:
+    """The resolved module of a one-module experiment."""
+    from primus.core.runtime import resolution
+
+    return next(iter(resolution.load(exp, [], None, single=True).modules.values()))
 
 
 def eval_rows(exp: Path) -> Any:
@@ -78,7 +79,7 @@ def eval_rows(exp: Path) -> Any:
 
 
 def eval_lines(run: Path) -> dict[int, dict[str, Any]]:
-    """The metrics.jsonl lines of a run that carry an eval, by step."""
+    """Step -> metrics.jsonl record, for the steps that evaluated."""
     return {m["step"]: m for m in step_metrics(run) if m["eval_loss"] is not None}
 
 
@@ -100,36 +101,57 @@ def template_tokens(task: dict[str, Path], rows: Any, position: int) -> tuple[li
     return full, [*answer, tokenizer.convert_tokens_to_ids("<|eot_id|>")]
 
 
+def safetensors(folder: Path) -> dict[str, Any]:
+    """Every tensor of the safetensors files in `folder`."""
+    from safetensors.torch import load_file
+
+    return {k: v for p in sorted(folder.glob("*.safetensors")) for k, v in load_file(p).items()}
+
+
 def experiment_of(run: Path) -> Path:
     """The experiment file `sft_experiment` wrote for a run directory."""
-    return run.parents[3] / "exp.yaml"
+    return experiment_of(run)
 
 
-def assert_export_evaluates_as_the_run(run: Path, out: Path, step: int) -> None:
-    """`primus checkpoint export` of `run` into `out` gives an HF model (with the tokenizer)
-    whose transformers eval equals the run's eval at `step`."""
+def export(exp: Path, out: Path) -> Path:
+    """`primus checkpoint export` of `exp`'s run (its latest checkpoint) to `out`."""
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def assert_evaluates_as(hf_dir: Path, exp: Path, metrics: dict[str, Any]) -> None:
+    """transformers' eval of the HF model in `hf_dir` over `exp`'s eval rows equals a run's
+    eval (a metrics.jsonl record)."""
     import pytest
 
     from primus.core.testing.sft_data import hf_eval_stats
 
-    exp = experiment_of(run)
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (out / "tokenizer.json").is_file()
-    stats = hf_eval_stats(out, eval_rows(exp))
-    logged = eval_lines(run)[step]
-    assert stats.loss == pytest.approx(logged["eval_loss"], rel=1e-4)
-    assert stats.accuracy == pytest.approx(logged["eval_token_accuracy"], abs=1e-6)
+    stats = hf_eval_stats(hf_dir, eval_rows(exp))
+    assert stats.loss == pytest.approx(metrics["eval_loss"], rel=1e-4)
+    assert stats.accuracy == pytest.approx(metrics["eval_token_accuracy"], abs=1e-6)
 
 
-def assert_continues(run: Path, resumed_run: Path, after: int) -> None:
-    """`resumed_run` logged `run`'s losses and evals for every step after `after`, and
-    evaluated on the last step."""
+def assert_learned(run: Path, steps: int) -> None:
+    """The run's last eval (at `steps`) reaches 95% token accuracy, below its first eval loss,
+    on the step line; steps without eval have none."""
+    evals = eval_lines(run)
+    last = evals[steps]
+    assert last["eval_token_accuracy"] >= 0.95, evals
+    assert last["eval_loss"] < evals[min(evals)]["eval_loss"]
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert f"step {steps}/{steps} | loss" in log and "| eval token acc " in log
+    assert all(m["eval_loss"] is None for m in step_metrics(run) if m["step"] not in evals)
+
+
+def assert_continues(run: Path, resumed_run: Path, step: int) -> None:
+    """`resumed_run`, resumed from `run`'s checkpoint at `step`, logs `run`'s losses and evals
+    from there on."""
     import pytest
 
     whole = {m["step"]: m for m in step_metrics(run)}
     resumed = {m["step"]: m for m in step_metrics(resumed_run)}
-    assert sorted(resumed) == [s for s in sorted(whole) if s > after]
+    assert sorted(resumed) == [s for s in sorted(whole) if s > step]
     keys = ("loss", "eval_loss", "eval_token_accuracy")
     for at, metrics in resumed.items():
         got, expected = ([m[k] for k in keys if m[k] is not None] for m in (metrics, whole[at]))
@@ -137,10 +159,49 @@ def assert_continues(run: Path, resumed_run: Path, after: int) -> None:
     assert resumed[max(whole)]["eval_loss"] is not None
 
 
-def dry_run_1b_recipe(recipe: Path, task: dict[str, Path], folder: Path) -> tuple[str, Path]:
-    """`primus train posttrain --dry-run` of a backend's Llama-3.2-1B SFT `recipe` with
-    Llama-3.2-1B's published config.json (no weights) in `folder`/hf and `task`'s data, which
-    must succeed: (its stdout, the HF folder)."""
+def assert_adapters_learned(run: Path, hf_dir: Path, step: int) -> None:
+    """The run's eval loss at `step` is well below the base model's (transformers' eval of
+    the HF source `hf_dir`: the adapted model before training)."""
+    from primus.core.testing.sft_data import hf_eval_stats
+
+    base = hf_eval_stats(hf_dir, eval_rows(experiment_of(run))).loss
+    assert eval_lines(run)[step]["eval_loss"] < base - 0.3, base
+
+
+def assert_merged_only(source: Path, merged: Path, targets: list[str]) -> None:
+    """The merged export holds the HF source's tensors: the bits of the source where no
+    adapter was (HF name without any of `targets`), changed where one was."""
+    import torch
+
+    theirs, ours = safetensors(source), safetensors(merged)
+    assert sorted(theirs) == sorted(ours)
+    for key, tensor in theirs.items():
+        adapted = any(f".{t}." in key for t in targets)
+        assert torch.equal(ours[key], tensor) != adapted, key
+
+
+def assert_export_evaluates_as_run(run: Path, out: Path, step: int) -> None:
+    """`primus checkpoint export` of the run to `out` carries the tokenizer, and transformers'
+    eval of it equals the run's eval at `step`."""
+    exp = experiment_of(run)
+    assert (export(exp, out) / "tokenizer.json").is_file()
+    assert_evaluates_as(out, exp, eval_lines(run)[step])
+
+
+def resumed(run: Path, exp: Path, folders: list[str]) -> Path:
+    """The run directory of `exp`, holding only `folders` (paths relative to `run`) of `run`'s
+    checkpoints: to resume from."""
+    import shutil
+
+    resumed_run = run_dir(exp)
+    for folder in folders:
+        shutil.copytree(run / folder, resumed_run / folder)
+    return resumed_run
+
+
+def published_dry_run(recipe: Path, task: dict[str, Path], folder: Path) -> tuple[Path, str]:
+    """`primus train posttrain --dry-run` of a GPU recipe with Llama-3.2-1B's published
+    config.json as its HF model (no weights) and `task`'s data: (the HF folder, stdout)."""
     from primus.core.testing.hf_models import hf_config
 
     hf = folder / "hf"
@@ -150,4 +211,4 @@ def dry_run_1b_recipe(recipe: Path, task: dict[str, Path], folder: Path) -> tupl
                   PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
                   PRIMUS_WORKSPACE=str(folder / "ws"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout, hf
+    return hf, done.stdout

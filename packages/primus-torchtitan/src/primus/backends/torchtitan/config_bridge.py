@@ -193,11 +193,19 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     extra: dict[str, Any] = {}
     if mock_data:
         extra = {"tokenizer": MockTokenizer.Config(vocab_size=vocab), "hf_assets_path": "."}
+    dataloader = MockDataLoader.Config() if mock_data else HuggingFaceTextDataLoader.Config()
+    if config.sft is not None:  # fine-tuning: core's SFT rows, evaluated by Primus's validator
+        from primus.backends.torchtitan.posttrain import SFTDataLoader, SFTValidator
+
+        dataloader, extra["validator"] = (
+            SFTDataLoader.Config(_sft=config.sft),
+            SFTValidator.Config(),
+        )
     return Trainer.Config(
         model_spec=spec,
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)),
         optimizer=optimizer,
-        dataloader=MockDataLoader.Config() if mock_data else HuggingFaceTextDataLoader.Config(),
+        dataloader=dataloader,
         **extra,
     )
 

@@ -161,6 +161,10 @@ def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
         from torchtitan.components.quantization import Float8LinearConverter
 
         converters = [Float8LinearConverter.Config(model_compile_enabled=compile_model)]
+    if config.peft is not None:  # `peft:` (fine-tuning): TorchTitan's LoRAConverter
+        from primus.backends.torchtitan.lora import converter
+
+        converters = [*(converters or []), converter(config.peft)]
     return module.model_registry(
         name, attn_backend=model.get("attn_backend", "flex"), converters=converters
     )

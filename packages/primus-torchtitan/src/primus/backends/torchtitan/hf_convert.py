@@ -70,6 +70,13 @@ def expected_state(config: Any) -> dict[str, Any]:
     return dict(model.state_dict())
 
 
+def base_state(config: Any) -> dict[str, Any]:
+    """`expected_state` without LoRA adapters: what an HF model holds."""
+    from primus.backends.torchtitan.lora import is_adapter
+
+    return {k: v for k, v in expected_state(config).items() if not is_adapter(k)}
+
+
 def _hf_name(adapter: Any, key: str, tensor: Any) -> str:
     return next(iter(adapter.to_hf({key: tensor})), key)
 
@@ -159,7 +166,7 @@ def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
 
     _family(config)
     _check_norm_eps(hf_dir, config)
-    expected, adapter = expected_state(config), _adapter(config)
+    expected, adapter = base_state(config), _adapter(config)
     sources = _sources(hf_dir, adapter, expected, _tied(config))
     dcp.save(
         expected,
@@ -239,27 +246,35 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
 def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
     """The run's DCP checkpoint (latest, or step `iteration`; 0: the import) as safetensors
     shards, their index and config.json in `out`, in `checkpoint.export_dtype`; the folder read.
-    Tensors are read from DCP and written one at a time."""
+    Tensors are read from DCP and written one at a time. A LoRA run's checkpoint holds the
+    adapters: the frozen weights come from the import, each adapter merged into its weight."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from primus.backends.torchtitan import lora
     from torchtitan.config import TORCH_DTYPE_MAP
 
     source = _source(config, iteration)
-    reader = dcp.FileSystemReader(str(source))
+    adapted = lora.adapted_linears(config)
+    base = import_dir(config) if adapted else source
+    reader = dcp.FileSystemReader(str(base))
     stored = reader.read_metadata().state_dict_metadata
     adapter, dtype = _adapter(config), TORCH_DTYPE_MAP[config.checkpoint.export_dtype]
-    keys = [k for k in expected_state(config) if not (_tied(config) and k == LM_HEAD)]
+    keys = [k for k in base_state(config) if not (_tied(config) and k == LM_HEAD)]
     for key in keys:
         if not isinstance(stored.get(key), TensorStorageMetadata):
-            raise ConfigError(f"{source}: no tensor '{key}' (a checkpoint of another model?)")
+            raise ConfigError(f"{base}: no tensor '{key}' (a checkpoint of another model?)")
     shapes = {k: list(stored[k].size) for k in keys}  # type: ignore[union-attr]
     names = {_hf_name(adapter, k, torch.empty(shapes[k], device="meta")): k for k in keys}
+    updates = lora.updates(config, _adapters(source, config)) if adapted else {}
 
     def load(name: str) -> Any:  # DCP casts the stored tensor to `dtype` as it copies it in
-        state = {names[name]: torch.empty(shapes[names[name]], dtype=dtype)}
+        key = names[name]
+        state = {key: torch.empty(shapes[key], dtype=torch.float64 if key in updates else dtype)}
         dcp.load(state, storage_reader=reader, no_dist=True)
+        if key in updates:
+            state[key] = (state[key] + updates[key]()).to(dtype)
         return adapter.to_hf(state)[name]
 
     code = SAFETENSORS_DTYPES[config.checkpoint.export_dtype]
@@ -270,6 +285,22 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
     hf_dtype = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(hf_config(config, hf_dtype), indent=2) + "\n")
     return source
+
+
+def _adapters(source: Path, config: Any) -> dict[str, Any]:
+    """The LoRA adapters of a step folder, as stored (a step-N checkpoint of a LoRA run)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from primus.backends.torchtitan import lora
+
+    if source == import_dir(config):
+        raise ConfigError(f"{source}: the HF import holds no LoRA adapters",
+                          hint="export a step-N checkpoint of the LoRA run")  # fmt: skip
+    state = {k: v for k, v in expected_state(config).items() if lora.is_adapter(k)}
+    state = {k: torch.empty(v.shape, dtype=torch.float32) for k, v in state.items()}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(source)), no_dist=True)
+    return state
 
 
 def tokenizer_dir(config: Any) -> Path | None:

@@ -21,6 +21,10 @@ class TorchTitanPretrainTrainer(BaseTrainer):
         if imported:
             log_rank_0(f"[torchtitan] starts from the imported weights in {imported} unless the run "
                        "has a step-N checkpoint")  # fmt: skip
+        self.build()
+
+    def build(self) -> None:
+        """TorchTitan's Trainer from the config."""
         try:
             self.trainer = self.backend_args.build()
         except NotImplementedError as exc:  # TorchTitan's word for a combination it lacks

@@ -40,7 +40,10 @@ def owned_keys() -> ParamSchema:
 class TorchTitanAdapter(BackendAdapter):
     """Builds TorchTitan's Trainer.Config; the trainer builds and runs TorchTitan's Trainer."""
 
-    trainers = {"pretrain": "primus.backends.torchtitan.pretrain_trainer:TorchTitanPretrainTrainer"}
+    trainers = {
+        "pretrain": "primus.backends.torchtitan.pretrain_trainer:TorchTitanPretrainTrainer",
+        "posttrain": "primus.backends.torchtitan.posttrain_trainer:TorchTitanPosttrainTrainer",
+    }
     tested_versions = TESTED
 
     def prepare_backend(self, config: ModuleConfig) -> None:

@@ -20,6 +20,7 @@ class StepMeter:
         self.training = ctx.backend_args.training
         self.sink = MetricsSink(ctx)
         self.pp_schedule = ctx.backend_args.parallelism.pipeline_parallel_schedule
+        self.pending: StepMetrics | None = None  # fine-tuning: a step line held for its eval
 
     def measure(self, processor: Any, step: int, loss: float) -> StepMetrics | None:
         """Called just before the processor's own `log` resets its counters."""
@@ -92,17 +93,19 @@ def _rank() -> int:
     backend="torchtitan",
     phase="before_train",
     condition=metrics_enabled,
-    target="torchtitan.components.metrics.MetricsProcessor.log",
+    target="torchtitan.components.metrics.MetricsProcessor.log, log_validation",
     tags=("observability",),
 )
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory every metrics.log_freq steps;
     write metrics.jsonl and tensorboard scalars (when tensorboard is on). Under pipeline
-    parallelism the loss comes from the last stage, so rank 0 logs it instead of -1."""
+    parallelism the loss comes from the last stage, so rank 0 logs it instead of -1.
+    Fine-tuning: a step's eval loss and token accuracy go on its line."""
+    meter = StepMeter(ctx)
+    validator: Any = getattr(getattr(ctx.extra.get("trainer"), "trainer", None), "validator", None)
+    evaluates = ctx.stage == "posttrain" and validator is not None
 
     def metered(original: Any) -> Any:
-        meter = StepMeter(ctx)
-
         def log(
             self: Any, step: int, avg_loss: float, max_loss: float, *args: Any, **kw: Any
         ) -> None:
@@ -111,9 +114,27 @@ def step_metrics_patch(ctx: PatchContext) -> None:
             )
             metrics = meter.measure(self, step, avg_loss)
             original(self, step, avg_loss, max_loss, *args, **kw)
-            if metrics is not None:
+            if metrics is not None and evaluates and validator.should_validate(step):
+                meter.pending = metrics  # reported with the eval that follows the step
+            elif metrics is not None:
                 meter.sink.report(metrics, primary=_rank() == 0, writer=Scalars(self.logger))
 
         return log
 
-    ctx.wrap("torchtitan.components.metrics.MetricsProcessor", "log", metered)
+    def with_eval(original: Any) -> Any:
+        def log_validation(self: Any, loss: float, step: int, extra_metrics: Any = None) -> None:
+            from primus.backends.torchtitan.posttrain import ACCURACY
+
+            original(self, loss, step, extra_metrics)
+            metrics, meter.pending = meter.pending, None
+            if metrics is not None and metrics.step == step:
+                metrics.eval_loss = float(loss)
+                metrics.eval_token_accuracy = float((extra_metrics or {})[ACCURACY])
+                meter.sink.report(metrics, primary=_rank() == 0, writer=Scalars(self.logger))
+
+        return log_validation
+
+    processor = "torchtitan.components.metrics.MetricsProcessor"
+    ctx.wrap(processor, "log", metered)
+    if evaluates:
+        ctx.wrap(processor, "log_validation", with_eval)

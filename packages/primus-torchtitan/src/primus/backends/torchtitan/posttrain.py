@@ -1,0 +1,181 @@
+"""Fine-tuning on TorchTitan: core's SFT rows through a TorchTitan dataloader, and the eval.
+
+Rows: each step reads the global batch at positions step * G .. step * G + G - 1 (G the global
+batch); data-parallel rank r reads its slice r * L .. r * L + L - 1 of it (L = G / dp, its
+micro-batches of the step in order). The dataloader's state is the rows this rank has read, in
+TorchTitan's checkpoint, so a resumed run reads exactly the rows it would have read.
+
+Targets outside `loss_mask` become TorchTitan's ignore index: its loss is the sum over the valid
+targets divided by the global batch's count of them (`global_valid_tokens`), core's masked mean.
+`positions` restart at each sample, which TorchTitan's flex/varlen attention turns into a
+document mask (no attention across packed samples) and RoPE uses as each token's position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import torch
+import tyro
+from torch.utils.data import IterableDataset
+
+from primus.core.errors import ConfigError
+from primus.core.posttrain import SFTDataset, TokenStats, token_stats_torch
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.validate import BaseValidator, Validator
+
+ACCURACY = "validation_metrics/token_accuracy"  # log_validation's extra metric
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+def titan_row(row: dict[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A core row as TorchTitan's (inputs, labels): labels outside the loss mask ignored."""
+    labels = torch.as_tensor(row["labels"]).long()
+    labels[torch.as_tensor(row["loss_mask"]) == 0] = IGNORE_INDEX
+    inputs = {
+        "input": torch.as_tensor(row["tokens"]).long(),
+        "positions": torch.as_tensor(row["position_ids"]).long(),
+    }
+    return inputs, labels
+
+
+class SFTRows(IterableDataset):
+    """This data-parallel rank's training rows, endless (epochs follow each other)."""
+
+    def __init__(self, rows: SFTDataset, global_batch: int, dp_rank: int, dp_size: int) -> None:
+        self.rows, self.global_batch = rows, global_batch
+        self.share = global_batch // dp_size
+        self.first = dp_rank * self.share
+        self.read = 0  # rows this rank has read
+
+    def position(self, k: int) -> int:
+        """The global position of this rank's k-th row."""
+        return (k // self.share) * self.global_batch + self.first + k % self.share
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            row = self.rows.row(self.position(self.read))
+            self.read += 1
+            yield titan_row(row)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"read": self.read}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.read = state["read"]
+
+
+class SFTDataLoader(ParallelAwareDataloader):
+    """TorchTitan's parallel-aware dataloader over the module's SFT training rows."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = "sft"
+        # not from the CLI: the module's sft: (convert_config), its rows (the trainer)
+        _sft: Annotated[Any, tyro.conf.Suppress] = None
+        _rows: Annotated[Any, tyro.conf.Suppress] = None
+        _global_batch: Annotated[int, tyro.conf.Suppress] = -1  # training.global_batch_size
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        local_batch_size: int,
+        **_: Any,
+    ) -> None:
+        if config._rows is None:
+            raise ConfigError("torchtitan: the module's sft: section is trained on by "
+                              "primus train posttrain")  # fmt: skip
+        global_batch = config._global_batch
+        if global_batch <= 0:  # TorchTitan's -1: no gradient accumulation
+            global_batch = local_batch_size * dp_world_size
+        rows = SFTRows(config._rows, global_batch, dp_rank, dp_world_size)
+        super().__init__(
+            rows, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size
+        )
+
+
+def _logits(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's full logits for one batch (as TorchTitan's trainer calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    positions = inputs["positions"]
+    masks = model.get_attention_masks(positions=positions)
+    output = model(inputs["input"], positions=positions, attention_masks=masks)
+    if getattr(model, "_skip_lm_head", False):  # the chunked loss applies lm_head itself
+        output = model.lm_head(output)
+    return output.full_tensor() if isinstance(output, DTensor) else output
+
+
+class SFTValidator(BaseValidator):
+    """One pass over the eval rows: core's token stats, summed over data-parallel ranks, logged
+    through TorchTitan's `log_validation` (loss; token accuracy as an extra metric)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Validator.Config):  # its type, for TorchTitan's CLI; one pass: `steps` unused
+        _rows: Annotated[Any, tyro.conf.Suppress] = None
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        parallel_dims: Any,
+        metrics_processor: Any,
+        local_batch_size: int,
+        validation_context: Any,
+        **_: Any,
+    ) -> None:
+        super().__init__(config=config)
+        self.rows: SFTDataset = config._rows
+        self.dp_size, self.dp_rank, self.dims = dp_world_size, dp_rank, parallel_dims
+        self.metrics_processor, self.context = metrics_processor, validation_context
+        self.batch = local_batch_size
+
+    def batches(self) -> Iterator[Batch]:
+        """This rank's eval batches: every rank the same number, the last ones padded with
+        rows outside the loss (a forward of a sharded model needs every rank)."""
+        rows = len(self.rows)
+        for b in range(math.ceil(rows / (self.batch * self.dp_size))):
+            start = (b * self.dp_size + self.dp_rank) * self.batch
+            items = []
+            for index in range(start, start + self.batch):
+                row = self.rows[index % rows]
+                if index >= rows:
+                    row = {**row, "loss_mask": row["loss_mask"] * 0}
+                items.append(titan_row(row))
+            inputs = {k: torch.stack([i[k] for i, _ in items]) for k in items[0][0]}
+            yield inputs, torch.stack([labels for _, labels in items])
+
+    @torch.no_grad()
+    def stats(self, model: Any) -> TokenStats:
+        from torchtitan.tools import utils
+
+        device = utils.device_type
+        total = torch.zeros(3, dtype=torch.float64, device=device)
+        for inputs, labels in self.batches():
+            inputs = {k: v.to(device) for k, v in inputs.items()}
+            labels = labels.to(device)
+            with self.context():
+                logits = _logits(model, inputs)
+            mask = labels != IGNORE_INDEX
+            total += token_stats_torch(logits, labels.clamp(min=0), mask)
+        if self.dims.dp_enabled:
+            torch.distributed.all_reduce(total, group=self.dims.get_mesh("batch").get_group())
+        return TokenStats(*total.tolist())
+
+    def validate(self, model_parts: list[Any], step: int) -> None:
+        (model,) = model_parts
+        model.eval()
+        stats = self.stats(model)
+        model.train()
+        self.metrics_processor.log_validation(
+            loss=stats.loss, step=step, extra_metrics={ACCURACY: stats.accuracy}
+        )
