@@ -40,7 +40,9 @@ MODEL_TYPES = {"llama3": "llama", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral
 # safetensors dtypes an import takes (numpy knows bfloat16 once JAX has loaded ml_dtypes)
 FLOAT_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 CHUNK_BYTES = 64 << 20  # zarr chunks an import writes: each is compressed in a buffer of its own
-THREADS = min(8, os.cpu_count() or 1)  # conversion threads: numpy copies run without the GIL
+# conversion threads (numpy's copies run without the GIL); 4 measured a little faster and
+# smaller than 8 at 3B on 16 cores (docs/benchmarks/checkpoints.md)
+THREADS = min(4, os.cpu_count() or 1)
 WRITE_BYTES = 1 << 30  # the most an import's save has in flight (orbax's default: unbounded)
 IMPORT_STEP = "0"  # the step folder of the params-only checkpoint an import writes
 
@@ -252,8 +254,8 @@ def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray],
 
 def build_params(tables: Tables, reader: HFTensors) -> list[np.ndarray]:
     """Every MaxText parameter (in `tables.params` order), each filled in place from its HF
-    tensors: one thread per core (up to 8) reads, transforms and writes one HF tensor at a
-    time, the largest first, so their transient copies come before the model fills memory."""
+    tensors: each of THREADS threads reads, transforms and writes one HF tensor at a time,
+    the largest first, so their transient copies come before the model fills memory."""
     from concurrent.futures import ThreadPoolExecutor
 
     built = {key: np.empty(leaf.shape, leaf.dtype) for key, leaf in tables.params.items()}
