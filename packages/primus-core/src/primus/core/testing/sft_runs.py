@@ -110,7 +110,7 @@ def safetensors(folder: Path) -> dict[str, Any]:
 
 def experiment_of(run: Path) -> Path:
     """The experiment file `sft_experiment` wrote for a run directory."""
-    return experiment_of(run)
+    return run.parents[3] / "exp.yaml"
 
 
 def export(exp: Path, out: Path) -> Path:
