@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Installed training backends.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode="markdown", help="Installed training backends.", no_args_is_help=True
+)
 
 
 @app.command("list")

@@ -11,6 +11,7 @@ import typer
 from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
 app = typer.Typer(
+    rich_markup_mode="markdown",
     help="Checkpoints: Hugging Face model directories and each backend's native format.",
     no_args_is_help=True,
 )

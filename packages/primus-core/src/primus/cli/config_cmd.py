@@ -10,7 +10,9 @@ import typer
 
 from primus.cli.common import OVERRIDES, Debug, Module
 
-app = typer.Typer(help="Inspect and check experiment configs.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode="markdown", help="Inspect and check experiment configs.", no_args_is_help=True
+)
 ConfigArg = Annotated[
     Path | None, typer.Argument(help="The experiment YAML (or --config).", show_default=False)
 ]

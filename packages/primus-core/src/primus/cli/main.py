@@ -17,6 +17,7 @@ from primus.cli.common import DEBUG
 from primus.cli.plugins import COMMANDS_GROUP, PrimusGroup
 
 app = typer.Typer(
+    rich_markup_mode="markdown",
     name="primus",
     help="Primus: one YAML experiment, any training backend (installed as plugins).",
     no_args_is_help=True,

@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="The patches layered over each backend.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode="markdown", help="The patches layered over each backend.", no_args_is_help=True
+)
 
 
 class Format(StrEnum):

@@ -10,7 +10,11 @@ import typer
 
 from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
-app = typer.Typer(help="Train a model with the backend the experiment names.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode="markdown",
+    help="Train a model with the backend the experiment names.",
+    no_args_is_help=True,
+)
 
 
 def _command(stage: str) -> Callable[..., None]:
