@@ -31,6 +31,7 @@ from primus.core.testing.sft_runs import (
     posttrain,
     published_dry_run,
     resumed,
+    run_dir,
     sft_experiment,
 )
 
@@ -144,8 +145,25 @@ TRAIN = (f"train_iters={LORA_STEPS}", "log_interval=10", "eval_interval=30", "sa
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+    """The LoRA fine-tune from the HF import, run by frozen_weights.py (`primus train
+    posttrain`'s runtime, in a subprocess), which also saves the model's frozen weights at the
+    start and the end of training in `frozen.pt` beside the experiment: the run directory."""
     exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
-    return posttrain(exp, *TRAIN)
+    script = Path(__file__).with_name("frozen_weights.py")
+    done = subprocess.run([sys.executable, str(script), str(exp), str(exp.with_name("frozen.pt")),
+                           *TRAIN], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run_dir(exp)
+
+
+def test_the_frozen_weights_do_not_change_in_training(lora_run: Path) -> None:
+    """Every weight of the trained model but the adapters holds, bit for bit, what it held when
+    training started (the HF import's, loaded by add_lora)."""
+    saved = torch.load(lora_run.parents[3] / "frozen.pt")
+    before, after = saved["before"], saved["after"]
+    assert sorted(before) == sorted(after) and len(before) >= 15, sorted(before)
+    for key, tensor in before.items():
+        assert torch.equal(after[key], tensor), key
 
 
 @pytest.fixture(scope="module")
