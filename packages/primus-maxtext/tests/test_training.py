@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import (
     assert_loss_falls,
     losses,
@@ -85,6 +86,17 @@ def test_one_process_trains_and_reports(whole: Path) -> None:
     assert events
     assert any(b"primus/tokens_per_s_per_gpu" in e.read_bytes() for e in events)  # Primus's too
     assert not (whole / "checkpoints").exists()  # the module preset leaves checkpoints off
+
+
+def test_the_loss_curve_matches_the_golden_one(whole: Path) -> None:
+    assert_matches_golden(
+        losses(whole),
+        Path(__file__).parent / "golden" / "tiny-cpu.json",
+        recipe="configs/maxtext/tiny-cpu.yaml " + " ".join((*SCHEDULE, "steps=20")),
+        seed=0,  # MaxText's init_weights_seed and data_shuffle_seed (its base.yml; unset here)
+        tolerance=CPU_FP32,
+        packages=("jax", "jaxlib", "maxtext"),
+    )
 
 
 def test_two_processes_through_primus_launcher(tmp_path: Path) -> None:

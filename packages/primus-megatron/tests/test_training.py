@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import assert_loss_falls, losses, primus, train_run
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -65,6 +66,17 @@ def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
     log = (uninterrupted / "logs" / "rank-0.log").read_text()
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
     assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
+
+
+def test_the_loss_curve_matches_the_golden_one(uninterrupted: Path) -> None:
+    assert_matches_golden(
+        losses(uninterrupted),
+        Path(__file__).parent / "golden" / "tiny-cpu.json",
+        recipe="configs/megatron/tiny-cpu.yaml train_iters=20",
+        seed=1234,  # the megatron_pretrain module preset's
+        tolerance=CPU_FP32,
+        packages=("torch", "megatron-core"),
+    )
 
 
 @pytest.mark.parametrize("parallel", ["data_parallel", "tensor_model_parallel_size=2"])

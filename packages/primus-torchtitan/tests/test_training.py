@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import (
     assert_loss_falls,
     losses,
@@ -53,6 +54,17 @@ def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
     assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
     assert "Training starts at step 1" in log  # TorchTitan's own log, through Primus's logger
+
+
+def test_the_loss_curve_matches_the_golden_one(uninterrupted: Path) -> None:
+    assert_matches_golden(
+        losses(uninterrupted),
+        Path(__file__).parent / "golden" / "tiny-cpu.json",
+        recipe="configs/torchtitan/tiny-cpu.yaml " + " ".join((*SCHEDULE, "training.steps=20")),
+        seed=1234,  # the torchtitan_pretrain module preset's debug.seed
+        tolerance=CPU_FP32,
+        packages=("torch", "torchtitan"),
+    )
 
 
 @pytest.mark.parametrize(
