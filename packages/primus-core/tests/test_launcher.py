@@ -133,22 +133,31 @@ def wait_for_files(folder: Path, count: int, timeout_s: float = 60) -> list[int]
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
 def test_a_launcher_killed_by_sigkill_leaves_no_worker_nor_what_it_forked(tmp_path: Path) -> None:
     """SIGKILL to the spawn launcher: its workers die (death signal), and so do the processes
-    the workers forked (as Megatron's checkpoint savers and data loaders are)."""
+    the workers started, forked or through multiprocessing's spawn (as Megatron's checkpoint
+    savers and data loaders are)."""
     worker = (
-        "import os, time\n"
-        "from primus.core.launcher import bind_worker_to_launcher\n"
-        "bind_worker_to_launcher()\n"
-        "child = os.fork()\n"
-        f"open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close()\n"
-        "time.sleep(120)\n"
+        "import multiprocessing, os, time\n"
+        "def mark():\n"
+        f"    open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close()\n"
+        "def wait():\n"
+        "    mark()\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    from primus.core.launcher import bind_worker_to_launcher\n"
+        "    bind_worker_to_launcher()\n"
+        "    multiprocessing.get_context('spawn').Process(target=wait).start()\n"
+        "    os.fork()\n"
+        "    wait()\n"
     )
+    script = tmp_path.parent / f"{tmp_path.name}-worker.py"
+    script.write_text(worker)
     launcher = (
         "import sys; from primus.core.launcher import Launch, spawn; "
-        f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2)))"
+        f"sys.exit(spawn([sys.executable, {str(script)!r}], Launch(2)))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
-    pids = wait_for_files(tmp_path, 4)  # two workers, one forked child each
-    assert len(pids) == 4
+    pids = wait_for_files(tmp_path, 6)  # two workers, a forked and a spawned child each
+    assert len(pids) == 6
     parent.kill()
     parent.wait()
     assert left_alive(pids) == []

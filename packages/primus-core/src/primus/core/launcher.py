@@ -52,11 +52,36 @@ def bind_worker_to_launcher() -> None:
     SIGKILL, and make the processes this worker forks (data loaders, async checkpoint savers)
     die with it. Exits at once if the launcher is already gone. Nothing outside a launch."""
     launcher = os.environ.get(LAUNCHER_PID)
-    if not launcher or not die_with_parent(signal.SIGKILL):
+    if not launcher or "LOCAL_RANK" not in os.environ or not die_with_parent(signal.SIGKILL):
         return
     if os.getppid() != int(launcher):  # the launcher died before the death signal was set
         os._exit(128 + signal.SIGKILL)
+    if os.getpgrp() == os.getpid():  # this worker leads its process group (both launchers)
+        _start_group_reaper()
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+_REAP = signal.SIGRTMIN + 3  # a signal nobody else sends: a worker's graceful SIGTERM is its own
+
+
+def _start_group_reaper() -> None:
+    """Fork a small process that waits for this worker to die, however it dies, and then
+    SIGKILLs the worker's process group: the children the worker started in any way
+    (multiprocessing's spawn and forkserver too, which no death signal reaches) die with it."""
+    if os.fork() != 0:
+        return
+    try:  # the reaper: never returns into the worker's code
+        worker = os.getppid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(_REAP, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
+        die_with_parent(_REAP)
+        if os.getppid() != worker:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        while True:
+            signal.pause()
+    finally:
+        os._exit(0)
 
 
 def _parent_is_uv() -> bool:
@@ -142,6 +167,8 @@ def run_torchrun(args: list[str]) -> int:
                 file=sys.stderr,
             )
         return failure_code(exc.get_first_failure()[1].exitcode)
+    finally:
+        del os.environ[LAUNCHER_PID]  # not for what this process starts later
     return 0
 
 
