@@ -17,6 +17,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
 from primus.core.launcher import Launch, launch_workers, spawn, worker_env
+from primus.core.testing.processes import left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -119,3 +120,63 @@ def test_an_unknown_launcher_is_an_error() -> None:
         BackendRegistry.register_adapter("mpi", MpiAdapter)  # checked when registered
     with pytest.raises(PrimusError, match="unknown launcher 'mpirun'"):
         launch_workers("mpirun", ["train"], Launch(2))
+
+
+def wait_for_files(folder: Path, count: int, timeout_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while len(list(folder.iterdir())) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [int(p.name) for p in folder.iterdir()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
+def test_a_launcher_killed_by_sigkill_leaves_no_worker_nor_what_it_forked(tmp_path: Path) -> None:
+    """SIGKILL to the spawn launcher: its workers die (death signal), and so do the processes
+    the workers started, forked or through multiprocessing's spawn (as Megatron's checkpoint
+    savers and data loaders are)."""
+    worker = (
+        "import multiprocessing, os, time\n"
+        "def mark():\n"
+        f"    open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close()\n"
+        "def wait():\n"
+        "    mark()\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    from primus.core.launcher import bind_worker_to_launcher\n"
+        "    bind_worker_to_launcher()\n"
+        "    multiprocessing.get_context('spawn').Process(target=wait).start()\n"
+        "    os.fork()\n"
+        "    wait()\n"
+    )
+    script = tmp_path.parent / f"{tmp_path.name}-worker.py"
+    script.write_text(worker)
+    launcher = (
+        "import sys; from primus.core.launcher import Launch, spawn; "
+        f"sys.exit(spawn([sys.executable, {str(script)!r}], Launch(2)))"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher])
+    pids = wait_for_files(tmp_path, 6)  # two workers, a forked and a spawned child each
+    assert len(pids) == 6
+    parent.kill()
+    parent.wait()
+    assert left_alive(pids) == []
+
+
+def test_a_taken_rendezvous_port_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The free-port race: another process binds the port Primus chose before torchrun does.
+    torchrun fails with EADDRINUSE, and the launch tries again on another free port."""
+    import socket
+
+    from primus.core import launcher
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real = launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or real())
+        assert launch_workers("torchrun", ["--help"], Launch(1)) == 0
+    assert "the rendezvous port was taken" in capfd.readouterr().err

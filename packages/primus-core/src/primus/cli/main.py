@@ -67,6 +67,10 @@ def root(
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug."""
     DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
+    if "PRIMUS_LAUNCHER_PID" in os.environ:  # a worker: die with the launcher that started it
+        from primus.core.launcher import bind_worker_to_launcher
+
+        bind_worker_to_launcher()
     from primus.core.errors import PrimusError
 
     try:

@@ -3,11 +3,14 @@ through Primus's own spawner for backends that declare `launcher = "spawn"` (no 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +18,86 @@ from typing import Any
 from primus.core.errors import PrimusError
 
 LAUNCHERS = ("torchrun", "spawn")
+LAUNCHER_PID = "PRIMUS_LAUNCHER_PID"  # set in each worker's environment: the launcher's pid
+PORT_TRIES = 5  # auto-chosen rendezvous ports tried when another process took the port first
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int) -> bool:
+    """Ask Linux to send `sig` to this process when its parent exits (prctl PR_SET_PDEATHSIG).
+    False where there is no prctl (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0)
+
+
+_forked_on_main_thread = False
+
+
+def _before_fork() -> None:
+    global _forked_on_main_thread
+    _forked_on_main_thread = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    # The death signal follows the thread that forked: only a fork from the main thread (which
+    # lives as long as the worker) can tie the child to the worker without killing it early.
+    if _forked_on_main_thread:
+        die_with_parent(signal.SIGKILL)
+
+
+def bind_worker_to_launcher() -> None:
+    """In a worker that a Primus launcher started: die (SIGKILL) when the launcher dies, even by
+    SIGKILL, and make the processes this worker forks (data loaders, async checkpoint savers)
+    die with it. Exits at once if the launcher is already gone. Nothing outside a launch."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher or "LOCAL_RANK" not in os.environ or not die_with_parent(signal.SIGKILL):
+        return
+    if os.getppid() != int(launcher):  # the launcher died before the death signal was set
+        os._exit(128 + signal.SIGKILL)
+    if os.getpgrp() == os.getpid():  # this worker leads its process group (both launchers)
+        _start_group_reaper()
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+_REAP = signal.SIGRTMIN + 3  # a signal nobody else sends: a worker's graceful SIGTERM is its own
+
+
+def _start_group_reaper() -> None:
+    """Fork a small process that waits for this worker to die, however it dies, and then
+    SIGKILLs the worker's process group: the children the worker started in any way
+    (multiprocessing's spawn and forkserver too, which no death signal reaches) die with it."""
+    if os.fork() != 0:
+        return
+    try:  # the reaper: never returns into the worker's code
+        worker = os.getppid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(_REAP, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
+        die_with_parent(_REAP)
+        if os.getppid() != worker:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        while True:
+            signal.pause()
+    finally:
+        os._exit(0)
+
+
+def _parent_is_uv() -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{os.getppid()}/exe")) == "uv"
+    except OSError:
+        return False
+
+
+def follow_uv() -> None:
+    """Under `uv run`, stop (SIGTERM) when uv dies: uv forwards SIGTERM and SIGINT, but a
+    SIGKILL to uv would otherwise leave this launcher and its workers running. Not done under
+    a shell or nohup, where outliving the parent is wanted."""
+    parent = os.getppid()
+    if _parent_is_uv() and die_with_parent(signal.SIGTERM) and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -59,6 +142,10 @@ def failure_code(worker_code: int) -> int:
     return 2 if worker_code == 2 else 1
 
 
+def _port_taken(exc: BaseException) -> bool:
+    return "EADDRINUSE" in str(exc)
+
+
 def run_torchrun(args: list[str]) -> int:
     """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
     try:
@@ -70,6 +157,7 @@ def run_torchrun(args: list[str]) -> int:
             hint="pip install torch (or the backend package, which brings it)",
         ) from None
     print(f"[primus] torchrun {' '.join(args)}", file=sys.stderr)
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # torchrun passes it on to the workers
     try:
         torchrun.main(args)
     except ChildFailedError as exc:  # each worker has reported its own error already
@@ -79,6 +167,8 @@ def run_torchrun(args: list[str]) -> int:
                 file=sys.stderr,
             )
         return failure_code(exc.get_first_failure()[1].exitcode)
+    finally:
+        del os.environ[LAUNCHER_PID]  # not for what this process starts later
     return 0
 
 
@@ -117,6 +207,11 @@ def _wait(workers: list[subprocess.Popen[bytes]], first_rank: int, poll_s: float
         time.sleep(poll_s)
 
 
+def _signal_group(worker: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(worker.pid, sig)
+
+
 def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float) -> None:
     """SIGTERM to the workers still running, SIGKILL to those still running `grace_s` later
     (JAX workers ignore SIGTERM). Further SIGTERM/SIGINT cannot cut this short."""
@@ -124,14 +219,14 @@ def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float) -> None:
     try:
         running = [w for w in workers if w.poll() is None]
         for worker in running:
-            worker.terminate()
+            _signal_group(worker, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for worker in running:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        for worker in workers:  # what is left of each group, the processes workers forked too
+            _signal_group(worker, signal.SIGKILL)
+            worker.wait()
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -155,8 +250,11 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
     workers: list[subprocess.Popen[bytes]] = []
     try:
         for local_rank in range(launch.nproc_per_node):
-            env = worker_env(launch, local_rank, addr, port)
-            workers.append(subprocess.Popen(command, env={**os.environ, **env}))
+            env = {**worker_env(launch, local_rank, addr, port), LAUNCHER_PID: str(os.getpid())}
+            # Each worker leads its own process group, so that stopping it stops what it forked.
+            workers.append(
+                subprocess.Popen(command, env={**os.environ, **env}, start_new_session=True)
+            )
         return _wait(workers, first, poll_s)
     finally:
         _stop(workers, grace_s)
@@ -164,9 +262,28 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
 
 
 def launch_workers(launcher: str, worker_argv: list[str], launch: Launch) -> int:
-    """Run `python -m primus.cli <worker_argv>` in every worker, through the backend's launcher."""
+    """Run `python -m primus.cli <worker_argv>` in every worker, through the backend's launcher.
+
+    Under torchrun, a rendezvous port that Primus chose and that another process took before
+    torchrun bound it (EADDRINUSE) is replaced by a new free port, up to PORT_TRIES times."""
+    follow_uv()
     if launcher == "spawn":
         return spawn([sys.executable, "-m", "primus.cli", *worker_argv], launch)
     if launcher == "torchrun":
-        return run_torchrun(torchrun_args(worker_argv, launch))
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                return run_torchrun(torchrun_args(worker_argv, launch))
+            except Exception as exc:
+                if launch.master_port or launch.nnodes > 1 or not _port_taken(exc):
+                    raise
+                if attempt == PORT_TRIES:
+                    raise PrimusError(
+                        f"no free rendezvous port after {PORT_TRIES} tries: {exc}",
+                        hint="pass --master-port",
+                    ) from None
+                print(
+                    f"[primus] the rendezvous port was taken ({exc}); trying another",
+                    file=sys.stderr,
+                )
+        raise AssertionError("unreachable")
     raise PrimusError(f"unknown launcher '{launcher}' (one of {', '.join(LAUNCHERS)})")
