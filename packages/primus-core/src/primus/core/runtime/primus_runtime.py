@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree
 from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import ConfigError
 from primus.core.logging import get_logger, setup_logging
 from primus.core.patches.patch import PatchContext
 from primus.core.patches.runner import PatchRunner
@@ -92,7 +94,27 @@ class PrimusRuntime:
         ctx.phase = phase
         self.runner.run(ctx)
 
+    def check_run_dir(self) -> None:
+        """The run directory exists (created, as a run would) and takes files, or a ConfigError
+        naming the workspace and where it was set, before any work. Writes nothing but the
+        directory itself and a probe file, removed at once."""
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.run_dir, prefix=".primus-probe-"):
+                pass
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise ConfigError(
+                f"workspace '{self.experiment.workspace}' cannot hold the run directory "
+                f"{self.run_dir}: {e.strerror or e}{where}",
+                self.experiment.tree.origin(("workspace",)),
+                hint="set workspace (or PRIMUS_WORKSPACE) to a folder you can write, "
+                "or make this one writable",
+            ) from None
+
     def run(self, dry_run: bool = False) -> None:
+        if not dry_run:
+            self.check_run_dir()  # before the log folder or anything else is written
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
             level,

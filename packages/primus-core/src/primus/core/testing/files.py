@@ -1,0 +1,43 @@
+"""Helpers for the files promise (docs/reliability.md, "Files: only the run directory"): what a
+run wrote, by snapshotting folders before and after it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Python's bytecode cache (moved with PYTHONPYCACHEPREFIX, off with PYTHONDONTWRITEBYTECODE):
+# a declared cache, written next to the modules imported, wherever they are installed.
+DECLARED_CACHE_PARTS = frozenset({"__pycache__"})
+
+
+def snapshot(*roots: Path) -> dict[Path, tuple[int, int]]:
+    """Every file under `roots`: path -> (mtime_ns, size)."""
+    files = {}
+    for root in roots:
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = Path(folder) / name
+                try:
+                    st = path.lstat()
+                except FileNotFoundError:  # removed while walking
+                    continue
+                files[path] = (st.st_mtime_ns, st.st_size)
+    return files
+
+
+def written(before: dict[Path, tuple[int, int]], after: dict[Path, tuple[int, int]]) -> list[Path]:
+    """Files new or changed (mtime or size) between two snapshots."""
+    return sorted(p for p, stat in after.items() if before.get(p) != stat)
+
+
+def written_outside(paths: list[Path], run_dir: Path, caches: tuple[Path, ...] = ()) -> list[Path]:
+    """Those of `paths` neither in `run_dir`, nor in one of `caches`, nor in a declared cache
+    folder (DECLARED_CACHE_PARTS)."""
+    allowed = (run_dir, *caches)
+    return [
+        p
+        for p in paths
+        if not any(p.is_relative_to(a) for a in allowed)
+        and not DECLARED_CACHE_PARTS.intersection(p.parts)
+    ]

@@ -1,0 +1,69 @@
+"""Promise 8 of issue 17, files: a workspace that cannot hold the run directory is one clear
+error (exit 2, where it was set, a hint) before any work, and nothing is written outside the
+run directory and the declared caches (docs/reliability.md, "Files: only the run directory")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.files import snapshot, written, written_outside
+from primus.core.testing.runs import primus
+
+ROOT = Path(__file__).resolve().parents[1]
+DUMMY_QUICKSTART = ROOT / "tests" / "fixtures" / "dummy-quickstart.yaml"
+
+
+# Tests run as root here, and root ignores chmod, so the unwritable workspaces are ones root
+# cannot write either: a path under a regular file, and a path under /proc.
+@pytest.mark.parametrize("kind", ["under-a-file", "under-proc"])
+def test_an_unwritable_workspace_is_one_error_before_any_work(tmp_path, kind) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    workspace = blocker / "ws" if kind == "under-a-file" else Path("/proc/primus-ws")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    before = snapshot(tmp_path)
+    result = primus(
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), cwd=cwd,
+        PRIMUS_WORKSPACE=str(workspace),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, result.stderr  # the error and its hint
+    assert f"workspace '{workspace}' cannot hold the run directory" in lines[0]
+    assert "dummy-quickstart.yaml:7" in lines[0]  # where `workspace:` is set
+    assert lines[1].strip().startswith("hint: set workspace (or PRIMUS_WORKSPACE)")
+    assert snapshot(tmp_path) == before  # nothing written
+
+
+def test_a_missing_workspace_under_a_writable_folder_is_created(tmp_path) -> None:
+    workspace = tmp_path / "new" / "ws"
+    result = primus(
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), "train_iters=2",
+        PRIMUS_WORKSPACE=str(workspace),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (workspace / "local" / "local" / "quickstart" / "summary.json").is_file()
+
+
+def test_a_dummy_run_writes_only_its_run_directory(tmp_path) -> None:
+    """HOME and TMPDIR point at fresh folders so the snapshot is exact (other processes' /tmp
+    noise on this machine stays out of it); the repository, its environment included, is
+    snapshotted as well. Python's __pycache__ folders are a declared cache."""
+    home, tmp, workspace = tmp_path / "home", tmp_path / "tmp", tmp_path / "ws"
+    home.mkdir()
+    tmp.mkdir()
+    watched = (home, tmp, tmp_path, ROOT)
+    before = snapshot(*watched)
+    result = primus(
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), "train_iters=5", cwd=tmp_path,
+        PRIMUS_WORKSPACE=str(workspace), HOME=str(home), TMPDIR=str(tmp),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_dir = workspace / "local" / "local" / "quickstart"
+    new = written(before, snapshot(*watched))
+    assert any(p.is_relative_to(run_dir) for p in new)
+    assert written_outside(new, run_dir) == []
