@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.files import snapshot, written, written_outside
+from primus.core.testing.files import run_writes, snapshot, written_outside
 from primus.core.testing.runs import primus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,20 +50,8 @@ def test_a_missing_workspace_under_a_writable_folder_is_created(tmp_path) -> Non
 
 
 def test_a_dummy_run_writes_only_its_run_directory(tmp_path) -> None:
-    """HOME and TMPDIR point at fresh folders so the snapshot is exact (other processes' /tmp
-    noise on this machine stays out of it); the repository, its environment included, is
-    snapshotted as well. Python's __pycache__ folders are a declared cache."""
-    home, tmp, workspace = tmp_path / "home", tmp_path / "tmp", tmp_path / "ws"
-    home.mkdir()
-    tmp.mkdir()
-    watched = (home, tmp, tmp_path, ROOT)
-    before = snapshot(*watched)
-    result = primus(
-        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), "train_iters=5", cwd=tmp_path,
-        PRIMUS_WORKSPACE=str(workspace), HOME=str(home), TMPDIR=str(tmp),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    run_dir = workspace / "local" / "local" / "quickstart"
-    new = written(before, snapshot(*watched))
+    """HOME and TMPDIR point at fresh folders (run_writes), the repository and its environment
+    are snapshotted too; Python's __pycache__ folders are a declared cache."""
+    run_dir, new = run_writes(DUMMY_QUICKSTART, tmp_path, ROOT, "exp_name=files", "train_iters=5")
     assert any(p.is_relative_to(run_dir) for p in new)
     assert written_outside(new, run_dir) == []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.testing.files import run_writes, written_outside
 from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import (
     assert_loss_falls,
@@ -22,6 +23,7 @@ from primus.core.testing.runs import (
 )
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 # The lr schedule spans 20 steps even when a run stops at 10, so a resumed run matches.
 SCHEDULE = ("learning_rate_schedule_steps=20",)
@@ -154,3 +156,13 @@ def test_tiny_model_on_the_gpu(tmp_path: Path) -> None:
     last = step_metrics(run_dir)[-1]
     assert last["mfu"] is not None and last["peak_memory_gib"] > 0
     assert patch_status(run_dir)["maxtext.cpu"][0] == "skipped"
+
+
+def test_a_run_writes_only_its_run_directory_and_declared_caches(tmp_path: Path) -> None:
+    """Promise 8 of issue 17: HOME and TMPDIR point at fresh folders (run_writes), the
+    repository and its environment are snapshotted too; __pycache__ is a declared cache."""
+    # JAX's persistent compilation cache, MaxText's default `jax_cache_dir: ~/jax_cache`, is a
+    # declared cache (docs/reliability.md, "Files: only the run directory").
+    run_dir, new = run_writes(RECIPE, tmp_path, ROOT, "exp_name=files", *SCHEDULE, "steps=3")
+    assert any(p.is_relative_to(run_dir) for p in new)
+    assert written_outside(new, run_dir, caches=(tmp_path / "home" / "jax_cache",)) == []

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.testing.files import run_writes, written_outside
 from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import assert_loss_falls, losses, primus, train_run
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+ROOT = Path(__file__).resolve().parents[3]
+CONFIGS = ROOT / "configs"
 RECIPE = CONFIGS / "megatron" / "tiny-cpu.yaml"
 pytestmark = pytest.mark.slow
 
@@ -137,3 +139,12 @@ def test_the_readme_quickstart_trains_as_shipped(tmp_path: Path) -> None:
     assert curve[200] < curve[20] - 2.0, curve  # visibly falling
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "step 200/200 | loss" in log and "tokens/s/GPU" in log
+
+
+def test_a_run_writes_only_its_run_directory_and_declared_caches(tmp_path: Path) -> None:
+    """Promise 8 of issue 17: HOME and TMPDIR point at fresh folders (run_writes), the
+    repository and its environment are snapshotted too; __pycache__ is a declared cache."""
+    # Mock data (the recipe's): no dataset index cache is built.
+    run_dir, new = run_writes(RECIPE, tmp_path, ROOT, "exp_name=files", "train_iters=3")
+    assert any(p.is_relative_to(run_dir) for p in new)
+    assert written_outside(new, run_dir) == []

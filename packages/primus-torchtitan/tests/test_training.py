@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from primus.core.testing.files import run_writes, written_outside
 from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import (
     assert_loss_falls,
@@ -23,6 +24,7 @@ from primus.core.testing.runs import (
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 RECIPE = CONFIGS / "torchtitan" / "tiny-cpu.yaml"
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 # The lr schedule spans 20 steps even when a run stops at 10, so a resumed run matches.
 SCHEDULE = ("lr_scheduler.total_steps=20", "metrics.log_freq=1")
@@ -182,3 +184,13 @@ def test_tiny_model_on_the_gpu(tmp_path: Path, compile_model: bool) -> None:
     last = step_metrics(run_dir)[-1]
     assert last["mfu"] is not None and last["peak_memory_gib"] > 0
     assert patch_status(run_dir)["torchtitan.cpu"][0] == "skipped"
+
+
+def test_a_run_writes_only_its_run_directory_and_declared_caches(tmp_path: Path) -> None:
+    """Promise 8 of issue 17: HOME and TMPDIR point at fresh folders (run_writes), the
+    repository and its environment are snapshotted too; __pycache__ is a declared cache."""
+    run_dir, new = run_writes(
+        RECIPE, tmp_path, ROOT, "exp_name=files", *SCHEDULE, "training.steps=3"
+    )
+    assert any(p.is_relative_to(run_dir) for p in new)
+    assert written_outside(new, run_dir, caches=()) == []

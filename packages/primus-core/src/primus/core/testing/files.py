@@ -41,3 +41,26 @@ def written_outside(paths: list[Path], run_dir: Path, caches: tuple[Path, ...] =
         if not any(p.is_relative_to(a) for a in allowed)
         and not DECLARED_CACHE_PARTS.intersection(p.parts)
     ]
+
+
+def run_writes(
+    config: Path, tmp_path: Path, repo: Path, *overrides: str, **env: str
+) -> tuple[Path, list[Path]]:
+    """`primus train pretrain --config config OVERRIDES` (exp_name=... among them) with HOME
+    and TMPDIR pointed at fresh folders under `tmp_path`, so that the snapshot is exact and
+    other processes' /tmp noise stays out of it; the workspace is `tmp_path`/ws. Asserts it
+    succeeded; returns its run directory and every file it wrote in HOME, TMPDIR, `tmp_path`
+    and `repo` (the environment under it included)."""
+    from primus.core.testing.runs import primus
+
+    home, tmp, workspace = tmp_path / "home", tmp_path / "tmp", tmp_path / "ws"
+    home.mkdir()
+    tmp.mkdir()
+    before = snapshot(tmp_path, repo)
+    result = primus(
+        "train", "pretrain", "--config", str(config), *overrides, cwd=tmp_path,
+        PRIMUS_WORKSPACE=str(workspace), HOME=str(home), TMPDIR=str(tmp), **env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    name = next(o.split("=", 1)[1] for o in overrides if o.startswith("exp_name="))
+    return next(workspace.rglob(name)), written(before, snapshot(tmp_path, repo))
