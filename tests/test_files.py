@@ -35,6 +35,8 @@ def test_an_unwritable_workspace_is_one_error_before_any_work(tmp_path, kind) ->
     assert len(lines) == 2, result.stderr  # the error and its hint
     assert f"workspace '{workspace}' cannot hold the run directory" in lines[0]
     assert "dummy-quickstart.yaml:7" in lines[0]  # where `workspace:` is set
+    if kind == "under-a-file":
+        assert lines[0].endswith(f"{blocker} is not a folder")
     assert lines[1].strip().startswith("hint: set workspace (or PRIMUS_WORKSPACE)")
     assert snapshot(tmp_path) == before  # nothing written
 

@@ -103,10 +103,15 @@ class PrimusRuntime:
             with tempfile.TemporaryFile(dir=self.run_dir, prefix=".primus-probe-"):
                 pass
         except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
+            existing = next(p for p in (self.run_dir, *self.run_dir.parents) if p.exists())
+            why = (
+                f"{existing} is not a folder"
+                if not existing.is_dir()
+                else f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+            )
             raise ConfigError(
                 f"workspace '{self.experiment.workspace}' cannot hold the run directory "
-                f"{self.run_dir}: {e.strerror or e}{where}",
+                f"{self.run_dir}: {why}",
                 self.experiment.tree.origin(("workspace",)),
                 hint="set workspace (or PRIMUS_WORKSPACE) to a folder you can write, "
                 "or make this one writable",
