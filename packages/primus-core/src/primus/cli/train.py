@@ -57,8 +57,6 @@ def _command(stage: str) -> Callable[..., None]:
 
         overrides = list(ctx.args)
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
-        if not dry_run:
-            runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
         if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
             if nnodes > 1 and not master_addr:
                 raise typer.BadParameter(
@@ -68,6 +66,7 @@ def _command(stage: str) -> Callable[..., None]:
                 raise typer.BadParameter(
                     f"{node_rank} is not below --nnodes {nnodes}", param_hint="--node-rank"
                 )
+            runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
             worker = [
                 "train",
                 stage,
