@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import environment, print_table
+from common import device_label, environment, print_table
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -121,7 +121,7 @@ def main() -> None:
     for values in results.values():
         values["time_vs_transformers"] = round(values["seconds"] / reference, 2)
         values["rss_vs_model"] = round(values["peak_rss_gib"] * GIB / model_bytes, 2)
-    device = None if _cuda() else f"CPU ({os.cpu_count()} cores)"
+    device = device_label()
     distributions = (
         "primus-core",
         "torch",
@@ -142,12 +142,6 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     (args.out.write_text(text + "\n") if args.out else print(text))
     print_table(results, COLUMNS, "goals: time <= 2x transformers, peak RSS <= 1.3x model bytes")
-
-
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 if __name__ == "__main__":

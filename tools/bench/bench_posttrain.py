@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import environment, print_table
+from common import device_label, environment, print_table
 
 ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = (
@@ -145,18 +145,12 @@ def main() -> None:
         pretrain = results[label.split()[0] + " pretrain"]["tokens_per_s_per_gpu"]
         values["vs_pretrain"] = round(values["tokens_per_s_per_gpu"] / pretrain, 3)
     distributions = ("primus-core", "torch", "megatron-core", "torchtitan", "maxtext", "jax")
-    device = None if _cuda() else f"CPU ({os.cpu_count()} cores)"
+    device = device_label()
     report = {**environment(distributions, device), "args": vars(args) | {"work": str(work), "out": str(args.out)},
               "results": results}  # fmt: skip
     text = json.dumps(report, indent=2, default=str)
     (args.out.write_text(text + "\n") if args.out else print(text))
     print_table(results, COLUMNS, "goal: fine-tuning tokens/s >= 0.95x pretraining's")
-
-
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 if __name__ == "__main__":

@@ -44,6 +44,13 @@ def _installed(distribution: str) -> bool:
     return True
 
 
+def device_label() -> str | None:
+    """None on a CUDA machine (environment() then names the GPU), else the CPU and its cores."""
+    import torch
+
+    return None if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+
+
 def environment(distributions: tuple[str, ...], device: str | None = None) -> dict[str, Any]:
     """Date, device (default: torch's name for it) and the versions of those `distributions`
     that are installed, for the JSON report."""
