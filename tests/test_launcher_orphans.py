@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from primus.core.launcher import run_torchrun
+from primus.core.testing.faults import descendants
 from primus.core.testing.processes import left_alive
 
 pytestmark = [
@@ -23,23 +24,6 @@ pytestmark = [
 
 ROOT = Path(__file__).parents[1]
 DUMMY_QUICKSTART = ROOT / "tests" / "fixtures" / "dummy-quickstart.yaml"
-
-
-def descendants(pid: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
 
 
 def is_worker(pid: int) -> bool:

@@ -78,5 +78,5 @@ def main(argv: list[str] | None = None) -> None:
     except PrimusError as exc:
         if DEBUG.on:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{exc.label}: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -51,6 +52,7 @@ def _command(stage: str) -> Callable[..., None]:
         ] = None,
         debug: Debug = False,
     ) -> None:
+        from primus.core import preemption
         from primus.core.dist_env import under_torchrun
         from primus.core.launcher import Launch, launch_workers
         from primus.core.runtime import PrimusRuntime
@@ -67,6 +69,7 @@ def _command(stage: str) -> Callable[..., None]:
                     f"{node_rank} is not below --nnodes {nnodes}", param_hint="--node-rank"
                 )
             runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
+            preemption.clear(runtime.run_dir)
             worker = [
                 "train",
                 stage,
@@ -78,6 +81,13 @@ def _command(stage: str) -> Callable[..., None]:
             ]
             launch = Launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
             code = launch_workers(runtime.adapter.launcher, worker, launch)
+            if code != 0 and (mark := preemption.marked(runtime.run_dir)):
+                print(
+                    f"[primus] preempted by {mark['signal']} at step {mark['step']}; checkpoint "
+                    f"{mark['checkpoint']}; run the same command again to resume",
+                    file=sys.stderr,
+                )
+                code = preemption.EXIT_PREEMPTED
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run)
 

@@ -37,6 +37,7 @@ class PrimusError(Exception):
     """Base of every error Primus reports without a traceback. Exit code 1."""
 
     exit_code = 1
+    label = "error"  # how the CLI introduces the message
 
     def __init__(self, message: str, origin: Origin | None = None, hint: str | None = None):
         super().__init__(message)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus.core.errors import PrimusError
+from primus.core.preemption import EXIT_PREEMPTED, GRACE_S, SIGNALS
 
 LAUNCHERS = ("torchrun", "spawn")
 LAUNCHER_PID = "PRIMUS_LAUNCHER_PID"  # set in each worker's environment: the launcher's pid
@@ -131,6 +132,9 @@ def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
         f"--node-rank={launch.node_rank}",
         f"--master-addr={addr}",
         f"--master-port={port}",
+        # SIGUSR1 too (Slurm's warning): passed on to the workers, which save and exit 75
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        f"--shutdown-timeout={GRACE_S}",
         "-m",
         "primus.cli",
         *worker_argv,
@@ -138,8 +142,9 @@ def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
 
 
 def failure_code(worker_code: int) -> int:
-    """The launcher's exit code for a failed worker's: 2 (bad config) stays 2, the rest is 1."""
-    return 2 if worker_code == 2 else 1
+    """The launcher's exit code for a failed worker's: 2 (bad config) and 75 (preempted, with
+    a checkpoint) stay, the rest is 1."""
+    return worker_code if worker_code in (2, EXIT_PREEMPTED) else 1
 
 
 def _port_taken(exc: BaseException) -> bool:
@@ -150,6 +155,7 @@ def run_torchrun(args: list[str]) -> int:
     """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
     try:
         from torch.distributed import run as torchrun
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     except ImportError:
         raise PrimusError(
@@ -167,6 +173,9 @@ def run_torchrun(args: list[str]) -> int:
                 file=sys.stderr,
             )
         return failure_code(exc.get_first_failure()[1].exitcode)
+    except SignalException as exc:  # torchrun passed it on and waited for the workers
+        print(f"[primus] {signal.Signals(exc.sigval).name}: the workers stopped", file=sys.stderr)
+        return 128 + exc.sigval
     finally:
         del os.environ[LAUNCHER_PID]  # not for what this process starts later
     return 0
@@ -186,24 +195,36 @@ def worker_env(launch: Launch, local_rank: int, addr: str, port: int) -> dict[st
     return {name: str(value) for name, value in values.items()}
 
 
-def _terminate(*_: Any) -> None:
-    raise SystemExit(128 + signal.SIGTERM)
-
-
-def _wait(workers: list[subprocess.Popen[bytes]], first_rank: int, poll_s: float) -> int:
-    """0 when every worker succeeded; at the first failure, its code: 2 (bad config) or 1."""
+def _wait(
+    workers: list[subprocess.Popen[bytes]],
+    first_rank: int,
+    poll_s: float,
+    stopping: list[tuple[int, float]],
+) -> int:
+    """0 when every worker succeeded, 75 when they all ended and one was preempted; at the first
+    failure, its `failure_code`. After a preemption signal (`stopping`: the signal and the
+    deadline for the workers), 128 + the signal when a worker died of it or the deadline
+    passed."""
     while True:
         codes = [w.poll() for w in workers]
         for i, code in enumerate(codes):
-            if code not in (None, 0):
+            if code not in (None, 0, EXIT_PREEMPTED):
+                if stopping and code < 0:  # killed by the signal passed on: no checkpoint
+                    return 128 + stopping[0][0]
                 print(
                     f"[primus] a worker failed: rank {first_rank + i} exited with code {code}; "
                     "stopping the others",
                     file=sys.stderr,
                 )
                 return failure_code(code)
-        if all(code == 0 for code in codes):
-            return 0
+        if None not in codes:
+            return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
+        if stopping and time.monotonic() > stopping[0][1]:
+            print(
+                f"[primus] the workers did not stop within {GRACE_S} s of the signal; killing them",
+                file=sys.stderr,
+            )
+            return 128 + stopping[0][0]
         time.sleep(poll_s)
 
 
@@ -237,7 +258,8 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
 
     Nothing listens on MASTER_PORT: it is the workers' own to use (a JAX coordinator, say).
     The first worker to fail stops the others; returns 0, or `failure_code` of the first failure.
-    Each node runs this with its `node_rank`.
+    SIGTERM and SIGUSR1 are passed on to the workers, which stop at a step with a checkpoint
+    (exit 75); they get GRACE_S seconds for it. Each node runs this with its `node_rank`.
     """
     addr, port = launch.rendezvous()
     first = launch.node_rank * launch.nproc_per_node
@@ -246,8 +268,22 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
         f"{launch.nnodes * launch.nproc_per_node}, master {addr}:{port}",
         file=sys.stderr,
     )
-    previous = signal.signal(signal.SIGTERM, _terminate)
     workers: list[subprocess.Popen[bytes]] = []
+    stopping: list[tuple[int, float]] = []  # the first preemption signal, and the deadline
+
+    def pass_on(signum: int, _: Any) -> None:
+        for worker in workers:  # the worker alone: its data loaders must live to the checkpoint
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signum)
+        if not stopping:
+            stopping.append((signum, time.monotonic() + GRACE_S))
+            print(
+                f"[primus] {signal.Signals(signum).name}: passed on to the workers; waiting up "
+                f"to {GRACE_S} s for their checkpoint",
+                file=sys.stderr,
+            )
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in SIGNALS}
     try:
         for local_rank in range(launch.nproc_per_node):
             env = {**worker_env(launch, local_rank, addr, port), LAUNCHER_PID: str(os.getpid())}
@@ -255,10 +291,11 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
             workers.append(
                 subprocess.Popen(command, env={**os.environ, **env}, start_new_session=True)
             )
-        return _wait(workers, first, poll_s)
+        return _wait(workers, first, poll_s, stopping)
     finally:
         _stop(workers, grace_s)
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def launch_workers(launcher: str, worker_argv: list[str], launch: Launch) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from primus.core import __version__
+from primus.core import __version__, preemption
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
@@ -50,7 +50,8 @@ def args_summary(args: Any) -> str:
 class PrimusRuntime:
     """load + validate config -> adapter -> upstream version -> patches[setup] -> prepare_backend
     -> convert_config -> patches[build_args] -> load_trainer_class(stage) -> config.resolved.yaml
-    -> provenance -> init_from import (when the run has none yet) -> trainer setup/init -> patches[before_train] -> train -> patches[after_train] -> cleanup
+    -> provenance -> init_from import (when the run has none yet) -> preemption signals watched
+    -> trainer setup/init -> patches[before_train] -> train -> patches[after_train] -> cleanup
     (also on error, with on_error=True)."""
 
     def __init__(
@@ -157,6 +158,7 @@ class PrimusRuntime:
                 return
             if self.rank == 0:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                preemption.clear(self.run_dir)
                 write_provenance(
                     self.run_dir / PROVENANCE_FILE, self.experiment, self.module,
                     self.module.init_from,
@@ -221,6 +223,7 @@ class PrimusRuntime:
 
     def _drive(self, trainer: BaseTrainer, ctx: PatchContext) -> None:
         start = time.perf_counter()
+        preemption.watch()  # SIGTERM/SIGUSR1 from here on: stop at a step, with a checkpoint
         try:
             trainer.setup()
             trainer.init()

@@ -1,0 +1,85 @@
+"""Preemption: SIGTERM, or SIGUSR1 (Slurm's warning before the kill), ends a run at a step
+boundary with a checkpoint and exit code 75, "preempted, resumable" (docs/reliability.md).
+
+The runtime calls `watch()` in every worker before the trainer starts. After each training step
+a backend asks `requested()` (and agrees across ranks: the signal may reach one rank only),
+saves a checkpoint of that step, and calls `stop()`, which marks the run dir and raises
+`Preempted`. Running the same command again resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from primus.core.errors import PrimusError
+from primus.core.logging import get_logger
+
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, run the same command again
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+MARKER = "preempted.json"  # in the run dir: written by rank 0 once the checkpoint is complete
+GRACE_S = 120  # how long a launcher waits for its workers to save before it kills them
+
+_received: int | None = None
+
+
+class Preempted(PrimusError):
+    """The run stopped on a preemption signal after writing a checkpoint. Exit code 75."""
+
+    exit_code = EXIT_PREEMPTED
+    label = "preempted"
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signum
+        note = (
+            f"[primus] {signal.Signals(signum).name} received: stopping after this step "
+            "with a checkpoint\n"
+        )
+        os.write(2, note.encode())  # no logging lock inside a signal handler
+
+
+def watch() -> None:
+    """From now on SIGTERM and SIGUSR1 only ask the run to stop at the next step boundary.
+    Call again where an upstream installs its own handlers (JAX's distributed runtime)."""
+    for sig in SIGNALS:
+        signal.signal(sig, _on_signal)
+
+
+def requested() -> str | None:
+    """The name of the preemption signal this process received, or None."""
+    return signal.Signals(_received).name if _received is not None else None
+
+
+def clear(run_dir: Path) -> None:
+    """Remove an earlier run's marker: the run dir says "preempted" only for this run."""
+    (run_dir / MARKER).unlink(missing_ok=True)
+
+
+def marked(run_dir: Path) -> dict | None:
+    """What `stop()` wrote in `run_dir`, or None when this run was not preempted."""
+    try:
+        return json.loads((run_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stop(run_dir: Path, step: int, checkpoint: Path | str, rank: int) -> NoReturn:
+    """After every rank has written the checkpoint of `step`: mark the run dir (rank 0) and
+    raise `Preempted`, whose message says how to resume."""
+    name = requested() or "a preemption signal"
+    if rank == 0:
+        record = {"step": step, "signal": name, "checkpoint": str(checkpoint), "time": time.time()}
+        (run_dir / MARKER).write_text(json.dumps(record) + "\n")
+    get_logger().info(f"preempted by {name} at step {step}; checkpoint {checkpoint}")
+    raise Preempted(
+        f"{name} at step {step}: checkpoint {checkpoint} written",
+        hint=f"run the same command again to resume from step {step}",
+    )
