@@ -180,3 +180,35 @@ def test_a_taken_rendezvous_port_is_replaced(
         monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or real())
         assert launch_workers("torchrun", ["--help"], Launch(1)) == 0
     assert "the rendezvous port was taken" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["sigterm", "sigusr1"])
+@pytest.mark.parametrize("saving_s", [1.0, None], ids=["save", "die"])
+def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them(
+    tmp_path: Path, sig: signal.Signals, saving_s: float | None
+) -> None:
+    """The spawner passes SIGTERM/SIGUSR1 on and waits while the workers save (exit 75: it
+    exits 75); a worker the signal kills (no checkpoint) makes it exit 128 + the signal."""
+    on_signal = (
+        f"lambda *_: (time.sleep({saving_s}), open(f'{tmp_path}/' + os.environ['RANK'], 'w'), "
+        "sys.exit(75))"
+        if saving_s
+        else "signal.SIG_DFL"
+    )
+    worker = (
+        f"import os, signal, sys, time; signal.signal({int(sig)}, {on_signal}); "
+        f"open('{tmp_path}/started-' + os.environ['RANK'], 'w'); time.sleep(120)"
+    )
+    launcher = (
+        "import sys; from primus.core.launcher import Launch, spawn; "
+        f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher])
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    parent.send_signal(sig)
+    expected = 75 if saving_s else 128 + int(sig)
+    assert parent.wait(timeout=60) == expected
+    assert sorted(p.name for p in tmp_path.glob("[0-9]")) == (["0", "1"] if saving_s else [])

@@ -1,0 +1,64 @@
+"""Promise 1 of the reliability issue, as core keeps it for every backend, with the dummy backend
+(whose `dummy.preemption` patch is the reference): SIGTERM or SIGUSR1 to the launcher, to one
+worker, or to a single-process run ends it with a checkpoint, exit code 75, the run dir's
+preempted.json and a resume hint. Real signals to real `primus train` processes."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from primus.core.preemption import EXIT_PREEMPTED, marked
+from primus.core.testing.faults import interrupt
+from primus.core.testing.runs import primus
+
+pytestmark = pytest.mark.slow
+
+DUMMY_QUICKSTART = Path(__file__).parent / "fixtures" / "dummy-quickstart.yaml"
+
+
+def training(run_dir: Path) -> int:
+    """1 once the dummy trainer's loop has started (its log says so), else 0."""
+    log = run_dir / "logs" / "rank-0.log"
+    return int(log.is_file() and "lifecycle: trainer.train" in log.read_text())
+
+
+@pytest.mark.parametrize(
+    ("sig", "nproc", "to_rank"),
+    [
+        (signal.SIGTERM, 1, None),
+        (signal.SIGUSR1, 1, None),
+        (signal.SIGTERM, 2, None),
+        (signal.SIGUSR1, 2, None),
+        (signal.SIGTERM, 2, 1),
+    ],
+    ids=["term-one-process", "usr1-one-process", "term-launcher", "usr1-launcher", "term-rank-1"],
+)
+def test_a_preemption_signal_ends_the_run_with_a_checkpoint_and_exit_75(
+    tmp_path: Path, sig: signal.Signals, nproc: int, to_rank: int | None
+) -> None:
+    run_dir = tmp_path / "local" / "local" / "quickstart"
+    command = [
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}",
+        "--nproc-per-node", str(nproc), "train_iters=1000000000", "log_interval=1000000000",
+    ]  # fmt: skip
+    run = interrupt(command, run_dir, sig, at_step=1, to_rank=to_rank, ready=training)
+    assert run.returncode == EXIT_PREEMPTED, run.stderr[-3000:]
+    assert run.marker is not None and run.marker["signal"] == sig.name
+    assert run.marker["step"] > 0
+    assert Path(run.marker["checkpoint"]).is_file()
+    assert f"preempted: {sig.name} at step" in run.stderr
+    assert "run the same command again to resume" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_run_that_ends_normally_leaves_no_marker(tmp_path: Path) -> None:
+    """An earlier run's preempted.json goes when the run starts again."""
+    run_dir = tmp_path / "local" / "local" / "quickstart"
+    run_dir.mkdir(parents=True)
+    (run_dir / "preempted.json").write_text('{"step": 3}')
+    run = primus("train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert marked(run_dir) is None
