@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from primus.core.testing.hf_models import make_published_model
-from primus.core.testing.runs import losses, train_run
+from primus.core.testing.runs import losses, primus, train_run
 
 pytestmark = pytest.mark.gpu
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "llama3.2_1B-pretrain.yaml"
@@ -37,6 +37,8 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
                                       "init_from": {"hf": str(hf)}}  # fmt: skip
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
     run_dir = train_run(tmp_path / "exp.yaml", tmp_path / "ws", "exp_name=gpu1b", "steps=20")
+    # the import at the start of training runs where training does
+    assert "importing on JAX's gpu backend" in (run_dir / "logs" / "rank-0.log").read_text()
     curve = losses(run_dir)
     # synthetic data: the loss of a random 1B model stays near ln(vocab)
     assert sorted(curve) == list(range(1, 21)) and all(map(math.isfinite, curve.values()))
@@ -52,3 +54,9 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
     reference = float(torch.stack(rows).mean())
     print(f"step 1: {curve[1]:.5f}, transformers {reference:.5f}")
     assert curve[1] == pytest.approx(reference, rel=5e-3)  # MaxText's own init: far off
+
+    # `primus checkpoint import` alone converts on the host: no CUDA start-up, less memory
+    alone = primus("checkpoint", "import", "--hf", str(hf), "--config", str(tmp_path / "exp.yaml"),
+                   "exp_name=alone", PRIMUS_WORKSPACE=str(tmp_path / "ws"))  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "importing on JAX's cpu backend" in alone.stderr

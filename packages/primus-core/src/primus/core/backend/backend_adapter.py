@@ -48,6 +48,10 @@ class BackendAdapter(ABC):
 
     def __init__(self, framework: str) -> None:
         self.framework = framework
+        # Set by the runtime before the config is converted when this process only converts a
+        # checkpoint (`primus checkpoint import|export`): the adapter may leave accelerators
+        # alone (no device start-up, no device libraries in memory).
+        self.host_only = False
 
     # -- hooks the runtime calls, in this order -------------------------------------------
     def setup_backend_path(self, backend_path: str | None = None) -> str:

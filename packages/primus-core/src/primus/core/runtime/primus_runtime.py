@@ -199,11 +199,13 @@ class PrimusRuntime:
         self.module.init_from = hf_dir.resolve()
         self.module.init_from_origin = Origin("cli", detail=f"--hf {hf_dir}")
         resolution.check_init_from(self.module, self.adapter)
+        self.adapter.host_only = True
         args = self.backend_args()
         return import_hf(self.adapter, self.experiment, self.module, args, self.module.init_from)
 
     def export_hf(self, iteration: int | None, out: Path, force: bool = False) -> Path:
         """`primus checkpoint export`: the run's checkpoint as an HF directory at `out`."""
+        self.adapter.host_only = True
         args = self.backend_args()
         return export_hf(self.adapter, self.experiment, self.module, args, iteration, out, force)
 

@@ -282,6 +282,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
+    log_rank_0(f"[maxtext] importing on JAX's {jax.default_backend()} backend")
     start = time.perf_counter()
     leaves = build_params(found, reader)
     gib = sum(leaf.nbytes for leaf in leaves) / 2**30
@@ -403,6 +404,7 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
         on_host = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=host)
         return np.asarray(load_params(config, {key: on_host}, step)[key])
 
+    log_rank_0(f"[maxtext] exporting on JAX's {jax.default_backend()} backend")
     start = time.perf_counter()
     keys = list(found.params)
     with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(THREADS) as pool:

@@ -43,6 +43,10 @@ class MaxTextAdapter(BackendAdapter):
         from primus.backends.maxtext.config_bridge import build_config
         from primus.backends.maxtext.hf_convert import import_dir, params_path
 
+        if self.host_only:  # a conversion: JAX's CPU backend, no CUDA start-up or libraries
+            import jax
+
+            jax.config.update("jax_platforms", "cpu")
         owned = registered_params(self.framework)
         params = config.params
         if params.get("load_parameters_path") or params.get("load_full_state_path"):
