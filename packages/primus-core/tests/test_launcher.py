@@ -212,3 +212,30 @@ def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them
     expected = 75 if saving_s else 128 + int(sig)
     assert parent.wait(timeout=60) == expected
     assert sorted(p.name for p in tmp_path.glob("[0-9]")) == (["0", "1"] if saving_s else [])
+
+
+def test_the_port_the_spawner_picks_is_held_for_the_workers(tmp_path: Path) -> None:
+    """Another process cannot take the chosen MASTER_PORT (EADDRINUSE) while the workers run;
+    a worker's server that shares the port (SO_REUSEPORT, as JAX's gRPC coordinator) binds it,
+    listens, and is reached there."""
+    worker = f"""
+import os, socket
+port = int(os.environ["MASTER_PORT"])
+outsider = socket.socket()
+try:
+    outsider.bind(("0.0.0.0", port))
+    verdict = "taken"
+except OSError as e:
+    verdict = f"refused {{e.errno}}"
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+server.bind(("127.0.0.1", port))
+server.listen()
+client = socket.create_connection(("127.0.0.1", port), timeout=5)
+conn, _ = server.accept()
+client.sendall(b"hi")
+verdict += " " + conn.recv(2).decode()
+open({str(tmp_path)!r} + "/verdict", "w").write(verdict)
+"""
+    assert spawn(python(worker), Launch(1)) == 0
+    assert (tmp_path / "verdict").read_text() == "refused 98 hi"

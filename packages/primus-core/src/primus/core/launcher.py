@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from primus.core.errors import PrimusError
@@ -105,6 +105,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port with SO_REUSEPORT, for the launcher to hold while its
+    workers run: a process that does not share ports cannot take it (EADDRINUSE), while the
+    workers' own server binds it beside this socket (JAX's gRPC coordinator sets
+    SO_REUSEPORT). Nothing listens on it, so every connection reaches the workers' server."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 @dataclass(frozen=True)
@@ -257,10 +268,15 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
     """Run `command` in `launch.nproc_per_node` processes with torchrun's variables, no torch.
 
     Nothing listens on MASTER_PORT: it is the workers' own to use (a JAX coordinator, say).
+    A port Primus picks (one node, no `master_port`) is held with `reserve_port` until the
+    workers end, so that no other process takes it first.
     The first worker to fail stops the others; returns 0, or `failure_code` of the first failure.
     SIGTERM and SIGUSR1 are passed on to the workers, which stop at a step with a checkpoint
     (exit 75); they get GRACE_S seconds for it. Each node runs this with its `node_rank`.
     """
+    held = reserve_port() if launch.master_port is None and launch.nnodes == 1 else None
+    if held is not None:
+        launch = replace(launch, master_port=held.getsockname()[1])
     addr, port = launch.rendezvous()
     first = launch.node_rank * launch.nproc_per_node
     print(
@@ -296,6 +312,8 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
         _stop(workers, grace_s)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if held is not None:
+            held.close()
 
 
 def launch_workers(launcher: str, worker_argv: list[str], launch: Launch) -> int:
