@@ -4,6 +4,9 @@ run directory and the declared caches (docs/reliability.md, "Files: only the run
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +42,34 @@ def test_an_unwritable_workspace_is_one_error_before_any_work(tmp_path, kind) ->
         assert lines[0].endswith(f"{blocker} is not a folder")
     assert lines[1].strip().startswith("hint: set workspace (or PRIMUS_WORKSPACE)")
     assert snapshot(tmp_path) == before  # nothing written
+
+
+# Root ignores permissions through two capabilities; the run drops them (util-linux's setpriv)
+# so that a folder without write permission stops it as it stops any other user.
+AS_A_USER = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+     "--inh-caps=-dac_override,-dac_read_search", "--"]
+    if os.geteuid() == 0 else []
+)  # fmt: skip
+
+
+def test_a_workspace_without_write_permission_is_one_error_before_any_work(tmp_path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    before = snapshot(tmp_path)
+    result = subprocess.run(
+        [*AS_A_USER, sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+         str(DUMMY_QUICKSTART)],
+        env={k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
+        | {"PRIMUS_WORKSPACE": str(locked / "ws"), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, result.stderr
+    assert lines[0].endswith(f"Permission denied ({locked / 'ws'})")
+    assert snapshot(tmp_path) == before
 
 
 def test_a_missing_workspace_under_a_writable_folder_is_created(tmp_path) -> None:

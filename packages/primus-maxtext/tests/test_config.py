@@ -14,7 +14,7 @@ from primus.core.config import ParamSchema, ParamSpec
 from primus.core.config.loader import load_config_file
 from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
-from primus.core.testing.runs import rejected
+from primus.core.testing.runs import primus, rejected
 
 RECIPES = Path(__file__).resolve().parents[3] / "configs" / "maxtext"
 RECIPE = RECIPES / "tiny-cpu.yaml"
@@ -157,3 +157,20 @@ def test_maxtexts_own_rejections_are_config_errors_at_the_key(tmp_path: Path) ->
     assert "exp.yaml:6: MaxText rejected the config:" in err
     assert "rope_pairwise=True requires rope_interleave=True" in err
     assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize(("overrides", "where"), [
+    (("dump_hlo=true",), "{run_dir}/hlo_dump"),
+    (("dump_hlo=true", "dump_hlo_local_dir=/scratch/hlo"), "/scratch/hlo"),
+])  # fmt: skip
+def test_an_hlo_dump_goes_into_the_run_directory_unless_placed(
+    tmp_path: Path, overrides: tuple[str, ...], where: str
+) -> None:
+    """MaxText's default, /tmp/xla_dump/, would be shared by every run on the machine."""
+    result = primus(
+        "train", "pretrain", "--config", str(RECIPE), "--dry-run", *overrides,
+        PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "local" / "local" / "maxtext-tiny"
+    assert f"dump_hlo_local_dir={where.format(run_dir=run_dir)}" in result.stdout

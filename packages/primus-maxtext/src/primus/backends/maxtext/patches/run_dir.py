@@ -40,3 +40,26 @@ def run_dir(ctx: PatchContext) -> None:
         )
     out = Path(ctx.params["base_output_directory"]) / ctx.params["run_name"]
     log_rank_0(f"[maxtext] outputs: {out} (checkpoints/, tensorboard/)")
+
+
+def _hlo_dump_to_tmp(ctx: PatchContext) -> bool:
+    """dump_hlo is true and dump_hlo_local_dir is not set (MaxText's default: /tmp/xla_dump/)"""
+    return bool(get_param(ctx, "dump_hlo")) and not get_param(ctx, "dump_hlo_local_dir")
+
+
+@register_patch(
+    "maxtext.hlo_dump_dir",
+    backend="maxtext",
+    phase="setup",
+    condition=_hlo_dump_to_tmp,
+    backend_versions=TESTED,
+    target="MaxText config dump_hlo_local_dir",
+    tags=("io",),
+)
+def hlo_dump_dir(ctx: PatchContext) -> None:
+    """The HLO dump (opt-in, `dump_hlo: true`) goes to <run dir>/hlo_dump instead of MaxText's
+    hard-coded /tmp/xla_dump/, shared by every run on the machine."""
+    assert ctx.run_dir is not None, "the runtime always sets the run directory"
+    ctx.set_param(
+        "dump_hlo_local_dir", str(ctx.run_dir / "hlo_dump"), "the HLO dump into the run directory"
+    )
