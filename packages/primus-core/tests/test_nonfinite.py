@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from primus.core.nonfinite import NonFiniteError, SkippedSteps
+from primus.core.errors import ConfigError
+from primus.core.nonfinite import DEFAULT_MAX_SKIPPED, NonFiniteError, SkippedSteps
+from primus.core.patches import PatchContext
 
 
 def test_a_non_finite_step_is_skipped_and_logged_with_its_number(
@@ -44,3 +46,13 @@ def test_a_limit_of_0_or_1_stops_at_the_first(limit: int) -> None:
     assert not guard.observe(9, {"loss": math.nan})
     assert guard.exhausted
     assert str(guard.error("ckpt")).startswith("step 9 non-finite (loss is nan at step 9)")
+
+
+def test_the_limit_comes_from_max_skipped_steps_and_must_not_be_negative() -> None:
+    def context(params: dict) -> PatchContext:
+        return PatchContext("dummy", "before_train", None, "0", params)
+
+    assert SkippedSteps.from_params(context({})).limit == DEFAULT_MAX_SKIPPED
+    assert SkippedSteps.from_params(context({"max_skipped_steps": 0})).limit == 0
+    with pytest.raises(ConfigError, match="max_skipped_steps must be 0 or more, got -2"):
+        SkippedSteps.from_params(context({"max_skipped_steps": -2}))

@@ -50,7 +50,7 @@ class SkippedSteps:
         if limit is None or limit < 0:
             raise ConfigError(
                 f"max_skipped_steps must be 0 or more, got {limit}",
-                ctx.config_tree.origin(("max_skipped_steps",)) if ctx.config_tree else None,
+                ctx.tree.origin(("max_skipped_steps",)),
             )
         return cls(int(limit))
 
