@@ -68,12 +68,15 @@ def steps_logged(run_dir: Path) -> int:
 
 @dataclass
 class Interrupted:
-    """What a signalled run left: its exit code, output, and the marker of `stop()`."""
+    """What a signalled run left: its exit code, output, the marker of `stop()`, and when
+    (time.time()) the signal was sent and the run ended."""
 
     returncode: int
     stdout: str
     stderr: str
     marker: dict | None
+    signalled_at: float
+    ended_at: float
 
     @property
     def preempted(self) -> bool:
@@ -104,9 +107,11 @@ def interrupt(
             while ready(run_dir) < at_step and proc.poll() is None:
                 assert time.monotonic() < deadline, f"step {at_step} not reached in {timeout_s} s"
                 time.sleep(0.05)
+            signalled_at = time.time()
             if proc.poll() is None:
                 os.kill(proc.pid if to_rank is None else workers(proc.pid)[to_rank], sig)
             proc.wait(timeout=timeout_s)
+            ended_at = time.time()
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -114,4 +119,4 @@ def interrupt(
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     assert ready(run_dir) >= at_step, f"the run ended before step {at_step}:\n{stderr[-4000:]}"
-    return Interrupted(proc.returncode, stdout, stderr, marked(run_dir))
+    return Interrupted(proc.returncode, stdout, stderr, marked(run_dir), signalled_at, ended_at)
