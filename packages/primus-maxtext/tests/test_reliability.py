@@ -1,0 +1,187 @@
+"""Issue 17's reliability promises on MaxText (CPU): real `primus train` subprocesses, real
+signals, real non-finite numbers.
+
+The uninterrupted run these runs are compared with is the golden curve of the tiny recipe
+(`golden/tiny-cpu.json`, 20 steps), which test_training's uninterrupted run must match within
+1e-5 (CPU_FP32): the same recipe, seed and schedule, without a run of its own here. Faults are
+made by the test-only patch in `faults/sitecustomize.py` (put on PYTHONPATH by the test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.testing.faults import Interrupted, interrupt
+from primus.core.testing.golden import CPU_FP32
+from primus.core.testing.runs import losses, patch_status, primus, step_metrics
+
+HERE = Path(__file__).resolve().parent
+RECIPE = HERE.parents[2] / "configs" / "maxtext" / "tiny-cpu.yaml"
+FAULTS = str(HERE / "faults")
+GOLDEN = {
+    int(k): v
+    for k, v in json.loads((HERE / "golden" / "tiny-cpu.json").read_text())["losses"].items()
+}
+# the golden recipe, with orbax checkpoints every 5 steps
+KEYS = ("learning_rate_schedule_steps=20", "enable_checkpointing=true", "checkpoint_period=5")
+pytestmark = pytest.mark.slow
+Done = subprocess.CompletedProcess[str]
+FAULT = ("3=nan", *(f"{step}=inf" for step in range(7, 13)))  # faults/sitecustomize.py
+
+
+def command(exp: str, *overrides: str, nproc: int = 1) -> list[str]:
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    return ["train", "pretrain", "--config", str(RECIPE), *launch, *KEYS, f"exp_name={exp}",
+            *overrides]  # fmt: skip
+
+
+def run_dir_of(workspace: Path, exp: str) -> Path:
+    team, user = os.environ.get("PRIMUS_TEAM", "local"), os.environ.get("PRIMUS_USER", "local")
+    return workspace / team / user / exp
+
+
+def log(run_dir: Path, rank: int = 0) -> str:
+    return (run_dir / "logs" / f"rank-{rank}.log").read_text()
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """The orbax steps of the run (MaxText's step numbers, from 0), complete ones only."""
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if (p / "_CHECKPOINT_METADATA").is_file())
+
+
+def assert_matches(curve: dict[int, float], expected: dict[int, float]) -> None:
+    for step, loss in expected.items():
+        assert curve[step] == pytest.approx(loss, rel=CPU_FP32.rtol), (step, curve[step], loss)
+
+
+# ---- promise 1: preemption -----------------------------------------------------------------
+
+
+def preempt(
+    workspace: Path, exp: str, sig: signal.Signals, at_step: int, *keys: str, nproc: int = 1,
+    to_rank: int | None = None,
+) -> tuple[Path, Interrupted, Done]:  # fmt: skip
+    """Signal a run once it has logged `at_step`, then run the same command again."""
+    run_dir = run_dir_of(workspace, exp)
+    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
+           "PRIMUS_TEST_STEP_SECONDS": "0.3"}  # fmt: skip
+    cmd = command(exp, *keys, nproc=nproc)
+    hit = interrupt(cmd, run_dir, sig, at_step=at_step, to_rank=to_rank, env=env)
+    again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert again.returncode == 0, again.stderr[-3000:]
+    return run_dir, hit, again
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Interrupted, Done]:
+    """SIGTERM to a one-process run (its only process) at step 5, then resumed to step 20."""
+    return preempt(tmp_path_factory.mktemp("ws"), "one", signal.SIGTERM, 5, "steps=20")
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Interrupted, Done]:
+    """SIGUSR1 to the worker of rank 1 only (of 2, Primus's spawner) at step 4, then resumed."""
+    return preempt(tmp_path_factory.mktemp("ws"), "two", signal.SIGUSR1, 4, "steps=12",
+                   nproc=2, to_rank=1)  # fmt: skip
+
+
+def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
+    """The run stopped with exit 75 at a step boundary with a complete checkpoint of that
+    step, and said so: the step."""
+    assert hit.returncode == EXIT_PREEMPTED, hit.stderr[-3000:]
+    assert hit.marker is not None
+    step = hit.marker["step"]
+    assert hit.marker["checkpoint"] == str(run_dir / "checkpoints" / str(step - 1))
+    assert step - 1 in saved_steps(run_dir)  # orbax counts from 0
+    assert (
+        f"{signal_name} at step {step}: checkpoint {hit.marker['checkpoint']} written" in hit.stderr
+    )
+    assert "run the same command again to resume" in hit.stderr
+    return step
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
+    one_process: tuple[Path, Interrupted, Done],
+) -> None:
+    run_dir, hit, _ = one_process
+    step = assert_preempted(run_dir, hit, "SIGTERM")
+    assert 5 <= step < 20
+    assert "[primus] SIGTERM received: stopping after this step with a checkpoint" in hit.stderr
+    assert patch_status(run_dir)["maxtext.preemption"][0] == "applied"
+    assert f"restoring from this run's directory step {step - 1}" in log(run_dir)
+    # every step once: the preempted run's 1..step, then the rerun's step+1..20
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 21))
+    assert_matches(losses(run_dir), GOLDEN)  # after the resume too: 1e-5
+
+
+def test_sigusr1_to_one_of_two_workers_stops_both_at_the_same_step(
+    two_processes: tuple[Path, Interrupted, Done],
+) -> None:
+    run_dir, hit, _ = two_processes
+    step = assert_preempted(run_dir, hit, "a preemption signal")  # rank 0 wrote the marker
+    assert "[primus] SIGUSR1 received" in hit.stderr  # rank 1 only
+    assert f"[primus] preempted by a preemption signal at step {step}" in hit.stderr
+    for rank in (0, 1):
+        assert f"step {step}/12 | loss" in log(run_dir, rank)
+        assert f"restoring from this run's directory step {step - 1}" in log(run_dir, rank)
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 13))
+
+
+# ---- promise 4: non-finite numbers ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nonfinite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Done, Done]:
+    """NaN at step 3 (transient), Inf from step 7 on (persistent), max_skipped_steps=2:
+    the run skips 3, skips 7 and stops at 8; the same command without the fault resumes."""
+    workspace = tmp_path_factory.mktemp("ws")
+    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS}
+    cmd = command("nonfinite", "steps=12", "max_skipped_steps=2")
+    faulty = primus(*cmd, **env, PRIMUS_TEST_NONFINITE=",".join(FAULT))
+    fixed = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    return run_dir_of(workspace, "nonfinite"), faulty, fixed
+
+
+def test_a_transient_nonfinite_step_is_skipped_and_the_run_goes_on(
+    nonfinite: tuple[Path, Done, Done],
+) -> None:
+    run_dir, faulty, _ = nonfinite
+    assert "step 3 skipped: loss is nan, grad norm is nan; 1 in a row (max_skipped_steps 2)" in (
+        faulty.stderr
+    )
+    assert "step 4 skipped" not in faulty.stderr
+    curve = losses(run_dir)
+    # the weights after step 2 are kept: step 4 computes the loss that step 3 would have
+    assert_matches(curve, {1: GOLDEN[1], 2: GOLDEN[2], 4: GOLDEN[3], 5: GOLDEN[4], 6: GOLDEN[5]})
+
+
+def test_persistent_nonfinite_steps_stop_the_run_with_the_last_good_state(
+    nonfinite: tuple[Path, Done, Done],
+) -> None:
+    run_dir, faulty, _ = nonfinite
+    assert faulty.returncode == 1, faulty.stderr[-3000:]
+    # Inf x the gradients: inf, and NaN where a gradient is 0, so the norm is NaN
+    assert "step 7 skipped: loss is inf, grad norm is nan; 1 in a row" in faulty.stderr
+    assert "step 8 skipped: loss is inf, grad norm is nan; 2 in a row" in faulty.stderr
+    assert "step 9/12" not in faulty.stderr  # stopped at step 8
+    checkpoint = run_dir / "checkpoints" / "7"
+    assert (
+        "error: steps 7-8 non-finite (loss is inf, grad norm is nan at step 8): 2 in a row, "
+        f"max_skipped_steps is 2; the last good state (before step 7) is in {checkpoint}"
+    ) in faulty.stderr
+    assert "Traceback" not in faulty.stderr
+    assert 7 in saved_steps(run_dir)
+    assert "restoring from this run's directory step 7" in log(run_dir)
+    curve = losses(run_dir)
+    assert sorted(curve) == list(range(1, 13))
+    # 5 good updates before the stop (steps 1, 2, 4, 5, 6): step 9 computes golden step 6
+    assert_matches(curve, {9: GOLDEN[6], 10: GOLDEN[7], 11: GOLDEN[8], 12: GOLDEN[9]})
