@@ -65,32 +65,46 @@ def assert_matches(curve: dict[int, float], expected: dict[int, float]) -> None:
 # ---- promise 1: preemption -----------------------------------------------------------------
 
 
+Hit = tuple[signal.Signals, int, int | None]  # the signal, the step it waits for, the rank
+
+
 def preempt(
-    workspace: Path, exp: str, sig: signal.Signals, at_step: int, *keys: str, nproc: int = 1,
-    to_rank: int | None = None,
-) -> tuple[Path, Interrupted, Done]:  # fmt: skip
-    """Signal a run once it has logged `at_step`, then run the same command again."""
+    workspace: Path, exp: str, hits: list[Hit], *keys: str, nproc: int = 1
+) -> tuple[Path, list[Interrupted], Done | None]:
+    """Run the same command once per hit, each time signalled once it has logged the hit's
+    step (the launcher, or the worker of the hit's rank), then once more to the end (one
+    process only: two take long)."""
     run_dir = run_dir_of(workspace, exp)
     env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
            "PRIMUS_TEST_STEP_SECONDS": "0.3"}  # fmt: skip
     cmd = command(exp, *keys, nproc=nproc)
-    hit = interrupt(cmd, run_dir, sig, at_step=at_step, to_rank=to_rank, env=env)
+    stops = [
+        interrupt(cmd, run_dir, sig, at_step=step, to_rank=rank, env=env)
+        for sig, step, rank in hits
+    ]
+    if nproc > 1:
+        return run_dir, stops, None
     again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
     assert again.returncode == 0, again.stderr[-3000:]
-    return run_dir, hit, again
+    return run_dir, stops, again
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Interrupted, Done]:
+def one_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[Interrupted], Done | None]:
     """SIGTERM to a one-process run (its only process) at step 5, then resumed to step 20."""
-    return preempt(tmp_path_factory.mktemp("ws"), "one", signal.SIGTERM, 5, "steps=20")
+    return preempt(tmp_path_factory.mktemp("ws"), "one", [(signal.SIGTERM, 5, None)], "steps=20")
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Interrupted, Done]:
-    """SIGUSR1 to the worker of rank 1 only (of 2, Primus's spawner) at step 4, then resumed."""
-    return preempt(tmp_path_factory.mktemp("ws"), "two", signal.SIGUSR1, 4, "steps=12",
-                   nproc=2, to_rank=1)  # fmt: skip
+def two_processes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[Interrupted], Done | None]:
+    """Two processes (Primus's spawner): SIGUSR1 to the worker of rank 1 only at step 3; the
+    rerun resumes and gets SIGTERM to the launcher at step 8."""
+    hits = [(signal.SIGUSR1, 3, 1), (signal.SIGTERM, 8, None)]
+    return preempt(tmp_path_factory.mktemp("ws"), "two", hits, "steps=12", nproc=2)
 
 
 def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
@@ -109,9 +123,9 @@ def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
 
 
 def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
-    one_process: tuple[Path, Interrupted, Done],
+    one_process: tuple[Path, list[Interrupted], Done | None],
 ) -> None:
-    run_dir, hit, _ = one_process
+    run_dir, [hit], _ = one_process
     step = assert_preempted(run_dir, hit, "SIGTERM")
     assert 5 <= step < 20
     assert "[primus] SIGTERM received: stopping after this step with a checkpoint" in hit.stderr
@@ -122,17 +136,22 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
     assert_matches(losses(run_dir), GOLDEN)  # after the resume too: 1e-5
 
 
-def test_sigusr1_to_one_of_two_workers_stops_both_at_the_same_step(
-    two_processes: tuple[Path, Interrupted, Done],
+def test_two_workers_stop_at_the_same_step_on_a_signal_to_one_or_to_the_launcher(
+    two_processes: tuple[Path, list[Interrupted], Done | None],
 ) -> None:
-    run_dir, hit, _ = two_processes
-    step = assert_preempted(run_dir, hit, "a preemption signal")  # rank 0 wrote the marker
-    assert "[primus] SIGUSR1 received" in hit.stderr  # rank 1 only
-    assert f"[primus] preempted by a preemption signal at step {step}" in hit.stderr
+    run_dir, [to_rank_1, to_launcher], _ = two_processes
+    # rank 0 agreed to stop on rank 1's signal and wrote the marker
+    first = assert_preempted(run_dir, to_rank_1, "a preemption signal")
+    assert to_rank_1.stderr.count("[primus] SIGUSR1 received") == 1  # rank 1 only
+    assert f"[primus] preempted by a preemption signal at step {first}" in to_rank_1.stderr
+    second = assert_preempted(run_dir, to_launcher, "SIGTERM")
+    assert to_launcher.stderr.count("[primus] SIGTERM received") == 2  # passed on to both
+    assert 3 <= first < 8 <= second < 12
     for rank in (0, 1):
-        assert f"step {step}/12 | loss" in log(run_dir, rank)
-        assert f"restoring from this run's directory step {step - 1}" in log(run_dir, rank)
-    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 13))
+        text = log(run_dir, rank)
+        assert f"step {first}/12 | loss" in text and f"step {second}/12 | loss" in text
+        assert f"restoring from this run's directory step {first - 1}" in text
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, second + 1))
 
 
 # ---- promise 4: non-finite numbers ---------------------------------------------------------
