@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from primus.core.preemption import EXIT_PREEMPTED
-from primus.core.testing.faults import Interrupted, interrupt
+from primus.core.testing.faults import Interrupted, interrupt, steps_logged
 from primus.core.testing.golden import CPU_FP32
 from primus.core.testing.runs import losses, patch_status, primus, step_metrics
 
@@ -204,3 +207,95 @@ def test_persistent_nonfinite_steps_stop_the_run_with_the_last_good_state(
     assert sorted(curve) == list(range(1, 13))
     # 5 good updates before the stop (steps 1, 2, 4, 5, 6): step 9 computes golden step 6
     assert_matches(curve, {9: GOLDEN[6], 10: GOLDEN[7], 11: GOLDEN[8], 12: GOLDEN[9]})
+
+
+# ---- promise 2: crash-safe checkpoints -----------------------------------------------------
+
+KILLS = 20
+TMP = ".orbax-checkpoint-tmp"  # orbax writes a step there, then renames it to the step number
+
+
+def complete_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def unfinished(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if TMP in p.name)
+
+
+@pytest.fixture(scope="module")
+def killed_saves(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """SIGKILL to faults/saver.py (MaxText's orbax Checkpointer saving step after step) at
+    KILLS random moments of a save (0-30 ms after its folder appeared, 0-0.3 s after the first
+    save was complete); then faults/checker.py opens each folder as MaxText's resume does.
+    One dict per kill: what was on disk, what was picked."""
+    root, rng, kills = tmp_path_factory.mktemp("saves"), random.Random(17), []
+    for i in range(KILLS):
+        folder = root / f"kill-{i}"
+        saver = subprocess.Popen([sys.executable, f"{FAULTS}/saver.py", str(folder)],
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert saver.stdout is not None and saver.stdout.readline() == "committed 0\n"
+        time.sleep(rng.uniform(0, 0.3))
+        deadline = time.monotonic() + 10
+        while not unfinished(folder) and time.monotonic() < deadline:  # a save has begun
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.03))  # a save takes about 25 ms here
+        saver.kill()
+        said = saver.communicate()[0].split()
+        kills.append({"folder": str(folder), "said": int(said[-1]) if said else 0,
+                      "complete": complete_steps(folder), "unfinished": unfinished(folder)})  # fmt: skip
+    checker = subprocess.run([sys.executable, f"{FAULTS}/checker.py", *(k["folder"] for k in kills)],
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert checker.returncode == 0, checker.stderr[-3000:]
+    picked = [json.loads(line) for line in checker.stdout.splitlines() if line.startswith("{")]
+    return [
+        kill | {"picked": p["step"], "whole": p["whole"]}
+        for kill, p in zip(kills, picked, strict=True)
+    ]
+
+
+def test_a_kill_during_a_save_leaves_the_last_complete_checkpoint_to_resume_from(
+    killed_saves: list[dict],
+) -> None:
+    for kill in killed_saves:
+        # the last step the saver saw complete, or the one it completed as it was killed
+        assert kill["picked"] == kill["complete"][-1], kill
+        assert kill["picked"] - kill["said"] in (0, 1), kill
+        assert kill["whole"], kill  # loaded, every value that step's
+    mid_save = [k for k in killed_saves if k["unfinished"]]
+    assert len(mid_save) >= KILLS // 2, killed_saves  # most kills cut a save short
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], list[str], Done]:
+    """A run saving every step, SIGKILLed while a save is unfinished, then the same command
+    again to step 20: (run dir, complete steps and unfinished saves at the kill, the rerun)."""
+    workspace = tmp_path_factory.mktemp("ws")
+    run_dir = run_dir_of(workspace, "killed")
+    seen: list[bool] = []
+
+    def saving(run_dir: Path) -> int:  # 1 once a save was seen unfinished after step 2
+        folder = run_dir / "checkpoints"
+        if not seen and steps_logged(run_dir) >= 2 and folder.is_dir() and unfinished(folder):
+            seen.append(True)
+        return int(bool(seen))
+
+    cmd = command("killed", "steps=20", "checkpoint_period=1")
+    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
+           "PRIMUS_TEST_STEP_SECONDS": "0.1"}  # fmt: skip
+    hit = interrupt(cmd, run_dir, signal.SIGKILL, at_step=1, ready=saving, env=env)
+    assert hit.returncode == -signal.SIGKILL
+    folder = run_dir / "checkpoints"
+    complete, cut = complete_steps(folder), unfinished(folder)
+    again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert again.returncode == 0, again.stderr[-3000:]
+    return run_dir, complete, cut, again
+
+
+def test_a_run_killed_during_a_save_resumes_from_the_last_complete_one(
+    killed_run: tuple[Path, list[int], list[str], Done],
+) -> None:
+    run_dir, complete, cut, _ = killed_run
+    assert cut, "the kill did not land during a save"
+    assert f"restoring from this run's directory step {complete[-1]}" in log(run_dir)
+    assert_matches(losses(run_dir), GOLDEN)
