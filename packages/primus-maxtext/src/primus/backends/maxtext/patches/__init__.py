@@ -3,6 +3,7 @@
 
 from primus.backends.maxtext.patches import (
     config_errors,
+    data_position,
     devices,
     log_routing,
     nonfinite,
@@ -16,6 +17,7 @@ from primus.backends.maxtext.patches import (
 
 __all__ = [
     "config_errors",
+    "data_position",
     "devices",
     "log_routing",
     "nonfinite",
