@@ -299,3 +299,77 @@ def test_a_run_killed_during_a_save_resumes_from_the_last_complete_one(
     assert cut, "the kill did not land during a save"
     assert f"restoring from this run's directory step {complete[-1]}" in log(run_dir)
     assert_matches(losses(run_dir), GOLDEN)
+
+
+# ---- promise 3: data position --------------------------------------------------------------
+
+
+def write_corpus(folder: Path, records: int = 200) -> list[str]:
+    """Real data for MaxText's grain pipeline: an ArrayRecord file of pre-tokenized documents
+    (tf.train.Example, "text": 129 token ids, each document its own), and a tokenizer (MaxText
+    takes its pad id from one). The recipe's keys for it."""
+    import numpy as np
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from maxtext.input_pipeline.protos import example_pb2
+
+    from primus.core.testing.sft_data import write_tokenizer
+
+    folder.mkdir()
+    writer = ArrayRecordWriter(str(folder / "corpus.arrayrecord"), "group_size:1")
+    for i in range(records):
+        example = example_pb2.Example()
+        tokens = np.random.default_rng(i).integers(1, 256, 129).tolist()
+        example.features.feature["text"].int64_list.value.extend(tokens)
+        writer.write(example.SerializeToString())
+    writer.close()
+    tokenizer = write_tokenizer(folder / "tokenizer", chat_template=None)
+    return ["dataset_type=grain", "grain_file_type=arrayrecord", "tokenize_train_data=false",
+            f"grain_train_files={folder / 'corpus.arrayrecord'}", "grain_worker_count=0",
+            "tokenizer_type=huggingface", f"tokenizer_path={tokenizer}"]  # fmt: skip
+
+
+def samples(folder: Path, rank: int) -> list[list[str]]:
+    """Per batch the process loaded, the hashes of its rows (faults/sitecustomize.py)."""
+    return [json.loads(line) for line in (folder / f"rank-{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """Grain on real data: 12 steps in one process (uninterrupted); 4 steps in one process,
+    then the same experiment to step 8 in two (the global batch doubles: 4 -> 8 samples).
+    (run dir of the resumed one, samples of the uninterrupted one, samples of the resumed)."""
+    workspace = tmp_path_factory.mktemp("ws")
+    data = write_corpus(workspace / "data")
+    whole, resumed = workspace / "whole-samples", workspace / "resumed-samples"
+    for name, folder, steps, nproc in (
+        ("whole", whole, 12, 1), ("resumed", resumed, 4, 1), ("resumed", resumed, 8, 2)
+    ):  # fmt: skip
+        folder.mkdir(exist_ok=True)
+        done = primus(*command(name, *data, f"steps={steps}", nproc=nproc), PYTHONPATH=FAULTS,
+                      PRIMUS_TEST_SAMPLES=str(folder), PRIMUS_WORKSPACE=str(workspace))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir_of(workspace, "resumed"), whole, resumed
+
+
+def test_a_resume_with_twice_the_processes_reads_each_remaining_sample_once(
+    data_runs: tuple[Path, Path, Path],
+) -> None:
+    run_dir, whole, resumed = data_runs
+    status = patch_status(run_dir)
+    assert status["maxtext.grain_global_position"][0] == "applied"
+    assert status["maxtext.grain_resharded_resume"][0] == "applied"
+    assert "restoring from this run's directory step 3" in log(run_dir, 1)
+    rank_0_batches, rank_1_batches = samples(resumed, 0), samples(resumed, 1)
+    before = rank_0_batches[:4]
+    after = list(zip(rank_0_batches[4:], rank_1_batches, strict=True))
+    uninterrupted = samples(whole, 0)
+    assert len(uninterrupted) == 12 and len(after) == 4
+    assert before == uninterrupted[:4]  # the same samples in the same order
+    # step 5 + k of the resumed run: the two processes' rows are the samples of steps
+    # 5 + 2k and 6 + 2k of the uninterrupted run (a global batch of 8 instead of 4)
+    for k, (rank_0, rank_1) in enumerate(after):
+        assert sorted(rank_0 + rank_1) == sorted(
+            uninterrupted[4 + 2 * k] + uninterrupted[5 + 2 * k]
+        )
+    seen = [row for batch in before for row in batch] + [r for a, b in after for r in a + b]
+    assert len(seen) == len(set(seen)) == 4 * 4 + 4 * 8  # no sample twice

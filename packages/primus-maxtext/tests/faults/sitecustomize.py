@@ -7,17 +7,21 @@ patch `maxtext.test_faults` is registered next to the backend's own:
   of those steps are non-finite.
 - PRIMUS_TEST_STEP_SECONDS=0.3: each training step takes that much longer (a sleep after it),
   so that a signal sent once a step is logged lands while the run still has steps to go.
+- PRIMUS_TEST_SAMPLES=FOLDER: each process appends, per batch it loads, one JSON line to
+  FOLDER/rank-<r>.jsonl: a hash of each of its rows (the samples it trains on).
 """
 
 import os
 
 FAULT = os.environ.get("PRIMUS_TEST_NONFINITE")
 PAUSE = float(os.environ.get("PRIMUS_TEST_STEP_SECONDS") or 0)
+SAMPLES = os.environ.get("PRIMUS_TEST_SAMPLES")
 
-if FAULT or PAUSE:
+if FAULT or PAUSE or SAMPLES:
     from primus.core.patches import PatchContext, register_patch
 
     TRAIN = "maxtext.trainers.pre_train.train"
+    LOADER = "maxtext.common.data_loader.DataLoader"
     current: list = []  # the traced step counter of the train step being traced
 
     @register_patch(
@@ -25,10 +29,13 @@ if FAULT or PAUSE:
         backend="maxtext",
         phase="before_train",
         priority=40,  # inside maxtext.nonfinite's guard, which must see the fault
-        target=f"{TRAIN}.train_step, {TRAIN}.loss_fn, {TRAIN}.training_loop_iteration",
+        target=f"{TRAIN}.train_step, {TRAIN}.loss_fn, {TRAIN}.training_loop_iteration, "
+        f"{LOADER}.load_next_batch_pre_sharding",
     )
     def inject(ctx: PatchContext) -> None:
-        """Test only: non-finite losses at chosen steps, slower steps."""
+        """Test only: non-finite losses at chosen steps, slower steps, the samples logged."""
+        if SAMPLES:
+            ctx.wrap(LOADER, "load_next_batch_pre_sharding", logged)
         if PAUSE:
             ctx.wrap(TRAIN, "training_loop_iteration", slowed)
         if FAULT:
@@ -73,3 +80,21 @@ if FAULT or PAUSE:
             return loss, aux
 
         return loss_fn
+
+    def logged(original):
+        import hashlib
+        import json
+
+        import jax
+        import numpy as np
+
+        def load_next_batch_pre_sharding(self):
+            batch = original(self)
+            inputs = batch["inputs"]  # a global array: this process's rows are its shards'
+            local = np.concatenate([np.asarray(s.data) for s in inputs.addressable_shards])
+            rows = [hashlib.sha1(row.tobytes()).hexdigest()[:16] for row in local]
+            with open(f"{SAMPLES}/rank-{jax.process_index()}.jsonl", "a") as out:
+                out.write(json.dumps(rows) + "\n")
+            return batch
+
+        return load_next_batch_pre_sharding
