@@ -55,11 +55,11 @@ if FAULT or PAUSE or SAMPLES:
     def stepping(original):
         import jax
 
-        from primus.backends.maxtext.patches.nonfinite import _is_step_counter
+        from primus.backends.maxtext.patches.nonfinite import is_step_counter
 
         def train_step(model, config, sms, ps, state, data, *rng):
             paths = jax.tree_util.tree_flatten_with_path(state)[0]
-            current[:] = [next(v for p, v in paths if _is_step_counter(p))]
+            current[:] = [next(v for p, v in paths if is_step_counter(p))]
             return original(model, config, sms, ps, state, data, *rng)
 
         return train_step

@@ -30,7 +30,8 @@ def no_upstream_abort(ctx: PatchContext) -> None:
         ctx.set_param(key, False, "a non-finite step is skipped up to max_skipped_steps")
 
 
-def _is_step_counter(path: tuple[Any, ...]) -> bool:
+def is_step_counter(path: tuple[Any, ...]) -> bool:
+    """Whether a train state leaf's key path is the optimizer's step counter."""
     names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     return names[:2] == ["optimizer", "step"]
 
@@ -52,10 +53,9 @@ def keep_state_when_not_finite(original: Callable[..., Any]) -> Callable[..., An
         if GRAD_NORM in scalars:  # absent with optimizer_memory_host_offload
             finite &= jnp.isfinite(scalars[GRAD_NORM])
         leaves, treedef = jax.tree_util.tree_flatten_with_path(new)
-        assert len(leaves) == len(old), "MaxText's train step changed the state's structure"
         kept = [
             leaf
-            if _is_step_counter(path) or jnp.issubdtype(leaf.dtype, jax.dtypes.extended)
+            if is_step_counter(path) or jnp.issubdtype(leaf.dtype, jax.dtypes.extended)
             else jnp.where(finite, leaf, before)
             for (path, leaf), before in zip(leaves, old, strict=True)
         ]
