@@ -3,9 +3,12 @@
 
 from primus.backends.maxtext.patches import (
     config_errors,
+    data_position,
     devices,
     log_routing,
+    nonfinite,
     posttrain,
+    preemption,
     rope,
     run_dir,
     throughput,
@@ -14,9 +17,12 @@ from primus.backends.maxtext.patches import (
 
 __all__ = [
     "config_errors",
+    "data_position",
     "devices",
     "log_routing",
+    "nonfinite",
     "posttrain",
+    "preemption",
     "rope",
     "run_dir",
     "throughput",

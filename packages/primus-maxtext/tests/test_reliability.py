@@ -1,0 +1,375 @@
+"""Issue 17's reliability promises on MaxText (CPU): real `primus train` subprocesses, real
+signals, real non-finite numbers.
+
+The uninterrupted run these runs are compared with is the golden curve of the tiny recipe
+(`golden/tiny-cpu.json`, 20 steps), which test_training's uninterrupted run must match within
+1e-5 (CPU_FP32): the same recipe, seed and schedule, without a run of its own here. Faults are
+made by the test-only patch in `faults/sitecustomize.py` (put on PYTHONPATH by the test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.testing.faults import Interrupted, interrupt, steps_logged
+from primus.core.testing.golden import CPU_FP32
+from primus.core.testing.runs import losses, patch_status, primus, step_metrics
+
+HERE = Path(__file__).resolve().parent
+RECIPE = HERE.parents[2] / "configs" / "maxtext" / "tiny-cpu.yaml"
+FAULTS = str(HERE / "faults")
+GOLDEN = {
+    int(k): v
+    for k, v in json.loads((HERE / "golden" / "tiny-cpu.json").read_text())["losses"].items()
+}
+# the golden recipe, with orbax checkpoints every 5 steps
+KEYS = ("learning_rate_schedule_steps=20", "enable_checkpointing=true", "checkpoint_period=5")
+pytestmark = pytest.mark.slow
+Done = subprocess.CompletedProcess[str]
+FAULT = ("3=nan", *(f"{step}=inf" for step in range(7, 13)))  # faults/sitecustomize.py
+
+
+def command(exp: str, *overrides: str, nproc: int = 1) -> list[str]:
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    return ["train", "pretrain", "--config", str(RECIPE), *launch, *KEYS, f"exp_name={exp}",
+            *overrides]  # fmt: skip
+
+
+def run_dir_of(workspace: Path, exp: str) -> Path:
+    team, user = os.environ.get("PRIMUS_TEAM", "local"), os.environ.get("PRIMUS_USER", "local")
+    return workspace / team / user / exp
+
+
+def log(run_dir: Path, rank: int = 0) -> str:
+    return (run_dir / "logs" / f"rank-{rank}.log").read_text()
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """The orbax steps of the run (MaxText's step numbers, from 0), complete ones only."""
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if (p / "_CHECKPOINT_METADATA").is_file())
+
+
+def assert_matches(curve: dict[int, float], expected: dict[int, float]) -> None:
+    for step, loss in expected.items():
+        assert curve[step] == pytest.approx(loss, rel=CPU_FP32.rtol), (step, curve[step], loss)
+
+
+# ---- promise 1: preemption -----------------------------------------------------------------
+
+
+Hit = tuple[signal.Signals, int, int | None]  # the signal, the step it waits for, the rank
+
+
+def preempt(
+    workspace: Path, exp: str, hits: list[Hit], *keys: str, nproc: int = 1
+) -> tuple[Path, list[Interrupted], Done | None]:
+    """Run the same command once per hit, each time signalled once it has logged the hit's
+    step (the launcher, or the worker of the hit's rank), then once more to the end (one
+    process only: two take long)."""
+    run_dir = run_dir_of(workspace, exp)
+    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
+           "PRIMUS_TEST_STEP_SECONDS": "0.3"}  # fmt: skip
+    cmd = command(exp, *keys, nproc=nproc)
+    stops = [
+        interrupt(cmd, run_dir, sig, at_step=step, to_rank=rank, env=env)
+        for sig, step, rank in hits
+    ]
+    if nproc > 1:
+        return run_dir, stops, None
+    again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert again.returncode == 0, again.stderr[-3000:]
+    return run_dir, stops, again
+
+
+@pytest.fixture(scope="module")
+def one_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[Interrupted], Done | None]:
+    """SIGTERM to a one-process run (its only process) at step 5, then resumed to step 20."""
+    return preempt(tmp_path_factory.mktemp("ws"), "one", [(signal.SIGTERM, 5, None)], "steps=20")
+
+
+@pytest.fixture(scope="module")
+def two_processes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[Interrupted], Done | None]:
+    """Two processes (Primus's spawner): SIGUSR1 to the worker of rank 1 only at step 3; the
+    rerun resumes and gets SIGTERM to the launcher at step 8."""
+    hits = [(signal.SIGUSR1, 3, 1), (signal.SIGTERM, 8, None)]
+    return preempt(tmp_path_factory.mktemp("ws"), "two", hits, "steps=12", nproc=2)
+
+
+def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
+    """The run stopped with exit 75 at a step boundary with a complete checkpoint of that
+    step, and said so: the step."""
+    assert hit.returncode == EXIT_PREEMPTED, hit.stderr[-3000:]
+    assert hit.marker is not None
+    step = hit.marker["step"]
+    assert hit.marker["checkpoint"] == str(run_dir / "checkpoints" / str(step - 1))
+    assert step - 1 in saved_steps(run_dir)  # orbax counts from 0
+    assert (
+        f"{signal_name} at step {step}: checkpoint {hit.marker['checkpoint']} written" in hit.stderr
+    )
+    assert "run the same command again to resume" in hit.stderr
+    return step
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
+    one_process: tuple[Path, list[Interrupted], Done | None],
+) -> None:
+    run_dir, [hit], _ = one_process
+    step = assert_preempted(run_dir, hit, "SIGTERM")
+    assert 5 <= step < 20
+    assert "[primus] SIGTERM received: stopping after this step with a checkpoint" in hit.stderr
+    assert patch_status(run_dir)["maxtext.preemption"][0] == "applied"
+    assert f"restoring from this run's directory step {step - 1}" in log(run_dir)
+    # every step once: the preempted run's 1..step, then the rerun's step+1..20
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 21))
+    assert_matches(losses(run_dir), GOLDEN)  # after the resume too: 1e-5
+
+
+def test_two_workers_stop_at_the_same_step_on_a_signal_to_one_or_to_the_launcher(
+    two_processes: tuple[Path, list[Interrupted], Done | None],
+) -> None:
+    run_dir, [to_rank_1, to_launcher], _ = two_processes
+    # rank 0 agreed to stop on rank 1's signal and wrote the marker
+    first = assert_preempted(run_dir, to_rank_1, "a preemption signal")
+    assert to_rank_1.stderr.count("[primus] SIGUSR1 received") == 1  # rank 1 only
+    assert f"[primus] preempted by a preemption signal at step {first}" in to_rank_1.stderr
+    second = assert_preempted(run_dir, to_launcher, "SIGTERM")
+    assert to_launcher.stderr.count("[primus] SIGTERM received") == 2  # passed on to both
+    assert 3 <= first < 8 <= second < 12
+    for rank in (0, 1):
+        text = log(run_dir, rank)
+        assert f"step {first}/12 | loss" in text and f"step {second}/12 | loss" in text
+        assert f"restoring from this run's directory step {first - 1}" in text
+    assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, second + 1))
+
+
+# ---- promise 4: non-finite numbers ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nonfinite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Done, Done]:
+    """NaN at step 3 (transient), Inf from step 7 on (persistent), max_skipped_steps=2:
+    the run skips 3, skips 7 and stops at 8; the same command without the fault resumes."""
+    workspace = tmp_path_factory.mktemp("ws")
+    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS}
+    cmd = command("nonfinite", "steps=12", "max_skipped_steps=2")
+    faulty = primus(*cmd, **env, PRIMUS_TEST_NONFINITE=",".join(FAULT))
+    fixed = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    return run_dir_of(workspace, "nonfinite"), faulty, fixed
+
+
+def test_a_transient_nonfinite_step_is_skipped_and_the_run_goes_on(
+    nonfinite: tuple[Path, Done, Done],
+) -> None:
+    run_dir, faulty, _ = nonfinite
+    assert "step 3 skipped: loss is nan, grad norm is nan; 1 in a row (max_skipped_steps 2)" in (
+        faulty.stderr
+    )
+    assert "step 4 skipped" not in faulty.stderr
+    curve = losses(run_dir)
+    # the weights after step 2 are kept: step 4 computes the loss that step 3 would have
+    assert_matches(curve, {1: GOLDEN[1], 2: GOLDEN[2], 4: GOLDEN[3], 5: GOLDEN[4], 6: GOLDEN[5]})
+
+
+def test_persistent_nonfinite_steps_stop_the_run_with_the_last_good_state(
+    nonfinite: tuple[Path, Done, Done],
+) -> None:
+    run_dir, faulty, _ = nonfinite
+    assert faulty.returncode == 1, faulty.stderr[-3000:]
+    # Inf x the gradients: inf, and NaN where a gradient is 0, so the norm is NaN
+    assert "step 7 skipped: loss is inf, grad norm is nan; 1 in a row" in faulty.stderr
+    assert "step 8 skipped: loss is inf, grad norm is nan; 2 in a row" in faulty.stderr
+    assert "step 9/12" not in faulty.stderr  # stopped at step 8
+    checkpoint = run_dir / "checkpoints" / "7"
+    assert (
+        "error: steps 7-8 non-finite (loss is inf, grad norm is nan at step 8): 2 in a row, "
+        f"max_skipped_steps is 2; the last good state (before step 7) is in {checkpoint}"
+    ) in faulty.stderr
+    assert "Traceback" not in faulty.stderr
+    assert 7 in saved_steps(run_dir)
+    assert "restoring from this run's directory step 7" in log(run_dir)
+    curve = losses(run_dir)
+    assert sorted(curve) == list(range(1, 13))
+    # 5 good updates before the stop (steps 1, 2, 4, 5, 6): step 9 computes golden step 6
+    assert_matches(curve, {9: GOLDEN[6], 10: GOLDEN[7], 11: GOLDEN[8], 12: GOLDEN[9]})
+
+
+# ---- promise 2: crash-safe checkpoints -----------------------------------------------------
+
+KILLS = 20
+TMP = ".orbax-checkpoint-tmp"  # orbax writes a step there, then renames it to the step number
+
+
+def complete_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def unfinished(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if TMP in p.name)
+
+
+@pytest.fixture(scope="module")
+def killed_saves(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """SIGKILL to faults/saver.py (MaxText's orbax Checkpointer saving step after step) at
+    KILLS random moments of a save (0-30 ms after its folder appeared, 0-0.3 s after the first
+    save was complete); then faults/checker.py opens each folder as MaxText's resume does.
+    One dict per kill: what was on disk, what was picked."""
+    root, rng, kills = tmp_path_factory.mktemp("saves"), random.Random(17), []
+    for i in range(KILLS):
+        folder = root / f"kill-{i}"
+        saver = subprocess.Popen([sys.executable, f"{FAULTS}/saver.py", str(folder)],
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert saver.stdout is not None and saver.stdout.readline() == "committed 0\n"
+        time.sleep(rng.uniform(0, 0.3))
+        deadline = time.monotonic() + 10
+        while not unfinished(folder) and time.monotonic() < deadline:  # a save has begun
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.03))  # a save takes about 25 ms here
+        saver.kill()
+        said = saver.communicate()[0].split()
+        kills.append({"folder": str(folder), "said": int(said[-1]) if said else 0,
+                      "complete": complete_steps(folder), "unfinished": unfinished(folder)})  # fmt: skip
+    checker = subprocess.run([sys.executable, f"{FAULTS}/checker.py", *(k["folder"] for k in kills)],
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert checker.returncode == 0, checker.stderr[-3000:]
+    picked = [json.loads(line) for line in checker.stdout.splitlines() if line.startswith("{")]
+    return [
+        kill | {"picked": p["step"], "whole": p["whole"]}
+        for kill, p in zip(kills, picked, strict=True)
+    ]
+
+
+def test_a_kill_during_a_save_leaves_the_last_complete_checkpoint_to_resume_from(
+    killed_saves: list[dict],
+) -> None:
+    for kill in killed_saves:
+        # the last step the saver saw complete, or the one it completed as it was killed
+        assert kill["picked"] == kill["complete"][-1], kill
+        assert kill["picked"] - kill["said"] in (0, 1), kill
+        assert kill["whole"], kill  # loaded, every value that step's
+    mid_save = [k for k in killed_saves if k["unfinished"]]
+    assert len(mid_save) >= KILLS // 2, killed_saves  # most kills cut a save short
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], list[str], Done]:
+    """A run saving every step, SIGKILLed while a save is unfinished, then the same command
+    again to step 20: (run dir, complete steps and unfinished saves at the kill, the rerun)."""
+    workspace = tmp_path_factory.mktemp("ws")
+    run_dir = run_dir_of(workspace, "killed")
+    seen: list[bool] = []
+
+    def saving(run_dir: Path) -> int:  # 1 once a save was seen unfinished after step 2
+        folder = run_dir / "checkpoints"
+        if not seen and steps_logged(run_dir) >= 2 and folder.is_dir() and unfinished(folder):
+            seen.append(True)
+        return int(bool(seen))
+
+    cmd = command("killed", "steps=20", "checkpoint_period=1")
+    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
+           "PRIMUS_TEST_STEP_SECONDS": "0.1"}  # fmt: skip
+    hit = interrupt(cmd, run_dir, signal.SIGKILL, at_step=1, ready=saving, env=env)
+    assert hit.returncode == -signal.SIGKILL
+    folder = run_dir / "checkpoints"
+    complete, cut = complete_steps(folder), unfinished(folder)
+    again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert again.returncode == 0, again.stderr[-3000:]
+    return run_dir, complete, cut, again
+
+
+def test_a_run_killed_during_a_save_resumes_from_the_last_complete_one(
+    killed_run: tuple[Path, list[int], list[str], Done],
+) -> None:
+    run_dir, complete, cut, _ = killed_run
+    assert cut, "the kill did not land during a save"
+    assert f"restoring from this run's directory step {complete[-1]}" in log(run_dir)
+    assert_matches(losses(run_dir), GOLDEN)
+
+
+# ---- promise 3: data position --------------------------------------------------------------
+
+
+def write_corpus(folder: Path, records: int = 200) -> list[str]:
+    """Real data for MaxText's grain pipeline: an ArrayRecord file of pre-tokenized documents
+    (tf.train.Example, "text": 129 token ids, each document its own), and a tokenizer (MaxText
+    takes its pad id from one). The recipe's keys for it."""
+    import numpy as np
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from maxtext.input_pipeline.protos import example_pb2
+
+    from primus.core.testing.sft_data import write_tokenizer
+
+    folder.mkdir()
+    writer = ArrayRecordWriter(str(folder / "corpus.arrayrecord"), "group_size:1")
+    for i in range(records):
+        example = example_pb2.Example()
+        tokens = np.random.default_rng(i).integers(1, 256, 129).tolist()
+        example.features.feature["text"].int64_list.value.extend(tokens)
+        writer.write(example.SerializeToString())
+    writer.close()
+    tokenizer = write_tokenizer(folder / "tokenizer", chat_template=None)
+    return ["dataset_type=grain", "grain_file_type=arrayrecord", "tokenize_train_data=false",
+            f"grain_train_files={folder / 'corpus.arrayrecord'}", "grain_worker_count=0",
+            "tokenizer_type=huggingface", f"tokenizer_path={tokenizer}"]  # fmt: skip
+
+
+def samples(folder: Path, rank: int) -> list[list[str]]:
+    """Per batch the process loaded, the hashes of its rows (faults/sitecustomize.py)."""
+    return [json.loads(line) for line in (folder / f"rank-{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """Grain on real data: 12 steps in one process (uninterrupted); 4 steps in one process,
+    then the same experiment to step 8 in two (the global batch doubles: 4 -> 8 samples).
+    (run dir of the resumed one, samples of the uninterrupted one, samples of the resumed)."""
+    workspace = tmp_path_factory.mktemp("ws")
+    data = write_corpus(workspace / "data")
+    whole, resumed = workspace / "whole-samples", workspace / "resumed-samples"
+    for name, folder, steps, nproc in (
+        ("whole", whole, 12, 1), ("resumed", resumed, 4, 1), ("resumed", resumed, 8, 2)
+    ):  # fmt: skip
+        folder.mkdir(exist_ok=True)
+        done = primus(*command(name, *data, f"steps={steps}", nproc=nproc), PYTHONPATH=FAULTS,
+                      PRIMUS_TEST_SAMPLES=str(folder), PRIMUS_WORKSPACE=str(workspace))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir_of(workspace, "resumed"), whole, resumed
+
+
+def test_a_resume_with_twice_the_processes_reads_each_remaining_sample_once(
+    data_runs: tuple[Path, Path, Path],
+) -> None:
+    run_dir, whole, resumed = data_runs
+    status = patch_status(run_dir)
+    assert status["maxtext.grain_global_position"][0] == "applied"
+    assert status["maxtext.grain_resharded_resume"][0] == "applied"
+    assert "restoring from this run's directory step 3" in log(run_dir, 1)
+    rank_0_batches, rank_1_batches = samples(resumed, 0), samples(resumed, 1)
+    before = rank_0_batches[:4]
+    after = list(zip(rank_0_batches[4:], rank_1_batches, strict=True))
+    uninterrupted = samples(whole, 0)
+    assert len(uninterrupted) == 12 and len(after) == 4
+    assert before == uninterrupted[:4]  # the same samples in the same order
+    # step 5 + k of the resumed run: the two processes' rows are the samples of steps
+    # 5 + 2k and 6 + 2k of the uninterrupted run (a global batch of 8 instead of 4)
+    for k, (rank_0, rank_1) in enumerate(after):
+        assert sorted(rank_0 + rank_1) == sorted(
+            uninterrupted[4 + 2 * k] + uninterrupted[5 + 2 * k]
+        )
+    seen = [row for batch in before for row in batch] + [r for a, b in after for r in a + b]
+    assert len(seen) == len(set(seen)) == 4 * 4 + 4 * 8  # no sample twice
