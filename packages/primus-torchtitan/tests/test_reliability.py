@@ -138,7 +138,7 @@ def whole_dp2(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
 def preempted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Interrupted]]:
     """The same run preempted twice and resumed each time by the same command: SIGTERM to the
     worker of rank 1 only (after step 4), then SIGUSR1 (Slurm's warning) to the launcher
-    (after step 12); then the run to its end."""
+    (after step 10); then the run to its end."""
     workspace = tmp_path_factory.mktemp("preempt")
     overrides = (*DP2, *CHECKPOINTS, "checkpoint.interval=5", "training.steps=20")
     cmd = command("preempt", *overrides, nproc=2)
@@ -146,7 +146,7 @@ def preempted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Inte
     env = {"PRIMUS_WORKSPACE": str(workspace)}
     stops = [
         interrupt(cmd, run, signal.SIGTERM, at_step=4, to_rank=1, env=env),
-        interrupt(cmd, run, signal.SIGUSR1, at_step=12, env=env),
+        interrupt(cmd, run, signal.SIGUSR1, at_step=10, env=env),
     ]
     train_run(RECIPE, workspace, *SCHEDULE, "exp_name=preempt", *overrides, nproc=2)
     return run, stops
@@ -166,7 +166,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_exit_75(
         assert f"at step {step}: checkpoint {checkpoint} written" in stop.stderr
         assert f"run the same command again to resume from step {step}" in stop.stderr
     first, second = (s.marker["step"] for s in stops)
-    assert 5 <= first < 12 <= second < 20
+    assert 5 <= first < 10 <= second < 20
     # only rank 1 got the SIGTERM; rank 0 stopped at the same step (the ranks agree)
     assert stops[0].stderr.count("SIGTERM received") == 1
     assert f"preempted: SIGTERM at step {first}" in stops[0].stderr  # rank 1's line
@@ -184,6 +184,20 @@ def test_the_same_command_resumes_and_matches_the_uninterrupted_run(
     for stop in stops:
         assert f"Loading the checkpoint from {run}/checkpoint/step-{stop.marker['step']}." in log
     assert_losses_match(run, whole_dp2)
+
+
+def test_without_checkpoints_a_signal_stops_the_run_saying_it_cannot_resume(
+    tmp_path: Path,
+) -> None:
+    run = run_dir(tmp_path, "unsaved")
+    env = {"PRIMUS_WORKSPACE": str(tmp_path)}
+    stop = interrupt(command("unsaved", "training.steps=20"), run, signal.SIGTERM, at_step=3,
+                     env=env)  # fmt: skip
+    assert stop.returncode == 1 and stop.marker is None, stop.stderr[-3000:]
+    assert "SIGTERM at step" in stop.stderr
+    assert "stopped without a checkpoint (checkpoint.enable is false)" in stop.stderr
+    assert "hint: set checkpoint.enable: true so that a preempted run can resume" in stop.stderr
+    assert max(losses(run)) < 20
 
 
 # -- Promise 4: non-finite numbers (the runs from here on train on a local jsonl dataset) -------
@@ -378,8 +392,8 @@ def test_a_save_over_a_complete_checkpoint_is_incomplete_until_it_is_done(
     cmd = command("again", *data.overrides, *CHECKPOINTS, "training.steps=20", "optimizer.lr=1e-3")
     killed = faulty(tmp_path, *cmd, "checkpoint.load_step=15", PRIMUS_TEST_KILL_AT="1:100")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert "step-20 is written again; its .metadata removed" in killed.stdout + killed.stderr
     assert not (checkpoints / "step-20" / ".metadata").exists()
+    assert "step-20 is written again; its .metadata removed" in killed.stdout + killed.stderr
     resumed = faulty(tmp_path, *cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     output = resumed.stdout + resumed.stderr
