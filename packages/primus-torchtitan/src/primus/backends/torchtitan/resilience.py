@@ -15,19 +15,33 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def across_ranks(values: Sequence[Any], op: str) -> list[float]:
-    """`values` (floats or 0-d tensors) reduced over every rank with `op` ("max" or "sum");
-    as they are in a single process."""
+def host_group() -> Any:
+    """A gloo group over every rank, for flags agreed on every step without waiting for the
+    device: None (the default group) when that is gloo already or there is one process. All
+    ranks must call it (it may create a group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def across_ranks(values: Sequence[Any], op: str, group: Any = None) -> list[float]:
+    """`values` (floats or 0-d tensors) reduced over every rank with `op` ("max" or "sum"),
+    through `group` (a gloo one: on the host) or the default group; as they are in a single
+    process."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [float(v) for v in values]
-    device = "cpu" if dist.get_backend() == "gloo" else torch.accelerator.current_accelerator()
+    on_host = group is not None or dist.get_backend() == "gloo"
+    device = "cpu" if on_host else torch.accelerator.current_accelerator()
     vector = torch.stack(
         [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values]
     )
-    dist.all_reduce(vector, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    dist.all_reduce(vector, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
+                    group=group)  # fmt: skip
     return vector.tolist()
 
 

@@ -22,13 +22,14 @@ from primus.core.patches import TESTED, PatchContext, register_patch
 )
 def stop_on_preemption(ctx: PatchContext) -> None:
     """After each step's checkpoint decision, the ranks agree on a preemption signal (any rank
-    got one: all-reduce MAX); then every rank writes a full checkpoint of the step (unless the
+    got one: all-reduce MAX, over gloo); then every rank writes a full checkpoint of the step (unless the
     step's own save was one), waits for async saves, and the run stops with exit 75."""
-    from primus.backends.torchtitan.resilience import across_ranks, rank, save_full
+    from primus.backends.torchtitan.resilience import across_ranks, host_group, rank, save_full
 
     run_dir = ctx.run_dir
     assert run_dir is not None, "the runtime always sets the run directory"
     checkpointer = ctx.extra["trainer"].trainer.checkpointer
+    group = host_group()  # the flag is agreed on the host: no device sync at each step
     if not checkpointer.enable:
         log_rank_0("[torchtitan] preemption: checkpoint.enable is false, so a SIGTERM/SIGUSR1 "
                    "stops the run after its step without a checkpoint (exit 1)")  # fmt: skip
@@ -36,7 +37,7 @@ def stop_on_preemption(ctx: PatchContext) -> None:
     def wrapper(original: Callable[..., bool]) -> Callable[..., bool]:
         def save(self: Any, curr_step: int, last_step: bool = False) -> bool:
             saved = original(self, curr_step, last_step)
-            if not across_ranks([preemption.requested() is not None], "max")[0]:
+            if not across_ranks([preemption.requested() is not None], "max", group)[0]:
                 return saved
             if last_step:
                 log_rank_0(f"[torchtitan] preemption signal at the last step ({curr_step}): "
