@@ -109,9 +109,8 @@ class SaveOps:
 
     def counted(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def operation(*args: Any, **kwargs: Any) -> Any:
-            if args and args[-1] in ("rb", "r"):  # create_stream for reading: a load
-                return original(*args, **kwargs)
-            self.op()
+            if not (args and args[-1] in ("rb", "r")):  # create_stream for reading: a load
+                self.op()
             return original(*args, **kwargs)
 
         return operation
