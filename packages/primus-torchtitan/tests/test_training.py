@@ -5,12 +5,11 @@ Each run is a `primus train pretrain` subprocess on the tiny recipe (gloo on CPU
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from primus.backends.torchtitan.testing import write_corpus
 from primus.core.testing.files import run_writes, written_outside
 from primus.core.testing.golden import CPU_FP32, assert_matches_golden
 from primus.core.testing.runs import (
@@ -120,51 +119,9 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
         assert resumed[step] == pytest.approx(whole[step], rel=1e-4), step
 
 
-def write_tokenizer(folder: Path, texts: list[str]) -> int:
-    """A small BPE tokenizer in TorchTitan's hf_assets_path layout; returns its vocab size."""
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    special = ["<unk>", "<s>", "</s>"]
-    tokenizer.train_from_iterator(
-        texts, trainers.BpeTrainer(vocab_size=300, special_tokens=special)
-    )
-    folder.mkdir()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return tokenizer.get_vocab_size()
-
-
 def test_trains_on_a_local_jsonl_dataset_with_a_local_tokenizer(tmp_path: Path) -> None:
-    words = [
-        "the",
-        "quick",
-        "brown",
-        "fox",
-        "jumps",
-        "over",
-        "a",
-        "lazy",
-        "dog",
-        "while",
-        "seven",
-        "cats",
-        "sleep",
-    ]
-    texts = [" ".join(words[i % 7 :] + words[: i % 7]) for i in range(400)]
-    vocab = write_tokenizer(tmp_path / "tokenizer", texts)
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    run_dir = train(
-        tmp_path,
-        "exp_name=jsonl",
-        "training.steps=20",
-        "mock_data=false",
-        "dataloader.dataset=jsonl",
-        f"dataloader.dataset_path={corpus}",
-        f"hf_assets_path={tmp_path / 'tokenizer'}",
-        f"model.vocab_size={vocab}",
-    )
+    _, data = write_corpus(tmp_path)
+    run_dir = train(tmp_path, "exp_name=jsonl", "training.steps=20", *data)
     assert_loss_falls(losses(run_dir), by=1.0)
     assert patch_status(run_dir)["torchtitan.local_datasets"][0] == "applied"
 

@@ -2,12 +2,25 @@
 `primus.patches`); torchtitan and torch are imported only inside the handlers."""
 
 from primus.backends.torchtitan.patches import (
+    checkpoints,
     data,
     devices,
     log_routing,
+    nonfinite,
     posttrain,
+    preemption,
     run_dir,
     throughput,
 )
 
-__all__ = ["data", "devices", "log_routing", "posttrain", "run_dir", "throughput"]
+__all__ = [
+    "checkpoints",
+    "data",
+    "devices",
+    "log_routing",
+    "nonfinite",
+    "posttrain",
+    "preemption",
+    "run_dir",
+    "throughput",
+]

@@ -1,6 +1,10 @@
-"""Data wiring: mock data when the experiment names no dataset; local jsonl/parquet datasets."""
+"""Data wiring: mock data when the experiment names no dataset; local jsonl/parquet datasets;
+the data position re-sharded when a run resumes with another data-parallel size."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
@@ -51,3 +55,75 @@ def local_datasets(ctx: PatchContext) -> None:
     if not path:
         raise ConfigError("dataloader.dataset_path: name the local jsonl/parquet file(s) to read")
     log_rank_0(f"[torchtitan] dataset: {get_param(ctx, 'dataloader.dataset')} from {path}")
+
+
+@register_patch(
+    "torchtitan.data_reshard",
+    backend="torchtitan",
+    phase="build_args",
+    backend_versions=TESTED,
+    target="torchtitan.hf_datasets.text_datasets (split_dataset_by_node, HuggingFaceTextDataset "
+    "state), CheckpointManager.dcp_load",
+    tags=("data", "reliability"),
+)
+def data_reshard(ctx: PatchContext) -> None:
+    """Resuming with another data-parallel size: instead of TorchTitan's assertion, the text
+    dataset's saved positions are re-sharded (primus.backends.torchtitan.reshard), so that
+    the resumed run reads each row left in the epoch exactly once; other datasets: a config
+    error that says so."""
+    from primus.backends.torchtitan import reshard
+
+    text = "torchtitan.hf_datasets.text_datasets"
+    dataset = f"{text}.HuggingFaceTextDataset"
+
+    def keep_full(original: Callable[..., Any]) -> Callable[..., Any]:
+        def split_dataset_by_node(data: Any, rank: int, world_size: int) -> Any:
+            shard = original(data, rank, world_size)
+            shard._primus_full = data  # for a re-shard: rows outside this rank's shard
+            return shard
+
+        return split_dataset_by_node
+
+    def save_order(original: Callable[..., dict]) -> Callable[..., dict]:
+        def state_dict(self: Any) -> dict:
+            order = getattr(self, "_primus_order", None)
+            return original(self) | ({reshard.ORDER: order} if order is not None else {})
+
+        return state_dict
+
+    def load_order(original: Callable[..., None]) -> Callable[..., None]:
+        def load_state_dict(self: Any, state: dict) -> None:
+            original(self, state)
+            self._primus_order = state.get(reshard.ORDER)
+            if self._primus_order is not None:
+                self._data = self._original_data._primus_full.select(self._primus_order)
+
+        return load_state_dict
+
+    def end_order(original: Callable[..., None]) -> Callable[..., None]:
+        def reloop(self: Any) -> None:
+            self._primus_order = None  # the next epoch reads the usual shard
+            original(self)
+
+        return reloop
+
+    def resharded(original: Callable[..., None]) -> Callable[..., None]:
+        def dcp_load(self: Any, state_dict: dict, checkpoint_id: str, **kwargs: Any) -> None:
+            loader = state_dict.get("dataloader")
+            if loader is not None and not kwargs.get("from_hf"):
+                saved = reshard.saved_ranks(checkpoint_id)
+                if saved and saved != loader.dp_world_size:
+                    reshard.check_reshardable(loader, saved)
+                    log_rank_0(f"[torchtitan] data position: saved by {saved} data-parallel "
+                               f"ranks, resumed on {loader.dp_world_size}: the rows left in "
+                               "the epoch and the buffered tokens are re-sharded")  # fmt: skip
+                    state_dict = state_dict | {"dataloader": reshard.Resharded(loader, saved)}
+            original(self, state_dict, checkpoint_id, **kwargs)
+
+        return dcp_load
+
+    ctx.wrap(text, "split_dataset_by_node", keep_full)
+    ctx.wrap(dataset, "state_dict", save_order)
+    ctx.wrap(dataset, "load_state_dict", load_order)
+    ctx.wrap(dataset, "reloop", end_order)
+    ctx.wrap("torchtitan.components.checkpointer.CheckpointManager", "dcp_load", resharded)

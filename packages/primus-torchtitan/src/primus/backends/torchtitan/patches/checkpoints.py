@@ -1,0 +1,77 @@
+"""Crash-safe checkpoints: DCP writes a save's `.metadata` last (to `.metadata.tmp`, then a
+rename), and TorchTitan resumes only from `step-N` folders that have one. Primus adds: a save
+into a folder that holds a complete checkpoint already removes its `.metadata` first (else a
+kill during the save would leave the old `.metadata` over partly new files), and a resume says
+which folders it passed over as incomplete."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from primus.core.logging import log_rank_0
+from primus.core.patches import TESTED, PatchContext, register_patch
+
+
+def incomplete(folder: str, chosen: int) -> list[str]:
+    """The `step-N` folders in `folder` newer than `chosen`, the latest complete save: saves
+    that did not finish."""
+    from torchtitan.tools import filesystem
+
+    found = []
+    for name in filesystem.listdir(folder) if filesystem.isdir(folder) else ():
+        match = re.fullmatch(r"step-(\d+)", name)
+        if match and int(match.group(1)) > chosen:
+            found.append((int(match.group(1)), name))
+    return [name for _, name in sorted(found)]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+@register_patch(
+    "torchtitan.crash_safe_checkpoints",
+    backend="torchtitan",
+    phase="build_args",
+    backend_versions=TESTED,
+    target="torchtitan.components.checkpointer.CheckpointManager._find_load_step, dcp_save",
+    tags=("reliability",),
+)
+def crash_safe_checkpoints(ctx: PatchContext) -> None:
+    """A save into a local step-N folder with a complete checkpoint (a run resumed from an
+    earlier checkpoint.load_step) first removes its .metadata, so the folder counts as incomplete
+    until the new save is done; a resume names the step-N folders newer than the one it
+    loads (saves that did not finish) and says which one it resumes from."""
+
+    def wrapper(original: Callable[..., int]) -> Callable[..., int]:
+        def find_load_step(self: Any, folder: str = "") -> int:
+            step = original(self, folder)
+            skipped = incomplete(folder or self.folder, step)
+            if skipped:
+                chosen = f"step-{step}" if step >= 0 else "none (a fresh start)"
+                log_rank_0(f"[torchtitan] checkpoint: {', '.join(skipped)} incomplete (no "
+                           f".metadata: the save did not finish), skipped; the latest complete "
+                           f"one: {chosen}")  # fmt: skip
+            return step
+
+        return find_load_step
+
+    def incomplete_until_done(original: Callable[..., Any]) -> Callable[..., Any]:
+        def dcp_save(self: Any, state_dict: dict, checkpoint_id: str, *args: Any, **kw: Any) -> Any:
+            metadata = os.path.join(checkpoint_id, ".metadata")  # a local folder (not fsspec)
+            if _rank() == 0 and os.path.isfile(metadata):  # before DCP's first collective,
+                os.remove(metadata)  # so before any rank writes into the folder
+                log_rank_0(f"[torchtitan] checkpoint: {checkpoint_id} is written again; its "
+                           ".metadata removed until the new save is complete")  # fmt: skip
+            return original(self, state_dict, checkpoint_id, *args, **kw)
+
+        return dcp_save
+
+    manager = "torchtitan.components.checkpointer.CheckpointManager"
+    ctx.wrap(manager, "_find_load_step", wrapper)
+    ctx.wrap(manager, "dcp_save", incomplete_until_done)
