@@ -5,9 +5,22 @@ from primus.backends.megatron.patches import (
     data,
     devices,
     fallbacks,
+    faults,
+    nonfinite,
     posttrain,
+    preemption,
     run_dir,
     throughput,
 )
 
-__all__ = ["data", "devices", "fallbacks", "posttrain", "run_dir", "throughput"]
+__all__ = [
+    "data",
+    "devices",
+    "fallbacks",
+    "faults",
+    "nonfinite",
+    "posttrain",
+    "preemption",
+    "run_dir",
+    "throughput",
+]
