@@ -2,6 +2,7 @@
 `primus.patches`); megatron and torch are imported only inside the handlers."""
 
 from primus.backends.megatron.patches import (
+    checkpoints,
     data,
     devices,
     fallbacks,
@@ -14,6 +15,7 @@ from primus.backends.megatron.patches import (
 )
 
 __all__ = [
+    "checkpoints",
     "data",
     "devices",
     "fallbacks",
