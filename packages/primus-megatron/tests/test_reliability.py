@@ -91,7 +91,8 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_the_same_curve(
 
     resumed = primus(*run, **env(tmp_path))  # the same command again
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"successfully loaded checkpoint from {run_dir / 'checkpoints'}" in resumed.stdout
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {run_dir / 'checkpoints' / f'iter_{step:07d}'} (iteration {step})" in log
     steps = [m["step"] for m in step_metrics(run_dir)]
     assert steps == [*range(2, step + 1), *range(step + 2, STEPS + 1)]  # the first step of a
     whole, curve = losses(uninterrupted), losses(run_dir)  # run only starts the clock
@@ -152,7 +153,8 @@ def test_non_finite_gradients_in_a_row_stop_with_exit_1_and_the_last_good_state(
     assert_same_tensors(last_good, tensors(ckpt / "iter_0000007", tmp_path / "7.pt"))
     resumed = primus(*run, **env(tmp_path))  # the same command, the fault gone
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"successfully loaded checkpoint from {ckpt} at iteration 7" in resumed.stdout
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {ckpt / 'iter_0000007'} (iteration 7)" in log
     assert sorted(losses(run_dir)) == [*range(2, 8), 9, 10]
 
 
@@ -225,3 +227,57 @@ def test_kills_during_saves_resume_from_the_latest_complete_checkpoint(
         step = metrics["step"]
         assert metrics["loss"] == pytest.approx(whole[step], rel=1e-5, abs=1e-5), step
     assert max(losses(run_dir)) == STEPS
+
+
+# Promise 3: the data position.
+
+
+def indexed_dataset(prefix: Path, documents: int = 300) -> Path:
+    """A Megatron indexed dataset (.bin/.idx) of random token documents (vocabulary 512)."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix.parent.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    for _ in range(documents):
+        doc = rng.integers(0, 511, rng.integers(20, 200))
+        builder.add_document(doc, [len(doc)])
+    builder.finalize(f"{prefix}.idx")
+    return prefix
+
+
+def samples(run_dir: Path) -> dict[int, list[str]]:
+    """Step -> the hashes of the samples all ranks trained on (megatron.log_samples)."""
+    import json
+
+    by_step: dict[int, list[str]] = {}
+    for path in run_dir.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_step.setdefault(record["step"], []).extend(record["samples"])
+    return {step: sorted(hashes) for step, hashes in sorted(by_step.items())}
+
+
+def test_a_resume_on_indexed_data_with_another_dp_size_sees_the_same_samples(
+    tmp_path: Path,
+) -> None:
+    # Saved by 2 data-parallel ranks at step 6, resumed by 1: Megatron's position in the data
+    # is the global consumed_train_samples, so the resumed run takes up the same global batches.
+    prefix = indexed_dataset(tmp_path / "data" / "docs")
+    data = [f"data_path=[{prefix}]", "tokenizer_type=NullTokenizer", "split=100,0,0"]
+    logged = {"PRIMUS_LOG_SAMPLES": "1", **env(tmp_path)}
+    whole = primus(*command("data-whole", *data, "train_iters=12"), **logged)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    resumed = [*data, "train_iters=12", "save_interval=6"]
+    first = primus(*command("data-resumed", *resumed, "exit_interval=6", nproc=2), **logged)
+    assert first.returncode == 0, first.stderr[-4000:]
+    run_dir = tmp_path / "team/user/data-resumed"
+    assert list(samples(run_dir)) == list(range(1, 7))
+    second = primus(*command("data-resumed", *resumed), **logged)
+    assert second.returncode == 0, second.stderr[-4000:]
+    expected = samples(tmp_path / "team/user/data-whole")
+    assert len(expected) == 12 and all(len(hashes) == 8 for hashes in expected.values())
+    assert samples(run_dir) == expected
+    rank1 = (run_dir / "samples-rank1.jsonl").read_text()
+    assert '"step": 6' in rank1 and '"step": 7' not in rank1  # steps 7-12 on one rank

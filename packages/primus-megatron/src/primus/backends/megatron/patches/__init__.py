@@ -6,11 +6,11 @@ from primus.backends.megatron.patches import (
     data,
     devices,
     fallbacks,
-    faults,
     nonfinite,
     posttrain,
     preemption,
     run_dir,
+    testing,
     throughput,
 )
 
@@ -19,10 +19,10 @@ __all__ = [
     "data",
     "devices",
     "fallbacks",
-    "faults",
     "nonfinite",
     "posttrain",
     "preemption",
     "run_dir",
+    "testing",
     "throughput",
 ]

@@ -63,8 +63,13 @@ class GuardedOptimizer:
         return (loss_sum / tokens if tokens else None), math.sqrt(grad_squares)
 
     def step(self) -> tuple[bool, Any, Any]:
+        from megatron.training import get_args
+
         loss, grad_norm = self._loss_and_grad_norm()
-        if not self._ok({"loss": loss, "grad norm": grad_norm}):
+        # fp16: overflowing gradients are the loss scaler's business (Megatron's optimizer
+        # skips the step and lowers the scale); the loss still counts.
+        values = {"loss": loss, "grad norm": None if get_args().fp16 else grad_norm}
+        if not self._ok(values):
             return False, None, None  # what Megatron's optimizer returns when it skips
         return self._optimizer.step()
 

@@ -1,7 +1,11 @@
-"""Fault injection for the reliability tests, off unless a test sets PRIMUS_FAULT_NONFINITE."""
+"""Instruments for the reliability tests, each off unless a test sets its environment
+variable: non-finite steps (PRIMUS_FAULT_NONFINITE), the samples each step trains on
+(PRIMUS_LOG_SAMPLES)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -53,4 +57,45 @@ def fault_nonfinite(ctx: PatchContext) -> None:
         "primus.backends.megatron.providers",
         "loss_func",
         lambda original: _faulty(original, kind, chosen),
+    )
+
+
+SAMPLES_ENV = "PRIMUS_LOG_SAMPLES"  # 1: samples-rank<R>.jsonl in the run dir
+
+
+def _log_samples_requested(ctx: PatchContext) -> bool:
+    """PRIMUS_LOG_SAMPLES is set (tests only)"""
+    return bool(os.environ.get(SAMPLES_ENV))
+
+
+def _logged(original: Callable, out: Any) -> Callable:
+    from megatron.training import get_args
+
+    def get_batch(data_iterator: Any) -> Any:
+        batch = original(data_iterator)
+        rows = [
+            hashlib.sha1(row.cpu().numpy().tobytes()).hexdigest()[:16] for row in batch["tokens"]
+        ]
+        out.write(json.dumps({"step": get_args().curr_iteration + 1, "samples": rows}) + "\n")
+        out.flush()
+        return batch
+
+    return get_batch
+
+
+@register_patch(
+    "megatron.log_samples",
+    backend="megatron",
+    phase="before_train",
+    condition=_log_samples_requested,
+    target="primus.backends.megatron.providers.get_batch",
+    tags=("testing",),
+)
+def log_samples(ctx: PatchContext) -> None:
+    """Append the step and a hash of every sample of each micro-batch this rank trains on to
+    samples-rank<R>.jsonl in the run dir (PRIMUS_LOG_SAMPLES=1)."""
+    assert ctx.run_dir is not None, "the runtime always sets the run directory"
+    out = open(ctx.run_dir / f"samples-rank{os.environ.get('RANK', '0')}.jsonl", "a")  # noqa: SIM115
+    ctx.wrap(
+        "primus.backends.megatron.providers", "get_batch", lambda original: _logged(original, out)
     )
