@@ -5,6 +5,8 @@ Every run is a `primus train pretrain` subprocess on the tiny recipe (gloo for 2
 Non-finite steps are made by the test-only patch `megatron.fault_nonfinite`, which the test
 selects with PRIMUS_FAULT_NONFINITE: at the chosen steps it multiplies the loss by NaN (`loss`),
 or leaves the loss finite and multiplies the gradient flowing back from it by Inf (`grad`).
+Saves are interrupted by SIGKILL at random moments; the samples of each step are logged by the
+test-only patch `megatron.log_samples` (PRIMUS_LOG_SAMPLES).
 """
 
 from __future__ import annotations
@@ -98,6 +100,17 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_the_same_curve(
     whole, curve = losses(uninterrupted), losses(run_dir)  # run only starts the clock
     for s in range(step + 2, STEPS + 1):
         assert curve[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-5), s
+
+
+def test_megatrons_own_sigterm_handler_is_left_to_primus(tmp_path: Path) -> None:
+    # exit_signal_handler would replace Primus's handler for one signal, and exit 0.
+    shown = primus(
+        "config", "show", str(RECIPE), "--provenance", "--after-patches",
+        "exit_signal_handler=true", PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "exit_signal_handler: false  # patch megatron.exit_signal_handler_off" in shown.stdout
+    assert "check_for_nan_in_loss_and_grad: false  # patch megatron.nonfinite_args" in shown.stdout
 
 
 # Promise 4: non-finite numbers.
