@@ -13,6 +13,7 @@ from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
 from primus.core.errors import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"
+LAST_FILE = "metadata.json"  # a torch_dist checkpoint folder's last file, after its shards
 
 
 def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def _iteration_folder(path: Path) -> tuple[Path, int, list[int]] | None:
             return saved[iteration], iteration, list(saved)
         return None
     number = path.name.removeprefix("iter_")
-    if path.name.startswith("iter_") and number.isdigit() and (path / "metadata.json").is_file():
+    if path.name.startswith("iter_") and number.isdigit() and (path / LAST_FILE).is_file():
         return path, int(number), [int(number)]
     return None
 
@@ -99,6 +100,12 @@ def iteration_dir(folder: Path, iteration: int | None = None) -> Path:
         raise ConfigError(f"{folder}: no checkpoint of iteration {iteration}",
                           hint=f"saved: {', '.join(map(str, saved))}")  # fmt: skip
     return numbered(folder, "iter_")[iteration]
+
+
+def complete_iterations(folder: Path) -> list[int]:
+    """The iterations of the complete checkpoints in `folder` (a save that was killed leaves
+    its `iter_N` folder without LAST_FILE), in increasing order."""
+    return [i for i, path in numbered(folder, "iter_").items() if (path / LAST_FILE).is_file()]
 
 
 def is_imported(folder: Path) -> bool:

@@ -184,13 +184,14 @@ def loss_func(
     loss_mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * loss_mask)
     num_tokens = loss_mask.sum().clone().detach().to(torch.int)
-    get_rerun_state_machine().validate_result(
-        result=loss,
-        rejection_func=torch.isnan,
-        message="found NaN in local forward loss calculation",
-        tolerance=0.0,
-        fatal=True,
-    )
+    if get_args().check_for_nan_in_loss_and_grad:  # off under megatron.nonfinite_args
+        get_rerun_state_machine().validate_result(
+            result=loss,
+            rejection_func=torch.isnan,
+            message="found NaN in local forward loss calculation",
+            tolerance=0.0,
+            fatal=True,
+        )
     report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
     return loss, num_tokens, {"lm loss": report}
 

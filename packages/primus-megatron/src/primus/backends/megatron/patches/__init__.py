@@ -2,12 +2,27 @@
 `primus.patches`); megatron and torch are imported only inside the handlers."""
 
 from primus.backends.megatron.patches import (
+    checkpoints,
     data,
     devices,
     fallbacks,
+    nonfinite,
     posttrain,
+    preemption,
     run_dir,
+    testing,
     throughput,
 )
 
-__all__ = ["data", "devices", "fallbacks", "posttrain", "run_dir", "throughput"]
+__all__ = [
+    "checkpoints",
+    "data",
+    "devices",
+    "fallbacks",
+    "nonfinite",
+    "posttrain",
+    "preemption",
+    "run_dir",
+    "testing",
+    "throughput",
+]

@@ -1,0 +1,70 @@
+"""Crash-safe resume: Megatron loads the latest complete checkpoint, whatever a kill during a
+save left, and the log says which."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from primus.core.logging import get_logger, log_rank_0
+from primus.core.patches import TESTED, PatchContext, get_param, register_patch
+
+
+def _latest_complete(original: Callable) -> Callable:
+    def read_metadata(tracker_filename: str) -> tuple[int, bool]:
+        from primus.backends.megatron.checkpoints import complete_iterations
+
+        tracker = Path(tracker_filename)
+        named = tracker.read_text().strip()
+        complete = complete_iterations(tracker.parent)
+        if named == "release" or (named.isdigit() and int(named) in complete):
+            return original(tracker_filename)
+        latest = complete[-1] if complete else -1
+        get_logger().warning(
+            f"[megatron] {tracker} names {named or 'nothing'!r}, not a complete checkpoint (a "
+            "save was interrupted): "
+            + (f"loading iteration {latest}, the latest complete one" if complete else
+               "no complete checkpoint, training starts from scratch")
+        )  # fmt: skip
+        return latest, False
+
+    return read_metadata
+
+
+def _say_which(original: Callable) -> Callable:
+    def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+        from megatron.training.checkpointing import get_checkpoint_name
+
+        iteration, flops = original(*args, **kwargs)
+        load = get_args().load
+        if iteration and load:
+            where = get_checkpoint_name(load, iteration, return_base_dir=True)
+            log_rank_0(f"[megatron] resumed from {where} (iteration {iteration})")
+        return iteration, flops
+
+    return load_checkpoint
+
+
+def _torch_dist(ctx: PatchContext) -> bool:
+    """ckpt_format is torch_dist (Megatron's default)"""
+    return get_param(ctx, "ckpt_format", "torch_dist") == "torch_dist"
+
+
+@register_patch(
+    "megatron.latest_complete_checkpoint",
+    backend="megatron",
+    phase="before_train",
+    condition=_torch_dist,
+    backend_versions=TESTED,
+    target="megatron.training.checkpointing.read_metadata, load_checkpoint",
+    tags=("reliability",),
+)
+def latest_complete_checkpoint(ctx: PatchContext) -> None:
+    """Resume from the latest complete checkpoint when the tracker file names none (a kill
+    while Megatron wrote it leaves it empty, and Megatron then exits 0 without training) or an
+    incomplete one; log the checkpoint a run resumes from."""
+    checkpointing = "megatron.training.checkpointing"
+    ctx.wrap(checkpointing, "read_metadata", _latest_complete)
+    ctx.wrap(checkpointing, "load_checkpoint", _say_which)

@@ -1,0 +1,296 @@
+"""Reliability of `primus train` on Megatron (issue 17), on CPU: real signals to real
+processes, real NaN/Inf in real training steps.
+
+Every run is a `primus train pretrain` subprocess on the tiny recipe (gloo for 2 processes).
+Non-finite steps are made by the test-only patch `megatron.fault_nonfinite`, which the test
+selects with PRIMUS_FAULT_NONFINITE: at the chosen steps it multiplies the loss by NaN (`loss`),
+or leaves the loss finite and multiplies the gradient flowing back from it by Inf (`grad`).
+Saves are interrupted by SIGKILL at random moments; the samples of each step are logged by the
+test-only patch `megatron.log_samples` (PRIMUS_LOG_SAMPLES).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.faults import interrupt
+from primus.core.testing.runs import losses, primus, step_metrics, train_run
+
+ROOT = Path(__file__).resolve().parents[3]
+RECIPE = ROOT / "configs" / "megatron" / "tiny-cpu.yaml"
+STEPS = 44  # the crash test needs about 2 steps per kill
+KILLS = 20
+pytestmark = pytest.mark.slow
+
+
+def command(name: str, *overrides: str, nproc: int = 1) -> list[str]:
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    return ["train", "pretrain", "--config", str(RECIPE), *launch, f"exp_name={name}", *overrides]
+
+
+def env(workspace: Path) -> dict[str, str]:
+    """The run dir is then workspace/team/user/exp_name."""
+    return {"PRIMUS_WORKSPACE": str(workspace), "PRIMUS_TEAM": "team", "PRIMUS_USER": "user"}
+
+
+def tracked(run_dir: Path) -> int:
+    """The iteration Megatron's tracker file names: the checkpoint a resume loads."""
+    return int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+
+
+def tensors(checkpoint: Path, out: Path) -> dict[str, object]:
+    """The model and optimizer tensors of a Megatron (torch_dist) checkpoint folder, by name
+    (`optimizer.state.exp_avg.<param>` and so on)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(checkpoint, out)
+    state = torch.load(out, weights_only=False)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def assert_same_tensors(a: dict[str, object], b: dict[str, object]) -> None:
+    import torch
+
+    assert a.keys() == b.keys() and len(a) > 20
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_run(
+        RECIPE, tmp_path_factory.mktemp("ws"), "exp_name=whole", f"train_iters={STEPS}"
+    )
+
+
+# Promise 1: preemption.
+
+
+@pytest.mark.parametrize(
+    ("sig", "nproc", "to_rank"),
+    [(signal.SIGTERM, 1, None), (signal.SIGUSR1, 2, 1)],
+    ids=["SIGTERM-to-the-launcher", "SIGUSR1-to-rank-1-of-2"],
+)
+def test_a_preempted_run_saves_its_step_exits_75_and_resumes_the_same_curve(
+    tmp_path: Path, uninterrupted: Path, sig: signal.Signals, nproc: int, to_rank: int | None
+) -> None:
+    name = f"preempted-{nproc}"
+    run, run_dir = command(name, f"train_iters={STEPS}", nproc=nproc), tmp_path / "team/user" / name
+    stopped = interrupt(run, run_dir, sig, at_step=4, to_rank=to_rank, env=env(tmp_path))
+    assert stopped.preempted, stopped.stderr[-4000:]
+    step = stopped.marker["step"]
+    assert 4 <= step < STEPS - 2
+    assert f"at step {step}" in stopped.stderr and "run the same command again" in stopped.stderr
+    assert tracked(run_dir) == step  # no save_interval: the preemption saved it, where load looks
+    assert max(losses(run_dir)) == step
+    for rank in range(nproc):  # every rank stopped at the same step, the signalled one knows why
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert f" at step {step}; checkpoint {run_dir / 'checkpoints'}" in log
+        assert f"preempted by {sig.name}" in log or rank != (to_rank or 0)
+
+    resumed = primus(*run, **env(tmp_path))  # the same command again
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {run_dir / 'checkpoints' / f'iter_{step:07d}'} (iteration {step})" in log
+    steps = [m["step"] for m in step_metrics(run_dir)]
+    assert steps == [*range(2, step + 1), *range(step + 2, STEPS + 1)]  # the first step of a
+    whole, curve = losses(uninterrupted), losses(run_dir)  # run only starts the clock
+    for s in range(step + 2, STEPS + 1):
+        assert curve[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-5), s
+
+
+def test_megatrons_own_sigterm_handler_is_left_to_primus(tmp_path: Path) -> None:
+    # exit_signal_handler would replace Primus's handler for one signal, and exit 0.
+    shown = primus(
+        "config", "show", str(RECIPE), "--provenance", "--after-patches",
+        "exit_signal_handler=true", PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "exit_signal_handler: false  # patch megatron.exit_signal_handler_off" in shown.stdout
+    assert "check_for_nan_in_loss_and_grad: false  # patch megatron.nonfinite_args" in shown.stdout
+
+
+# Promise 4: non-finite numbers.
+
+
+def test_a_transient_nan_loss_skips_the_steps_and_keeps_the_weights(tmp_path: Path) -> None:
+    # A NaN loss at steps 5 and 6 (NaN gradients as well): 2 in a row, under the default 3.
+    faulty = primus(
+        *command("nan", "train_iters=12", "save_interval=2"),
+        PRIMUS_FAULT_NONFINITE="loss:5,6", **env(tmp_path),
+    )  # fmt: skip
+    assert faulty.returncode == 0, faulty.stderr[-4000:]
+    run_dir = tmp_path / "team/user/nan"
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    for step, in_row in ((5, 1), (6, 2)):
+        assert (
+            f"step {step} skipped: loss is nan, grad norm is nan; {in_row} in a row "
+            "(max_skipped_steps 3)" in log
+        )
+    assert log.count(" skipped: ") == 2
+    # The skipped steps kept the weights and the optimizer state; the next step trained.
+    ckpt = run_dir / "checkpoints"
+    before, after = (tensors(ckpt / f"iter_{i:07d}", tmp_path / f"{i}.pt") for i in (4, 6))
+    assert_same_tensors(before, after)
+    with pytest.raises(AssertionError):
+        assert_same_tensors(after, tensors(ckpt / "iter_0000008", tmp_path / "8.pt"))
+    # From there on, the curve of a run told to skip steps 5 and 6 (Megatron's
+    # iterations_to_skip: their batches consumed, no update, the schedule held).
+    skipping = train_run(
+        RECIPE, tmp_path, "exp_name=skip", "train_iters=12", "iterations_to_skip=[5,6]"
+    )
+    curve, reference = losses(run_dir), losses(skipping)
+    for s in range(7, 13):
+        assert curve[s] == pytest.approx(reference[s], rel=1e-5, abs=1e-5), s
+
+
+def test_non_finite_gradients_in_a_row_stop_with_exit_1_and_the_last_good_state(
+    tmp_path: Path,
+) -> None:
+    # A finite loss with Inf/NaN gradients at steps 5, 6 and 7: the third in a row stops it.
+    run = command("inf", "train_iters=10", "save_interval=4")
+    stopped = primus(*run, PRIMUS_FAULT_NONFINITE="grad:5,6,7", **env(tmp_path))
+    assert stopped.returncode == 1, stopped.stderr[-4000:]
+    run_dir = tmp_path / "team/user/inf"
+    ckpt = run_dir / "checkpoints"
+    assert (
+        "steps 5-7 non-finite (grad norm is nan at step 7): 3 in a row, max_skipped_steps is 3; "
+        f"the last good state (before step 5) is in {ckpt / 'iter_0000007'}" in stopped.stderr
+    )
+    assert "loss is" not in stopped.stderr  # the loss stayed finite: the gradient norm caught it
+    assert max(losses(run_dir)) == 7 and tracked(run_dir) == 7
+    last_good = tensors(ckpt / "iter_0000004", tmp_path / "4.pt")
+    assert_same_tensors(last_good, tensors(ckpt / "iter_0000007", tmp_path / "7.pt"))
+    resumed = primus(*run, **env(tmp_path))  # the same command, the fault gone
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {ckpt / 'iter_0000007'} (iteration 7)" in log
+    assert sorted(losses(run_dir)) == [*range(2, 8), 9, 10]
+
+
+# Promise 2: crash-safe checkpoints.
+
+
+def kill_during_a_save(
+    run: list[str], run_dir: Path, environment: dict[str, str], delay: float
+) -> int:
+    """Start the run; once it logs a step of its own (with save_interval 1 the save of that
+    step starts right after), wait `delay` seconds and SIGKILL it. The step it logged."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from primus.core.testing.faults import steps_logged
+
+    logged = steps_logged(run_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "primus.cli", *run], env=os.environ | environment,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while steps_logged(run_dir) <= logged:
+            assert proc.poll() is None, "the run ended before it logged a step"
+            time.sleep(0.002)
+        time.sleep(delay)
+        proc.kill()
+    finally:
+        proc.wait()
+    return steps_logged(run_dir)
+
+
+def latest_complete(ckpt: Path) -> int:
+    """The checkpoint a resume must load: the tracker's when it names a complete one (Megatron
+    writes it after the save), else the latest complete one (metadata.json is written last)."""
+    named = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()
+    complete = [int(p.parent.name[5:]) for p in ckpt.glob("iter_*/metadata.json")]
+    return int(named) if named.isdigit() and int(named) in complete else max(complete)
+
+
+def test_kills_during_saves_resume_from_the_latest_complete_checkpoint(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    import random
+    import re
+
+    rng, name = random.Random(17), "killed"
+    run = command(name, f"train_iters={STEPS}", "save_interval=1")
+    run_dir, expected, in_save = tmp_path / "team/user" / name, [], 0
+    ckpt = run_dir / "checkpoints"
+    for _ in range(KILLS):  # each run resumes from what the kill of the previous one left
+        step = kill_during_a_save(run, run_dir, env(tmp_path), rng.uniform(0, 0.04))
+        expected.append(latest_complete(ckpt))
+        in_save += expected[-1] < step  # killed before the save of its step was recorded
+    # A kill between Megatron's open(tracker, "w") and its write leaves the tracker empty
+    # (Megatron would then exit 0 without training): the same resume must still work.
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("")
+    expected[-1] = max(int(p.parent.name[5:]) for p in ckpt.glob("iter_*/metadata.json"))
+    final = primus(*run, **env(tmp_path))
+    assert final.returncode == 0, final.stderr[-4000:]
+    assert in_save >= KILLS // 2, in_save
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    resumed = [int(i) for i in re.findall(r"resumed from \S+/iter_\d+ \(iteration (\d+)\)", log)]
+    assert resumed == expected  # the first run started from scratch
+    assert "names 'nothing', not a complete checkpoint" in log
+    whole = losses(uninterrupted)
+    for metrics in step_metrics(run_dir):  # every step of every run, on the uninterrupted curve
+        step = metrics["step"]
+        assert metrics["loss"] == pytest.approx(whole[step], rel=1e-5, abs=1e-5), step
+    assert max(losses(run_dir)) == STEPS
+
+
+# Promise 3: the data position.
+
+
+def indexed_dataset(prefix: Path, documents: int = 300) -> Path:
+    """A Megatron indexed dataset (.bin/.idx) of random token documents (vocabulary 512)."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix.parent.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    for _ in range(documents):
+        doc = rng.integers(0, 511, rng.integers(20, 200))
+        builder.add_document(doc, [len(doc)])
+    builder.finalize(f"{prefix}.idx")
+    return prefix
+
+
+def samples(run_dir: Path) -> dict[int, list[str]]:
+    """Step -> the hashes of the samples all ranks trained on (megatron.log_samples)."""
+    import json
+
+    by_step: dict[int, list[str]] = {}
+    for path in run_dir.glob("samples-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_step.setdefault(record["step"], []).extend(record["samples"])
+    return {step: sorted(hashes) for step, hashes in sorted(by_step.items())}
+
+
+def test_a_resume_on_indexed_data_with_another_dp_size_sees_the_same_samples(
+    tmp_path: Path,
+) -> None:
+    # Saved by 2 data-parallel ranks at step 6, resumed by 1: Megatron's position in the data
+    # is the global consumed_train_samples, so the resumed run takes up the same global batches.
+    prefix = indexed_dataset(tmp_path / "data" / "docs")
+    data = [f"data_path=[{prefix}]", "tokenizer_type=NullTokenizer", "split=100,0,0"]
+    logged = {"PRIMUS_LOG_SAMPLES": "1", **env(tmp_path)}
+    whole = primus(*command("data-whole", *data, "train_iters=12"), **logged)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    resumed = [*data, "train_iters=12", "save_interval=6"]
+    first = primus(*command("data-resumed", *resumed, "exit_interval=6", nproc=2), **logged)
+    assert first.returncode == 0, first.stderr[-4000:]
+    run_dir = tmp_path / "team/user/data-resumed"
+    assert list(samples(run_dir)) == list(range(1, 7))
+    second = primus(*command("data-resumed", *resumed), **logged)
+    assert second.returncode == 0, second.stderr[-4000:]
+    expected = samples(tmp_path / "team/user/data-whole")
+    assert len(expected) == 12 and all(len(hashes) == 8 for hashes in expected.values())
+    assert samples(run_dir) == expected
+    rank1 = (run_dir / "samples-rank1.jsonl").read_text()
+    assert '"step": 6' in rank1 and '"step": 7' not in rank1  # steps 7-12 on one rank
