@@ -1,0 +1,137 @@
+"""Multi-node runs of each backend's tiny CPU recipe on one host: two Primus launchers with
+`--nnodes 2` on 127.0.0.1, and a 2-node job through `primus slurm` on a real Slurm (the
+`slurm` fixture). Both give the losses of the same run with `--nproc-per-node 2`, step for
+step. The three runs of a backend go side by side, to keep the wall time down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from primus.core.launcher import free_port
+from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.testing.runs import losses, primus
+from primus.core.testing.slurm import exit_code, wait_for
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+DUMMY_QUICKSTART = Path(__file__).parent / "fixtures" / "dummy-quickstart.yaml"
+# The settings of each backend's two-process test (test_training.py), 6 steps.
+RUNS = {
+    "megatron": ("train_iters=6",),
+    "torchtitan": (
+        "lr_scheduler.total_steps=20",
+        "metrics.log_freq=1",
+        "training.steps=6",
+        "parallelism.data_parallel_shard_degree=2",
+    ),
+    "maxtext": ("learning_rate_schedule_steps=20", "steps=6"),
+}
+
+
+def _start(*args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "primus.cli", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(run: subprocess.Popen[str]) -> None:
+    out, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, f"{run.args} exited {run.returncode}:\n{out[-3000:]}"
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def runs(
+    request: pytest.FixtureRequest, slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The backend's three runs, side by side; their parent directory (run dirs `reference`,
+    `nodes` and `slurm`)."""
+    backend = request.param
+    recipe = str(CONFIGS / backend / "tiny-cpu.yaml")
+    workspace = tmp_path_factory.mktemp(backend)
+    env = {**slurm, "PRIMUS_WORKSPACE": str(workspace)}
+    train = ("train", "pretrain", "--config", recipe, *RUNS[backend])
+    started = [_start(*train, "--nproc-per-node", "2", "exp_name=reference", **env)]
+    port = str(free_port())
+    started += [
+        _start(*train, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+               "--master-port", port, "exp_name=nodes", **env)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    submitted = primus(
+        "slurm", "pretrain", "--config", recipe, "--nnodes", "2", "--gpus-per-node", "0",
+        *RUNS[backend], "exp_name=slurm", **env,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
+    for run in started:
+        _finish(run)
+    wait_for(job, slurm)
+    runs = workspace / "local" / "local"
+    log = (runs / "slurm" / "logs" / f"slurm-{job}.out").read_text()
+    assert exit_code(job, slurm) == 0, log[-3000:]
+    return runs
+
+
+def test_two_launchers_on_one_host_match_one_launcher_of_two(runs: Path) -> None:
+    assert losses(runs / "nodes") == losses(runs / "reference")
+
+
+def test_a_two_node_slurm_job_matches_one_launcher_of_two(runs: Path) -> None:
+    assert losses(runs / "slurm") == losses(runs / "reference")
+    assert len(losses(runs / "slurm")) >= 5
+
+
+READY = {0: "lifecycle: trainer.train", 1: "load_trainer_class"}  # what ranks 0 and 1 log
+
+
+def show(job: str, env: dict[str, str]) -> str:
+    return subprocess.run(
+        ["scontrol", "show", "job", job], env=env, capture_output=True, text=True
+    ).stdout
+
+
+def started(rank_log: Path, line: str) -> bool:
+    return rank_log.is_file() and line in rank_log.read_text()
+
+
+def test_slurms_warning_signal_stops_the_job_with_a_checkpoint_and_requeue_resumes(
+    slurm: dict[str, str], tmp_path: Path
+) -> None:
+    """USR1 to the job's steps, as `--signal=USR1@s` sends it before the time limit: the run
+    saves and exits 75, and with --requeue the job goes back to the queue."""
+    env = {**slurm, "PRIMUS_WORKSPACE": str(tmp_path)}
+    submitted = primus(
+        "slurm", "pretrain", "--config", str(DUMMY_QUICKSTART), "--nnodes", "2",
+        "--gpus-per-node", "0", "--requeue", "train_iters=1000000000", "log_interval=1000000000",
+        **env,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job = submitted.stdout.split()[2].rstrip(":")
+    logs = tmp_path / "local" / "local" / "quickstart" / "logs"
+    log = logs / f"slurm-{job}.out"
+    deadline = time.monotonic() + 120
+    while not all(started(logs / f"rank-{rank}.log", line) for rank, line in READY.items()):
+        assert time.monotonic() < deadline, log.read_text() if log.is_file() else "no log"
+        time.sleep(0.5)
+    time.sleep(2)  # rank 1 past its own start too (it logs nothing more before a step)
+    subprocess.run(["scancel", f"--signal={signal.SIGUSR1.name}", job], env=slurm, check=True)
+    while "Restarts=1" not in show(job, slurm):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=slurm, check=True)
+    text = log.read_text()
+    assert "preempted: SIGUSR1 at step" in text
+    assert f"Exited with exit code {EXIT_PREEMPTED}" in text
+    assert "[primus] preempted: requeueing job" in text
