@@ -1,7 +1,8 @@
 """Multi-node runs of each backend's tiny CPU recipe on one host: two Primus launchers with
 `--nnodes 2` on 127.0.0.1, and a 2-node job through `primus slurm` on a real Slurm (the
 `slurm` fixture). Both give the losses of the same run with `--nproc-per-node 2`, step for
-step. The three runs of a backend go side by side, to keep the wall time down."""
+step. All nine runs (three backends, three launches each) go side by side, to keep the wall
+time down."""
 
 from __future__ import annotations
 
@@ -51,46 +52,53 @@ def _finish(run: subprocess.Popen[str]) -> None:
     assert run.returncode == 0, f"{run.args} exited {run.returncode}:\n{out[-3000:]}"
 
 
-@pytest.fixture(scope="module", params=list(RUNS))
-def runs(
-    request: pytest.FixtureRequest, slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The backend's three runs, side by side; their parent directory (run dirs `reference`,
-    `nodes` and `slurm`)."""
-    backend = request.param
-    recipe = str(CONFIGS / backend / "tiny-cpu.yaml")
-    workspace = tmp_path_factory.mktemp(backend)
-    env = {**slurm, "PRIMUS_WORKSPACE": str(workspace)}
-    train = ("train", "pretrain", "--config", recipe, *RUNS[backend])
-    started = [_start(*train, "--nproc-per-node", "2", "exp_name=reference", **env)]
-    port = str(free_port())
-    started += [
-        _start(*train, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-               "--master-port", port, "exp_name=nodes", **env)
-        for rank in (0, 1)
-    ]  # fmt: skip
-    submitted = primus(
-        "slurm", "pretrain", "--config", recipe, "--nnodes", "2", "--gpus-per-node", "0",
-        *RUNS[backend], "exp_name=slurm", **env,
-    )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr[-3000:]
-    job = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
+@pytest.fixture(scope="module")
+def runs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every backend's three runs, all side by side (one CPU per Slurm job, so that the jobs
+    share the two nodes): backend -> the parent of run dirs `reference`, `nodes`, `slurm`."""
+    started, jobs, parents = [], {}, {}
+    for backend, overrides in RUNS.items():
+        recipe = str(CONFIGS / backend / "tiny-cpu.yaml")
+        workspace = tmp_path_factory.mktemp(backend)
+        parents[backend] = workspace / "local" / "local"
+        env = {**slurm, "PRIMUS_WORKSPACE": str(workspace)}
+        train = ("train", "pretrain", "--config", recipe, *overrides)
+        started.append(_start(*train, "--nproc-per-node", "2", "exp_name=reference", **env))
+        port = str(free_port())
+        started += [
+            _start(*train, "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+                   "127.0.0.1", "--master-port", port, "exp_name=nodes", **env)
+            for rank in (0, 1)
+        ]  # fmt: skip
+        submitted = primus(
+            "slurm", "pretrain", "--config", recipe, "--nnodes", "2", "--gpus-per-node", "0",
+            "--cpus-per-node", "1", *overrides, "exp_name=slurm", **env,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr[-3000:]
+        jobs[backend] = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
     for run in started:
         _finish(run)
-    wait_for(job, slurm)
-    runs = workspace / "local" / "local"
-    log = (runs / "slurm" / "logs" / f"slurm-{job}.out").read_text()
-    assert exit_code(job, slurm) == 0, log[-3000:]
-    return runs
+    for backend, job in jobs.items():
+        wait_for(job, slurm)
+        log = parents[backend] / "slurm" / "logs" / f"slurm-{job}.out"
+        assert exit_code(job, slurm) == 0, log.read_text()[-3000:]
+    return parents
 
 
-def test_two_launchers_on_one_host_match_one_launcher_of_two(runs: Path) -> None:
-    assert losses(runs / "nodes") == losses(runs / "reference")
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_two_launchers_on_one_host_match_one_launcher_of_two(
+    runs: dict[str, Path], backend: str
+) -> None:
+    assert losses(runs[backend] / "nodes") == losses(runs[backend] / "reference")
 
 
-def test_a_two_node_slurm_job_matches_one_launcher_of_two(runs: Path) -> None:
-    assert losses(runs / "slurm") == losses(runs / "reference")
-    assert len(losses(runs / "slurm")) >= 5
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_a_two_node_slurm_job_matches_one_launcher_of_two(
+    runs: dict[str, Path], backend: str
+) -> None:
+    slurm = losses(runs[backend] / "slurm")
+    assert slurm == losses(runs[backend] / "reference")
+    assert len(slurm) >= 5
 
 
 READY = {0: "lifecycle: trainer.train", 1: "load_trainer_class"}  # what ranks 0 and 1 log

@@ -43,7 +43,7 @@ def _ports(n: int) -> list[int]:
 def _conf(root: Path, host: str, ports: list[int]) -> str:
     ctld, slurmd, *node_ports = ports
     nodes = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs=2 State=UNKNOWN"
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs=4 State=UNKNOWN"
         for n, p in zip(NODES, node_ports, strict=True)
     )
     return f"""ClusterName=primustest
