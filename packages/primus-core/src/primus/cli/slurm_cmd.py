@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -100,8 +101,6 @@ def _command(stage: str) -> Callable[..., None]:
         ] = False,
         debug: Debug = False,
     ) -> None:
-        import re
-
         from primus.core.runtime import PrimusRuntime
         from primus.core.slurm import SlurmJob, render, submit
 
