@@ -100,7 +100,7 @@ set -uo pipefail
 # The rendezvous: node 0's address as Slurm knows it, and a port derived from the job id.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
-export MASTER_ADDR
+export MASTER_ADDR=${{MASTER_ADDR:-$head_node}}  # where node details are private: its name
 export MASTER_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))
 echo "[primus] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
 
