@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,3 +120,15 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cwd")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real Slurm on this host (two nodes on 127.0.0.1): the environment for its commands.
+    Skipped only where slurm-wlm is not installed."""
+    from primus.core.testing.slurm import local_cluster, missing
+
+    if reason := missing():
+        pytest.skip(reason)
+    with local_cluster(tmp_path_factory.mktemp("slurm")) as env:
+        yield env

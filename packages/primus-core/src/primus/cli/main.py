@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from primus.cli import backends_cmd, checkpoint_cmd, config_cmd, patches_cmd, train
+from primus.cli import backends_cmd, checkpoint_cmd, config_cmd, patches_cmd, slurm_cmd, train
 from primus.cli.common import DEBUG
 from primus.cli.plugins import COMMANDS_GROUP, PrimusGroup
 
@@ -26,6 +26,7 @@ app = typer.Typer(
     cls=PrimusGroup,
 )
 app.add_typer(train.app, name="train")
+app.add_typer(slurm_cmd.app, name="slurm")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(backends_cmd.app, name="backends")
 app.add_typer(patches_cmd.app, name="patches")

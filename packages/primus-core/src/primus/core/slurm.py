@@ -1,0 +1,139 @@
+"""Slurm batch scripts for `primus slurm`: one Primus launcher per node, started through `srun`.
+
+Each node's launcher (torchrun, or Primus's spawner) starts the node's workers; node 0's address
+(its Slurm NodeAddr) and a port derived from the job id are the rendezvous. Slurm's warning
+before the time limit (`--signal=USR1@s`, sent to every process of the job's steps) and the
+SIGTERM of a preemption reach the launchers and the workers, which save a checkpoint at the next
+step and exit 75; with `requeue`, the script then requeues the job, which resumes from it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from primus.core.errors import ConfigError, PrimusError
+from primus.core.preemption import EXIT_PREEMPTED, MARKER
+
+PORT_BASE = 20000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN: same on every node, no probe
+PORT_SPAN = 20000
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What the batch script asks Slurm for, and how each node starts its workers."""
+
+    nodes: int
+    nproc_per_node: int
+    gpus_per_node: int
+    job_name: str
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    cpus_per_node: int | None = None  # None: whole nodes (--exclusive)
+    container_image: str | None = None
+    container_mounts: str | None = None
+    requeue: bool = False
+    warn_s: int = 300  # Slurm's USR1 this many seconds before the time limit
+    sbatch_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _directives(job: SlurmJob, log: Path) -> list[str]:
+    options = {
+        "job-name": job.job_name,
+        "nodes": job.nodes,
+        "ntasks-per-node": 1,  # one Primus launcher per node; it starts the node's workers
+        "gpus-per-node": job.gpus_per_node or None,
+        "cpus-per-task": job.cpus_per_node,
+        "partition": job.partition,
+        "account": job.account,
+        "time": job.time,
+        "output": log,
+        "open-mode": "append",  # a requeued job adds to its log
+        "signal": f"USR1@{job.warn_s}",
+    }
+    lines = [f"--{k}={v}" for k, v in options.items() if v is not None]
+    lines += ["--exclusive"] if job.cpus_per_node is None else []
+    lines += ["--requeue" if job.requeue else "--no-requeue", *job.sbatch_args]
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def render(job: SlurmJob, stage: str, train_args: list[str], run_dir: Path, python: str) -> str:
+    """The batch script that runs `primus train <stage> <train_args>` on `job.nodes` nodes;
+    `python` runs Primus (`primus` itself inside a container)."""
+    log = run_dir / "logs" / "slurm-%j.out"
+    marker = shlex.quote(str(run_dir / MARKER))
+    command = [
+        *([python, "-m", "primus.cli"] if job.container_image is None else ["primus"]),
+        "train",
+        stage,
+        f"--nnodes={job.nodes}",
+        f"--nproc-per-node={job.nproc_per_node}",
+    ]
+    srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1"]
+    srun += ['--cpus-per-task="$SLURM_CPUS_ON_NODE"']  # srun would give its task 1 CPU
+    if job.container_image is not None:
+        srun += [f"--container-image={shlex.quote(job.container_image)}"]
+        if job.container_mounts:
+            srun += [f"--container-mounts={shlex.quote(job.container_mounts)}"]
+    requeue = (
+        f"""
+# Preempted with a checkpoint and not cancelled: requeue; the new run resumes from it. (After a
+# SIGTERM, which `scancel` and Slurm's preemption send this shell too, Slurm decides.)
+if [ "$code" -eq {EXIT_PREEMPTED} ] && [ -z "$terminated" ]; then
+    echo "[primus] preempted: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi"""
+        if job.requeue
+        else ""
+    )
+    return f"""#!/bin/bash
+# Written by `primus slurm`: one Primus launcher per node (srun, one task each), which starts
+# {job.nproc_per_node} worker(s) there. Submit it again with: sbatch <this file>
+{chr(10).join(_directives(job, log))}
+
+set -uo pipefail
+# The rendezvous: node 0's address as Slurm knows it, and a port derived from the job id.
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+export MASTER_ADDR=${{MASTER_ADDR:-$head_node}}  # where node details are private: its name
+export MASTER_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))
+echo "[primus] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
+
+# Slurm's USR1 (the time limit nears) and SIGTERM (preemption) reach every process of the step:
+# the workers save a checkpoint at the next step and exit {EXIT_PREEMPTED}. This shell waits for them.
+terminated=
+trap 'terminated=1; echo "[primus] SIGTERM: waiting for the workers to save and stop"' TERM
+rm -f {marker}
+{" ".join(srun)} \\
+    bash -c 'exec "$@" --node-rank="$SLURM_NODEID"' primus \\
+    {shlex.join(command)} \\
+    --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \\
+    {shlex.join(train_args)}
+code=$?
+if [ "$code" -ne 0 ] && [ -e {marker} ]; then code={EXIT_PREEMPTED}; fi{requeue}
+exit "$code"
+"""
+
+
+def submit(script: Path) -> str:
+    """`sbatch script`; the job id."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise ConfigError(
+            "sbatch not found: this host cannot submit Slurm jobs",
+            hint="run on a Slurm login node, or print the script with --dry-run",
+        )
+    done = subprocess.run(
+        [sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise PrimusError(f"sbatch refused {script}: {done.stderr.strip()}")
+    match = re.match(r"\d+", done.stdout.strip())
+    if match is None:
+        raise PrimusError(f"sbatch printed no job id: {done.stdout.strip()!r}")
+    return match.group()

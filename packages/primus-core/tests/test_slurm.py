@@ -1,0 +1,82 @@
+"""The sbatch script `primus slurm` writes: what it asks Slurm for and how each node starts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primus.core.slurm import SlurmJob, render
+
+RUN_DIR = Path("/shared/runs/team/me/llama")
+ARGS = ["--config", "/shared/exp.yaml", "lr=1e-4", "--name", "two words"]
+
+
+def script(**job: Any) -> str:
+    fields = {"nodes": 4, "nproc_per_node": 8, "gpus_per_node": 8, "job_name": "primus-llama"}
+    return render(SlurmJob(**(fields | job)), "pretrain", ARGS, RUN_DIR, "/venv/bin/python")
+
+
+def directives(text: str) -> list[str]:
+    return [
+        line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH")
+    ]
+
+
+def test_one_launcher_per_node_with_its_gpus_and_a_warning_before_the_time_limit() -> None:
+    text = script(partition="gpu", account="proj", time="12:00:00", warn_s=600)
+    assert directives(text) == [
+        "--job-name=primus-llama",
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--account=proj",
+        "--time=12:00:00",
+        f"--output={RUN_DIR}/logs/slurm-%j.out",
+        "--open-mode=append",
+        "--signal=USR1@600",
+        "--exclusive",
+        "--no-requeue",
+    ]
+    assert (
+        'srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE"'
+        in text
+    )
+    assert 'bash -c \'exec "$@" --node-rank="$SLURM_NODEID"\' primus' in text
+    assert "/venv/bin/python -m primus.cli train pretrain --nnodes=4 --nproc-per-node=8" in text
+    assert "--config /shared/exp.yaml lr=1e-4 --name 'two words'" in text  # quoted for the shell
+    assert "scontrol requeue" not in text
+
+
+def test_cpu_runs_ask_for_no_gpus_and_cpus_instead_of_whole_nodes() -> None:
+    lines = directives(script(gpus_per_node=0, cpus_per_node=16, sbatch_args=("--qos=high",)))
+    assert not any(line.startswith("--gpus-per-node") for line in lines)
+    assert "--cpus-per-task=16" in lines and "--exclusive" not in lines
+    assert lines[-1] == "--qos=high"
+
+
+def test_requeue_on_exit_75_unless_the_job_was_cancelled() -> None:
+    text = script(requeue=True)
+    assert "--requeue" in directives(text)
+    assert f"[ -e {RUN_DIR}/preempted.json ]; then code=75; fi" in text
+    assert 'if [ "$code" -eq 75 ] && [ -z "$terminated" ]; then' in text
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in text
+
+
+def test_in_a_container_the_images_primus_runs() -> None:
+    text = script(container_image="nvcr.io/me/primus:1", container_mounts="/shared:/shared")
+    assert "--container-image=nvcr.io/me/primus:1 --container-mounts=/shared:/shared" in text
+    assert "\n    primus train pretrain --nnodes=4" in text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("requeue", [False, True])
+def test_the_script_is_valid_bash(tmp_path: Path, requeue: bool) -> None:
+    path = tmp_path / "job.sbatch"
+    path.write_text(script(requeue=requeue, container_image="img"))
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,131 @@
+"""Multi-node runs of each backend's tiny CPU recipe on one host: two Primus launchers with
+`--nnodes 2` on 127.0.0.1, and a 2-node job through `primus slurm` on a real Slurm (the
+`slurm` fixture). Both give the losses of the same run with `--nproc-per-node 2`, step for
+step. All nine runs (three backends, three launches each) go side by side, to keep the wall
+time down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from primus.core.launcher import free_port
+from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.testing.runs import losses, primus
+from primus.core.testing.slurm import exit_code, wait_for
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+DUMMY_QUICKSTART = Path(__file__).parent / "fixtures" / "dummy-quickstart.yaml"
+# The settings of each backend's two-process test (test_training.py), 6 steps.
+RUNS = {
+    "megatron": ("train_iters=6",),
+    "torchtitan": (
+        "lr_scheduler.total_steps=20",
+        "metrics.log_freq=1",
+        "training.steps=6",
+        "parallelism.data_parallel_shard_degree=2",
+    ),
+    "maxtext": ("learning_rate_schedule_steps=20", "steps=6"),
+}
+
+
+def _start(*args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "primus.cli", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(run: subprocess.Popen[str]) -> None:
+    out, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, f"{run.args} exited {run.returncode}:\n{out[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def runs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every backend's three runs, all side by side (one CPU per Slurm job, so that the jobs
+    share the two nodes): backend -> the parent of run dirs `reference`, `nodes`, `slurm`."""
+    started, jobs, parents = [], {}, {}
+    for backend, overrides in RUNS.items():
+        recipe = str(CONFIGS / backend / "tiny-cpu.yaml")
+        workspace = tmp_path_factory.mktemp(backend)
+        parents[backend] = workspace / "local" / "local"
+        env = {**slurm, "PRIMUS_WORKSPACE": str(workspace)}
+        train = ("train", "pretrain", "--config", recipe, *overrides)
+        started.append(_start(*train, "--nproc-per-node", "2", "exp_name=reference", **env))
+        port = str(free_port())
+        started += [
+            _start(*train, "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+                   "127.0.0.1", "--master-port", port, "exp_name=nodes", **env)
+            for rank in (0, 1)
+        ]  # fmt: skip
+        submitted = primus(
+            "slurm", "pretrain", "--config", recipe, "--nnodes", "2", "--gpus-per-node", "0",
+            "--cpus-per-node", "1", *overrides, "exp_name=slurm", **env,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr[-3000:]
+        jobs[backend] = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
+    for run in started:
+        _finish(run)
+    for backend, job in jobs.items():
+        wait_for(job, slurm)
+        log = parents[backend] / "slurm" / "logs" / f"slurm-{job}.out"
+        assert exit_code(job, slurm) == 0, log.read_text()[-3000:]
+    return parents
+
+
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_two_launchers_on_one_host_match_one_launcher_of_two(
+    runs: dict[str, Path], backend: str
+) -> None:
+    assert losses(runs[backend] / "nodes") == losses(runs[backend] / "reference")
+
+
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_a_two_node_slurm_job_matches_one_launcher_of_two(
+    runs: dict[str, Path], backend: str
+) -> None:
+    slurm = losses(runs[backend] / "slurm")
+    assert slurm == losses(runs[backend] / "reference")
+    assert len(slurm) >= 5
+
+
+def show(job: str, env: dict[str, str]) -> str:
+    return subprocess.run(
+        ["scontrol", "show", "job", job], env=env, capture_output=True, text=True
+    ).stdout
+
+
+def test_the_time_limit_warning_stops_the_job_with_a_checkpoint_and_requeue_resumes(
+    slurm: dict[str, str], tmp_path: Path
+) -> None:
+    """A 1-minute job with `--warn 45`: Slurm's SIGUSR1 (`--signal=USR1@45`) reaches the
+    workers of both nodes, which save and exit 75, and with --requeue the job is requeued."""
+    env = {**slurm, "PRIMUS_WORKSPACE": str(tmp_path)}
+    submitted = primus(
+        "slurm", "pretrain", "--config", str(DUMMY_QUICKSTART), "--nnodes", "2",
+        "--gpus-per-node", "0", "--time", "1", "--warn", "45", "--requeue",
+        "train_iters=1000000000", "log_interval=1000000000", **env,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job = submitted.stdout.split()[2].rstrip(":")
+    log = tmp_path / "local" / "local" / "quickstart" / "logs" / f"slurm-{job}.out"
+    deadline = time.monotonic() + 120
+    while "Restarts=1" not in show(job, slurm):
+        assert time.monotonic() < deadline, log.read_text() if log.is_file() else "no log"
+        time.sleep(1)
+    subprocess.run(["scancel", job], env=slurm, check=True)
+    text = log.read_text()
+    assert text.count("preempted: SIGUSR1 at step") == 2, text[-3000:]  # a worker on each node
+    assert f"Exited with exit code {EXIT_PREEMPTED}" in text
+    assert "[primus] preempted: requeueing job" in text

@@ -1,0 +1,68 @@
+"""`primus slurm` as users meet it, without a cluster: --dry-run, --help, and the errors (exit 2,
+one message, no traceback). Submitting is tested against a real Slurm in test_multinode.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.runs import primus
+
+pytestmark = pytest.mark.slow
+
+DUMMY_QUICKSTART = Path(__file__).parent / "fixtures" / "dummy-quickstart.yaml"
+
+
+def slurm(tmp_path: Path, *args: str, **env: str):
+    return primus(
+        "slurm", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}", *args,
+        **env,
+    )  # fmt: skip
+
+
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
+    result = slurm(tmp_path, "--nnodes", "2", "--nproc-per-node", "4", "-p", "gpu", "--dry-run",
+                   "train_iters=7")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n" in (
+        result.stdout
+    )
+    assert "#SBATCH --job-name=primus-quickstart" in result.stdout
+    assert f"workspace={tmp_path} train_iters=7" in result.stdout
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--time", "two hours"), "'two hours' is not a Slurm time limit"),
+        (("--nnodes", "0"), "Invalid value for '--nnodes'"),
+        (("--sbatch", "qos=high"), "'qos=high' is not an option"),
+        (("train_itres=5",), "train_itres"),
+    ],
+    ids=["time", "nnodes", "sbatch", "config"],
+)
+def test_bad_flags_and_config_are_exit_2_with_one_message(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = slurm(tmp_path, *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "local").exists()
+
+
+def test_without_sbatch_it_says_so(tmp_path: Path) -> None:
+    result = slurm(tmp_path, PATH=str(tmp_path))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "sbatch not found" in result.stderr and "--dry-run" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_explains_the_job() -> None:
+    result = primus("slurm", "pretrain", "--help", COLUMNS="200")
+    assert result.returncode == 0
+    for words in ("sbatch", "--requeue", "SIGUSR1", "--gpus-per-node", "shared filesystem"):
+        assert words in result.stdout, words
