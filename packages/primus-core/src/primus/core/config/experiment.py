@@ -272,11 +272,6 @@ def load_experiment(
             f"no module '{module}' in the experiment{did_you_mean(module, modules)}",
             hint=f"modules: {', '.join(modules)}",
         )
-    if single and module is None and len(modules) > 1:
-        raise ConfigError(
-            f"the experiment has several modules ({', '.join(modules)})",
-            hint="choose one with --module NAME",
-        )
     names = [module] if module else list(modules)
     for n in names:
         for keypath, value, origin in cli_sections:
@@ -285,6 +280,11 @@ def load_experiment(
     resolved = {
         n: _resolve_module(exp, n, path.resolve().parent, lookup, cli_params) for n in names
     }
+    if single and len(resolved) > 1:  # after each module is checked: its errors come first
+        raise ConfigError(
+            f"the experiment has several modules ({', '.join(modules)})",
+            hint="choose one with --module NAME",
+        )
     notes = [n for m in resolved.values() if (n := _adopt_legacy_log_level(exp, m))]
     return Experiment(path, exp, resolved, notes)
 
