@@ -104,7 +104,5 @@ def validate(
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
         PrimusRuntime(config, overrides, step, name, debug=debug).validate()
-        typer.echo(
-            f"ok: module '{name}' ({mod.framework}, {step}): {len(list(mod.tree.leaves()))} params"
-        )
+        typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     typer.echo(f"{config}: valid")

@@ -25,6 +25,8 @@ import yaml
 EXPERIMENT = "exp.yaml"
 LIMIT_S = 10.0  # the most one case may take (the first pays for the upstream's import)
 _FILE_LINE = r"{name}:\d+"
+_LIST: dict[str, str | None] = {"FUZZ_LIST": "[1, 2]"}
+_ANY_FILE_LINE = r"[\w.-]+\.yaml:\d+"
 
 KeyPath = tuple[str, ...]
 
@@ -88,7 +90,7 @@ def _with(tree: dict[str, Any], path: KeyPath, value: Any) -> dict[str, Any]:
     copy = yaml.safe_load(yaml.safe_dump(tree))
     node = copy
     for key in path[:-1]:
-        node = node[key]
+        node = node.setdefault(key, {})
     node[path[-1]] = value
     return copy
 
@@ -124,8 +126,8 @@ def _file_cases(tree: dict[str, Any], recipe: Path) -> list[Case]:
     bombs = {
         "alias bomb": bomb,
         "alias bomb in a key": bomb + b"modules: {pre_trainer: {overrides: {fuzz: *i}}}\n",
-        "deep nesting": b"modules: " + b"[" * 5000 + b"]" * 5000 + b"\n",
-        "deep mapping nesting": b"modules: " + b"{a: " * 3000 + b"1" + b"}" * 3000 + b"\n",
+        "deep nesting": b"modules: " + b"[" * 2000 + b"]" * 2000 + b"\n",
+        "deep mapping nesting": b"modules: " + b"{a: " * 2000 + b"1" + b"}" * 2000 + b"\n",
     }
     files = {
         "empty file": b"",
@@ -218,6 +220,10 @@ def corpus(
 
     for path, value in _paths(tree):
         dotted = ".".join(path)
+        if path[0] == "env":  # free names, any scalar value: only a mapping or a list is bad
+            if len(path) > 1:
+                cases += [case(f"{dotted} = {w!r}", _with(tree, path, w)) for w in ({"a": 1}, [1])]
+            continue
         for wrong in _wrong_types(value):
             cases.append(case(f"{dotted} = {wrong!r}", _with(tree, path, wrong)))
         if isinstance(value, dict):
@@ -227,13 +233,18 @@ def corpus(
             misspelled = (*path[:-1], _misspell(path[-1], rng))
             cases.append(case(f"{dotted} misspelled", _with(_drop(tree, path), misspelled, value)))
     cases.append(case("no modules", _with(tree, ("modules",), {})))
+    cases.append(case("env name with '='", _with(tree, ("env",), {"A=B": 1})))
+    cases.append(case("env value a list", _with(tree, ("env",), {"FUZZ": [1]})))
     cases.append(case("module without framework", _drop(tree, ("modules", module, "framework"))))
     cases.append(case("unknown framework", _with(tree, ("modules", module, "framework"), "fuzz")))
     cases.append(case("a second module", _with(tree, ("modules", "fuzz"), {"framework": 3})))
     for key in sizes:
         path = (*params, *key.split("."))
-        for value in (0, -1, -(2**31), 2**64, 10**400, -(10**30)):
-            cases.append(case(f"{key} = {value}", _with(tree, path, value)))
+        for value in (0, -1, -(2**31), 2**64, 10**400, -(10**30), "fuzz", [1]):
+            cases.append(case(f"{key} = {value!r:.20}", _with(tree, path, value)))
+        for value in (0, -5):
+            token = f"{key}={value}"
+            cases.append(Case(f"override {token}", {EXPERIMENT: _dump(tree)}, (token,), at=token))
     for key, value in _paths(tree[params[0]][module][params[2]]):
         if isinstance(value, float) and not isinstance(value, bool):
             for bad in (float("inf"), float("-inf"), float("nan")):
@@ -242,16 +253,12 @@ def corpus(
         bad = tree
         for key, value in pairs:
             bad = _with(bad, (*params, *key.split(".")), value)
-        cases.append(case(name, bad))
+        cases.append(case(name, bad, at=_ANY_FILE_LINE))  # the key at fault may be a preset's
     leaves = [p for p, v in _paths(tree[params[0]][module][params[2]]) if not isinstance(v, dict)]
     leaves += [tuple(k.split(".")) for k in sizes if tuple(k.split(".")) not in leaves]
     cases += _override_cases(_dump(tree), leaves)
-    env_cases = [
-        ("env value is a list", {"PRIMUS_WORKSPACE": None}, ("workspace", "${FUZZ_LIST}")),
-    ]
-    for name, env, (key, text) in env_cases:
-        bad = _with(tree, (key,), text)
-        cases.append(Case(name, {EXPERIMENT: _dump(bad)}, env={**env, "FUZZ_LIST": "[1, 2]"}))
+    listed = _with(tree, ("workspace",), "${FUZZ_LIST}")
+    cases.append(Case("workspace from an env list", {EXPERIMENT: _dump(listed)}, env=_LIST))
     for leaf in leaves[:8]:
         bad = _with(tree, (*params, *leaf), "${FUZZ_BAD_VALUE}")
         cases.append(
@@ -338,3 +345,32 @@ def run_case(case: Case, folder: Path) -> tuple[list[str], dict[str, Outcome]]:
     if validate != dry_run:
         problems.append(f"validate and dry-run differ:\n  {validate}\n  {dry_run}")
     return problems, outcomes
+
+
+@dataclass
+class Report:
+    """A corpus run: cases, the seconds it took, and each failing case with its problems."""
+
+    cases: int
+    seconds: float
+    failures: dict[str, list[str]]
+
+    def __str__(self) -> str:
+        lines = [f"{self.cases} cases in {self.seconds:.1f} s, {len(self.failures)} failing"]
+        lines += [f"  {name}: {'; '.join(p)}" for name, p in self.failures.items()]
+        return "\n".join(lines)
+
+
+def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
+    """Run every case in this process after a warm-up that validates the unmutated `recipe`
+    (it must pass: the corpus's failures are the mutations'), which imports the upstream."""
+    folder.mkdir(parents=True, exist_ok=True)
+    warm = run_in_process(["config", "validate", str(recipe)], folder, {})
+    assert warm.code == 0, f"the recipe itself does not validate:\n{warm.stderr[-3000:]}"
+    start = time.perf_counter()
+    failures = {}
+    for i, case in enumerate(cases):
+        problems, _ = run_case(case, folder / f"case-{i}")
+        if problems:
+            failures[case.name] = problems
+    return Report(len(cases), time.perf_counter() - start, failures)

@@ -146,15 +146,6 @@ POSITIVE = (
 )  # fmt: skip
 
 
-def _check_sizes(config: ModuleConfig, args: argparse.Namespace) -> None:
-    for key in POSITIVE:
-        value = getattr(args, key, None)
-        if isinstance(value, int) and value < 1:
-            raise config.error(
-                key, f"{key} must be at least 1, got {value}", hint=f"set {key} to a positive size"
-            )
-
-
 def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
     """Combinations Megatron rejects only when it builds the model, found here instead."""
     import importlib.util
@@ -192,7 +183,7 @@ def build_megatron_args(
             setattr(args, key, coerce(actions[key], value))
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
             raise config.error(key, f"{key}: {exc}") from None
-    _check_sizes(config, args)
+    config.require_positive(POSITIVE)
     env = get_torchrun_env()
     args.rank, args.world_size = env.rank, env.world_size
     if env.world_size == 1:  # one process (checkpoint conversion, dry run): the smallest world
