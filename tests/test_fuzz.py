@@ -19,7 +19,7 @@ CASES = {c.name: c for c in corpus(DUMMY, [])}
 def test_the_core_corpus_through_the_dummy_backend(tmp_path) -> None:
     report = check_corpus(list(CASES.values()), DUMMY, tmp_path)
     print(f"\ndummy fuzz: {report}")
-    assert report.cases >= 150 and not report.failures, str(report)
+    assert report.cases >= 100 and not report.failures, str(report)
 
 
 @pytest.mark.parametrize("name", ["alias bomb", "binary", "NUL bytes", "deep nesting"])
