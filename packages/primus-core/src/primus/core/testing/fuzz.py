@@ -29,6 +29,7 @@ _LIST: dict[str, str | None] = {"FUZZ_LIST": "[1, 2]"}
 _ANY_FILE_LINE = r"[\w.-]+\.yaml:\d+"
 
 KeyPath = tuple[str, ...]
+Pairs = list[tuple[str, Any]]  # (dotted param, value) set together under the module's overrides
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def _override_cases(good: bytes, leaves: list[KeyPath]) -> list[Case]:
 def corpus(
     recipe: Path,
     sizes: list[str],
-    extra: dict[str, list[tuple[str, Any]]] | None = None,
+    extra: dict[str, Pairs] | None = None,
     seed: int = 0,
 ) -> list[Case]:
     """The bad experiments for one backend, mutated from `recipe` (its tiny CPU experiment).
@@ -374,3 +375,20 @@ def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
         if problems:
             failures[case.name] = problems
     return Report(len(cases), time.perf_counter() - start, failures)
+
+
+def refusal_problems(
+    recipe: Path, refusals: dict[str, tuple[str, Pairs]], folder: Path
+) -> list[str]:
+    """Combinations an upstream refuses only when it builds the model (name -> (the key the
+    error must name, the params)): how validate fails to refuse one with that key and a hint
+    that sets it."""
+    found = []
+    extra = {name: pairs for name, (_, pairs) in refusals.items()}
+    for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
+        problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
+        key = re.escape(refusals[case.name][0])
+        if not re.search(rf"{key}.*\n  hint: .*set {key}", outcomes["validate"].message, re.S):
+            problems.append(f"no key {key} and fix in: {outcomes['validate'].message}")
+        found += [f"{case.name}: {p}" for p in problems]
+    return found
