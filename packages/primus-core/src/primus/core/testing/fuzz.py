@@ -364,10 +364,12 @@ class Report:
 
 def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
     """Run every case in this process after a warm-up that validates the unmutated `recipe`
-    (it must pass: the corpus's failures are the mutations'), which imports the upstream."""
+    (it must pass, writing nothing: the corpus's failures are the mutations'), which imports
+    the upstream."""
     folder.mkdir(parents=True, exist_ok=True)
     warm = run_in_process(["config", "validate", str(recipe)], folder, {})
     assert warm.code == 0, f"the recipe itself does not validate:\n{warm.stderr[-3000:]}"
+    assert not any(folder.iterdir()), "validate wrote into the workspace"
     start = time.perf_counter()
     failures = {}
     for i, case in enumerate(cases):
