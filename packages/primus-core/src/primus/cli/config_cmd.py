@@ -82,17 +82,27 @@ def validate(
     config: ConfigArg = None,
     config_option: ConfigOpt = None,
     module: Module = None,
+    stage: Annotated[
+        str | None,
+        typer.Option(
+            "--stage",
+            help="The stage to check, as `train STAGE --dry-run` would "
+            "(default: posttrain for a module with sft: or peft:, else pretrain).",
+            show_default=False,
+        ),
+    ] = None,
     debug: Debug = False,
 ) -> None:
-    """Check an experiment against each backend's schema. Exit 0 if valid, 2 if not."""
+    """Check an experiment as `train --dry-run` does (schema, patches, the backend's own
+    validation), writing nothing. Exit 0 if valid, 2 if not."""
     from primus.core.runtime import resolution
+    from primus.core.runtime.primus_runtime import PrimusRuntime
 
     config = _experiment_file(config, config_option)
-    experiment = resolution.load(config, list(ctx.args), module)
-    resolution.apply_env(experiment.env)
+    overrides = list(ctx.args)
+    experiment = resolution.load(config, overrides, module)
     for name, mod in experiment.modules.items():
-        adapter, _ = resolution.backend_for(mod)
-        resolution.backend_version(adapter)  # warns about a version the patch gates cannot read
+        step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
+        PrimusRuntime(config, overrides, step, name, debug=debug).validate()
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
-    resolution.patch_selection(experiment)
     typer.echo(f"{config}: valid")

@@ -5,10 +5,12 @@ Installed distributions may add top-level command groups (see `primus.cli.plugin
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -65,6 +67,12 @@ def root(
         DEBUG.on = True
 
 
+@functools.cache
+def _command() -> Callable[..., Any]:
+    """The click command, built once a process (tests call `main` many times)."""
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug."""
     DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     from primus.core.errors import PrimusError
 
     try:
-        app(args=argv)  # exits; typer itself reports usage errors with exit code 2
+        _command()(args=argv)  # exits; typer itself reports usage errors with exit code 2
     except PrimusError as exc:
         if DEBUG.on:
             traceback.print_exc()

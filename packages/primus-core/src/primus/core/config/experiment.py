@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import getpass
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,26 @@ class ModuleConfig:
     def error(self, dotted_key: str, message: str, hint: str | None = None) -> ConfigError:
         """A ConfigError pointing at where `dotted_key` was set (for adapters' own checks)."""
         return ConfigError(message, self.origin(dotted_key), hint)
+
+    def require_positive(self, dotted_keys: Iterable[str]) -> None:
+        """A ConfigError at the first of these size keys set to 0 or below (many upstreams take 0 or
+        a negative size on trust, and fail only when training, or train nothing)."""
+        for key in dotted_keys:
+            value = self.tree.get(tuple(key.split(".")))
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise self.error(
+                    key, f"{key} must be positive, got {value}", f"set {key} to a positive size"
+                )
+
+    def require_divisor(self, key: str, divisor_key: str, why: str) -> None:
+        """A ConfigError at `divisor_key` unless it divides `key` (where both are integers)."""
+        value, divisor = (self.tree.get(tuple(k.split("."))) for k in (key, divisor_key))
+        if isinstance(value, int) and isinstance(divisor, int) and divisor > 0 and value % divisor:
+            raise self.error(
+                divisor_key,
+                f"{divisor_key} ({divisor}) must divide {key} ({value}): {why}",
+                f"set {divisor_key} to a divisor of {value}",
+            )
 
 
 @dataclass
@@ -211,6 +232,22 @@ def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None
     )
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_env(exp: ConfigTree) -> None:
+    """`env:` names are variable names; values are strings, numbers or booleans."""
+    for name, value in (exp.data.get("env") or {}).items():
+        where = exp.origin(("env", name))
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"env: '{name}' is not an environment variable name", where)
+        if isinstance(value, dict | list):
+            raise ConfigError(
+                f"env.{name}: must be a string, number or boolean, got {type(value).__name__}",
+                where,
+            )
+
+
 def _defaults(path: Path) -> dict[str, str]:
     try:
         user = getpass.getuser()
@@ -260,6 +297,7 @@ def load_experiment(
     ):
         exp.data["log_level"] = level.upper()
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
+    _check_env(exp)
     modules = exp.data.get("modules")
     if not isinstance(modules, dict) or not modules:
         raise ConfigError(
@@ -272,11 +310,6 @@ def load_experiment(
             f"no module '{module}' in the experiment{did_you_mean(module, modules)}",
             hint=f"modules: {', '.join(modules)}",
         )
-    if single and module is None and len(modules) > 1:
-        raise ConfigError(
-            f"the experiment has several modules ({', '.join(modules)})",
-            hint="choose one with --module NAME",
-        )
     names = [module] if module else list(modules)
     for n in names:
         for keypath, value, origin in cli_sections:
@@ -285,6 +318,11 @@ def load_experiment(
     resolved = {
         n: _resolve_module(exp, n, path.resolve().parent, lookup, cli_params) for n in names
     }
+    if single and len(resolved) > 1:  # after each module is checked: its errors come first
+        raise ConfigError(
+            f"the experiment has several modules ({', '.join(modules)})",
+            hint="choose one with --module NAME",
+        )
     notes = [n for m in resolved.values() if (n := _adopt_legacy_log_level(exp, m))]
     return Experiment(path, exp, resolved, notes)
 

@@ -7,6 +7,7 @@ or for every backend with `register_params(ALL_BACKENDS, ...)` (core's own keys)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,9 +45,23 @@ class ParamSpec:
             return None
         wanted = self.type if isinstance(self.type, tuple) else (self.type,)
         if any(_fits(value, t) for t in wanted):
-            return None
+            return _out_of_range(value)
         names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in wanted)
         return f"must be {names}, got {type(value).__name__} {value!r}"
+
+
+INT64 = 2**63  # no upstream takes an integer beyond 64 bits
+
+
+def _out_of_range(value: Any) -> str | None:
+    """Why a number no upstream can hold is refused: beyond 64 bits, or not finite."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not -INT64 <= value < INT64:
+        return f"an integer of {len(str(abs(value)))} digits is out of range (beyond 64 bits)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    return None
 
 
 def _fits(value: Any, wanted: type) -> bool:

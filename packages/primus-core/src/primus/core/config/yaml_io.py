@@ -65,6 +65,9 @@ def interpolate(text: str, where: Origin) -> tuple[str, str | None]:
     return _VAR.sub(substitute, text), (from_env[0] if from_env else None)
 
 
+MAX_VALUES = 100_000  # values one file may expand to: aliases can multiply a short file
+
+
 class _Builder:
     """Turns a composed YAML node tree into plain values plus an origin per mapping key."""
 
@@ -72,15 +75,25 @@ class _Builder:
         self.loader = loader
         self.file = str(path)
         self.origins: dict[KeyPath, Origin] = {}
+        self.values = 0
 
     def origin(self, node: yaml.Node) -> Origin:
         return Origin("file", self.file, node.start_mark.line + 1)
 
     def build(self, node: yaml.Node, keypath: KeyPath | None) -> Any:
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise ConfigError(
+                f"the file expands to more than {MAX_VALUES} values (aliases that repeat aliases?)",
+                self.origin(node),
+                hint="write the values out, or use fewer nested aliases (*name)",
+            )
         if isinstance(node, yaml.MappingNode):
             self.loader.flatten_mapping(node)  # YAML merge keys (<<)
             result: dict[str, Any] = {}
             for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise ConfigError("a key must be a plain value", self.origin(key_node))
                 key = str(self.loader.construct_object(key_node, deep=True))
                 if key in result:
                     raise ConfigError(f"duplicate key '{key}'", self.origin(key_node))
@@ -104,24 +117,53 @@ class _Builder:
         return value, Origin("env", origin.file, origin.line, env_var) if env_var else origin
 
 
-def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]]:
-    """Load one YAML file (no `extends` handling) into a mapping and the origin of every key."""
+def _line(text: str, position: int) -> int:
+    return text.count("\n", 0, position) + 1
+
+
+def _read(path: Path) -> str:
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    loader = PrimusLoader(text)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}",
+            Origin("file", str(path), line),
+            hint="save the file as UTF-8 (a YAML experiment is text)",
+        ) from None
+
+
+def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]]:
+    """Load one YAML file (no `extends` handling) into a mapping and the origin of every key."""
+    text = _read(path)
+    last_line = max(1, len(text.splitlines()))
+    try:
+        loader = PrimusLoader(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, ...)
+        where = Origin("file", str(path), min(_line(text, exc.position), last_line))
+        raise ConfigError(
+            f"YAML cannot hold character #x{exc.character:04x} (not printable)", where
+        ) from None
     try:
         node = loader.get_single_node()
         builder = _Builder(loader, path)
         data = builder.build(node, ()) if node is not None else {}
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        last_line = max(1, len(text.splitlines()))
         where = Origin("file", str(path), min(mark.line + 1, last_line) if mark else None)
         raise ConfigError(f"YAML syntax error: {exc.problem or exc.context}", where) from None
+    except yaml.YAMLError as exc:  # a reader error found later in the stream
+        where = Origin("file", str(path), min(_line(text, getattr(exc, "position", 0)), last_line))
+        raise ConfigError(f"YAML error: {exc}", where) from None
+    except RecursionError:
+        where = Origin("file", str(path), min(loader.get_mark().line + 1, last_line))
+        raise ConfigError("the YAML is nested too deeply", where) from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):

@@ -149,8 +149,7 @@ class PrimusRuntime:
         )
         ctx = self._context(version)
         try:
-            self.build_args(ctx)
-            trainer_class = resolution.trainer_class(self.adapter, self.stage)
+            trainer_class = self._check(ctx)
             if self.rank == 0 and not dry_run:
                 self._write_resolved_config()
             if dry_run:
@@ -184,6 +183,15 @@ class PrimusRuntime:
         self.adapter.prepare_backend(self.module)
         ctx.backend_args = self.adapter.convert_config(self.module)
         self._phase(ctx, "build_args")
+
+    def _check(self, ctx: PatchContext) -> type[BaseTrainer]:
+        """What a dry run checks: build_args (the backend's own validation) and the trainer."""
+        self.build_args(ctx)
+        return resolution.trainer_class(self.adapter, self.stage)
+
+    def validate(self) -> type[BaseTrainer]:
+        """`primus config validate`: the checks of a dry run, writing nothing; the trainer."""
+        return self._check(self._context(resolution.backend_version(self.adapter)))
 
     def backend_args(self) -> Any:
         """The backend args after the setup and build_args patches, as a dry run builds them."""

@@ -166,5 +166,10 @@ def trainer_class(adapter: BackendAdapter, stage: str) -> type[BaseTrainer]:
 def patch_selection(experiment: Experiment) -> PatchSelection:
     """The selection in force, checked against the registered patch ids."""
     selection = selection_for(experiment.patches.get("select"))
-    selection.check_ids(p.id for p in all_patches())
+    try:
+        selection.check_ids(p.id for p in all_patches())
+    except ConfigError as exc:
+        if selection.source == "patches.select":  # else PRIMUS_PATCHES named it
+            exc.origin = exc.origin or experiment.tree.origin(("patches", "select"))
+        raise
     return selection

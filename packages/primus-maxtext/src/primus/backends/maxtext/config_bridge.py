@@ -156,12 +156,23 @@ def _quiet() -> Iterator[None]:
         absl_logging.set_verbosity(verbosity)
 
 
+# Sizes MaxText takes on trust: 0 or a negative value fails only later (or trains nothing).
+POSITIVE = (
+    "per_device_batch_size", "max_target_length", "base_emb_dim", "base_num_query_heads",
+    "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size",
+)  # fmt: skip
+
+
 def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:
     """Resolve and validate MaxText's config as its training entry point does (with `extra`
     keys the adapter adds)."""
     from maxtext.configs import pyconfig
     from maxtext.utils import train_utils
 
+    config.require_positive(POSITIVE)
+    config.require_divisor(
+        "base_num_query_heads", "base_num_kv_heads", "MaxText fails only when it builds the model"
+    )
     argv = maxtext_argv(config.params | extra, owned)
     with rejections_as_config_errors(config), _quiet():
         resolved = pyconfig.initialize_pydantic(argv)

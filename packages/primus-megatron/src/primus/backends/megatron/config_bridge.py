@@ -136,6 +136,31 @@ def _validation_error(exc: BaseException, config: ModuleConfig) -> ConfigError:
     )
 
 
+# Sizes Megatron takes on trust: 0 or a negative value fails only later (or trains nothing).
+POSITIVE = (
+    "micro_batch_size", "global_batch_size", "train_iters", "train_samples", "seq_length",
+    "max_position_embeddings", "num_layers", "hidden_size", "ffn_hidden_size",
+    "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "expert_model_parallel_size", "log_interval", "eval_interval", "save_interval",
+)  # fmt: skip
+
+
+def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """Combinations Megatron rejects only when it builds the model, found here instead."""
+    import importlib.util
+
+    local_norm = args.transformer_impl == "local" and importlib.util.find_spec("apex") is None
+    if args.sequence_parallel and local_norm:  # megatron.core.transformer.torch_norm asserts
+        raise config.error(
+            "sequence_parallel",
+            "sequence_parallel needs Apex's or Transformer Engine's norm; transformer_impl "
+            "local without Apex builds the torch norm, which Megatron refuses to split",
+            hint="set sequence_parallel: false (or install Apex, or Transformer Engine with "
+            "transformer_impl: transformer_engine)",
+        )
+
+
 def model_parallel_size(args: argparse.Namespace) -> int:
     """Processes one model replica spans: tensor x pipeline x context parallel."""
     return int(
@@ -158,6 +183,7 @@ def build_megatron_args(
             setattr(args, key, coerce(actions[key], value))
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
             raise config.error(key, f"{key}: {exc}") from None
+    config.require_positive(POSITIVE)
     env = get_torchrun_env()
     args.rank, args.world_size = env.rank, env.world_size
     if env.world_size == 1:  # one process (checkpoint conversion, dry run): the smallest world
@@ -171,4 +197,5 @@ def build_megatron_args(
         raise _validation_error(exc, config) from exc
     finally:
         get_logger("megatron").debug(dump.getvalue())
+    _check_model_build(config, args)
     return args

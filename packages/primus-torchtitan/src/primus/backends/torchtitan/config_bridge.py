@@ -235,10 +235,23 @@ def _rejected(config: ModuleConfig, message: str, schema: ParamSchema) -> Config
     return ConfigError(f"TorchTitan rejected the config: {message}")
 
 
+# Sizes TorchTitan takes on trust: 0 or a negative value fails only later (or trains nothing).
+POSITIVE = (
+    "training.local_batch_size", "training.global_batch_size", "training.seq_len",
+    "training.steps", "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads",
+    "model.ffn_hidden_dim", "model.vocab_size", "model.max_seq_len", "metrics.log_freq",
+)  # fmt: skip
+
+
 def build_trainer_config(config: ModuleConfig, owned: ParamSchema, mock_data: bool) -> Any:
     """Trainer.Config through ConfigManager (tyro), as `torchtitan.train` builds it."""
     from torchtitan.config import ConfigManager
 
+    config.require_positive(POSITIVE)
+    built = "TorchTitan refuses it only when it builds the model"
+    config.require_divisor("model.n_heads", "model.n_kv_heads", built)
+    for heads in ("model.n_heads", "model.n_kv_heads"):
+        config.require_divisor(heads, "parallelism.tensor_parallel_degree", built)
     base = base_config(config, mock_data)
     args = ["--module", __name__, "--config", primus_base.__name__, *cli_args(config.params, owned)]
     stderr = io.StringIO()

@@ -1,0 +1,396 @@
+"""A deterministic corpus of bad experiments, mutated from a backend's recipe, and an in-process
+runner: every case must fail as bad config (exit 2, one `error:` message, no traceback, the
+file and line at fault), in bounded time, and `config validate` must agree with `train
+--dry-run`.
+
+A test builds the corpus with `corpus(recipe, ...)` and runs each case with `run_case`, in
+this process (the upstream is imported once); `Outcome.problems` lists what is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import random
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXPERIMENT = "exp.yaml"
+LIMIT_S = 10.0  # the most one case may take (the first pays for the upstream's import)
+_FILE_LINE = r"{name}:\d+"
+_LIST: dict[str, str | None] = {"FUZZ_LIST": "[1, 2]"}
+_ANY_FILE_LINE = r"[\w.-]+\.yaml:\d+"
+
+KeyPath = tuple[str, ...]
+Pairs = list[tuple[str, Any]]  # (dotted param, value) set together under the module's overrides
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: files to write (name -> bytes), overrides, environment changes (None
+    unsets), and a regex the error message must match (the file:line or the token at fault)."""
+
+    name: str
+    files: dict[str, bytes]
+    overrides: tuple[str, ...] = ()
+    env: dict[str, str | None] = field(default_factory=dict)
+    at: str = _FILE_LINE.format(name=re.escape(EXPERIMENT))
+
+
+@dataclass
+class Outcome:
+    """What one command gave: exit code, stderr, seconds."""
+
+    code: int
+    stderr: str
+    seconds: float
+
+    @property
+    def message(self) -> str:
+        """The `error:` message (its first line onwards), or ''."""
+        start = self.stderr.find("error: ")
+        return self.stderr[start:] if start >= 0 else ""
+
+    def problems(self, case: Case) -> list[str]:
+        """How this outcome breaks the promise for `case` (empty when it keeps it)."""
+        found = []
+        if self.code != 2:
+            found.append(f"exit {self.code}, not 2")
+        if "Traceback" in self.stderr:
+            found.append("a traceback")
+        if len(re.findall(r"^error: ", self.stderr, re.M)) != 1:
+            found.append("not exactly one 'error:' message")
+        elif not re.search(case.at, self.message):
+            found.append(f"the message does not match {case.at!r}")
+        if self.seconds > LIMIT_S:
+            found.append(f"{self.seconds:.1f} s, over {LIMIT_S} s")
+        return found
+
+
+def _dump(tree: dict[str, Any]) -> bytes:
+    return yaml.safe_dump(tree, sort_keys=False).encode()
+
+
+def _paths(node: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+    """Every key path of a mapping tree with its value, parents before children."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield (*prefix, key), value
+            yield from _paths(value, (*prefix, key))
+
+
+def _with(tree: dict[str, Any], path: KeyPath, value: Any) -> dict[str, Any]:
+    """A deep copy of `tree` with `path` set to `value`."""
+    copy = yaml.safe_load(yaml.safe_dump(tree))
+    node = copy
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    return copy
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _wrong_types(value: Any) -> list[Any]:
+    """Values of the wrong type for a key that holds `value`."""
+    if isinstance(value, dict):
+        return [7, [1, 2], "fuzz"]
+    wrong: list[Any] = [{"fuzz": 1}, [[1, 2]]]
+    if _is_number(value) or isinstance(value, bool):
+        wrong.append("fuzz-not-a-value")
+    if _is_number(value):
+        wrong.append(True)
+    return wrong
+
+
+def _misspell(key: str, rng: random.Random) -> str:
+    i = rng.randrange(len(key))
+    return key[:i] + key[i + 1 :] + "x" if len(key) > 3 else key + "_fuzz"
+
+
+def _file_cases(tree: dict[str, Any], recipe: Path) -> list[Case]:
+    """Unreadable and malformed files: empty, binary, non-UTF-8, bombs, syntax, extends."""
+    good = _dump(tree)
+    bomb = b"a: &a [x, x, x, x, x, x, x, x, x, x]\n" + b"".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n".encode()
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    bombs = {
+        "alias bomb": bomb,
+        "alias bomb in a key": bomb + b"modules: {pre_trainer: {overrides: {fuzz: *i}}}\n",
+        "deep nesting": b"modules: " + b"[" * 2000 + b"]" * 2000 + b"\n",
+        "deep mapping nesting": b"modules: " + b"{a: " * 2000 + b"1" + b"}" * 2000 + b"\n",
+    }
+    files = {
+        "empty file": b"",
+        "only a comment": b"# nothing\n",
+        "a scalar document": b"42\n",
+        "a list document": b"- 1\n- 2\n",
+        "binary": bytes(range(256)) * 4,
+        "NUL bytes": good[:40] + b"\x00\x00" + good[40:],
+        "non-UTF-8 (latin-1)": good + "exp_name: caf\xe9\n".encode("latin-1"),
+        "UTF-16": good.decode().encode("utf-16"),
+        "truncated": good[: len(good) // 2] + b"\n  - [",
+        "tab indentation": good.replace(b"  ", b"\t", 1),
+        "unclosed quote": good + b'exp_name: "unclosed\n',
+        "two documents": good + b"---\n" + good,
+        "bad tag": good + b"exp_name: !!python/object:os.system x\n",
+        "unknown tag": good + b"exp_name: !fuzz x\n",
+        "duplicate top key": good + b"workspace: again\n",
+        "duplicate module key": good.replace(b"framework:", b"framework: x\n    framework:", 1),
+        "undefined alias": good + b"exp_name: *nowhere\n",
+        "unset env var": good.replace(b"workspace: ws", b"workspace: ${FUZZ_UNSET_VAR}", 1),
+        "unset env var in a param": good.replace(
+            b"overrides:", b"overrides:\n      fuzz_env: ${FUZZ_UNSET_VAR}", 1
+        ),
+        "bad env interpolation": good.replace(b"workspace: ws", b"workspace: [${1BAD}x}", 1),
+        **bombs,
+    }
+    cases = [Case(name, {EXPERIMENT: text}) for name, text in files.items()]
+    parent = {**tree, "extends": "base.yaml"}
+    extends = {
+        "extends a missing file": ({}, "nope.yaml"),
+        "extends a folder": ({}, "."),
+        "extends itself": ({}, EXPERIMENT),
+        "extends a number": ({}, 3),
+        "extends a mapping": ({}, {"a": 1}),
+        "extends a list with a number": ({}, [str(recipe), 3]),
+        "extends a binary file": ({"base.yaml": bytes(range(256))}, "base.yaml"),
+        "extends a cycle": ({"base.yaml": b"extends: exp.yaml\n"}, "base.yaml"),
+        "extends a broken file": ({"base.yaml": b"a: [\n"}, "base.yaml"),
+        "extends an empty name": ({}, ""),
+    }
+    for name, (extra, target) in extends.items():
+        at = "base.yaml" if "base.yaml" in extra and "cycle" not in name else EXPERIMENT
+        text = _dump({**parent, "extends": target})
+        cases.append(Case(name, {EXPERIMENT: text, **extra}, at=re.escape(at) + r"(:\d+)?"))
+    for name, value in (("a preset", "fuzz_no_such_preset"), ("a model", "no_such_model")):
+        key = "config" if name == "a preset" else "model"
+        bad = _with(tree, ("modules", "pre_trainer", key), value)
+        cases.append(Case(f"missing {name}", {EXPERIMENT: _dump(bad)}))
+    cases.append(Case("missing experiment file", {}, at=re.escape(EXPERIMENT)))
+    return cases
+
+
+def _override_cases(good: bytes, leaves: list[KeyPath]) -> list[Case]:
+    """Malformed and bad command-line overrides (the token at fault is named)."""
+    tokens = [
+        "=5", "..=1", "a..b=1", "lr", "-x", "---=1", ".fuzz=1", "fuzz.=1",
+        "fuzz_unknown=1", "--fuzz-unknown", "--fuzz_unknown=3", "modules=3",
+        "modules.pre_trainer=3", "modules.pre_trainer.framework=nope", "exp_name=[1, 2]",
+        "log_level=LOUD", "log_level=[1]", "patches.select=3", "patches.on_error=maybe",
+        "patches.select=no_such_patch", "env=3", "workspace={a: 1}", "init_from.hf=/nope",
+        "sft=3", "peft=[1]",
+    ]  # fmt: skip
+    for path in leaves:
+        dotted = ".".join(path)
+        tokens += [f"{dotted}={v}" for v in ("[1, [2]]", "{fuzz: 1}", "fuzz-not-a-value")]
+    return [Case(f"override {t!r}", {EXPERIMENT: good}, (t,), at=re.escape(t)) for t in tokens]
+
+
+def corpus(
+    recipe: Path,
+    sizes: list[str],
+    extra: dict[str, Pairs] | None = None,
+    seed: int = 0,
+) -> list[Case]:
+    """The bad experiments for one backend, mutated from `recipe` (its tiny CPU experiment).
+
+    `sizes` are the dotted param keys (under the module's overrides) that hold sizes: each
+    gets 0, a negative and a huge value. `extra` adds named combinations (name -> [(dotted
+    param, value)]) that the backend must reject. Deterministic for a given `seed`.
+    """
+    rng = random.Random(seed)
+    tree = yaml.safe_load(recipe.read_text())
+    tree["workspace"] = "ws"
+    module = next(iter(tree["modules"]))
+    params: KeyPath = ("modules", module, "overrides")
+    cases = _file_cases(tree, recipe)
+
+    def case(name: str, bad: dict[str, Any], at: str | None = None) -> Case:
+        return Case(name, {EXPERIMENT: _dump(bad)}, at=at or Case.at)
+
+    for path, value in _paths(tree):
+        dotted = ".".join(path)
+        if path[0] == "env":  # free names, any scalar value: only a mapping or a list is bad
+            if len(path) > 1:
+                cases += [case(f"{dotted} = {w!r}", _with(tree, path, w)) for w in ({"a": 1}, [1])]
+            continue
+        for wrong in _wrong_types(value):
+            cases.append(case(f"{dotted} = {wrong!r}", _with(tree, path, wrong)))
+        if isinstance(value, dict):
+            cases.append(case(f"{dotted}: unknown key", _with(tree, (*path, "fuzz_key"), 1)))
+            cases.append(case(f"{dotted}: null key", _with(tree, (*path, None), 1)))  # type: ignore[arg-type]
+        if path[:-1] != ("modules",):  # a module's name is free
+            misspelled = (*path[:-1], _misspell(path[-1], rng))
+            cases.append(case(f"{dotted} misspelled", _with(_drop(tree, path), misspelled, value)))
+    cases.append(case("no modules", _with(tree, ("modules",), {})))
+    cases.append(case("env name with '='", _with(tree, ("env",), {"A=B": 1})))
+    cases.append(case("env value a list", _with(tree, ("env",), {"FUZZ": [1]})))
+    cases.append(case("module without framework", _drop(tree, ("modules", module, "framework"))))
+    cases.append(case("unknown framework", _with(tree, ("modules", module, "framework"), "fuzz")))
+    cases.append(case("a second module", _with(tree, ("modules", "fuzz"), {"framework": 3})))
+    for key in sizes:
+        path = (*params, *key.split("."))
+        for value in (0, -1, -(2**31), 2**64, 10**400, -(10**30), "fuzz", [1]):
+            cases.append(case(f"{key} = {value!r:.20}", _with(tree, path, value)))
+        for value in (0, -5):
+            token = f"{key}={value}"
+            cases.append(Case(f"override {token}", {EXPERIMENT: _dump(tree)}, (token,), at=token))
+    for key, value in _paths(tree[params[0]][module][params[2]]):
+        if isinstance(value, float) and not isinstance(value, bool):
+            for bad in (float("inf"), float("-inf"), float("nan")):
+                cases.append(case(f"{'.'.join(key)} = {bad}", _with(tree, (*params, *key), bad)))
+    for name, pairs in (extra or {}).items():
+        bad = tree
+        for key, value in pairs:
+            bad = _with(bad, (*params, *key.split(".")), value)
+        cases.append(case(name, bad, at=_ANY_FILE_LINE))  # the key at fault may be a preset's
+    leaves = [p for p, v in _paths(tree[params[0]][module][params[2]]) if not isinstance(v, dict)]
+    leaves += [tuple(k.split(".")) for k in sizes if tuple(k.split(".")) not in leaves]
+    cases += _override_cases(_dump(tree), leaves)
+    listed = _with(tree, ("workspace",), "${FUZZ_LIST}")
+    cases.append(Case("workspace from an env list", {EXPERIMENT: _dump(listed)}, env=_LIST))
+    for leaf in leaves[:8]:
+        bad = _with(tree, (*params, *leaf), "${FUZZ_BAD_VALUE}")
+        cases.append(
+            Case(f"{'.'.join(leaf)} from a bad env value", {EXPERIMENT: _dump(bad)},
+                 env={"FUZZ_BAD_VALUE": "{fuzz: [1"}),
+        )  # fmt: skip
+    return cases
+
+
+def _drop(tree: dict[str, Any], path: KeyPath) -> dict[str, Any]:
+    copy = _with(tree, path, None)
+    node = copy
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    return copy
+
+
+def command_lines(case: Case, folder: Path) -> dict[str, list[str]]:
+    """The two commands that must agree on `case`: validate and a dry run."""
+    exp = str(folder / EXPERIMENT)
+    return {
+        "validate": ["config", "validate", exp, *case.overrides],
+        "dry-run": ["train", "pretrain", "--config", exp, "--dry-run", *case.overrides],
+    }
+
+
+def write_case(case: Case, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in case.files.items():
+        (folder / name).write_bytes(data)
+
+
+def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) -> Outcome:
+    """`primus ARGV` through `primus.cli.main.main`, in `folder`, with `env` applied, stdout
+    and stderr captured; the environment, the working directory, the CLI's debug switch and
+    every patched upstream name are put back afterwards."""
+    from primus.cli.common import DEBUG
+    from primus.cli.main import main
+    from primus.core.patches import restore_all
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.pop("PRIMUS_PATCHES", None)
+    os.environ["PRIMUS_WORKSPACE"] = str(folder / "ws")
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    err, out = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
+    code: int | str | None = 0
+    try:
+        os.chdir(folder)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                main(argv)
+            except SystemExit as exc:
+                code = exc.code
+            except BaseException:  # what the CLI would show: a traceback
+                import traceback
+
+                traceback.print_exc(file=err)
+                code = 1
+    finally:
+        seconds = time.perf_counter() - start
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        DEBUG.on = False
+        restore_all()
+    return Outcome(code if isinstance(code, int) else 1, err.getvalue(), seconds)
+
+
+def run_case(case: Case, folder: Path) -> tuple[list[str], dict[str, Outcome]]:
+    """Run `case` as validate and as a dry run, in this process; what breaks the promise."""
+    write_case(case, folder)
+    outcomes = {
+        what: run_in_process(argv, folder, case.env)
+        for what, argv in command_lines(case, folder).items()
+    }
+    problems = [f"{what}: {p}" for what, o in outcomes.items() for p in o.problems(case)]
+    validate, dry_run = outcomes["validate"].message, outcomes["dry-run"].message
+    if validate != dry_run:
+        problems.append(f"validate and dry-run differ:\n  {validate}\n  {dry_run}")
+    return problems, outcomes
+
+
+@dataclass
+class Report:
+    """A corpus run: cases, the seconds it took, and each failing case with its problems."""
+
+    cases: int
+    seconds: float
+    failures: dict[str, list[str]]
+
+    def __str__(self) -> str:
+        lines = [f"{self.cases} cases in {self.seconds:.1f} s, {len(self.failures)} failing"]
+        lines += [f"  {name}: {'; '.join(p)}" for name, p in self.failures.items()]
+        return "\n".join(lines)
+
+
+def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
+    """Run every case in this process after a warm-up that validates the unmutated `recipe`
+    (it must pass, writing nothing: the corpus's failures are the mutations'), which imports
+    the upstream."""
+    folder.mkdir(parents=True, exist_ok=True)
+    warm = run_in_process(["config", "validate", str(recipe)], folder, {})
+    assert warm.code == 0, f"the recipe itself does not validate:\n{warm.stderr[-3000:]}"
+    assert not any(folder.iterdir()), "validate wrote into the workspace"
+    start = time.perf_counter()
+    failures = {}
+    for i, case in enumerate(cases):
+        problems, _ = run_case(case, folder / f"case-{i}")
+        if problems:
+            failures[case.name] = problems
+    return Report(len(cases), time.perf_counter() - start, failures)
+
+
+def refusal_problems(
+    recipe: Path, refusals: dict[str, tuple[str, Pairs]], folder: Path
+) -> list[str]:
+    """Combinations an upstream refuses only when it builds the model (name -> (the key the
+    error must name, the params)): how validate fails to refuse one with that key and a hint
+    that sets it."""
+    found = []
+    extra = {name: pairs for name, (_, pairs) in refusals.items()}
+    for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
+        problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
+        key = re.escape(refusals[case.name][0])
+        if not re.search(rf"{key}.*\n  hint: .*set {key}", outcomes["validate"].message, re.S):
+            problems.append(f"no key {key} and fix in: {outcomes['validate'].message}")
+        found += [f"{case.name}: {p}" for p in problems]
+    return found

@@ -1,0 +1,52 @@
+"""Promise 5 in core, through the dummy backend: bad files and overrides are one config error
+(exit 2, file:line, no traceback) in bounded time, in-process and as real `primus` processes;
+`config validate` runs what `train --dry-run` runs and writes nothing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.fuzz import EXPERIMENT, Outcome, check_corpus, corpus, write_case
+from primus.core.testing.runs import primus
+
+DUMMY = Path(__file__).resolve().parent / "fixtures" / "dummy-quickstart.yaml"
+CASES = {c.name: c for c in corpus(DUMMY, [])}
+
+
+def test_the_core_corpus_through_the_dummy_backend(tmp_path) -> None:
+    report = check_corpus(list(CASES.values()), DUMMY, tmp_path)
+    print(f"\ndummy fuzz: {report}")
+    assert report.cases >= 100 and not report.failures, str(report)
+
+
+@pytest.mark.parametrize("name", ["alias bomb", "binary", "NUL bytes", "deep nesting"])
+def test_bad_files_as_real_processes(tmp_path, name) -> None:
+    case = CASES[name]
+    write_case(case, tmp_path)
+    messages = []
+    for argv in (["config", "validate", EXPERIMENT], ["train", "pretrain", "-c", EXPERIMENT, "--dry-run"]):  # fmt: skip
+        result = primus(*argv, cwd=tmp_path, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+        outcome = Outcome(result.returncode, result.stderr, 0.0)
+        assert outcome.problems(case) == [], result.stderr
+        messages.append(outcome.message)
+    assert messages[0] == messages[1] and re.match(r"error: exp\.yaml:\d+: ", messages[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [EXPERIMENT]
+
+
+def test_validate_checks_what_a_dry_run_checks_and_writes_nothing(tmp_path) -> None:
+    ws = f"workspace={tmp_path / 'ws'}"
+    valid = primus("config", "validate", str(DUMMY), ws, cwd=tmp_path)
+    assert valid.returncode == 0, valid.stderr
+    assert "[dummy] lifecycle: convert_config" in valid.stderr  # the backend built its args
+    assert "lifecycle: patch build_args" in valid.stderr  # and the build_args patches ran
+    assert valid.stdout.splitlines() == ["ok: module 'pre_trainer' (dummy): 7 params", f"{DUMMY}: valid"]  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+    validate = primus("config", "validate", str(DUMMY), "--stage", "posttrain", cwd=tmp_path)
+    dry_run = primus("train", "posttrain", "-c", str(DUMMY), "--dry-run", cwd=tmp_path)
+    for result in (validate, dry_run):
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert validate.stderr.splitlines()[-2:] == dry_run.stderr.splitlines()[-2:]
+    assert "the dummy backend has no 'posttrain' stage" in validate.stderr
