@@ -246,24 +246,25 @@ def corpus(
         for value in (0, -5):
             token = f"{key}={value}"
             cases.append(Case(f"override {token}", {EXPERIMENT: _dump(tree)}, (token,), at=token))
-    for key, value in _paths(tree[params[0]][module][params[2]]):
+    for keypath, value in _paths(tree[params[0]][module][params[2]]):
         if isinstance(value, float) and not isinstance(value, bool):
-            for bad in (float("inf"), float("-inf"), float("nan")):
-                cases.append(case(f"{'.'.join(key)} = {bad}", _with(tree, (*params, *key), bad)))
+            for number in (float("inf"), float("-inf"), float("nan")):
+                dotted = ".".join(keypath)
+                cases.append(case(f"{dotted} = {number}", _with(tree, (*params, *keypath), number)))
     for name, pairs in (extra or {}).items():
-        bad = tree
-        for key, value in pairs:
-            bad = _with(bad, (*params, *key.split(".")), value)
-        cases.append(case(name, bad, at=_ANY_FILE_LINE))  # the key at fault may be a preset's
+        mutated = tree
+        for dotted, value in pairs:
+            mutated = _with(mutated, (*params, *dotted.split(".")), value)
+        cases.append(case(name, mutated, at=_ANY_FILE_LINE))  # the key at fault may be a preset's
     leaves = [p for p, v in _paths(tree[params[0]][module][params[2]]) if not isinstance(v, dict)]
     leaves += [tuple(k.split(".")) for k in sizes if tuple(k.split(".")) not in leaves]
     cases += _override_cases(_dump(tree), leaves)
     listed = _with(tree, ("workspace",), "${FUZZ_LIST}")
     cases.append(Case("workspace from an env list", {EXPERIMENT: _dump(listed)}, env=_LIST))
     for leaf in leaves[:8]:
-        bad = _with(tree, (*params, *leaf), "${FUZZ_BAD_VALUE}")
+        from_env = _with(tree, (*params, *leaf), "${FUZZ_BAD_VALUE}")
         cases.append(
-            Case(f"{'.'.join(leaf)} from a bad env value", {EXPERIMENT: _dump(bad)},
+            Case(f"{'.'.join(leaf)} from a bad env value", {EXPERIMENT: _dump(from_env)},
                  env={"FUZZ_BAD_VALUE": "{fuzz: [1"}),
         )  # fmt: skip
     return cases
