@@ -270,6 +270,7 @@ def test_inventory_commands() -> None:
         "dummy.hash_seed",
         "dummy.checkpoint_dir",
         "dummy.finite_loss",
+        "dummy.preemption",
         "dummy.summary",
     ]
     assert listed[2]["target"] == "dummytrain.loop.mse_loss"

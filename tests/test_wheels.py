@@ -31,6 +31,7 @@ DUMMY_PATCHES = {
     "dummy.hash_seed": "setup",
     "dummy.checkpoint_dir": "build_args",
     "dummy.finite_loss": "before_train",
+    "dummy.preemption": "before_train",
     "dummy.summary": "after_train",
 }
 # DESIGN.md's lifecycle, as the dummy backend logs it.
