@@ -179,8 +179,11 @@ def kill_during_a_save(
     run: list[str], run_dir: Path, environment: dict[str, str], delay: float
 ) -> int:
     """Start the run; once it logs a step of its own (with save_interval 1 the save of that
-    step starts right after), wait `delay` seconds and SIGKILL it. The step it logged."""
+    step starts right after), wait `delay` seconds and SIGKILL it with every process it started
+    (as a scheduler kills a job: Megatron's checkpoint workers, started by multiprocessing's
+    spawn, would otherwise outlive it). The step it logged."""
     import os
+    import signal
     import subprocess
     import sys
     import time
@@ -190,15 +193,15 @@ def kill_during_a_save(
     logged = steps_logged(run_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "primus.cli", *run], env=os.environ | environment,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
         while steps_logged(run_dir) <= logged:
             assert proc.poll() is None, "the run ended before it logged a step"
             time.sleep(0.002)
         time.sleep(delay)
-        proc.kill()
     finally:
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     return steps_logged(run_dir)
 
