@@ -81,6 +81,8 @@ def test_torchrun_args() -> None:
         "--node-rank=1",
         "--master-addr=h0",
         "--master-port=9",
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "--shutdown-timeout=120",
         "-m",
         "primus.cli",
         "train",

@@ -4,7 +4,10 @@ and `train --dry-run` agree; Megatron's model-build-time refusals are found at v
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from primus.core.testing.fuzz import check_corpus, corpus, refusal_problems
 
@@ -22,6 +25,19 @@ MODEL_BUILD = {
         [("tensor_model_parallel_size", 2), ("sequence_parallel", True)],
     ),
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_cpu_mode_left_behind() -> Iterator[None]:
+    """The cases run the `megatron.cpu` patch in this process, which enters its CUDA-to-CPU
+    torch function mode for the rest of the process (a run's): leave none to later tests (under
+    it, torch.compile of the turbo kernels recursed)."""
+    import torch
+
+    depth = torch._C._len_torch_function_stack()
+    yield
+    while torch._C._len_torch_function_stack() > depth:
+        torch._C._pop_torch_function_stack()
 
 
 def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
