@@ -380,6 +380,16 @@ def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
     return Report(len(cases), time.perf_counter() - start, failures)
 
 
+def check_backend(
+    recipe: Path, sizes: list[str], refusals: dict[str, tuple[str, Pairs]], folder: Path
+) -> Report:
+    """A backend's corpus: `recipe` mutated (its `sizes` keys too, and the model-build
+    `refusals`' params), at least 300 cases, checked by `check_corpus`."""
+    cases = corpus(recipe, sizes, {name: pairs for name, (_, pairs) in refusals.items()})
+    assert len(cases) >= 300, f"only {len(cases)} cases"
+    return check_corpus(cases, recipe, folder)
+
+
 def refusal_problems(
     recipe: Path, refusals: dict[str, tuple[str, Pairs]], folder: Path
 ) -> list[str]:
