@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.testing.checkpoints import dcp_state
 from primus.core.testing.faults import interrupt
 from primus.core.testing.runs import losses, primus, step_metrics, train_run
 
@@ -45,11 +46,8 @@ def tensors(checkpoint: Path, out: Path) -> dict[str, object]:
     """The model and optimizer tensors of a Megatron (torch_dist) checkpoint folder, by name
     (`optimizer.state.exp_avg.<param>` and so on)."""
     import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    dcp_to_torch_save(checkpoint, out)
-    state = torch.load(out, weights_only=False)
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in dcp_state(checkpoint, out).items() if isinstance(v, torch.Tensor)}
 
 
 def assert_same_tensors(a: dict[str, object], b: dict[str, object]) -> None:

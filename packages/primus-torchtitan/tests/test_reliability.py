@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from primus.backends.torchtitan.testing import write_corpus
 from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.testing.checkpoints import dcp_state
 from primus.core.testing.faults import Interrupted, interrupt
 from primus.core.testing.runs import losses, primus, step_metrics, train_run
 
@@ -70,11 +71,7 @@ def run_dir(workspace: Path, name: str) -> Path:
 
 def saved_state(checkpoint: Path, tmp: Path) -> dict[str, torch.Tensor]:
     """The model and optimizer tensors of a TorchTitan (DCP) checkpoint folder."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = tmp / f"{checkpoint.parent.parent.name}-{checkpoint.name}.pt"
-    dcp_to_torch_save(checkpoint, out)
-    state = torch.load(out, weights_only=False)
+    state = dcp_state(checkpoint, tmp / f"{checkpoint.parent.parent.name}-{checkpoint.name}.pt")
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     optimizer = state["optimizer"]
     return tensors | {f"optimizer.{k}": v for k, v in optimizer.items() if torch.is_tensor(v)}
@@ -436,12 +433,9 @@ def test_the_buffered_tokens_move_with_the_position(
 ) -> None:
     """Every token read is trained on or still buffered at the end, once: the tokens a rank
     had read but not trained on when it saved went to a rank of the resumed run."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     read = sum(data.tokens(row) for rank in (0, 1) for _, row in reads(resharded, rank))
     trained = sum(len(batch_hashes(resharded, rank)) for rank in (0, 1)) * BATCH_TOKENS
-    dcp_to_torch_save(resharded / "checkpoint" / "step-12", tmp_path / "last.pt")
-    positions = torch.load(tmp_path / "last.pt", weights_only=False)["dataloader"]
+    positions = dcp_state(resharded / "checkpoint" / "step-12", tmp_path / "last.pt")["dataloader"]
     buffered = sum(
         len(pickle.loads(positions[f"dp_rank_{rank}"])["dataset_state"]["inputs_buffer"])
         for rank in (0, 1)

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from primus.core.testing.runs import losses, patch_status, train_run
+from primus.core.testing.checkpoints import dcp_state
+from primus.core.testing.runs import losses, patch_status, primus, train_run
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 FEATURES = (
@@ -96,18 +98,75 @@ def test_patches_list_shows_target_and_switch() -> None:
     assert {f"megatron.turbo_{f}" for f in FEATURES} <= set(patches)
 
 
-def test_tensor_parallel_keeps_the_vocab_parallel_loss(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    run_dir = train_run(
-        RECIPE, tmp_path, "exp_name=tp2", "train_iters=3", *SMALL, "tensor_model_parallel_size=2",
-        "turbo.enable=true", nproc=2,
-    )  # fmt: skip
-    status = patch_status(run_dir)
+@pytest.fixture(scope="module")
+def tensor_parallel(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Turbo over 2 tensor-parallel ranks (gloo): 3 steps saved, then steps 4-7 resumed from
+    them without and with sequence parallelism (turbo's norm splits the sequence; Megatron's
+    torch norm refuses to). Both start from the same weights: on the CPU, Megatron's random
+    init draws differently with sequence parallelism on."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    workspace = tmp_path_factory.mktemp("tp")
+    tp2 = ("train_iters=7", *SMALL, "tensor_model_parallel_size=2", "turbo.enable=true")
+    try:
+        base = train_run(RECIPE, workspace, "exp_name=base", *tp2, "save_interval=3",
+                         "exit_interval=3", nproc=2)  # fmt: skip
+        resume = (*tp2, f"load={base / 'checkpoints'}", "save_interval=7")
+        return {
+            name: train_run(RECIPE, workspace, f"exp_name={name}", *resume, *overrides, nproc=2)
+            for name, overrides in (("tp2", ()), ("tp2sp", ("sequence_parallel=true",)))
+        }
+    finally:
+        mp.undo()
+
+
+def test_tensor_parallel_keeps_the_vocab_parallel_loss(tensor_parallel: dict[str, Path]) -> None:
+    status = patch_status(tensor_parallel["tp2"])
     assert status["megatron.turbo_cross_entropy"] == (
         "skipped",
         "tensor parallel splits the logits: vocab-parallel loss",
     )
     assert status["megatron.turbo_attention"][0] == "applied"
-    assert max(losses(run_dir)) == 3
+    assert max(losses(tensor_parallel["tp2"])) == 7
+
+
+def test_sequence_parallel_trains_as_tensor_parallel_alone(
+    tensor_parallel: dict[str, Path], tmp_path: Path
+) -> None:
+    """Same losses and, after 4 steps, the same weights. Without the norm weights' gradient
+    summed over the tensor-parallel group (each rank sees half the sequence) the norm
+    weights part by about 1e-3 while the losses stay within 1e-6."""
+    alone, split = tensor_parallel["tp2"], tensor_parallel["tp2sp"]
+    assert "sequence_parallel: true" in (split / "config.resolved.yaml").read_text()
+    assert patch_status(split)["megatron.turbo_rms_norm"][0] == "applied"
+    assert sorted(losses(split)) == sorted(losses(alone)) == [5, 6, 7]  # 4 only starts the clock
+    for step, loss in losses(alone).items():
+        assert losses(split)[step] == pytest.approx(loss, rel=1e-6), step
+    weights = [
+        dcp_state(run / "checkpoints" / "iter_0000007", tmp_path / f"{run.name}.pt")
+        for run in (alone, split)
+    ]
+    model = ("decoder.", "embedding.", "output_layer.")
+    names = [k for k, v in weights[0].items() if k.startswith(model) and torch.is_tensor(v)]
+    assert sum("norm" in name for name in names) == 3  # final, and per layer qkv and fc1 stacks
+    for name in names:
+        assert torch.allclose(weights[1][name], weights[0][name], rtol=0, atol=1e-6), name
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        (("normalization=LayerNorm", "turbo.enable=true"), "splits only RMSNorm, not LayerNorm"),
+        (("turbo.enable=true", "turbo.rms_norm=false"), "the torch norm"),
+    ],
+)
+def test_sequence_parallel_without_a_norm_that_splits_is_refused_before_the_run(
+    tmp_path: Path, overrides: tuple[str, ...], refused: str
+) -> None:
+    result = primus(
+        "train", "pretrain", "--dry-run", "--config", str(RECIPE), "tensor_model_parallel_size=2",
+        "sequence_parallel=true", *overrides, PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert refused in result.stderr and "hint: set sequence_parallel: false" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -5,6 +5,7 @@ to the upstream code, so turning a feature on never changes what a config means.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -29,14 +30,28 @@ UPSTREAM_LOSS = LanguageModule.compute_language_model_loss
 
 
 class TurboWrappedNorm:
-    """`WrappedTorchNorm` whose RMSNorm is the Triton kernel (same `weight`, same checks)."""
+    """`WrappedTorchNorm` whose RMSNorm is the Triton kernel (same `weight`, same checks).
+
+    Unlike the torch norm it splits under sequence parallelism: each tensor-parallel rank
+    normalizes its slice of the sequence, and its weight is marked `sequence_parallel`, so
+    Megatron sums the weight's gradient over the tensor-parallel group (as it does for
+    Transformer Engine's and Apex's norms)."""
+
+    sequence_parallel_normalizations = ("RMSNorm",)  # what Megatron's model-build check reads
 
     def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> Any:
+        split = config.sequence_parallel and config.normalization == "RMSNorm"
+        if split:  # upstream's other checks still apply; only its sequence-parallel one is lifted
+            config = copy.copy(config)
+            config.sequence_parallel = False
         norm = UPSTREAM_NORM(config, hidden_size, eps, **kwargs)
         if type(norm) is not torch.nn.RMSNorm:
             return norm
         weight = norm.weight
-        return RMSNorm(hidden_size, eps=eps, device=weight.device, dtype=weight.dtype)
+        turbo = RMSNorm(hidden_size, eps=eps, device=weight.device, dtype=weight.dtype)
+        if split:
+            turbo.weight.sequence_parallel = True
+        return turbo
 
 
 def turbo_bias_swiglu(

@@ -46,14 +46,19 @@ def switch(feature: str) -> Callable[[PatchContext], bool]:
 
 
 def turbo_patch(
-    backend: str, feature: str, target: str, backend_versions: str | None = None
+    backend: str,
+    feature: str,
+    target: str,
+    backend_versions: str | None = None,
+    phase: str = "build_args",
 ) -> Callable[[Handler], Handler]:
     """`register_patch` for one turbo feature: id `<backend>.turbo_<feature>`, its switch as
-    the condition, phase `build_args` (before the trainer builds the model), tag `turbo`."""
+    the condition, phase `build_args` (before the trainer builds the model) unless the
+    backend's own checks must see it (`setup`), tag `turbo`."""
     return register_patch(
         f"{backend}.turbo_{feature}",
         backend=backend,
-        phase="build_args",
+        phase=phase,
         condition=switch(feature),
         backend_versions=backend_versions,
         target=target,

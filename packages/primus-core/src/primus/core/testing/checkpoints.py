@@ -1,4 +1,5 @@
-"""Helpers for backend tests of `primus checkpoint`: presets derived from HF configs."""
+"""Helpers for backend tests of checkpoints: presets derived from HF configs, and what a torch
+distributed checkpoint holds."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def inspect_json(path: Path) -> dict[str, Any]:
     result = primus("checkpoint", "inspect", str(path), "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
+
+
+def dcp_state(checkpoint: Path, out: Path) -> dict[str, Any]:
+    """A torch distributed checkpoint folder (Megatron's torch_dist, TorchTitan's DCP) as one
+    state dict, through a `torch.save` copy written at `out`."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(checkpoint, out)
+    return dict(torch.load(out, weights_only=False))

@@ -150,14 +150,24 @@ def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
     """Combinations Megatron rejects only when it builds the model, found here instead."""
     import importlib.util
 
+    from megatron.core.transformer import torch_norm
+
     local_norm = args.transformer_impl == "local" and importlib.util.find_spec("apex") is None
-    if args.sequence_parallel and local_norm:  # megatron.core.transformer.torch_norm asserts
+    # the norm class in place (a patch may have replaced it) says which norms it can split
+    splits = getattr(torch_norm.WrappedTorchNorm, "sequence_parallel_normalizations", ())
+    if args.sequence_parallel and local_norm and args.normalization not in splits:
+        reason = (
+            f"the norm in place splits only {', '.join(splits)}, not {args.normalization}"
+            if splits
+            else "transformer_impl local without Apex builds the torch norm, which Megatron "
+            "refuses to split"
+        )
         raise config.error(
             "sequence_parallel",
-            "sequence_parallel needs Apex's or Transformer Engine's norm; transformer_impl "
-            "local without Apex builds the torch norm, which Megatron refuses to split",
-            hint="set sequence_parallel: false (or install Apex, or Transformer Engine with "
-            "transformer_impl: transformer_engine)",
+            f"sequence_parallel needs Apex's or Transformer Engine's norm here: {reason}",
+            hint="set sequence_parallel: false (or turbo.enable: true with normalization: "
+            "RMSNorm, or install Apex, or Transformer Engine with transformer_impl: "
+            "transformer_engine)",
         )
 
 

@@ -1,7 +1,8 @@
 """Turbo kernels in Megatron's local (non-Transformer-Engine) layers.
 
 Each patch replaces one upstream name through the engine (`ctx.replace`: every module of
-megatron that imported it too), at `build_args` (before `pretrain()` builds the model). The
+megatron that imported it too), at `build_args` (before `pretrain()` builds the model; the norm
+at `setup`, before Megatron's args are checked). The
 replacements live in primus.turbo.megatron_layers.
 """
 
@@ -36,9 +37,10 @@ def _kept_upstream(feature: str, why: str) -> str:
     return why
 
 
-@_turbo("rms_norm", "megatron.core.transformer.torch_norm.WrappedTorchNorm")
+@_turbo("rms_norm", "megatron.core.transformer.torch_norm.WrappedTorchNorm", phase="setup")
 def turbo_rms_norm(ctx: PatchContext) -> None:
-    """RMSNorm layers of the local spec run the Triton kernel (LayerNorm stays PyTorch's)."""
+    """RMSNorm layers of the local spec run the Triton kernel (LayerNorm stays PyTorch's), also
+    under sequence parallelism. At `setup`, so Megatron's args check sees the norm it gets."""
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401  (imports every user)
 
     from primus.turbo import megatron_layers as layers
