@@ -92,6 +92,19 @@ def test_torchrun_args() -> None:
     assert single[3] == "--master-addr=127.0.0.1" and int(single[4].split("=")[1]) > 0
 
 
+def test_an_older_torchrun_gets_no_shutdown_timeout(monkeypatch) -> None:
+    """torch 2.11 (the GPU machines' image) has no --shutdown-timeout, and every launch there
+    failed on it. The lock's torch has the option, so its parser is narrowed here: a mock,
+    because an older torch cannot be installed beside the lock's."""
+    from primus.core import launcher
+
+    older = launcher.torchrun_options() - {"--shutdown-timeout"}
+    monkeypatch.setattr(launcher, "torchrun_options", lambda: older)
+    args = torchrun_args(["train"], Launch(2))
+    assert not [a for a in args if a.startswith("--shutdown-timeout")]
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args
+
+
 def test_export_fills_the_rendezvous_for_a_lone_process_with_a_free_port() -> None:
     import os
     import socket

@@ -14,8 +14,12 @@ import torch
 
 from primus.core.testing.checkpoints import dcp_state
 from primus.core.testing.runs import losses, patch_status, primus, train_run
+from primus.core.testing.sft_runs import make_task, published_dry_run
 
-RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "megatron"
+RECIPE = CONFIGS / "tiny-cpu.yaml"
+GPU_RECIPE = CONFIGS / "llama3.2_1B-pretrain.yaml"
+SFT_RECIPE = CONFIGS / "llama3.2_1B-sft.yaml"
 FEATURES = (
     "rms_norm", "swiglu", "rope", "attention", "cross_entropy", "optimizer", "grad_accum_fusion"
 )  # fmt: skip
@@ -51,9 +55,10 @@ def test_turbo_matches_plain_megatron(runs: dict[str, Path]) -> None:
 
 def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
     on, off = patch_status(runs["turbo"]), patch_status(runs["plain"])
-    for feature in FEATURES:
+    assert on["megatron.turbo_cuda_graphs"] == ("skipped", "CUDA graphs need a GPU")
+    for feature in (*FEATURES, "cuda_graphs"):
         patch = f"megatron.turbo_{feature}"
-        assert on[patch][0] == "applied", patch
+        assert on[patch][0] == "applied" or feature == "cuda_graphs", patch
         assert off[patch] == (
             "skipped",
             f"condition false: turbo.enable and turbo.{feature} (default true) are true",
@@ -79,6 +84,34 @@ def test_one_switch_turns_one_feature_off(tmp_path: Path, monkeypatch: pytest.Mo
     status = patch_status(run_dir)
     assert status["megatron.turbo_rope"][0] == "skipped"
     assert status["megatron.turbo_rms_norm"][0] == "applied"
+
+
+@pytest.mark.parametrize(
+    "overrides, graphs",
+    [
+        ((), "full_iteration"),
+        (("turbo.cuda_graphs=false",), "none"),
+        (("cuda_graph_impl=local",), "local"),  # the user's choice stays
+    ],
+)
+def test_pretraining_on_a_gpu_replays_each_iteration_as_one_cuda_graph(
+    tmp_path: Path, overrides: tuple[str, ...], graphs: str
+) -> None:
+    """The GPU recipe's dry run (it builds Megatron's args on any machine)."""
+    result = primus(
+        "train", "pretrain", "--dry-run", "--config", str(GPU_RECIPE), "turbo.enable=true",
+        *overrides, PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"cuda_graph_impl: {graphs}\n" in result.stdout
+
+
+def test_fine_tuning_keeps_cuda_graphs_off(tmp_path: Path) -> None:
+    """Fine-tuning's packed rows change shape from batch to batch: no graph."""
+    task = make_task(tmp_path / "task")
+    _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path, "turbo.enable=true")
+    assert "cuda_graph_impl: none\n" in stdout
+    assert "megatron.turbo_cuda_graphs               skipped: posttrain's packed rows" in stdout
 
 
 def test_patches_list_shows_target_and_switch() -> None:

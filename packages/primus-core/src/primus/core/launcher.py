@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -134,6 +135,15 @@ class Launch:
         return self.master_addr or "127.0.0.1", port
 
 
+@functools.cache
+def torchrun_options() -> frozenset[str]:
+    """The options the installed torchrun takes (`--shutdown-timeout`, the workers' grace
+    after a signal, is not in older torch releases, whose torchrun allows a fixed 30 s)."""
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(o for action in get_args_parser()._actions for o in action.option_strings)
+
+
 def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
     """torchrun's arguments to run `python -m primus.cli <worker_argv>` in every worker."""
     addr, port = launch.rendezvous()
@@ -145,7 +155,7 @@ def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
         f"--master-port={port}",
         # SIGUSR1 too (Slurm's warning): passed on to the workers, which save and exit 75
         "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-        f"--shutdown-timeout={GRACE_S}",
+        *([f"--shutdown-timeout={GRACE_S}"] if "--shutdown-timeout" in torchrun_options() else []),
         "-m",
         "primus.cli",
         *worker_argv,

@@ -199,15 +199,18 @@ def resumed(run: Path, exp: Path, folders: list[str]) -> Path:
     return resumed_run
 
 
-def published_dry_run(recipe: Path, task: dict[str, Path], folder: Path) -> tuple[Path, str]:
-    """`primus train posttrain --dry-run` of a GPU recipe with Llama-3.2-1B's published
-    config.json as its HF model (no weights) and `task`'s data: (the HF folder, stdout)."""
+def published_dry_run(
+    recipe: Path, task: dict[str, Path], folder: Path, *overrides: str
+) -> tuple[Path, str]:
+    """`primus train posttrain --dry-run` of a GPU recipe (with `overrides`) with Llama-3.2-1B's
+    published config.json as its HF model (no weights) and `task`'s data: (the HF folder,
+    stdout)."""
     from primus.core.testing.hf_models import hf_config
 
     hf = folder / "hf"
     hf_config("llama3.2_1B").save_pretrained(hf)
     (hf / "model.safetensors").touch()  # init_from wants one; a dry run reads none
-    done = primus("train", "posttrain", "--config", str(recipe), "--dry-run",
+    done = primus("train", "posttrain", "--config", str(recipe), "--dry-run", *overrides,
                   PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
                   PRIMUS_WORKSPACE=str(folder / "ws"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

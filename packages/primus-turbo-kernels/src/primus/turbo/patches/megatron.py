@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
-from primus.core.patches import TESTED, PatchContext, get_args
+from primus.core.patches import TESTED, PatchContext, get_args, get_param
 from primus.turbo.switches import register_switches, turbo_patch
 
 FEATURES = {
@@ -22,6 +23,7 @@ FEATURES = {
     "cross_entropy": "Triton cross-entropy for the language-model loss",
     "optimizer": "fused Adam and foreach grad-norm/scale instead of the Python fallbacks",
     "grad_accum_fusion": "weight-gradient GEMMs accumulate into the fp32 main grads",
+    "cuda_graphs": "each iteration's forward and backward replayed as one CUDA graph (pretraining)",
 }
 register_switches("megatron", FEATURES)
 _turbo = partial(turbo_patch, "megatron", backend_versions=TESTED)
@@ -149,4 +151,21 @@ def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     sites += ctx.replace(tp_layers, "_grad_accum_fusion_available", True)
     args.gradient_accumulation_fusion = True
     _installed("grad_accum_fusion", sites)
+    return None
+
+
+@_turbo("cuda_graphs", "megatron args: cuda_graph_impl", phase="setup")
+def turbo_cuda_graphs(ctx: PatchContext) -> str | None:
+    """Megatron's full-iteration CUDA graph: each training iteration's forward and backward
+    (every micro-batch, the gradient reduction) replay one captured graph, so kernel launches
+    no longer bound small micro-batches. The optimizer step and Primus's non-finite check run
+    outside it. Needs the same shapes every iteration: pretraining only."""
+    if wants_cpu(ctx):
+        return _kept_upstream("cuda_graphs", "CUDA graphs need a GPU")
+    if ctx.stage != "pretrain":
+        return _kept_upstream("cuda_graphs", f"{ctx.stage}'s packed rows change shape per batch")
+    chosen = get_param(ctx, "cuda_graph_impl", "none")
+    if chosen != "none":
+        return _kept_upstream("cuda_graphs", f"cuda_graph_impl is {chosen}")
+    ctx.set_param("cuda_graph_impl", "full_iteration", "turbo.cuda_graphs: one graph per iteration")
     return None
