@@ -18,12 +18,19 @@ SIZES = [
     "max_position_embeddings", "vocab_size", "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
 ]  # fmt: skip
-# Refused by Megatron only when it builds the model (torch_norm.py asserts), here at validation
+# Refused by Megatron only when it builds the model or its scheduler, here at validation
 MODEL_BUILD = {
     "sequence parallel, torch norm": (
         "sequence_parallel",
         [("tensor_model_parallel_size", 2), ("sequence_parallel", True)],
     ),
+    # OptimizerParamScheduler's asserts, a traceback when training starts
+    "warm-up as long as the run": ("lr_warmup_iters", [("train_iters", 2)]),
+    "warm-up fraction of 1": (
+        "lr_warmup_fraction",
+        [("lr_warmup_iters", 0), ("lr_warmup_fraction", 1.0)],
+    ),
+    "warm-up start above lr": ("lr_warmup_init", [("lr_warmup_init", 1.0)]),
 }
 
 

@@ -171,6 +171,29 @@ def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
         )
 
 
+def _check_lr_schedule(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """What Megatron's OptimizerParamScheduler asserts when training starts (and validate_args
+    does not), found here."""
+    if args.lr_warmup_init > args.lr:
+        raise config.error("lr_warmup_init", f"lr_warmup_init {args.lr_warmup_init} is above "
+                           f"lr {args.lr}", hint="set lr_warmup_init to at most lr")  # fmt: skip
+    if args.lr_warmup_fraction is not None:
+        if not 0 <= args.lr_warmup_fraction < 1:
+            raise config.error("lr_warmup_fraction", "lr_warmup_fraction must lie in [0, 1)",
+                               hint="set lr_warmup_fraction below 1")  # fmt: skip
+        return
+    unit = "iters" if args.train_iters else "samples"
+    warmup = getattr(args, f"lr_warmup_{unit}")
+    decay = getattr(args, f"lr_decay_{unit}") or getattr(args, f"train_{unit}")
+    if decay and warmup >= decay:
+        raise config.error(
+            f"lr_warmup_{unit}",
+            f"lr_warmup_{unit} {warmup} leaves no decay: the schedule decays over {decay} "
+            f"(lr_decay_{unit}, else train_{unit})",
+            hint=f"set lr_warmup_{unit} below {decay}",
+        )
+
+
 def model_parallel_size(args: argparse.Namespace) -> int:
     """Processes one model replica spans: tensor x pipeline x context parallel."""
     return int(
@@ -208,4 +231,5 @@ def build_megatron_args(
     finally:
         get_logger("megatron").debug(dump.getvalue())
     _check_model_build(config, args)
+    _check_lr_schedule(config, args)
     return args
