@@ -296,3 +296,23 @@ def test_a_resume_on_indexed_data_with_another_dp_size_sees_the_same_samples(
     assert samples(run_dir) == expected
     rank1 = (run_dir / "samples-rank1.jsonl").read_text()
     assert '"step": 6' in rank1 and '"step": 7' not in rank1  # steps 7-12 on one rank
+
+
+def test_a_resume_with_a_longer_schedule_is_a_config_error_with_both_fixes(
+    tmp_path: Path,
+) -> None:
+    """Training on with a larger train_iters: Megatron asserted the checkpoint's schedule
+    (a traceback, exit 1); now exit 2 naming train_iters, and the hint's fix resumes."""
+    run = command("longer", "save_interval=4")
+    assert primus(*run, "train_iters=4", **env(tmp_path)).returncode == 0
+    longer = primus(*run, "train_iters=6", **env(tmp_path))
+    assert longer.returncode == 2, longer.stderr[-3000:]
+    assert "Traceback" not in longer.stderr
+    assert (
+        "error: cli (train_iters=6): the checkpoint's learning-rate schedule has total number "
+        "of iterations 4, this run's 6" in longer.stderr
+    )
+    assert "hint: set override_opt_param_scheduler: true" in longer.stderr
+    fixed = primus(*run, "train_iters=6", "override_opt_param_scheduler=true", **env(tmp_path))
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert [m["step"] for m in step_metrics(tmp_path / "team" / "user" / "longer")] == [2, 3, 4, 6]

@@ -68,3 +68,64 @@ def latest_complete_checkpoint(ctx: PatchContext) -> None:
     checkpointing = "megatron.training.checkpointing"
     ctx.wrap(checkpointing, "read_metadata", _latest_complete)
     ctx.wrap(checkpointing, "load_checkpoint", _say_which)
+
+
+# Megatron's names for the schedule values a checkpoint must match -> the params that set each
+SCHEDULE_PARAMS = {
+    "learning rate": ("lr",),
+    "minimum learning rate": ("min_lr",),
+    "warmup iterations": ("lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction"),
+    "total number of iterations": ("lr_decay_iters", "lr_decay_samples", "train_iters"),
+    "learning rate decay style": ("lr_decay_style",),
+    "start weight decay": ("start_weight_decay", "weight_decay"),
+    "end weight decay": ("end_weight_decay", "weight_decay"),
+    "total number of weight decay iterations": ("train_iters", "train_samples"),
+    "weight decay incr style": ("weight_decay_incr_style",),
+}
+
+
+def _schedule_error(ctx: PatchContext) -> Callable[[Callable], Callable]:
+    module = ctx.extra["module"]
+
+    def wrapper(original: Callable) -> Callable:
+        def check_and_set(scheduler: Any, cls_value: Any, sd_value: Any, name: str) -> Any:
+            try:
+                return original(scheduler, cls_value, sd_value, name)
+            except AssertionError:
+                from megatron.training import get_args
+
+                keys = SCHEDULE_PARAMS.get(name, ("lr",))
+                key = next((k for k in keys if module.origin(k)), keys[-1])  # the one set
+                args = get_args()
+                if "iterations" in name and args.train_iters:  # Megatron counts samples
+                    sd_value, cls_value = (
+                        v // args.global_batch_size for v in (sd_value, cls_value)
+                    )
+                raise module.error(
+                    key,
+                    f"the checkpoint's learning-rate schedule has {name} {sd_value}, this "
+                    f"run's {cls_value} (lr_decay_iters defaults to train_iters)",
+                    hint="set override_opt_param_scheduler: true to use this run's schedule, "
+                    "or use_checkpoint_opt_param_scheduler: true to keep the checkpoint's",
+                ) from None
+
+        return check_and_set
+
+    return wrapper
+
+
+@register_patch(
+    "megatron.resume_schedule_mismatch",
+    backend="megatron",
+    phase="before_train",
+    backend_versions=TESTED,
+    target="megatron.core.optimizer_param_scheduler.OptimizerParamScheduler._check_and_set",
+    tags=("reliability",),
+)
+def resume_schedule_mismatch(ctx: PatchContext) -> None:
+    """A resume whose learning-rate schedule differs from the checkpoint's (a longer
+    train_iters, another lr) is a config error naming the key and both fixes, not Megatron's
+    assertion traceback."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    ctx.wrap(OptimizerParamScheduler, "_check_and_set", _schedule_error(ctx))
