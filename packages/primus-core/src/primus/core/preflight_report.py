@@ -77,11 +77,13 @@ def _rows(report: dict) -> list[list[str]]:
 
 def _summary(report: dict) -> list[str]:
     coll = report["collectives"]
-    lines = [
-        f"all-reduce bus bandwidth: {_cell(coll.get('all_reduce_busbw_gbs'))} GB/s, all-gather: "
-        f"{_cell(coll.get('all_gather_busbw_gbs'))} GB/s ({coll.get('bytes', 0)} bytes, "
-        f"{report['world_size']} ranks)"
-    ]
+    lines = ["collectives: none (one rank)"]
+    if coll.get("all_reduce_busbw_gbs") is not None:
+        lines = [
+            f"bus bandwidth over {report['world_size']} ranks ({coll['bytes'] >> 20} MiB): "
+            f"all-reduce {_cell(coll['all_reduce_busbw_gbs'])} GB/s, all-gather "
+            f"{_cell(coll['all_gather_busbw_gbs'])} GB/s"
+        ]
     for o in report["outliers"]:
         lines.append(
             f"outlier: rank {o['rank']} ({o['host']}) {COMPARED[o['metric']]} {_cell(o['value'])}"
