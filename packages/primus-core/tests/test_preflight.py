@@ -4,6 +4,8 @@ torchrun, one with a rank made slow on purpose (PRIMUS_PREFLIGHT_SLOW_RANK) and 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,15 @@ def test_bad_input_is_one_error_line(tmp_path: Path, case: str) -> None:
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: ")
     assert not list(tmp_path.glob(".preflight*"))
+
+
+def test_preflight_help_imports_no_torch() -> None:
+    probe = (
+        "import sys, primus.core.preflight, primus.core.preflight_report\n"
+        "from primus.cli.main import main\n"
+        "try:\n    main(['preflight', '--help'])\nexcept SystemExit as exc:\n"
+        "    assert exc.code == 0\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "--tolerance" in out.stdout and "TORCH False" in out.stdout

@@ -9,6 +9,7 @@ sleeps twice the matmul's time inside the timed region), so that a test sees an 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import statistics
 import time
@@ -85,17 +86,30 @@ def disk_write(workspace: Path, nbytes: int = PROBE_BYTES) -> dict[str, float]:
     }
 
 
+def _driver_version() -> str | None:
+    """The GPU kernel driver's version (NVIDIA's or AMD's), None where neither says it."""
+    for path in ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version"):
+        try:
+            match = re.search(r"\d+\.\d+(\.\d+)*", Path(path).read_text())
+        except OSError:
+            continue
+        if match:
+            return match.group()
+    return None
+
+
 def _device_info(torch: Any, cuda: bool) -> dict[str, Any]:
+    """This rank's GPU (model, memory, CUDA or HIP and driver version, GPUs on the node)."""
     if not cuda:
-        return {"device": "cpu", "gpus": 0, "device_memory_gib": None, "runtime": None}
+        return {"device": "cpu", "gpus": 0, "device_memory_gib": None}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    runtime = f"cuda {torch.version.cuda}" if torch.version.cuda else f"hip {torch.version.hip}"
     return {
         "device": props.name,
         "gpus": torch.cuda.device_count(),
         "device_memory_gib": round(props.total_memory / GIB, 1),
-        "runtime": f"cuda {torch.version.cuda}"
-        if torch.version.cuda
-        else f"hip {torch.version.hip}",
+        "runtime": runtime,
+        "driver": _driver_version(),
     }
 
 
