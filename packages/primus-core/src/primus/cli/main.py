@@ -14,7 +14,15 @@ from typing import Annotated, Any
 
 import typer
 
-from primus.cli import backends_cmd, checkpoint_cmd, config_cmd, patches_cmd, slurm_cmd, train
+from primus.cli import (
+    backends_cmd,
+    checkpoint_cmd,
+    config_cmd,
+    patches_cmd,
+    preflight_cmd,
+    slurm_cmd,
+    train,
+)
 from primus.cli.common import DEBUG
 from primus.cli.plugins import COMMANDS_GROUP, PrimusGroup
 
@@ -33,6 +41,7 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(backends_cmd.app, name="backends")
 app.add_typer(patches_cmd.app, name="patches")
 app.add_typer(checkpoint_cmd.app, name="checkpoint")
+app.command("preflight")(preflight_cmd.preflight)
 
 
 def _print_versions(value: bool) -> None:

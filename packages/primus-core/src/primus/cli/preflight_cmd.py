@@ -1,0 +1,83 @@
+"""`primus preflight`: check the job's nodes and GPUs before a long run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from primus.cli.common import DEBUG, Debug
+
+
+def preflight(
+    workspace: Annotated[
+        Path,
+        typer.Option(
+            "--workspace",
+            help="Where the disk probe writes (a temporary file) and relative report paths go.",
+        ),
+    ] = Path("."),
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance", help="Percent below the job's median at which a rank is an outlier."
+        ),
+    ] = 20.0,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the report as JSON here.")
+    ] = None,
+    markdown_path: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the report as Markdown here.")
+    ] = None,
+    nproc_per_node: Annotated[
+        int, typer.Option("--nproc-per-node", min=1, help="Worker processes on this node.")
+    ] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
+    master_addr: Annotated[
+        str | None, typer.Option("--master-addr", help="Rendezvous host (default: this host).")
+    ] = None,
+    master_port: Annotated[
+        int | None,
+        typer.Option("--master-port", help="Rendezvous port (default: a free one on one node)."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Check every rank of a job before a long run: GPUs (model, memory, CUDA), host memory and
+    CPU, the workspace's free disk and write speed, GEMM TFLOP/s, and the all-reduce and
+    all-gather bus bandwidth over all ranks. Each rank's GEMM and each node's disk speed are
+    compared with the job's median; rank 0 prints one table for the job and names the outliers.
+    Launched like `primus train` (torchrun options, or one task a rank under Slurm's srun).
+    Exit code: 0 pass, 1 an outlier or a failed worker, 2 bad input."""
+    from primus.core.dist_env import under_torchrun
+    from primus.core.errors import ConfigError
+    from primus.core.launcher import Launch, launch_workers
+    from primus.core.preflight import check_workspace, run
+    from primus.core.preflight_report import render_markdown, render_table, verdict
+
+    if tolerance < 0 or tolerance >= 100:
+        raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
+    workspace = check_workspace(workspace)
+    if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun():
+        if nnodes > 1 and not master_addr:
+            raise ConfigError("several nodes need the address of node 0 (--master-addr)")
+        if node_rank >= nnodes:
+            raise ConfigError(f"--node-rank {node_rank} is not below --nnodes {nnodes}")
+        worker = ["preflight", "--workspace", str(workspace), "--tolerance", str(tolerance)]
+        for flag, path in (("--json", json_path), ("--markdown", markdown_path)):
+            worker += [flag, str(workspace / path)] if path else []
+        worker += ["--debug"] if DEBUG.on else []
+        launch = Launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        raise typer.Exit(launch_workers("torchrun", worker, launch))
+    gathered = run(workspace)
+    if gathered is None:  # not rank 0
+        return
+    report = verdict(*gathered, tolerance_pct=tolerance)
+    typer.echo(render_table(report), nl=False)
+    if json_path:
+        (workspace / json_path).write_text(json.dumps(report, indent=2) + "\n")
+    if markdown_path:
+        (workspace / markdown_path).write_text(render_markdown(report))
+    raise typer.Exit(0 if report["passed"] else 1)

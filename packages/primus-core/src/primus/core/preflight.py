@@ -1,0 +1,205 @@
+"""`primus preflight`'s checks, run in every rank of the job: the device, host memory and CPU,
+the workspace's free disk and write speed (once a node), GEMM TFLOP/s, and the all-reduce and
+all-gather bus bandwidth over all ranks. torch is imported only inside `run`.
+
+Test hook: PRIMUS_PREFLIGHT_SLOW_RANK=R makes rank R's GEMM three times slower on purpose (it
+sleeps twice the matmul's time inside the timed region), so that a test sees an outlier caught.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import ConfigError
+
+SLOW_RANK = "PRIMUS_PREFLIGHT_SLOW_RANK"
+PROBE_BYTES = 64 << 20  # the disk write probe
+GIB = 1 << 30
+
+
+def check_workspace(workspace: Path) -> Path:
+    """`workspace` made (if missing) and resolved; a ConfigError if it cannot be written."""
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)
+        probe = workspace / f".preflight-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"workspace {workspace} is not writable: {exc.strerror or exc}") from None
+    return workspace.resolve()
+
+
+def _proc_field(path: str, name: str) -> str | None:
+    try:
+        with open(path) as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _meminfo_gib(name: str) -> float | None:
+    value = _proc_field("/proc/meminfo", name)  # "16314248 kB"
+    return round(int(value.split()[0]) * 1024 / GIB, 1) if value else None
+
+
+def host_info() -> dict[str, Any]:
+    """This host's name, CPU model and cores, total and available memory (GiB)."""
+    return {
+        "host": socket.gethostname(),
+        "cpu": _proc_field("/proc/cpuinfo", "model name"),
+        "cpu_cores": os.cpu_count(),
+        "mem_total_gib": _meminfo_gib("MemTotal"),
+        "mem_available_gib": _meminfo_gib("MemAvailable"),
+    }
+
+
+def disk_write(workspace: Path, nbytes: int = PROBE_BYTES) -> dict[str, float]:
+    """The workspace's free space (GiB) and write speed (MB/s): `nbytes` written, fsync'ed,
+    timed, removed."""
+    path = workspace / f".preflight-probe-{socket.gethostname()}-{os.getpid()}"
+    block = os.urandom(1 << 20)
+    try:
+        start = time.perf_counter()
+        with open(path, "wb") as out:
+            for _ in range(nbytes // len(block)):
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        seconds = time.perf_counter() - start
+    finally:
+        path.unlink(missing_ok=True)
+    free = os.statvfs(workspace)
+    return {
+        "disk_free_gib": round(free.f_bavail * free.f_frsize / GIB, 1),
+        "disk_write_mbs": nbytes / seconds / 1e6,
+    }
+
+
+def _driver_version() -> str | None:
+    """The GPU kernel driver's version (NVIDIA's or AMD's), None where neither says it."""
+    for path in ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version"):
+        try:
+            match = re.search(r"\d+\.\d+(\.\d+)*", Path(path).read_text())
+        except OSError:
+            continue
+        if match:
+            return match.group()
+    return None
+
+
+def _device_info(torch: Any, cuda: bool) -> dict[str, Any]:
+    """This rank's GPU (model, memory, CUDA or HIP and driver version, GPUs on the node)."""
+    if not cuda:
+        return {"device": "cpu", "gpus": 0, "device_memory_gib": None}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    runtime = f"cuda {torch.version.cuda}" if torch.version.cuda else f"hip {torch.version.hip}"
+    return {
+        "device": props.name,
+        "gpus": torch.cuda.device_count(),
+        "device_memory_gib": round(props.total_memory / GIB, 1),
+        "runtime": runtime,
+        "driver": _driver_version(),
+    }
+
+
+def _timed(torch: Any, cuda: bool, fn: Any, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `fn`, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1000)
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+    return times
+
+
+def gemm_tflops(torch: Any, cuda: bool, slow: bool, repeats: int = 5) -> float:
+    """TFLOP/s of an n x n matmul (bf16 8192 on a GPU, float32 512 on CPU), from the fastest
+    repeat: a healthy device stalled once by the host is not an outlier, a slow one is slow
+    every time."""
+    n, dtype = (8192, torch.bfloat16) if cuda else (512, torch.float32)
+    a = torch.randn(n, n, dtype=dtype, device="cuda" if cuda else "cpu")
+    b = torch.randn_like(a)
+
+    def matmul() -> None:
+        began = time.perf_counter()
+        torch.matmul(a, b)
+        if cuda:
+            torch.cuda.synchronize()
+        if slow:  # the test hook
+            time.sleep(2 * (time.perf_counter() - began))
+
+    return 2 * n**3 / min(_timed(torch, cuda, matmul, repeats)) / 1e12
+
+
+def collectives(torch: Any, cuda: bool, world_size: int, repeats: int = 5) -> dict[str, Any]:
+    """All-reduce and all-gather bus bandwidth (GB/s, nccl-tests' formulas, median time) over
+    all ranks: 256 MiB on GPUs, 4 MiB on CPU. None for a single rank."""
+    dist = torch.distributed
+    nbytes = (256 if cuda else 4) << 20
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
+    parts = [torch.empty_like(tensor) for _ in range(world_size)]
+    if world_size == 1:
+        return {"bytes": nbytes, "all_reduce_busbw_gbs": None, "all_gather_busbw_gbs": None}
+    reduce_s = statistics.median(_timed(torch, cuda, lambda: dist.all_reduce(tensor), repeats))
+    gather_s = statistics.median(
+        _timed(torch, cuda, lambda: dist.all_gather(parts, tensor), repeats)
+    )
+    n = world_size
+    return {
+        "bytes": nbytes,
+        "all_reduce_busbw_gbs": nbytes / reduce_s * 2 * (n - 1) / n / 1e9,
+        "all_gather_busbw_gbs": nbytes * n / gather_s * (n - 1) / n / 1e9,
+    }
+
+
+def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """Run the checks in this rank (torchrun's or Slurm's environment, else a lone process):
+    on rank 0, every rank's figures (rank order) and the collectives; None on the others.
+    On CPU the ranks time their GEMM one after another, as they share the cores."""
+    import torch
+    import torch.distributed as dist
+
+    env = get_torchrun_env()
+    env.export()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        figures: dict[str, Any] = {"rank": env.rank, "local_rank": env.local_rank}
+        figures |= host_info() | _device_info(torch, cuda)
+        slow = os.environ.get(SLOW_RANK) == str(env.rank)
+        for turn in range(1 if cuda else env.world_size):
+            if cuda or turn == env.rank:
+                figures["gemm_tflops"] = gemm_tflops(torch, cuda, slow)
+            dist.barrier()
+        figures |= {"disk_free_gib": None, "disk_write_mbs": None}
+        if env.local_rank == 0:  # the disk is the node's: measured once
+            figures |= disk_write(workspace)
+        dist.barrier()
+        job = collectives(torch, cuda, env.world_size)
+        everyone: list[Any] = [None] * env.world_size
+        dist.all_gather_object(everyone, figures)
+        return (everyone, job) if env.rank == 0 else None
+    finally:
+        dist.destroy_process_group()

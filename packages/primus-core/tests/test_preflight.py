@@ -1,0 +1,113 @@
+"""`primus preflight`: the outlier rule on hand-made figures, and real 3-rank gloo jobs through
+torchrun, one with a rank made slow on purpose (PRIMUS_PREFLIGHT_SLOW_RANK) and caught."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from primus.core.preflight_report import outliers, render_markdown, render_table, verdict
+from primus.core.testing.runs import primus
+
+
+@pytest.mark.parametrize(
+    ("values", "tolerance", "expected"),
+    [
+        ([], 20, []),
+        ([5.0], 20, []),
+        ([10.0, 10.0, 10.0, 7.0], 20, [3]),  # 30% below the median
+        ([10.0, 10.0, 10.0, 8.5], 20, []),  # 15% below: within the tolerance
+        ([10.0, 10.0, 10.0, 8.5], 10, [3]),
+        ([10.0, 30.0, 10.0], 20, []),  # faster than the median is never an outlier
+        ([1.0, 10.0, 2.0, 10.0, 10.0], 50, [0, 2]),
+    ],
+)
+def test_outliers_are_the_values_below_the_median_by_more_than_the_tolerance(
+    values: list[float], tolerance: float, expected: list[int]
+) -> None:
+    assert outliers(values, tolerance) == expected
+
+
+def test_verdict_names_the_outlier_and_leaves_unmeasured_figures_out() -> None:
+    ranks = [
+        {"rank": r, "host": f"n{r // 2}", "gemm_tflops": g, "disk_write_mbs": d}
+        for r, (g, d) in enumerate([(100.0, 900.0), (99.0, None), (60.0, 300.0), (101.0, None)])
+    ]
+    report = verdict(ranks, {"bytes": 4 << 20}, tolerance_pct=20)
+    assert not report["passed"]
+    assert report["medians"] == {"gemm_tflops": 99.5, "disk_write_mbs": 600.0}
+    gemm = [o for o in report["outliers"] if o["metric"] == "gemm_tflops"]
+    assert gemm == [
+        {"metric": "gemm_tflops", "rank": 2, "host": "n1", "value": 60.0, "median": 99.5,
+         "below_pct": 39.7}
+    ]  # fmt: skip
+    assert [o["rank"] for o in report["outliers"] if o["metric"] == "disk_write_mbs"] == [2]
+    table = render_table(report)
+    assert "2 SLOW" in table and "preflight: FAIL" in table
+    assert "| 2 SLOW | n1 |" in render_markdown(report)
+
+
+def _job(tmp_path: Path, **env: str) -> tuple[int, str, dict]:
+    """A 3-rank gloo job through torchrun. Tolerance 50: three processes on a loaded 2-core
+    machine are noisy, while the slow rank is two thirds below the median."""
+    result = primus(
+        "preflight", "--nproc-per-node", "3", "--workspace", str(tmp_path), "--json", "r.json",
+        "--markdown", "r.md", "--tolerance", "50", **env,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert not list(tmp_path.glob(".preflight*"))  # the disk probe removed its file
+    assert "| rank |" in (tmp_path / "r.md").read_text()
+    return result.returncode, result.stdout, json.loads((tmp_path / "r.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_slow_rank_is_caught(tmp_path: Path) -> None:
+    code, out, report = _job(tmp_path, PRIMUS_PREFLIGHT_SLOW_RANK="2")
+    assert code == 1, out
+    assert [(o["metric"], o["rank"]) for o in report["outliers"]] == [("gemm_tflops", 2)]
+    assert "outlier: rank 2 " in out and "preflight: FAIL" in out
+    assert report["passed"] is False
+
+
+@pytest.mark.slow
+def test_a_healthy_job_passes_with_one_row_a_rank(tmp_path: Path) -> None:
+    code, out, report = _job(tmp_path)
+    assert code == 0, out
+    assert report["passed"] is True and report["outliers"] == []
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
+    assert all(r["gemm_tflops"] > 0 for r in report["ranks"])
+    assert report["ranks"][0]["disk_write_mbs"] > 0  # once a node: local rank 0
+    assert report["collectives"]["all_reduce_busbw_gbs"] > 0
+    assert report["collectives"]["all_gather_busbw_gbs"] > 0
+    rows = [line for line in out.splitlines() if line[:1].isdigit()]
+    assert [row.split()[0] for row in rows] == ["0", "1", "2"]
+    assert "preflight: PASS" in out
+
+
+@pytest.mark.parametrize("case", ["tolerance", "workspace"])
+def test_bad_input_is_one_error_line(tmp_path: Path, case: str) -> None:
+    (tmp_path / "file").write_text("")
+    args = (
+        ["--tolerance", "-5"] if case == "tolerance" else ["--workspace", str(tmp_path / "file/ws")]
+    )
+    result = primus("preflight", "--nproc-per-node", "3", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ")
+    assert not list(tmp_path.glob(".preflight*"))
+
+
+def test_preflight_help_imports_no_torch() -> None:
+    probe = (
+        "import sys, primus.core.preflight, primus.core.preflight_report\n"
+        "from primus.cli.main import main\n"
+        "try:\n    main(['preflight', '--help'])\nexcept SystemExit as exc:\n"
+        "    assert exc.code == 0\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "--tolerance" in out.stdout and "TORCH False" in out.stdout
