@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from primus.core.launcher import Launch
 
 
 class _Debug:
@@ -34,3 +37,42 @@ Debug = Annotated[
     bool,
     typer.Option("--debug", callback=debug_option, help="Show tracebacks and log at DEBUG level."),
 ]
+
+
+# Where workers start, as torchrun takes it (primus train, primus preflight).
+NprocPerNode = Annotated[
+    int,
+    typer.Option(
+        "--nproc-per-node",
+        min=1,
+        help="Worker processes on this node (via torchrun, or the backend's launcher).",
+    ),
+]
+Nnodes = Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")]
+NodeRank = Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")]
+MasterAddr = Annotated[
+    str | None, typer.Option("--master-addr", help="Rendezvous host (default: this host).")
+]
+MasterPort = Annotated[
+    int | None,
+    typer.Option("--master-port", help="Rendezvous port (default: a free one on one node)."),
+]
+
+
+def checked_launch(
+    nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str | None,
+    master_port: int | None,
+) -> Launch:  # fmt: skip
+    """The launch the options describe; usage errors for a node rank past the nodes, or
+    several nodes without node 0's address."""
+    from primus.core.launcher import Launch
+
+    if nnodes > 1 and not master_addr:
+        raise typer.BadParameter(
+            "several nodes need the address of node 0", param_hint="--master-addr"
+        )
+    if node_rank >= nnodes:
+        raise typer.BadParameter(
+            f"{node_rank} is not below --nnodes {nnodes}", param_hint="--node-rank"
+        )
+    return Launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)

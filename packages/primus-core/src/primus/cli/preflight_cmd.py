@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from primus.cli.common import DEBUG, Debug
+from primus.cli.common import (
+    DEBUG,
+    Debug,
+    MasterAddr,
+    MasterPort,
+    Nnodes,
+    NodeRank,
+    NprocPerNode,
+    checked_launch,
+)
 
 
 def preflight(
@@ -31,18 +40,11 @@ def preflight(
     markdown_path: Annotated[
         Path | None, typer.Option("--markdown", help="Write the report as Markdown here.")
     ] = None,
-    nproc_per_node: Annotated[
-        int, typer.Option("--nproc-per-node", min=1, help="Worker processes on this node.")
-    ] = 1,
-    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
-    master_addr: Annotated[
-        str | None, typer.Option("--master-addr", help="Rendezvous host (default: this host).")
-    ] = None,
-    master_port: Annotated[
-        int | None,
-        typer.Option("--master-port", help="Rendezvous port (default: a free one on one node)."),
-    ] = None,
+    nproc_per_node: NprocPerNode = 1,
+    nnodes: Nnodes = 1,
+    node_rank: NodeRank = 0,
+    master_addr: MasterAddr = None,
+    master_port: MasterPort = None,
     debug: Debug = False,
 ) -> None:
     """Check every rank of a job before a long run: GPUs (model, memory, CUDA), host memory and
@@ -53,7 +55,7 @@ def preflight(
     Exit code: 0 pass, 1 an outlier or a failed worker, 2 bad input."""
     from primus.core.dist_env import under_torchrun
     from primus.core.errors import ConfigError
-    from primus.core.launcher import Launch, launch_workers
+    from primus.core.launcher import launch_workers
     from primus.core.preflight import check_workspace, run
     from primus.core.preflight_report import render_markdown, render_table, verdict
 
@@ -61,15 +63,11 @@ def preflight(
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
     workspace = check_workspace(workspace)
     if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun():
-        if nnodes > 1 and not master_addr:
-            raise ConfigError("several nodes need the address of node 0 (--master-addr)")
-        if node_rank >= nnodes:
-            raise ConfigError(f"--node-rank {node_rank} is not below --nnodes {nnodes}")
+        launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         worker = ["preflight", "--workspace", str(workspace), "--tolerance", str(tolerance)]
         for flag, path in (("--json", json_path), ("--markdown", markdown_path)):
             worker += [flag, str(workspace / path)] if path else []
         worker += ["--debug"] if DEBUG.on else []
-        launch = Launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         raise typer.Exit(launch_workers("torchrun", worker, launch))
     gathered = run(workspace)
     if gathered is None:  # not rank 0

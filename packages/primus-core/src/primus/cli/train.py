@@ -9,7 +9,19 @@ from typing import Annotated
 
 import typer
 
-from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
+from primus.cli.common import (
+    DEBUG,
+    OVERRIDES,
+    ConfigFile,
+    Debug,
+    MasterAddr,
+    MasterPort,
+    Module,
+    Nnodes,
+    NodeRank,
+    NprocPerNode,
+    checked_launch,
+)
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -31,43 +43,22 @@ def _command(stage: str) -> Callable[..., None]:
                 "backend args and the patch plan; train nothing.",
             ),
         ] = False,
-        nproc_per_node: Annotated[
-            int,
-            typer.Option(
-                "--nproc-per-node",
-                min=1,
-                help="Worker processes on this node (via torchrun, or the backend's launcher).",
-            ),
-        ] = 1,
-        nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
-        node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
-        master_addr: Annotated[
-            str | None, typer.Option("--master-addr", help="Rendezvous host (default: this host).")
-        ] = None,
-        master_port: Annotated[
-            int | None,
-            typer.Option(
-                "--master-port", help="Rendezvous port (default: a free one on one node)."
-            ),
-        ] = None,
+        nproc_per_node: NprocPerNode = 1,
+        nnodes: Nnodes = 1,
+        node_rank: NodeRank = 0,
+        master_addr: MasterAddr = None,
+        master_port: MasterPort = None,
         debug: Debug = False,
     ) -> None:
         from primus.core import preemption
         from primus.core.dist_env import under_torchrun
-        from primus.core.launcher import Launch, launch_workers
+        from primus.core.launcher import launch_workers
         from primus.core.runtime import PrimusRuntime
 
         overrides = list(ctx.args)
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
         if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
-            if nnodes > 1 and not master_addr:
-                raise typer.BadParameter(
-                    "several nodes need the address of node 0", param_hint="--master-addr"
-                )
-            if node_rank >= nnodes:
-                raise typer.BadParameter(
-                    f"{node_rank} is not below --nnodes {nnodes}", param_hint="--node-rank"
-                )
+            launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
             runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
             preemption.clear(runtime.run_dir)
             worker = [
@@ -79,7 +70,6 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
-            launch = Launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
             code = launch_workers(runtime.adapter.launcher, worker, launch)
             if code != 0 and (mark := preemption.marked(runtime.run_dir)):
                 print(

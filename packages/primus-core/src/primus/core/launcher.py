@@ -139,8 +139,10 @@ class Launch:
 def torchrun_options() -> frozenset[str]:
     """The options the installed torchrun takes (`--shutdown-timeout`, the workers' grace
     after a signal, is not in older torch releases, whose torchrun allows a fixed 30 s)."""
-    from torch.distributed.run import get_args_parser
-
+    try:
+        from torch.distributed.run import get_args_parser
+    except ImportError:  # no torch: run_torchrun says how to get it
+        return frozenset()
     return frozenset(o for action in get_args_parser()._actions for o in action.option_strings)
 
 
