@@ -48,8 +48,8 @@ def inspect_json(path: Path) -> dict[str, Any]:
 
 
 def dcp_state(checkpoint: Path, out: Path) -> dict[str, Any]:
-    """A torch distributed checkpoint folder (Megatron's torch_dist, TorchTitan's DCP) as one
-    state dict, through a `torch.save` copy written at `out`."""
+    """A torch distributed checkpoint (DCP) folder as one state dict, through a `torch.save`
+    copy written at `out`."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
