@@ -18,6 +18,7 @@ from typing import Any
 
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
+from primus.core.folders import unwritable
 
 SLOW_RANK = "PRIMUS_PREFLIGHT_SLOW_RANK"
 PROBE_BYTES = 64 << 20  # the disk write probe
@@ -26,13 +27,9 @@ GIB = 1 << 30
 
 def check_workspace(workspace: Path) -> Path:
     """`workspace` made (if missing) and resolved; a ConfigError if it cannot be written."""
-    try:
-        workspace.mkdir(parents=True, exist_ok=True)
-        probe = workspace / f".preflight-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"workspace {workspace} is not writable: {exc.strerror or exc}") from None
+    why = unwritable(workspace)
+    if why is not None:
+        raise ConfigError(f"workspace {workspace} cannot take files: {why}")
     return workspace.resolve()
 
 
@@ -156,10 +153,10 @@ def collectives(torch: Any, cuda: bool, world_size: int, repeats: int = 5) -> di
     all ranks: 256 MiB on GPUs, 4 MiB on CPU. None for a single rank."""
     dist = torch.distributed
     nbytes = (256 if cuda else 4) << 20
-    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
-    parts = [torch.empty_like(tensor) for _ in range(world_size)]
     if world_size == 1:
         return {"bytes": nbytes, "all_reduce_busbw_gbs": None, "all_gather_busbw_gbs": None}
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
+    parts = [torch.empty_like(tensor) for _ in range(world_size)]
     reduce_s = statistics.median(_timed(torch, cuda, lambda: dist.all_reduce(tensor), repeats))
     gather_s = statistics.median(
         _timed(torch, cuda, lambda: dist.all_gather(parts, tensor), repeats)

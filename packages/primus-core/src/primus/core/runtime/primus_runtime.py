@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
+from primus.core.folders import unwritable
 from primus.core.logging import get_logger, setup_logging
 from primus.core.patches.patch import PatchContext
 from primus.core.patches.runner import PatchRunner
@@ -99,24 +99,15 @@ class PrimusRuntime:
         """The run directory exists (created, as a run would) and takes files, or a ConfigError
         naming the workspace and where it was set, before any work. Writes nothing but the
         directory itself and a probe file, removed at once."""
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.run_dir, prefix=".primus-probe-"):
-                pass
-        except OSError as e:
-            existing = next(p for p in (self.run_dir, *self.run_dir.parents) if p.exists())
-            why = (
-                f"{existing} is not a folder"
-                if not existing.is_dir()
-                else f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
-            )
+        why = unwritable(self.run_dir)
+        if why is not None:
             raise ConfigError(
                 f"workspace '{self.experiment.workspace}' cannot hold the run directory "
                 f"{self.run_dir}: {why}",
                 self.experiment.tree.origin(("workspace",)),
                 hint="set workspace (or PRIMUS_WORKSPACE) to a folder you can write, "
                 "or make this one writable",
-            ) from None
+            )
 
     def run(self, dry_run: bool = False) -> None:
         if not dry_run:
