@@ -164,7 +164,7 @@ def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
         )
         raise config.error(
             "sequence_parallel",
-            f"sequence_parallel needs Apex's or Transformer Engine's norm here: {reason}",
+            f"sequence_parallel needs a norm that splits the sequence: {reason}",
             hint="set sequence_parallel: false (or turbo.enable: true with normalization: "
             "RMSNorm, or install Apex, or Transformer Engine with transformer_impl: "
             "transformer_engine)",

@@ -1,8 +1,8 @@
 """Turbo kernels in Megatron's local (non-Transformer-Engine) layers.
 
-Each patch replaces one upstream name through the engine (`ctx.replace`: every module of
-megatron that imported it too), at `build_args` (before `pretrain()` builds the model; the norm
-at `setup`, before Megatron's args are checked). The
+Each patch replaces one upstream name (or sets one param) through the engine (`ctx.replace`:
+every module of megatron that imported it too), at `build_args`, before `pretrain()` builds the
+model; the norm and CUDA graphs at `setup`, so Megatron's argument checks see them. The
 replacements live in primus.turbo.megatron_layers.
 """
 
