@@ -5,12 +5,15 @@ preempted.json and a resume hint. Real signals to real `primus train` processes.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from primus.core.preemption import EXIT_PREEMPTED, marked
+from primus.core import preemption
+from primus.core.preemption import ENV, EXIT_PREEMPTED, marked
 from primus.core.testing.faults import interrupt
 from primus.core.testing.runs import primus
 
@@ -62,3 +65,53 @@ def test_a_run_that_ends_normally_leaves_no_marker(tmp_path: Path) -> None:
     run = primus("train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}")
     assert run.returncode == 0, run.stderr[-3000:]
     assert marked(run_dir) is None
+
+
+def _before_training(tmp_path: Path, nproc: int) -> subprocess.CompletedProcess[str]:
+    """A run whose process started after a SIGUSR1 (the variable the handler sets for the
+    processes started from then on), as a launcher or a worker does whose set-up the signal
+    interrupted."""
+    return primus(
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}",
+        "--nproc-per-node", str(nproc), **{ENV: "SIGUSR1"},
+    )  # fmt: skip
+
+
+def test_a_signal_during_set_up_stops_the_run_before_its_first_step_with_exit_75(
+    tmp_path: Path,
+) -> None:
+    run = _before_training(tmp_path, nproc=1)
+    assert run.returncode == EXIT_PREEMPTED, run.stderr[-3000:]
+    assert "preempted: SIGUSR1 before the first step: nothing new to save" in run.stderr
+    run_dir = tmp_path / "local" / "local" / "quickstart"
+    mark = marked(run_dir)
+    assert mark is not None and (mark["step"], mark["checkpoint"]) == (None, None)
+    assert not (run_dir / "checkpoints").exists()
+    assert "Traceback" not in run.stderr
+
+
+def test_a_launcher_signalled_before_its_workers_start_starts_none_and_exits_75(
+    tmp_path: Path,
+) -> None:
+    run = _before_training(tmp_path, nproc=2)
+    assert run.returncode == EXIT_PREEMPTED, run.stderr[-3000:]
+    assert "[primus] preempted by SIGUSR1 before the workers started" in run.stderr
+    assert "torchrun" not in run.stderr and "spawning" not in run.stderr
+
+
+def test_the_signal_handler_tells_the_processes_started_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In this process: the handler `watch` installs records the signal in the environment."""
+    monkeypatch.setattr(preemption, "_received", None)
+    monkeypatch.delenv(ENV, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+    try:
+        preemption.watch()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert preemption.requested() == "SIGUSR1"
+        assert os.environ[ENV] == "SIGUSR1"
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.environ.pop(ENV, None)

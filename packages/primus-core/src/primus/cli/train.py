@@ -55,6 +55,7 @@ def _command(stage: str) -> Callable[..., None]:
         from primus.core.launcher import launch_workers
         from primus.core.runtime import PrimusRuntime
 
+        preemption.watch()  # a signal during set-up: no workers, or none that trains
         overrides = list(ctx.args)
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
         if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
@@ -70,11 +71,23 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
+            if preemption.requested():
+                print(
+                    f"[primus] preempted by {preemption.requested()} before the workers started; "
+                    "run the same command again",
+                    file=sys.stderr,
+                )
+                raise typer.Exit(preemption.EXIT_PREEMPTED)
             code = launch_workers(runtime.adapter.launcher, worker, launch)
             if code != 0 and (mark := preemption.marked(runtime.run_dir)):
+                where = (
+                    "before the first step"
+                    if mark["step"] is None
+                    else f"at step {mark['step']}; checkpoint {mark['checkpoint']}"
+                )
                 print(
-                    f"[primus] preempted by {mark['signal']} at step {mark['step']}; checkpoint "
-                    f"{mark['checkpoint']}; run the same command again to resume",
+                    f"[primus] preempted by {mark['signal']} {where}; run the same command "
+                    "again to resume",
                     file=sys.stderr,
                 )
                 code = preemption.EXIT_PREEMPTED

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from primus.core import preemption
 from primus.core.errors import PrimusError
 from primus.core.preemption import EXIT_PREEMPTED, GRACE_S, SIGNALS
 
@@ -300,6 +301,7 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
     stopping: list[tuple[int, float]] = []  # the first preemption signal, and the deadline
 
     def pass_on(signum: int, _: Any) -> None:
+        preemption.note(signum)  # a worker not started yet finds it in its environment
         for worker in workers:  # the worker alone: its data loaders must live to the checkpoint
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signum)

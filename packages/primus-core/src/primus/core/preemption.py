@@ -1,10 +1,13 @@
 """Preemption: SIGTERM, or SIGUSR1 (Slurm's warning before the kill), ends a run at a step
 boundary with a checkpoint and exit code 75, "preempted, resumable" (docs/reliability.md).
 
-The runtime calls `watch()` in every worker before the trainer starts. After each training step
-a backend asks `requested()` (and agrees across ranks: the signal may reach one rank only),
-saves a checkpoint of that step, and calls `stop()`, which marks the run dir and raises
-`Preempted`. Running the same command again resumes from that checkpoint.
+`primus train` calls `watch()` first thing, in the launcher and in every worker. After each
+training step a backend asks `requested()` (and agrees across ranks: the signal may reach one rank
+only), saves a checkpoint of that step, and calls `stop()`, which marks the run dir and raises
+`Preempted`. Running the same command again resumes from that checkpoint. A signal before the
+first step stops the run there, with nothing to save: the launcher does not start its workers,
+and a worker started after it (the signal is in its environment, ENV) or given it during set-up
+stops before training.
 """
 
 from __future__ import annotations
@@ -24,31 +27,43 @@ EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, run the same 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MARKER = "preempted.json"  # in the run dir: written by rank 0 once the checkpoint is complete
 GRACE_S = 120  # how long a launcher waits for its workers to save before it kills them
+ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after it
 
 _received: int | None = None
 
 
 class Preempted(PrimusError):
-    """The run stopped on a preemption signal after writing a checkpoint. Exit code 75."""
+    """The run stopped on a preemption signal after writing a checkpoint (or before the first
+    step). Exit code 75."""
 
     exit_code = EXIT_PREEMPTED
     label = "preempted"
 
 
-def _on_signal(signum: int, _frame: FrameType | None) -> None:
+def note(signum: int) -> None:
+    """Record a preemption signal: `requested()` and the processes started from now on see it."""
     global _received
     if _received is None:
         _received = signum
-        note = (
+        os.environ[ENV] = signal.Signals(signum).name
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    if _received is None:
+        note(signum)
+        message = (
             f"[primus] {signal.Signals(signum).name} received: stopping after this step "
             "with a checkpoint\n"
         )
-        os.write(2, note.encode())  # no logging lock inside a signal handler
+        os.write(2, message.encode())  # no logging lock inside a signal handler
 
 
 def watch() -> None:
-    """From now on SIGTERM and SIGUSR1 only ask the run to stop at the next step boundary.
+    """From now on SIGTERM and SIGUSR1 only ask the run to stop at the next step boundary; one
+    that reached the process which started this one (ENV) counts as received.
     Call again where an upstream installs its own handlers (JAX's distributed runtime)."""
+    if _received is None and (name := os.environ.get(ENV)) in {s.name for s in SIGNALS}:
+        note(signal.Signals[name])
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
 
@@ -71,13 +86,25 @@ def marked(run_dir: Path) -> dict | None:
         return None
 
 
-def stop(run_dir: Path, step: int, checkpoint: Path | str, rank: int) -> NoReturn:
-    """After every rank has written the checkpoint of `step`: mark the run dir (rank 0) and
-    raise `Preempted`, whose message says how to resume."""
+def stop(run_dir: Path, step: int | None, checkpoint: Path | str | None, rank: int) -> NoReturn:
+    """After every rank has written the checkpoint of `step` (None, None: before the first step,
+    with nothing to save): mark the run dir (rank 0) and raise `Preempted`, whose message says
+    how to resume."""
     name = requested() or "a preemption signal"
     if rank == 0:
-        record = {"step": step, "signal": name, "checkpoint": str(checkpoint), "time": time.time()}
+        record = {
+            "step": step,
+            "signal": name,
+            "checkpoint": None if checkpoint is None else str(checkpoint),
+            "time": time.time(),
+        }
         (run_dir / MARKER).write_text(json.dumps(record) + "\n")
+    if step is None:
+        get_logger().info(f"preempted by {name} before the first step")
+        raise Preempted(
+            f"{name} before the first step: nothing new to save",
+            hint="run the same command again to start (or resume) the run",
+        )
     get_logger().info(f"preempted by {name} at step {step}; checkpoint {checkpoint}")
     raise Preempted(
         f"{name} at step {step}: checkpoint {checkpoint} written",

@@ -228,6 +228,8 @@ class PrimusRuntime:
         try:
             trainer.setup()
             trainer.init()
+            if preemption.requested():  # during set-up: stop before training, nothing to save
+                preemption.stop(self.run_dir, None, None, self.rank)
             self._phase(ctx, "before_train")
             trainer.train()
             self._phase(ctx, "after_train")
