@@ -53,7 +53,7 @@ def test_verdict_names_the_outlier_and_leaves_unmeasured_figures_out() -> None:
 
 def _job(tmp_path: Path, **env: str) -> tuple[int, str, dict]:
     """A 3-rank gloo job through torchrun. Tolerance 50: three processes on a loaded 2-core
-    machine are noisy, while the slow rank is two thirds below the median."""
+    machine are noisy, while the slow rank is 90% below the median."""
     result = primus(
         "preflight", "--nproc-per-node", "3", "--workspace", str(tmp_path), "--json", "r.json",
         "--markdown", "r.md", "--tolerance", "50", **env,
