@@ -71,6 +71,7 @@ def test_export_of_the_trained_run_gives_its_loss(
     result = primus("checkpoint", "export", "--config", str(exp), "--iteration", "2",
                     "--hf", str(out), *RUN, PRIMUS_WORKSPACE=str(exp.parent))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "not needed here, not imported: torch, torchvision, torchaudio" in result.stderr
     # orbax step 2 holds the weights after three updates: the ones step 4's loss was taken on
     assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch(run_dir)), rel=1e-5)
 

@@ -168,6 +168,16 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return hf, experiment(folder, hf)
 
 
+def test_the_import_command_runs_without_torch(llama: tuple[Path, Path], tmp_path: Path) -> None:
+    """`primus checkpoint import` hides torch (MaxText imports it only on the way, slowly)."""
+    hf, _ = llama
+    exp = experiment(tmp_path, hf)
+    result = primus("checkpoint", "import", "--hf", str(hf), "--config", str(exp))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not needed here, not imported: torch, torchvision, torchaudio" in result.stderr
+    assert [p.name for p in leftovers(exp)] == ["hf_import"]
+
+
 def broken(hf: Path, folder: Path, change: Any) -> Path:
     """A copy of `hf` whose tensors `change` (a function of the tensor dict) rewrote."""
     from safetensors.numpy import save_file

@@ -33,7 +33,7 @@ def import_(
     differing field is named (exit 2). Overrides may follow the options."""
     from primus.core.runtime import PrimusRuntime
 
-    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on, converting=True)
     typer.echo(f"imported {hf} into {runtime.import_hf(hf)}")
 
 
@@ -57,7 +57,7 @@ def export(
     with the tokenizer when the experiment has one. Overrides may follow the options."""
     from primus.core.runtime import PrimusRuntime
 
-    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on, converting=True)
     typer.echo(f"exported {runtime.export_hf(iteration, hf, force)}")
 
 

@@ -61,14 +61,16 @@ class PrimusRuntime:
         stage: str = "pretrain",
         module: str | None = None,
         debug: bool = False,
+        converting: bool = False,
     ) -> None:
+        """`converting`: this process only converts a checkpoint (`resolution.backend_for`)."""
         self.experiment: Experiment = resolution.load(config, overrides, module, single=True)
         self.module = next(iter(self.experiment.modules.values()))
         self.stage = stage
         self.debug = debug
         setup_logging("DEBUG" if debug else self.experiment.log_level)  # console, until run()
         self.env_changes = resolution.apply_env(self.experiment.env)
-        self.adapter, self.source_tree = resolution.backend_for(self.module)
+        self.adapter, self.source_tree = resolution.backend_for(self.module, converting)
         self.adapter.check_stage(stage)  # a stage the adapter does not declare: nothing written
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegist
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
 from primus.core.errors import BackendError, ConfigError
-from primus.core.logging import get_logger
+from primus.core.logging import get_logger, log_rank_0
 from primus.core.patches.registry import all_patches, load_patch_modules
 from primus.core.patches.selection import PatchSelection, selection_for
 from primus.core.trainer.base_trainer import BaseTrainer
@@ -74,19 +75,34 @@ def apply_env(env: dict[str, Any]) -> list[str]:
     return changes
 
 
-def backend_for(module: ModuleConfig) -> tuple[BackendAdapter, str]:
+def backend_for(module: ModuleConfig, converting: bool = False) -> tuple[BackendAdapter, str]:
     """The module's adapter, checked as training checks it; also its upstream source tree.
 
     A source tree (`setup_backend_path`) stands in for an installed upstream; without one the
-    backend must be ready. Then the params are validated.
+    backend must be ready. Then the params are validated. `converting`: this process only
+    converts a checkpoint; the adapter is told (`host_only`), and the modules its conversion
+    has no use for are hidden before the upstream is imported.
     """
     framework = module.framework
     adapter = adapter_class(framework)(framework)
+    if converting:
+        adapter.host_only = True
+        hide_modules(adapter.conversion_hidden_modules)
     source_tree = adapter.setup_backend_path()
     if not source_tree:
         BackendRegistry.get_adapter_class(framework)  # raises unless ready
     validate(module, adapter)
     return adapter, source_tree
+
+
+def hide_modules(names: tuple[str, ...]) -> None:
+    """Make importing each of `names` not imported yet fail as if it were not installed
+    (`importlib.util.find_spec` finds nothing), for the rest of this process."""
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    if hidden:
+        log_rank_0(f"[primus] not needed here, not imported: {', '.join(hidden)}")
 
 
 def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:

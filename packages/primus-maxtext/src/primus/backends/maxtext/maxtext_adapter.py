@@ -27,6 +27,9 @@ class MaxTextAdapter(BackendAdapter):
 
     tested_versions = TESTED
     launcher = "spawn"
+    # MaxText imports torch through tensorboardX, and transformers (for its HF configs), which
+    # then imports torch and torchvision: seconds of start-up a conversion has no use for
+    conversion_hidden_modules = ("torch", "torchvision", "torchaudio")
 
     def param_schema(self) -> ParamSchema:
         from primus.backends.maxtext.config_bridge import maxtext_schema
