@@ -289,3 +289,9 @@ def test_inventory_commands() -> None:
     )
     versions = primus("--version").stdout.split("\n")
     assert "primus-core 0.1.0" in versions and "primus-backend-dummy 0.1.0" in versions
+
+
+def test_a_backend_without_a_memory_projection_says_so() -> None:
+    result = primus("projection", "memory", "--config", str(DUMMY_QUICKSTART))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "the dummy backend has no memory projection" in result.stderr

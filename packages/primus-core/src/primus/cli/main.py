@@ -20,6 +20,7 @@ from primus.cli import (
     config_cmd,
     patches_cmd,
     preflight_cmd,
+    projection_cmd,
     slurm_cmd,
     train,
 )
@@ -41,6 +42,7 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(backends_cmd.app, name="backends")
 app.add_typer(patches_cmd.app, name="patches")
 app.add_typer(checkpoint_cmd.app, name="checkpoint")
+app.add_typer(projection_cmd.app, name="projection")
 app.command("preflight")(preflight_cmd.preflight)
 
 

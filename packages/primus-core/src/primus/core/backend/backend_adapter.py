@@ -19,6 +19,7 @@ from primus.core.logging import log_rank_0
 if TYPE_CHECKING:
     from primus.core.config.experiment import ModuleConfig
     from primus.core.config.schema import ParamSchema
+    from primus.core.projection import Job
     from primus.core.trainer.base_trainer import BaseTrainer
 
 
@@ -140,6 +141,14 @@ class BackendAdapter(ABC):
         `iteration`) as an HF model directory (config.json + *.safetensors, and the tokenizer
         when the experiment has one) into `out`, an empty staging folder."""
         raise ConfigError(f"the {self.framework} backend cannot export HF checkpoints")
+
+    def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
+        """The job `backend_args` describe, run on `gpus` GPUs, as the memory projection sees
+        it (`primus.core.projection.Job`): the model, the parallel layout, the bytes of each
+        parameter's state and what the backend's kernels keep for the backward. `applied`: the
+        ids of the patches the build applied (a kernel patch changes what is kept). Raise a
+        ConfigError for a layout `gpus` cannot hold."""
+        raise ConfigError(f"the {self.framework} backend has no memory projection")
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """What the native checkpoint at `path` is (format, iteration, model, parallel, size),

@@ -35,7 +35,13 @@ class Layout:
 
     @classmethod
     def from_args(cls, args: Any, padded_vocab: int) -> Layout:
+        """The shapes of the model `args` describe, refused unless an HF family has it."""
         check_expressible(args)
+        return cls.of(args, padded_vocab)
+
+    @classmethod
+    def of(cls, args: Any, padded_vocab: int) -> Layout:
+        """The shapes of the model `args` describe, whatever its family."""
         heads = args.num_attention_heads
         return cls(
             num_layers=args.num_layers,

@@ -12,6 +12,7 @@ from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
+from primus.core.projection import Job
 
 TESTED = ">=0.19,<0.20"  # the megatron-core versions Primus's patches were tested on
 
@@ -93,6 +94,11 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.hf_convert import export_hf
 
         export_hf(backend_args, iteration, out)
+
+    def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
+        from primus.backends.megatron.projection import training_job
+
+        return training_job(backend_args, gpus, applied)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         from primus.backends.megatron.checkpoints import inspect_checkpoint

@@ -24,6 +24,35 @@ def cpu(ctx: PatchContext) -> None:
         log_rank_0(f"[megatron] cpu: {change}")
 
 
+PRE_BLACKWELL = 9  # the compute capability Megatron's argument checks assume with no GPU here
+
+
+def _gpu_job_built_without_gpu(ctx: PatchContext) -> bool:
+    """a GPU job whose args are built where no GPU is visible (a dry run or a projection)"""
+    import torch
+
+    return not wants_cpu(ctx) and not torch.cuda.is_available()
+
+
+@register_patch(
+    "megatron.build_without_gpu",
+    backend="megatron",
+    phase="setup",
+    condition=_gpu_job_built_without_gpu,
+    backend_versions=TESTED,
+    target="megatron.training.arguments.get_device_arch_version",
+    tags=("device",),
+)
+def build_without_gpu(ctx: PatchContext) -> None:
+    """Megatron's argument checks ask the GPU's architecture (with tensor or context parallel):
+    where there is none, they assume a pre-Blackwell one, the stricter checks, instead of
+    failing in CUDA's initialisation."""
+    import megatron.training.arguments as arguments
+
+    ctx.replace(arguments, "get_device_arch_version", lambda: PRE_BLACKWELL)
+    log_rank_0(f"[megatron] no GPU here: argument checks assume compute capability {PRE_BLACKWELL}")
+
+
 @register_patch(
     "megatron.cpu_args",
     backend="megatron",

@@ -1,0 +1,215 @@
+"""Memory projection: what one GPU of a training job holds, from the model's shape and the job's
+parallel layout, without a GPU (`primus projection memory`, docs/operations.md).
+
+A backend adapter describes the job (`BackendAdapter.training_job`): the model, the layout, the
+bytes each parameter costs in weights, gradients and optimizer state, and what its kernels keep
+for the backward pass. The arithmetic is here, the same for every backend:
+
+- parameters of the most loaded pipeline stage: attention and MLP matrices split by tensor
+  parallelism (experts by expert parallelism), norms whole, the embedding (and an untied output
+  layer) split over the vocabulary;
+- weights, gradients and optimizer state: those parameters times their bytes, divided by the
+  data-parallel ranks for what the job shards over them (ZeRO stage 1: optimizer state, 2: and
+  gradients, 3 or FSDP: and weights);
+- activations a layer keeps for one micro batch, per token: the two norms' inputs and outputs
+  (4 h; split by sequence parallelism), query, keys, values and the attention output, the
+  MLP's gate, up and activation outputs (split by tensor parallelism), and without a
+  flash kernel the attention probabilities (heads x sequence). Full recompute keeps a layer's
+  input only (plus one layer's activations while it recomputes); selective recompute drops the
+  probabilities. A 1F1B pipeline's first stage holds `pp` micro batches;
+- the loss's logits on the last stage: tokens x vocabulary (split by tensor parallelism) x the
+  bytes the loss keeps for each.
+
+Not included: the CUDA context, the allocator's caching and fragmentation, communication
+buffers and kernel workspaces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from primus.core.errors import ConfigError
+
+GIB = 1 << 30
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder-only transformer's shape (Llama, Qwen, Mixtral families)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # an expert's for MoE models
+    vocab: int  # as the backend pads it
+    tied: bool = True
+    gated: bool = True  # SwiGLU: gate and up matrices
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0
+    experts_per_token: int = 0
+
+    def attention_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * self.hidden * q + 2 * self.hidden * kv + (q + 2 * kv) * self.qkv_bias
+
+    def mlp_params(self) -> int:
+        """One MLP's (one expert's) matrices."""
+        return (3 if self.gated else 2) * self.hidden * self.ffn
+
+    def norm_params(self) -> int:
+        return 2 * self.hidden + 2 * self.head_dim * self.qk_norm
+
+    def parameters(self) -> int:
+        """The whole model's parameter count."""
+        mlps = self.mlp_params() * max(1, self.experts) + self.hidden * self.experts
+        layer = self.attention_params() + mlps + self.norm_params()
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * layer + embeddings + self.hidden
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job as memory sees it. Bytes are per parameter (weights, gradients,
+    optimizer state: the master copy and the moments) or per activation element."""
+
+    model: Model
+    micro_batch: int
+    seq_len: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    weight_bytes: float = 2
+    grad_bytes: float = 4
+    optimizer_bytes: float = 12
+    zero: int = 0  # what the data-parallel ranks shard: 1 optimizer, 2 + gradients, 3 + weights
+    activation_bytes: int = 2
+    sequence_parallel: bool = False
+    flash_attention: bool = True
+    recompute: str = "none"
+    logit_bytes: float = 6  # what the loss keeps per logit (fp32 softmax + its bf16 gradient)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def check(self) -> None:
+        """A ConfigError for a layout the model cannot take."""
+        m = self.model
+        splits = {
+            "attention heads": (m.heads, self.tp),
+            "KV heads": (m.kv_heads, self.tp),
+            "MLP width": (m.ffn, self.tp),
+            "layers": (m.layers, self.pp),
+            "sequence": (self.seq_len, self.cp),
+            "experts": (m.experts, self.ep),
+        }
+        for what, (count, parts) in splits.items():
+            if count % parts or (parts > 1 and not count):
+                raise ConfigError(f"{what} ({count}) do not split into {parts} equal parts")
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)}")
+
+
+def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """The data-parallel size that fills `gpus` GPUs; a ConfigError when it does not divide."""
+    model_parallel = tp * pp * cp
+    if gpus % model_parallel:
+        raise ConfigError(
+            f"--gpus {gpus} is not a multiple of tp {tp} x pp {pp} x cp {cp} = {model_parallel}",
+            hint=f"pass --gpus {model_parallel * max(1, gpus // model_parallel)}",
+        )
+    return gpus // model_parallel
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Bytes on the most loaded GPU (the first pipeline stage, or the last with the logits)."""
+
+    parameters: int  # the model's
+    parameters_per_gpu: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self) | {"total": self.total}
+
+
+def _stage_parameters(job: Job, first: bool, last: bool) -> tuple[float, float]:
+    """(dense, expert) parameters one GPU of a pipeline stage holds."""
+    m = job.model
+    layers = m.layers // job.pp
+    dense = layers * ((m.attention_params() + (0 if m.experts else m.mlp_params())) / job.tp)
+    dense += layers * (m.norm_params() + m.hidden * m.experts)
+    embedding = m.vocab * m.hidden / job.tp
+    if first:
+        dense += embedding
+    if last:
+        dense += m.hidden + (embedding if not m.tied or not first else 0)
+    experts = layers * m.mlp_params() * m.experts / job.ep
+    return dense, experts
+
+
+def _layer_activations(job: Job, tokens: float) -> float:
+    """Bytes one layer keeps for one micro batch of `tokens` tokens (this rank's share)."""
+    m = job.model
+    replicated = 4 * m.hidden / (job.tp if job.sequence_parallel else 1)
+    mlp = (3 if m.gated else 2) * m.ffn * max(1, m.experts_per_token)
+    split = 2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + mlp
+    probabilities = (
+        0 if job.flash_attention or job.recompute == "selective" else m.heads * job.seq_len
+    )
+    return tokens * (replicated + (split + probabilities) / job.tp) * job.activation_bytes
+
+
+def project(job: Job) -> Projection:
+    """The bytes the most loaded GPU of `job` holds at its peak (the start of a backward)."""
+    job.check()
+    m = job.model
+    tokens = job.micro_batch * job.seq_len / job.cp
+    expert_dp = job.dp * job.tp * job.cp / job.ep
+
+    def shard(stage: float, experts: float, level: int) -> float:
+        return stage / (job.dp if job.zero >= level else 1) + experts / (
+            expert_dp if job.zero >= level else 1
+        )
+
+    layers = m.layers // job.pp
+    one_layer = _layer_activations(job, tokens)
+    if job.recompute == "full":  # layer inputs, and one layer's activations while recomputing
+        kept = layers * tokens * m.hidden * job.activation_bytes
+        kept /= job.tp if job.sequence_parallel else 1
+        per_micro_batch = kept + one_layer
+    else:
+        per_micro_batch = layers * one_layer
+    stages = [(True, job.pp == 1)] + ([(False, True)] if job.pp > 1 else [])
+    best: Projection | None = None
+    for first, last in stages:
+        dense, experts = _stage_parameters(job, first, last)
+        in_flight = job.pp if first else 1
+        candidate = Projection(
+            parameters=m.parameters(),
+            parameters_per_gpu=math.ceil(dense + experts),
+            weights=shard(dense, experts, 3) * job.weight_bytes,
+            gradients=shard(dense, experts, 2) * job.grad_bytes,
+            optimizer=shard(dense, experts, 1) * job.optimizer_bytes,
+            activations=per_micro_batch * in_flight,
+            logits=tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0,
+        )
+        if best is None or candidate.total > best.total:
+            best = candidate
+    assert best is not None
+    return best

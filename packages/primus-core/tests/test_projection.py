@@ -1,0 +1,106 @@
+"""The memory projection's arithmetic (primus.core.projection) against hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from primus.core.errors import ConfigError
+from primus.core.projection import Job, Model, data_parallel, project
+
+# 2 layers, hidden 8, 2 heads of 4, 1 KV head, SwiGLU width 16, vocabulary 32
+TINY = Model(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, ffn=16, vocab=32)
+# a layer: q and o 8x8 each, k and v 8x4 each (192); gate, up, down 8x16 each (384); 2 norms (16)
+LAYER = 192 + 384 + 16
+EMBEDDING = 32 * 8
+
+
+def test_the_parameter_count_is_the_sum_of_the_matrices() -> None:
+    assert TINY.parameters() == 2 * LAYER + EMBEDDING + 8  # + the final norm
+    untied = Model(**{**TINY.__dict__, "tied": False})
+    assert untied.parameters() == TINY.parameters() + EMBEDDING
+
+
+def test_one_gpu_holds_everything_at_its_bytes() -> None:
+    job = Job(TINY, micro_batch=2, seq_len=4)  # bf16 weights, fp32 grads, 12 optimizer bytes
+    p = project(job)
+    n = TINY.parameters()
+    assert (p.parameters_per_gpu, p.weights, p.gradients, p.optimizer) == (n, 2 * n, 4 * n, 12 * n)
+    # per token and layer: norms 4 x 8, q + o 2 x 8, k + v 2 x 4, MLP 3 x 16 = 104 elements
+    assert p.activations == 2 * 8 * 104 * 2  # 2 layers x 8 tokens x 104 x 2 bytes
+    assert p.logits == 8 * 32 * 6
+    assert p.total == p.weights + p.gradients + p.optimizer + p.activations + p.logits
+
+
+def test_attention_probabilities_without_a_flash_kernel_unless_recomputed() -> None:
+    flash = project(Job(TINY, micro_batch=1, seq_len=4))
+    eager = project(Job(TINY, micro_batch=1, seq_len=4, flash_attention=False))
+    # 2 heads x 4 keys per token, 4 tokens, 2 layers, 2 bytes
+    assert eager.activations - flash.activations == 2 * 4 * 4 * 2 * 2
+    selective = Job(TINY, micro_batch=1, seq_len=4, flash_attention=False, recompute="selective")
+    assert project(selective).activations == flash.activations
+
+
+def test_full_recompute_keeps_the_layer_inputs_and_one_layer() -> None:
+    p = project(Job(TINY, micro_batch=1, seq_len=4, recompute="full"))
+    assert p.activations == 2 * 4 * 8 * 2 + 4 * 104 * 2
+
+
+def test_tensor_parallel_splits_matrices_and_sequence_parallel_the_norms() -> None:
+    mha = Model(**{**TINY.__dict__, "kv_heads": 2})  # k and v 8x8: attention 256, 80 split
+    p = project(Job(mha, micro_batch=1, seq_len=4, tp=2))
+    assert p.parameters_per_gpu == 2 * ((256 + 384) / 2 + 16) + EMBEDDING / 2 + 8
+    assert p.activations == 2 * 4 * (32 + 80 / 2) * 2  # norms whole, the rest halved
+    assert p.logits == 4 * 16 * 6
+    sp = project(Job(mha, micro_batch=1, seq_len=4, tp=2, sequence_parallel=True))
+    assert sp.activations == 2 * 4 * (32 + 80) / 2 * 2
+
+
+def test_zero_stages_shard_state_over_data_parallel_ranks() -> None:
+    n = TINY.parameters()
+    stages = [project(Job(TINY, 1, 4, dp=4, zero=z)) for z in (0, 1, 2, 3)]
+    assert [(s.weights, s.gradients, s.optimizer) for s in stages] == [
+        (2 * n, 4 * n, 12 * n),
+        (2 * n, 4 * n, 3 * n),
+        (2 * n, n, 3 * n),
+        (n / 2, n, 3 * n),
+    ]
+
+
+def test_the_first_pipeline_stage_holds_pp_micro_batches_and_the_last_the_logits() -> None:
+    job = Job(TINY, micro_batch=1, seq_len=4, pp=2, logit_bytes=0)
+    p = project(job)  # no logits: the first stage (embedding, 2 micro batches of 1 layer)
+    assert p.parameters_per_gpu == LAYER + EMBEDDING
+    assert p.activations == 2 * 4 * 104 * 2 and p.logits == 0
+    last = project(Job(TINY, micro_batch=1, seq_len=4, pp=2, logit_bytes=1000))
+    # tied: the last stage keeps its own copy of the embedding as the output layer
+    assert last.parameters_per_gpu == LAYER + 8 + EMBEDDING
+    assert last.logits == 4 * 32 * 1000 and last.activations == 4 * 104 * 2
+
+
+def test_moe_layers_split_experts_over_expert_parallel_ranks() -> None:
+    moe = Model(**{**TINY.__dict__, "experts": 4, "experts_per_token": 2})
+    p = project(Job(moe, micro_batch=1, seq_len=4, ep=2))
+    router = 8 * 4
+    assert p.parameters_per_gpu == 2 * (192 + 16 + router + 384 * 4 / 2) + EMBEDDING + 8
+    assert p.activations == 2 * 4 * (32 + 24 + 2 * 48) * 2  # each token runs 2 experts' MLPs
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"tp": 3}, "attention heads (2) do not split into 3"),
+        ({"tp": 2, "model": Model(**{**TINY.__dict__, "heads": 4})}, "KV heads (1) do not split"),
+        ({"pp": 3}, "layers (2) do not split into 3"),
+        ({"ep": 2}, "experts (0) do not split into 2"),
+        ({"recompute": "some"}, "recompute 'some' is not one of none, selective, full"),
+    ],
+)
+def test_a_layout_the_model_cannot_take_is_a_config_error(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        project(Job(**{"model": TINY, "micro_batch": 1, "seq_len": 4, **changes}))
+
+
+def test_data_parallel_fills_the_gpus_or_says_what_divides() -> None:
+    assert data_parallel(16, tp=2, pp=2) == 4
+    with pytest.raises(ConfigError, match="--gpus 6 is not a multiple of tp 4 x pp 1 x cp 1"):
+        data_parallel(6, tp=4)

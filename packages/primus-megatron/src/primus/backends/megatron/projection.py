@@ -1,0 +1,74 @@
+"""Megatron's jobs as the memory projection sees them (`primus.core.projection`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from primus.core.errors import ConfigError
+from primus.core.projection import Job, Model, data_parallel
+
+# what the loss keeps per logit: Megatron's vocab-parallel cross-entropy an fp32 softmax and,
+# in the backward, its bf16 gradient; turbo's cross-entropy the bf16 logits and their gradient
+LOGIT_BYTES = {"upstream": 6, "turbo": 4}
+
+
+def model(args: Any) -> Model:
+    """The model Megatron's args build (the vocabulary padded as Megatron pads it)."""
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+    from primus.backends.megatron.hf_mapping import Layout
+
+    if not (args.padded_vocab_size or args.vocab_size):
+        raise ConfigError("megatron: the projection needs vocab_size (the tokenizer's)")
+    vocab = args.padded_vocab_size or vocab_size_with_padding(
+        args.vocab_size, args, logging_enabled=False
+    )
+    shape = Layout.of(args, int(vocab))
+    return Model(
+        layers=shape.num_layers,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.groups,
+        head_dim=shape.head_dim,
+        ffn=shape.ffn,
+        vocab=shape.padded_vocab,
+        tied=shape.tied,
+        gated=bool(args.swiglu),
+        qkv_bias=shape.qkv_bias,
+        qk_norm=shape.qk_norm,
+        experts=shape.experts,
+        experts_per_token=args.moe_router_topk if shape.experts else 0,
+    )
+
+
+def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
+    """Megatron's memory: bf16/fp16 weights with fp32 main gradients and an fp32 master copy
+    (fp32 training: neither copy), Adam's two moments (SGD's one), the distributed optimizer
+    as ZeRO stage 1."""
+    tp, pp, cp = (
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.context_parallel_size,
+    )
+    half = bool(args.bf16 or args.fp16)
+    moments = 8 if args.optimizer == "adam" else 4
+    flash = args.transformer_impl == "transformer_engine" or "megatron.turbo_attention" in applied
+    turbo_loss = "megatron.turbo_cross_entropy" in applied
+    return Job(
+        model=model(args),
+        micro_batch=args.micro_batch_size,
+        seq_len=args.seq_length,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=args.expert_model_parallel_size,
+        dp=data_parallel(gpus, tp, pp, cp),
+        weight_bytes=2 if half else 4,
+        grad_bytes=2 if getattr(args, "grad_reduce_in_bf16", False) else 4,
+        optimizer_bytes=moments + (4 if half else 0),
+        zero=1 if args.use_distributed_optimizer else 0,
+        activation_bytes=2 if half else 4,
+        sequence_parallel=bool(args.sequence_parallel),
+        flash_attention=flash,
+        recompute=args.recompute_granularity or "none",
+        logit_bytes=LOGIT_BYTES["turbo" if turbo_loss else "upstream"],
+    )

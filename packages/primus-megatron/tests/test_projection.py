@@ -1,0 +1,109 @@
+"""`primus projection memory` for Megatron: the weight and optimizer bytes equal Megatron's own
+theoretical-memory count (megatron.training.theoretical_memory_usage), and the whole projection
+is within 10% of the peak memory measured on H100s in docs/benchmarks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primus.backends.megatron.projection import training_job
+from primus.core.patches import restore_all
+from primus.core.projection import GIB, project
+from primus.core.testing.runs import preset_args, primus
+
+ROOT = Path(__file__).parents[3]
+RECIPE = ROOT / "configs" / "megatron" / "llama3.2_1B-pretrain.yaml"
+BENCHMARKS = ROOT / "docs" / "benchmarks"
+GPU_BUILD = "megatron.build_without_gpu,megatron.cuda_device_max_connections"
+
+
+def megatron_count(args: Any, gpus: int) -> float:
+    """Megatron's weight + optimizer bytes on the most loaded GPU for these args."""
+    from megatron.training.theoretical_memory_usage import compute_weight_and_optimizer_memory
+
+    job = training_job(args, gpus, frozenset())
+    reference = copy.copy(args)
+    reference.padded_vocab_size = job.model.vocab
+    reference.world_size, reference.data_parallel_size = gpus, job.dp
+    reference.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    return compute_weight_and_optimizer_memory(reference)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "overrides"),
+    [
+        (1, {}),
+        (2, {"tensor_model_parallel_size": 2}),
+        (2, {"pipeline_model_parallel_size": 2}),
+        (4, {"use_distributed_optimizer": True}),
+        (4, {"untie_embeddings_and_output_weights": True, "tensor_model_parallel_size": 2}),
+    ],
+    ids=["one-gpu", "tp2", "pp2", "distributed-optimizer-dp4", "untied-tp2-dp2"],
+)
+def test_weights_and_optimizer_state_equal_megatrons_count(
+    tmp_path: Path, gpus: int, overrides: dict[str, Any]
+) -> None:
+    try:  # a GPU job's args, built here without one (what the projection does)
+        args = preset_args(tmp_path, "megatron", "megatron_pretrain", "llama3.2_1B", GPU_BUILD,
+                           device="cuda", **overrides)  # fmt: skip
+    finally:
+        restore_all()
+    p = project(training_job(args, gpus, frozenset()))
+    ours = p.weights + p.gradients + p.optimizer
+    # Megatron counts the first stage; with pp 2 the last one (its own copy of the tied
+    # embedding, and the final norm) is the most loaded by one norm's bytes
+    assert ours == pytest.approx(megatron_count(args, gpus), rel=1e-5)
+
+
+# (benchmark JSON, its variant, overrides of the 1B recipe, GPUs): runs on H100s with their
+# measured peak (torch's max_memory_allocated)
+MEASURED = [
+    ("megatron-h100-2026-11-21.json", "plain", [], 1),
+    ("e2e-megatron-h100-2026-11-21.json", "primus-turbo", ["turbo.enable=true"], 1),
+    ("megatron-sequence-parallel-h100x2-2026-11-25.json", "tp2",
+     ["turbo.enable=true", "tensor_model_parallel_size=2"], 2),
+    ("megatron-sequence-parallel-h100x2-2026-11-25.json", "tp2sp",
+     ["turbo.enable=true", "tensor_model_parallel_size=2", "sequence_parallel=true"], 2),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def projected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """`primus projection memory --json` of each measured run, side by side."""
+    folder = tmp_path_factory.mktemp("projections")
+    runs = []
+    for i, (_, _, overrides, gpus) in enumerate(MEASURED):
+        command = [sys.executable, "-m", "primus.cli", "projection", "memory", "--config",
+                   str(RECIPE), "--gpus", str(gpus), "--json", str(folder / f"{i}.json"),
+                   *overrides]  # fmt: skip
+        runs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for run in runs:
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err.decode()[-3000:]
+        assert b"total" in out
+    return [json.loads((folder / f"{i}.json").read_text()) for i in range(len(MEASURED))]
+
+
+@pytest.mark.parametrize("case", range(len(MEASURED)), ids=[f"{m[1]}" for m in MEASURED])
+def test_the_projection_is_within_10_percent_of_the_measured_peak(
+    projected: list[dict[str, Any]], case: int
+) -> None:
+    name, variant, _, _ = MEASURED[case]
+    measured = json.loads((BENCHMARKS / name).read_text())[variant]["peak_memory_gib"]
+    total = projected[case]["bytes"]["total"] / GIB
+    assert total == pytest.approx(measured, rel=0.10), f"{total:.2f} GiB vs {measured:.2f} GiB"
+
+
+def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix() -> None:
+    result = primus("projection", "memory", "--config", str(RECIPE), "--gpus", "3",
+                    "tensor_model_parallel_size=2")  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "--gpus 3 is not a multiple of tp 2 x pp 1 x cp 1 = 2" in result.stderr
+    assert "hint: pass --gpus 2" in result.stderr and "Traceback" not in result.stderr
