@@ -41,4 +41,8 @@ class TorchTitanPretrainTrainer(BaseTrainer):
             self.trainer.close()
             self.trainer = None
         if dist.is_available() and dist.is_initialized():
+            if not on_error and dist.get_world_size() > 1:
+                # every rank tears down together: a gloo rank whose peer has already exited
+                # can abort (SIGABRT) on the closed connection while it cleans up
+                dist.barrier()
             dist.destroy_process_group()
