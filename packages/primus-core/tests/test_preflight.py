@@ -4,6 +4,7 @@ torchrun, one with a rank made slow on purpose (PRIMUS_PREFLIGHT_SLOW_RANK) and 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,56 @@ def test_preflight_help_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "--tolerance" in out.stdout and "TORCH False" in out.stdout
+
+
+def _smoke(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, dict, list[str], list[str]]:
+    """`primus preflight --node-smoke` here (no GPU: the CPU is the device); its exit code,
+    output, JSON report and the passing and failing node lists."""
+    result = primus(
+        "preflight", "--node-smoke", "--workspace", str(tmp_path), "--json", "smoke.json",
+        "--nodes-ok", "ok.txt", "--nodes-bad", "bad.txt", *args, **env,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    listed = [
+        (tmp_path / name).read_text().split() if (tmp_path / name).exists() else []
+        for name in ("ok.txt", "bad.txt")
+    ]
+    report = json.loads((tmp_path / "smoke.json").read_text())
+    return result.returncode, result.stdout, report, *listed
+
+
+@pytest.mark.slow
+def test_a_healthy_node_passes_the_smoke_check_and_is_listed(tmp_path: Path) -> None:
+    code, out, report, ok, bad = _smoke(tmp_path)
+    assert code == 0, out
+    assert (ok, bad) == ([socket.gethostname()], [])
+    [device] = report["devices"]
+    assert device["device"] == "cpu" and device["problems"] == [] and device["copy_gbs"] > 0
+    assert "node-smoke: PASS" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("hook", "args", "problem"),
+    [
+        ("PRIMUS_PREFLIGHT_BAD_DEVICE", (), "GEMM result is not finite"),
+        ("PRIMUS_PREFLIGHT_HANG_DEVICE", ("--device-timeout", "3"), "did not finish in 3 s"),
+    ],
+    ids=["nan", "hang"],
+)
+def test_a_bad_or_hung_device_fails_the_node(
+    tmp_path: Path, hook: str, args: tuple[str, ...], problem: str
+) -> None:
+    code, out, report, ok, bad = _smoke(tmp_path, *args, **{hook: "cpu"})
+    assert code == 1, out
+    assert (ok, bad) == ([], [socket.gethostname()])
+    assert report["devices"][0]["problems"] == [problem if hook.endswith("BAD_DEVICE") else
+                                                f"{problem} (a hung device?)"]  # fmt: skip
+    assert problem in out and "node-smoke: FAIL" in out
+
+
+def test_the_smoke_check_refuses_launch_options(tmp_path: Path) -> None:
+    result = primus("preflight", "--node-smoke", "--nproc-per-node", "2", "--workspace",
+                    str(tmp_path))  # fmt: skip
+    assert result.returncode == 2
+    assert "--node-smoke checks this node alone" in result.stderr

@@ -40,6 +40,27 @@ def preflight(
     markdown_path: Annotated[
         Path | None, typer.Option("--markdown", help="Write the report as Markdown here.")
     ] = None,
+    node_smoke: Annotated[
+        bool,
+        typer.Option(
+            "--node-smoke",
+            help="Check this node alone, no rendezvous: each GPU in a process of its own "
+            "(allocate, copy, a GEMM checked finite), shared and locked memory, processes left "
+            "on the GPUs. Run it on every node (srun --ntasks-per-node 1).",
+        ),
+    ] = False,
+    nodes_ok: Annotated[
+        Path | None,
+        typer.Option("--nodes-ok", help="--node-smoke: append this node's name here if it passes."),
+    ] = None,
+    nodes_bad: Annotated[
+        Path | None,
+        typer.Option("--nodes-bad", help="--node-smoke: append this node's name here if it fails."),
+    ] = None,
+    device_timeout: Annotated[
+        float,
+        typer.Option("--device-timeout", min=1, help="--node-smoke: seconds a device may take."),
+    ] = 300.0,
     nproc_per_node: NprocPerNode = 1,
     nnodes: Nnodes = 1,
     node_rank: NodeRank = 0,
@@ -62,6 +83,13 @@ def preflight(
     if tolerance < 0 or tolerance >= 100:
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
     workspace = check_workspace(workspace)
+    if node_smoke:
+        if nproc_per_node > 1 or nnodes > 1 or markdown_path:
+            raise ConfigError(
+                "--node-smoke checks this node alone: no --nproc-per-node, --nnodes or --markdown",
+                hint="run it once on each node (srun --ntasks-per-node 1 primus preflight ...)",
+            )
+        raise typer.Exit(_node_smoke(workspace, json_path, nodes_ok, nodes_bad, device_timeout))
     if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun():
         launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         worker = ["preflight", "--workspace", str(workspace), "--tolerance", str(tolerance)]
@@ -79,3 +107,17 @@ def preflight(
     if markdown_path:
         (workspace / markdown_path).write_text(render_markdown(report))
     raise typer.Exit(0 if report["passed"] else 1)
+
+
+def _node_smoke(
+    workspace: Path, json_path: Path | None, ok: Path | None, bad: Path | None, timeout_s: float
+) -> int:
+    """`--node-smoke`: this node's report printed (and written), its name listed; 0 or 1."""
+    from primus.core.node_smoke import check_node, record, render
+
+    report = check_node(timeout_s)
+    typer.echo(render(report), nl=False)
+    if json_path:
+        (workspace / json_path).write_text(json.dumps(report, indent=2) + "\n")
+    record(report, ok and workspace / ok, bad and workspace / bad)
+    return 0 if report["passed"] else 1
