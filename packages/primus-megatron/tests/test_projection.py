@@ -107,3 +107,21 @@ def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix() -> None:
     assert result.returncode == 2, result.stderr[-3000:]
     assert "--gpus 3 is not a multiple of tp 2 x pp 1 x cp 1 = 2" in result.stderr
     assert "hint: pass --gpus 2" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_gemm_benchmark_times_the_jobs_gemms_on_the_real_device(tmp_path: Path) -> None:
+    """The job's build patches torch.cuda with CPU shims here; the benchmark undoes them, so
+    it times real matmuls (the shims' events would time nothing)."""
+    out = tmp_path / "gemms.json"
+    result = primus("benchmark", "gemm", "--config", str(ROOT / "configs/megatron/tiny-cpu.yaml"),
+                    "--dtype", "fp32", "--repeats", "3", "--json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    gemms = json.loads(out.read_text())["gemms"]
+    assert [g["gemm"]["name"] for g in gemms] == [
+        "qkv",
+        "attention_out",
+        "mlp_up",
+        "mlp_down",
+        "logits",
+    ]
+    assert all(g["median_ms"] > 0 and g["tflops"] > 0 for g in gemms)

@@ -16,6 +16,7 @@ import typer
 
 from primus.cli import (
     backends_cmd,
+    benchmark_cmd,
     checkpoint_cmd,
     config_cmd,
     patches_cmd,
@@ -43,6 +44,7 @@ app.add_typer(backends_cmd.app, name="backends")
 app.add_typer(patches_cmd.app, name="patches")
 app.add_typer(checkpoint_cmd.app, name="checkpoint")
 app.add_typer(projection_cmd.app, name="projection")
+app.add_typer(benchmark_cmd.app, name="benchmark")
 app.command("preflight")(preflight_cmd.preflight)
 
 

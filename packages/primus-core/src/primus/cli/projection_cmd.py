@@ -62,10 +62,12 @@ def memory(
     (docs/operations.md). Overrides may follow the options."""
     from dataclasses import asdict
 
+    from primus.core.projection import project
     from primus.core.runtime import PrimusRuntime
 
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
-    job, projection = runtime.projected_memory(gpus)
+    job = runtime.training_job(gpus)
+    projection = project(job)
     typer.echo(_table(job, projection))
     if json_path is not None:
         record = {"job": asdict(job), "bytes": projection.as_dict()}

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from primus.core.benchmark import timed
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
@@ -112,22 +113,8 @@ def _device_info(torch: Any, cuda: bool) -> dict[str, Any]:
 
 
 def _timed(torch: Any, cuda: bool, fn: Any, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` calls of `fn`, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000)
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - began)
-    return times
+    """Seconds of each of `repeats` calls of `fn`, after one warm-up call (`benchmark.timed`)."""
+    return [ms / 1e3 for ms in timed(torch, cuda, fn, repeats, warmup=1)]
 
 
 def gemm_tflops(torch: Any, cuda: bool, slow: bool, repeats: int = 5) -> float:

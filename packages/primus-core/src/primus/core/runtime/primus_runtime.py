@@ -23,7 +23,7 @@ from primus.core.folders import unwritable
 from primus.core.logging import get_logger, setup_logging
 from primus.core.patches.patch import PatchContext
 from primus.core.patches.runner import APPLIED, PatchRunner
-from primus.core.projection import Job, Projection, project
+from primus.core.projection import Job
 from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
 
@@ -211,13 +211,12 @@ class PrimusRuntime:
         args = self.backend_args()
         return export_hf(self.adapter, self.experiment, self.module, args, iteration, out, force)
 
-    def projected_memory(self, gpus: int) -> tuple[Job, Projection]:
-        """`primus projection memory`: the job on `gpus` GPUs, and what its most loaded GPU
-        holds (the backend args built as a dry run builds them)."""
+    def training_job(self, gpus: int) -> Job:
+        """The job on `gpus` GPUs as the projection and the benchmarks see it (the backend
+        args built as a dry run builds them, its patches included)."""
         args = self.backend_args()
         applied = frozenset(o.id for o in self.runner.outcomes.values() if o.status == APPLIED)
-        job = self.adapter.training_job(args, gpus, applied)
-        return job, project(job)
+        return self.adapter.training_job(args, gpus, applied)
 
     def patched_config(self) -> ConfigTree:
         """The resolved experiment after the setup and build_args patches (as a dry run

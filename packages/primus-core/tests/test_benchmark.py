@@ -1,0 +1,63 @@
+"""`primus benchmark gemm`: the job's GEMM shapes, the timing loop, the command."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from primus.core.benchmark import Gemm, job_gemms, parse_shape, timed
+from primus.core.errors import ConfigError
+from primus.core.projection import Job, Model
+from primus.core.testing.runs import primus
+
+MODEL = Model(layers=2, hidden=8, heads=4, kv_heads=2, head_dim=2, ffn=16, vocab=32)
+
+
+def test_a_jobs_gemms_are_one_gpus_share_of_each_matrix() -> None:
+    job = Job(MODEL, micro_batch=2, seq_len=6, tp=2, cp=3)  # 4 tokens a GPU
+    assert job_gemms(job) == [
+        Gemm("qkv", 4, (8 + 2 * 4) // 2, 8),
+        Gemm("attention_out", 4, 8, 8 // 2),
+        Gemm("mlp_up", 4, 2 * 16 // 2, 8),
+        Gemm("mlp_down", 4, 8, 16 // 2),
+        Gemm("logits", 4, 32 // 2, 8),
+    ]
+    assert Gemm("x", 4, 5, 6).flops == 240
+
+
+@pytest.mark.parametrize("text", ["12x3", "0x4x4", "axbxc", "4x4x4x4"])
+def test_a_shape_that_is_not_mxnxk_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="is not MxNxK"):
+        parse_shape(text)
+
+
+def test_the_timing_loop_warms_up_untimed_then_times_each_repeat() -> None:
+    calls = []
+
+    def work() -> None:
+        calls.append(None)
+        time.sleep(0.02 if len(calls) <= 2 else 0.005)  # two slow warm-up calls
+
+    times = timed(None, False, work, repeats=4, warmup=2)
+    assert len(calls) == 6 and len(times) == 4
+    assert all(5 <= t < 15 for t in times), times
+
+
+def test_the_command_times_given_shapes_and_writes_json(tmp_path: Path) -> None:
+    result = primus("benchmark", "gemm", "--shape", "64x32x16", "--dtype", "fp32",
+                    "--repeats", "3", "--json", str(tmp_path / "g.json"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "64x32x16" in result.stdout and "device cpu, fp32" in result.stdout
+    record = json.loads((tmp_path / "g.json").read_text())
+    [gemm] = record["gemms"]
+    assert gemm["flops"] == 2 * 64 * 32 * 16 and gemm["tflops"] > 0
+    assert gemm["min_ms"] <= gemm["median_ms"] <= gemm["max_ms"]
+    assert gemm["peak_pct"] is None  # no peak for a CPU
+
+
+def test_the_command_needs_something_to_time() -> None:
+    result = primus("benchmark", "gemm")
+    assert result.returncode == 2 and "nothing to time" in result.stderr
