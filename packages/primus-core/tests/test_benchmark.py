@@ -61,3 +61,16 @@ def test_the_command_times_given_shapes_and_writes_json(tmp_path: Path) -> None:
 def test_the_command_needs_something_to_time() -> None:
     result = primus("benchmark", "gemm")
     assert result.returncode == 2 and "nothing to time" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("dtype", "said"),
+    [("fp32", "--save-peak keeps a bf16 or fp16 rate"), ("bf16", "--save-peak needs a GPU")],
+)
+def test_a_peak_is_saved_only_for_a_gpus_half_precision_rate(
+    tmp_path: Path, dtype: str, said: str
+) -> None:
+    result = primus("benchmark", "gemm", "--shape", "16x16x16", "--dtype", dtype, "--repeats",
+                    "1", "--save-peak", PRIMUS_PEAKS=str(tmp_path / "peaks.json"))  # fmt: skip
+    assert result.returncode == 2 and said in result.stderr
+    assert not (tmp_path / "peaks.json").exists()

@@ -20,6 +20,7 @@ from primus.core.metrics import (
     Peak,
     append_metrics,
     find_peak,
+    save_measured_peak,
     metrics_enabled,
     peak_tflops,
     step_metrics,
@@ -112,6 +113,29 @@ def test_metric_params_are_valid_for_every_backend_and_load_with_the_patches() -
 def test_metrics_are_on_unless_switched_off() -> None:
     assert metrics_enabled(ctx({}))
     assert not metrics_enabled(ctx({"log_step_metrics": False}))
+
+
+@pytest.fixture(autouse=True)
+def no_measured_peaks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty store of measured peaks (not this machine's user's)."""
+    path = tmp_path / "peaks.json"
+    monkeypatch.setenv("PRIMUS_PEAKS", str(path))
+    return path
+
+
+def test_a_measured_peak_beats_the_table_and_the_config_beats_both(
+    no_measured_peaks: Path,
+) -> None:
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert save_measured_peak(h100, 712.34, "8192x8192x8192 bf16, 2026-11-25") == no_measured_peaks
+    save_measured_peak("Another GPU", 100.0, "8192x8192x8192 bf16, 2026-11-25")
+    peak = find_peak(None, h100)
+    assert peak == Peak(712.3, "measured", h100, "8192x8192x8192 bf16, 2026-11-25")
+    assert "712.3 TFLOP/s (NVIDIA H100 80GB HBM3, measured by primus benchmark gemm" in (
+        peak.describe()
+    )
+    assert find_peak(1000.0, h100).source == "config"
+    assert find_peak(None, "NVIDIA H200").source == "device table"  # others' entries: no
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from primus.cli.common import DEBUG, OVERRIDES, Debug, Module
+
+if TYPE_CHECKING:
+    from primus.core.benchmark import Timing
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -37,6 +40,13 @@ def gemm(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the timings as JSON here.")
     ] = None,
+    save_peak: Annotated[
+        bool,
+        typer.Option(
+            "--save-peak",
+            help="Keep the best rate timed here as this GPU model's peak for MFU (bf16/fp16).",
+        ),
+    ] = False,
     module: Module = None,
     debug: Debug = False,
 ) -> None:
@@ -59,9 +69,29 @@ def gemm(
         runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
         gemms = job_gemms(runtime.training_job(gpus)) + gemms
         restore_all()  # what the build's patches replaced (a CPU run's torch.cuda shims)
+    if save_peak and dtype == "fp32":
+        raise ConfigError("--save-peak keeps a bf16 or fp16 rate: MFU is against those peaks")
     device, timings = run_gemms(gemms, dtype, repeats, warmup)
     typer.echo(render(device, dtype, timings), nl=False)
+    if save_peak:
+        _save_peak(device, dtype, timings)
     if json_path is not None:
         record = {"device": device, "dtype": dtype, "repeats": repeats, "warmup": warmup,
                   "gemms": [t.as_dict() for t in timings]}  # fmt: skip
         json_path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _save_peak(device: str, dtype: str, timings: list[Timing]) -> None:
+    """The fastest GEMM's median rate as `device`'s MFU peak (primus.core.metrics)."""
+    import datetime
+
+    from primus.core.errors import ConfigError
+    from primus.core.metrics import save_measured_peak
+
+    if device == "cpu":
+        raise ConfigError("--save-peak needs a GPU: MFU is not reported for a CPU")
+    best = max(timings, key=lambda t: t.tflops)
+    g = best.gemm
+    how = f"{g.m}x{g.n}x{g.k} {dtype}, {datetime.date.today().isoformat()}"
+    path = save_measured_peak(device, best.tflops, how)
+    typer.echo(f"MFU peak of {device}: {best.tflops:.1f} TFLOP/s ({how}), saved in {path}")

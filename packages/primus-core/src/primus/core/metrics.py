@@ -7,13 +7,15 @@ backend, and `metrics_enabled` is the patch condition.
 tokens/s/GPU = global batch tokens per step / step seconds / world size
 TFLOP/s/GPU  = model FLOPs per step (forward + backward, the backend's count, which it
                names) / step seconds / world size / 1e12
-MFU          = TFLOP/s/GPU / the GPU's dense bf16 peak (PEAK_TFLOPS; `peak_tflops` overrides)
+MFU          = TFLOP/s/GPU / the GPU's dense bf16 peak: `peak_tflops`, else the rate
+               `primus benchmark gemm --save-peak` measured, else PEAK_TFLOPS by the GPU's name
 peak mem     = the most device memory tensors held (allocated, not the allocator's reserve)
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -68,26 +70,62 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
+def measured_peaks_path() -> Path:
+    """Where `primus benchmark gemm --save-peak` keeps each device's measured GEMM rate:
+    $PRIMUS_PEAKS, else $XDG_CACHE_HOME/primus/peaks.json (~/.cache by default)."""
+    if os.environ.get("PRIMUS_PEAKS"):
+        return Path(os.environ["PRIMUS_PEAKS"])
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "primus" / "peaks.json"
+
+
+def measured_peaks() -> dict[str, dict[str, Any]]:
+    """Device name -> {"tflops", "how"}: what `--save-peak` recorded ({} when nothing)."""
+    try:
+        return json.loads(measured_peaks_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_measured_peak(device: str, tflops: float, how: str) -> Path:
+    """Record `device`'s measured dense GEMM rate (`how`: the GEMM, dtype and date)."""
+    path = measured_peaks_path()
+    peaks = measured_peaks() | {device: {"tflops": round(tflops, 1), "how": how}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(peaks, indent=2, sort_keys=True) + "\n")
+    return path
+
+
 @dataclass(frozen=True)
 class Peak:
     """The peak MFU is measured against, and where it came from."""
 
     tflops: float | None
-    source: Literal["config", "device table", "unknown"]
+    source: Literal["config", "measured", "device table", "unknown"]
     device: str | None = None
+    how: str = ""  # a measured peak's GEMM and date
 
     def describe(self) -> str:
         if self.source == "config":
             return f"MFU peak: {self.tflops:g} TFLOP/s (peak_tflops)"
+        if self.source == "measured":
+            return (
+                f"MFU peak: {self.tflops:g} TFLOP/s ({self.device}, measured by primus "
+                f"benchmark gemm --save-peak: {self.how}; {measured_peaks_path()})"
+            )
         if self.source == "device table":
             return f"MFU peak: {self.tflops:g} TFLOP/s ({self.device}, by its name)"
         return f"MFU peak: unknown for {self.device or 'no GPU'}, MFU n/a (set peak_tflops)"
 
 
 def find_peak(configured: float | None, device_name: str | None) -> Peak:
-    """`peak_tflops` if set, else the table's peak for `device_name` (None: not a GPU)."""
+    """`peak_tflops` if set, else the rate `primus benchmark gemm --save-peak` measured on a
+    device of this name, else the table's peak for `device_name` (None: not a GPU)."""
     if configured:
         return Peak(float(configured), "config", device_name)
+    measured = measured_peaks().get(device_name) if device_name else None
+    if measured:
+        return Peak(float(measured["tflops"]), "measured", device_name, measured["how"])
     known = peak_tflops(device_name) if device_name else None
     return Peak(known, "device table" if known else "unknown", device_name)
 
