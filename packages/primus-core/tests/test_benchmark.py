@@ -1,4 +1,4 @@
-"""`primus benchmark gemm`: the job's GEMM shapes, the timing loop, the command."""
+"""`primus benchmark gemm|attention`: the job's shapes, the timing loop, the commands."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.benchmark import Gemm, job_gemms, parse_shape, timed
+from primus.core.benchmark import (
+    Attention,
+    Gemm,
+    job_attention,
+    job_gemms,
+    parse_attention,
+    parse_shape,
+    timed,
+)
 from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model
 from primus.core.testing.runs import primus
@@ -26,12 +34,22 @@ def test_a_jobs_gemms_are_one_gpus_share_of_each_matrix() -> None:
         Gemm("logits", 4, 32 // 2, 8),
     ]
     assert Gemm("x", 4, 5, 6).flops == 240
+    assert job_attention(job) == Attention("attention", 2, 2, 1, 2, 2)
+    assert Attention("a", 2, 4, 2, 8, 16).flops == 2 * 2 * 4 * 8 * 8 * 16  # half of QK^T and PV
 
 
-@pytest.mark.parametrize("text", ["12x3", "0x4x4", "axbxc", "4x4x4x4"])
+@pytest.mark.parametrize("text", ["12x3", "0x4x4", "axbxc", "4x4x4x4", "4x-4x4"])
 def test_a_shape_that_is_not_mxnxk_is_refused(text: str) -> None:
     with pytest.raises(ConfigError, match="is not MxNxK"):
         parse_shape(text)
+
+
+def test_an_attention_shape_is_five_sizes_with_heads_shared_evenly() -> None:
+    assert parse_attention("1x32x8x4096x64") == Attention("1x32x8x4096x64", 1, 32, 8, 4096, 64)
+    with pytest.raises(ConfigError, match="32 heads do not share 5 KV heads evenly"):
+        parse_attention("1x32x5x4096x64")
+    with pytest.raises(ConfigError, match="is not BxHxKVxSxD"):
+        parse_attention("1x32x8x4096")
 
 
 def test_the_timing_loop_warms_up_untimed_then_times_each_repeat() -> None:
@@ -52,10 +70,18 @@ def test_the_command_times_given_shapes_and_writes_json(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "64x32x16" in result.stdout and "device cpu, fp32" in result.stdout
     record = json.loads((tmp_path / "g.json").read_text())
-    [gemm] = record["gemms"]
+    [gemm] = record["ops"]
     assert gemm["flops"] == 2 * 64 * 32 * 16 and gemm["tflops"] > 0
     assert gemm["min_ms"] <= gemm["median_ms"] <= gemm["max_ms"]
     assert gemm["peak_pct"] is None  # no peak for a CPU
+
+
+def test_the_attention_command_times_causal_sdpa(tmp_path: Path) -> None:
+    result = primus("benchmark", "attention", "--shape", "1x4x2x32x8", "--dtype", "fp32",
+                    "--repeats", "2", "--json", str(tmp_path / "a.json"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    [op] = json.loads((tmp_path / "a.json").read_text())["ops"]
+    assert op["flops"] == 2 * 4 * 32 * 32 * 8 and op["tflops"] > 0
 
 
 def test_the_command_needs_something_to_time() -> None:

@@ -20,9 +20,9 @@ from primus.core.metrics import (
     Peak,
     append_metrics,
     find_peak,
-    save_measured_peak,
     metrics_enabled,
     peak_tflops,
+    save_measured_peak,
     step_metrics,
 )
 from primus.core.patches import PatchContext

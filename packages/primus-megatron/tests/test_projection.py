@@ -116,8 +116,8 @@ def test_the_gemm_benchmark_times_the_jobs_gemms_on_the_real_device(tmp_path: Pa
     result = primus("benchmark", "gemm", "--config", str(ROOT / "configs/megatron/tiny-cpu.yaml"),
                     "--dtype", "fp32", "--repeats", "3", "--json", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    gemms = json.loads(out.read_text())["gemms"]
-    assert [g["gemm"]["name"] for g in gemms] == [
+    gemms = json.loads(out.read_text())["ops"]
+    assert [g["op"]["name"] for g in gemms] == [
         "qkv",
         "attention_out",
         "mlp_up",

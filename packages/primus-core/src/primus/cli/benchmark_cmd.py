@@ -1,17 +1,19 @@
-"""`primus benchmark gemm`: what this device delivers on a job's own GEMMs."""
+"""`primus benchmark gemm|attention`: what this device delivers on a job's own shapes."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from primus.cli.common import DEBUG, OVERRIDES, Debug, Module
 
 if TYPE_CHECKING:
-    from primus.core.benchmark import Timing
+    from primus.core.benchmark import Op, Timing
+    from primus.core.projection import Job
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -19,27 +21,70 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+Config = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Take the shapes of this experiment's job.")
+]
+Gpus = Annotated[
+    int, typer.Option("--gpus", min=1, help="The job's GPUs (its layout splits the shapes).")
+]
+Dtype = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
+Repeats = Annotated[int, typer.Option("--repeats", min=1, help="Timed calls each.")]
+Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls first.")]
+JsonPath = Annotated[
+    Path | None, typer.Option("--json", help="Also write the timings as JSON here.")
+]
+
+
+def _run(
+    ctx: typer.Context,
+    config: Path | None,
+    given: list[Op],
+    from_job: Callable[[Job], list[Op]],
+    gpus: int,
+    dtype: str,
+    repeats: int,
+    warmup: int,
+    json_path: Path | None,
+    module: str | None,
+) -> tuple[str, list[Timing]]:
+    """The job's ops (from `config`) and the given ones, timed, printed and written."""
+    from primus.core.benchmark import DTYPES, render, run_ops
+    from primus.core.errors import ConfigError
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
+    if config is None and not given:
+        raise ConfigError("nothing to time", hint="pass --config EXP.yaml, or --shape")
+    ops = list(given)
+    if config is not None:
+        from primus.core.patches import restore_all
+        from primus.core.runtime import PrimusRuntime
+
+        runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+        ops = from_job(runtime.training_job(gpus)) + ops
+        restore_all()  # what the build's patches replaced (a CPU run's torch.cuda shims)
+    device, timings = run_ops(ops, dtype, repeats, warmup)
+    typer.echo(render(device, dtype, timings), nl=False)
+    if json_path is not None:
+        record: dict[str, Any] = {"device": device, "dtype": dtype, "repeats": repeats,
+                                  "warmup": warmup, "ops": [t.as_dict() for t in timings]}  # fmt: skip
+        json_path.write_text(json.dumps(record, indent=2) + "\n")
+    return device, timings
+
 
 @app.command(context_settings=OVERRIDES)
 def gemm(
     ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="Take the GEMMs of this experiment's job."),
-    ] = None,
+    config: Config = None,
     shapes: Annotated[
         list[str] | None,
         typer.Option("--shape", help="A GEMM MxNxK to time (repeatable), besides the job's."),
     ] = None,
-    gpus: Annotated[
-        int, typer.Option("--gpus", min=1, help="The job's GPUs (its layout splits the GEMMs).")
-    ] = 1,
-    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed calls a GEMM.")] = 20,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls first.")] = 5,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the timings as JSON here.")
-    ] = None,
+    gpus: Gpus = 1,
+    dtype: Dtype = "bf16",
+    repeats: Repeats = 20,
+    warmup: Warmup = 5,
+    json_path: JsonPath = None,
     save_peak: Annotated[
         bool,
         typer.Option(
@@ -54,31 +99,52 @@ def gemm(
     experiment's job runs for a micro batch (QKV, attention output, MLP up and down, logits),
     and any `--shape`. Median of the repeats, their spread, TFLOP/s and % of the device's
     dense peak (docs/operations.md). Overrides may follow the options."""
-    from primus.core.benchmark import DTYPES, job_gemms, parse_shape, render, run_gemms
+    from primus.core.benchmark import parse_shape
     from primus.core.errors import ConfigError
 
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
-    if config is None and not shapes:
-        raise ConfigError("nothing to time", hint="pass --config EXP.yaml, or --shape MxNxK")
-    gemms = [parse_shape(shape) for shape in shapes or []]
-    if config is not None:
-        from primus.core.patches import restore_all
-        from primus.core.runtime import PrimusRuntime
-
-        runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
-        gemms = job_gemms(runtime.training_job(gpus)) + gemms
-        restore_all()  # what the build's patches replaced (a CPU run's torch.cuda shims)
     if save_peak and dtype == "fp32":
         raise ConfigError("--save-peak keeps a bf16 or fp16 rate: MFU is against those peaks")
-    device, timings = run_gemms(gemms, dtype, repeats, warmup)
-    typer.echo(render(device, dtype, timings), nl=False)
+    given: list[Op] = [parse_shape(shape) for shape in shapes or []]
+    device, timings = _run(ctx, config, given, _gemms,
+                           gpus, dtype, repeats, warmup, json_path, module)  # fmt: skip
     if save_peak:
         _save_peak(device, dtype, timings)
-    if json_path is not None:
-        record = {"device": device, "dtype": dtype, "repeats": repeats, "warmup": warmup,
-                  "gemms": [t.as_dict() for t in timings]}  # fmt: skip
-        json_path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+@app.command(context_settings=OVERRIDES)
+def attention(
+    ctx: typer.Context,
+    config: Config = None,
+    shapes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            help="An attention BxHxKVxSxD (batch, heads, KV heads, sequence, head dim) to time "
+            "(repeatable), besides the job's.",
+        ),
+    ] = None,
+    gpus: Gpus = 1,
+    dtype: Dtype = "bf16",
+    repeats: Repeats = 20,
+    warmup: Warmup = 5,
+    json_path: JsonPath = None,
+    module: Module = None,
+    debug: Debug = False,
+) -> None:
+    """Time causal attention on this device (torch's SDPA, the kernel it picks): one GPU's
+    heads of the experiment's job for a micro batch, and any `--shape`. Forward only; FLOPs
+    count half the score matrix (the causal mask). Overrides may follow the options."""
+    from primus.core.benchmark import job_attention, parse_attention
+
+    given: list[Op] = [parse_attention(shape) for shape in shapes or []]
+    _run(ctx, config, given, lambda job: [job_attention(job)], gpus, dtype, repeats, warmup,
+         json_path, module)  # fmt: skip
+
+
+def _gemms(job: Job) -> list[Op]:
+    from primus.core.benchmark import job_gemms
+
+    return list(job_gemms(job))
 
 
 def _save_peak(device: str, dtype: str, timings: list[Timing]) -> None:
@@ -91,7 +157,6 @@ def _save_peak(device: str, dtype: str, timings: list[Timing]) -> None:
     if device == "cpu":
         raise ConfigError("--save-peak needs a GPU: MFU is not reported for a CPU")
     best = max(timings, key=lambda t: t.tflops)
-    g = best.gemm
-    how = f"{g.m}x{g.n}x{g.k} {dtype}, {datetime.date.today().isoformat()}"
+    how = f"{best.op.shape} {dtype}, {datetime.date.today().isoformat()}"
     path = save_measured_peak(device, best.tflops, how)
     typer.echo(f"MFU peak of {device}: {best.tflops:.1f} TFLOP/s ({how}), saved in {path}")

@@ -1,7 +1,8 @@
-"""`primus benchmark gemm`: the GEMMs a job runs, timed on this device (docs/operations.md).
+"""`primus benchmark gemm|attention`: the GEMMs and the attention a job runs, timed on this
+device (docs/operations.md).
 
 The shapes come from an experiment (its model and parallel layout, as the memory projection
-sees them: one GPU's share of each layer's matrices for one micro batch) or are given.
+sees them: one GPU's share of a layer for one micro batch) or are given.
 Timing: warm-up calls first; then each repeat on its own, between CUDA events on a GPU with
 the L2 cache flushed before it (a 256 MiB buffer zeroed, outside the timed region), or the
 wall clock on the CPU; the median and the spread of the repeats. torch is imported only here.
@@ -38,13 +39,70 @@ class Gemm:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
+    @property
+    def shape(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    def call(self, torch: Any, device: str, dtype: Any) -> Callable[[], Any]:
+        a = torch.randn(self.m, self.k, dtype=dtype, device=device)
+        b = torch.randn(self.k, self.n, dtype=dtype, device=device)
+        return partial(torch.matmul, a, b)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Causal scaled-dot-product attention (torch's SDPA, the fastest kernel it picks), forward:
+    `batch` sequences of `seq` tokens, `heads` query and `kv_heads` key/value heads."""
+
+    name: str
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+
+    @property
+    def flops(self) -> int:
+        """QK^T and PV, half of each under the causal mask."""
+        return 2 * self.batch * self.heads * self.seq**2 * self.head_dim
+
+    @property
+    def shape(self) -> str:
+        return f"{self.batch}x{self.heads}x{self.kv_heads}x{self.seq}x{self.head_dim}"
+
+    def call(self, torch: Any, device: str, dtype: Any) -> Callable[[], Any]:
+        def tensor(heads: int) -> Any:
+            return torch.randn(
+                self.batch, heads, self.seq, self.head_dim, dtype=dtype, device=device
+            )
+
+        q, k, v = tensor(self.heads), tensor(self.kv_heads), tensor(self.kv_heads)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return partial(sdpa, q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
+
+
+Op = Gemm | Attention
+
 
 def parse_shape(text: str) -> Gemm:
     """`MxNxK` (`4096x8192x2048`) as a GEMM; a ConfigError otherwise."""
-    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
-    if not match or 0 in (dims := tuple(int(d) for d in match.groups())):
-        raise ConfigError(f"--shape '{text}' is not MxNxK with positive sizes (4096x8192x2048)")
-    return Gemm(text, *dims)
+    m, n, k = _sizes(text, 3, "MxNxK", "4096x8192x2048")
+    return Gemm(text, m, n, k)
+
+
+def parse_attention(text: str) -> Attention:
+    """`BxHxKVxSxD` (batch, heads, KV heads, sequence, head dim) as an attention."""
+    b, h, kv, seq, d = _sizes(text, 5, "BxHxKVxSxD", "1x32x8x4096x64")
+    if h % kv:
+        raise ConfigError(f"--shape '{text}': {h} heads do not share {kv} KV heads evenly")
+    return Attention(text, b, h, kv, seq, d)
+
+
+def _sizes(text: str, count: int, form: str, example: str) -> tuple[int, ...]:
+    sizes = tuple(int(d) for d in re.findall(r"\d+", text))
+    if not re.fullmatch(r"\d+(x\d+)*", text.strip()) or len(sizes) != count or 0 in sizes:
+        raise ConfigError(f"--shape '{text}' is not {form} with positive sizes ({example})")
+    return sizes
 
 
 def job_gemms(job: Job) -> list[Gemm]:
@@ -63,9 +121,18 @@ def job_gemms(job: Job) -> list[Gemm]:
     ]
 
 
+def job_attention(job: Job) -> Attention:
+    """One GPU's attention of one micro batch (its heads; context parallelism as a shorter
+    sequence, which leaves out the ring's exchanges)."""
+    m = job.model
+    seq = job.seq_len // job.cp
+    return Attention("attention", job.micro_batch, m.heads // job.tp, max(1, m.kv_heads // job.tp),
+                     seq, m.head_dim)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Timing:
-    gemm: Gemm
+    op: Op
     median_ms: float
     min_ms: float
     max_ms: float
@@ -73,7 +140,7 @@ class Timing:
     peak_pct: float | None  # of the device's dense peak (bf16/fp16 only)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"flops": self.gemm.flops}
+        return asdict(self) | {"flops": self.op.flops}
 
 
 def timed(torch: Any, cuda: bool, fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
@@ -102,8 +169,8 @@ def timed(torch: Any, cuda: bool, fn: Callable[[], Any], repeats: int, warmup: i
     return [start.elapsed_time(end) for start, end in events]
 
 
-def run_gemms(gemms: list[Gemm], dtype: str, repeats: int, warmup: int) -> tuple[str, list[Timing]]:
-    """Time each GEMM on this process's device (the GPU if there is one); the device's name
+def run_ops(ops: list[Op], dtype: str, repeats: int, warmup: int) -> tuple[str, list[Timing]]:
+    """Time each op on this process's device (the GPU if there is one); the device's name
     and a timing each."""
     import torch
 
@@ -112,31 +179,28 @@ def run_gemms(gemms: list[Gemm], dtype: str, repeats: int, warmup: int) -> tuple
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     peak = peak_tflops(device) if cuda and dtype != "fp32" else None
     results = []
-    for gemm in gemms:
-        a = torch.randn(gemm.m, gemm.k, dtype=torch_dtype, device="cuda" if cuda else "cpu")
-        b = torch.randn(gemm.k, gemm.n, dtype=torch_dtype, device=a.device)
-        times = timed(torch, cuda, partial(torch.matmul, a, b), repeats, warmup)
+    for op in ops:
+        call = op.call(torch, "cuda" if cuda else "cpu", torch_dtype)
+        times = timed(torch, cuda, call, repeats, warmup)
         median = statistics.median(times)
-        tflops = gemm.flops / (median / 1e3) / 1e12
+        tflops = op.flops / (median / 1e3) / 1e12
         pct = 100 * tflops / peak if peak else None
-        results.append(Timing(gemm, median, min(times), max(times), tflops, pct))
+        results.append(Timing(op, median, min(times), max(times), tflops, pct))
     return device, results
 
 
 def render(device: str, dtype: str, timings: list[Timing]) -> str:
-    """A table: each GEMM's shape, median time and spread, TFLOP/s and % of the peak."""
+    """A table: each op's shape, median time and spread, TFLOP/s and % of the peak."""
     lines = [
         f"device {device}, {dtype}",
-        f"{'gemm':<16} {'m x n x k':<22} {'median ms':>10} {'spread':>8} {'TFLOP/s':>9} "
-        f"{'% peak':>7}",
+        f"{'op':<16} {'shape':<24} {'median ms':>10} {'spread':>8} {'TFLOP/s':>9} {'% peak':>7}",
     ]
     for t in timings:
-        g = t.gemm
         spread = f"{100 * (t.max_ms - t.min_ms) / t.median_ms:.0f}%"
         pct = f"{t.peak_pct:.1f}" if t.peak_pct is not None else "n/a"
-        shape = f"{g.m}x{g.n}x{g.k}"
         tflops = f"{t.tflops:.1f}" if t.tflops >= 1 else f"{t.tflops:.3g}"
         lines.append(
-            f"{g.name:<16} {shape:<22} {t.median_ms:>10.3f} {spread:>8} {tflops:>9} {pct:>7}"
+            f"{t.op.name:<16} {t.op.shape:<24} {t.median_ms:>10.3f} {spread:>8} {tflops:>9} "
+            f"{pct:>7}"
         )
     return "\n".join(lines) + "\n"
