@@ -11,14 +11,17 @@ import pytest
 from primus.core.benchmark import (
     Attention,
     Gemm,
+    bus_factor,
     job_attention,
+    job_collective_sizes,
     job_gemms,
     parse_attention,
     parse_shape,
+    parse_size,
     timed,
 )
 from primus.core.errors import ConfigError
-from primus.core.projection import Job, Model
+from primus.core.projection import Job, Model, project
 from primus.core.testing.runs import primus
 
 MODEL = Model(layers=2, hidden=8, heads=4, kv_heads=2, head_dim=2, ffn=16, vocab=32)
@@ -100,3 +103,42 @@ def test_a_peak_is_saved_only_for_a_gpus_half_precision_rate(
                     "1", "--save-peak", PRIMUS_PEAKS=str(tmp_path / "peaks.json"))  # fmt: skip
     assert result.returncode == 2 and said in result.stderr
     assert not (tmp_path / "peaks.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"), [("64MiB", 64 << 20), ("4m", 4 << 20), ("1GiB", 1 << 30), ("65536", 65536)]
+)
+def test_sizes_read_with_their_units(text: str, nbytes: int) -> None:
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "0", "12 parsecs", "6"])
+def test_a_size_that_is_no_whole_float32_tensor_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="--size"):
+        parse_size(text)
+
+
+def test_the_jobs_messages_are_a_layers_activations_and_a_gpus_gradients() -> None:
+    job = Job(MODEL, micro_batch=2, seq_len=6, tp=2)
+    sizes = job_collective_sizes(job)
+    assert sizes["tp_activations"] == 12 * 8 * 2  # tokens x hidden x bf16
+    assert sizes["dp_gradients"] == project(job).parameters_per_gpu * 4
+    assert (bus_factor("all_reduce", 4), bus_factor("all_gather", 4)) == (1.5, 0.75)
+
+
+@pytest.mark.slow
+def test_collectives_over_two_ranks_report_bus_bandwidth(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    result = primus("benchmark", "collectives", "--nproc-per-node", "2", "--size", "256KiB",
+                    "--size", "grads=64k", "--repeats", "2", "--json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["ranks"] == 2
+    assert [(r["message"], r["op"], r["bytes"]) for r in record["rows"]] == [
+        (message, op, nbytes)
+        for message, nbytes in (("256KiB", 256 << 10), ("grads", 64 << 10))
+        for op in ("all_reduce", "all_gather", "reduce_scatter")
+    ]
+    for row in record["rows"]:
+        assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * bus_factor(row["op"], 2))
+    assert "busbw GB/s" in result.stdout

@@ -1,4 +1,5 @@
-"""`primus benchmark gemm|attention`: what this device delivers on a job's own shapes."""
+"""`primus benchmark gemm|attention|collectives`: what this device (and this job's network)
+delivers on a job's own shapes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from primus.cli.common import DEBUG, OVERRIDES, Debug, Module
+from primus.cli.common import (
+    DEBUG,
+    OVERRIDES,
+    Debug,
+    MasterAddr,
+    MasterPort,
+    Module,
+    Nnodes,
+    NodeRank,
+    NprocPerNode,
+    checked_launch,
+)
 
 if TYPE_CHECKING:
     from primus.core.benchmark import Op, Timing
@@ -160,3 +172,74 @@ def _save_peak(device: str, dtype: str, timings: list[Timing]) -> None:
     how = f"{best.op.shape} {dtype}, {datetime.date.today().isoformat()}"
     path = save_measured_peak(device, best.tflops, how)
     typer.echo(f"MFU peak of {device}: {best.tflops:.1f} TFLOP/s ({how}), saved in {path}")
+
+
+DEFAULT_SIZES = {"cuda": ["1MiB", "16MiB", "256MiB"], "cpu": ["64KiB", "1MiB", "4MiB"]}
+
+
+@app.command(context_settings=OVERRIDES)
+def collectives(
+    ctx: typer.Context,
+    config: Config = None,
+    sizes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--size",
+            help="A message to time, SIZE or NAME=SIZE (64MiB, 4m, 65536; repeatable), besides "
+            "the job's. Default without --config: 1, 16 and 256 MiB (64 KiB to 4 MiB on CPU).",
+        ),
+    ] = None,
+    gpus: Gpus = 1,
+    repeats: Repeats = 20,
+    warmup: Warmup = 5,
+    json_path: JsonPath = None,
+    nproc_per_node: NprocPerNode = 1,
+    nnodes: Nnodes = 1,
+    node_rank: NodeRank = 0,
+    master_addr: MasterAddr = None,
+    master_port: MasterPort = None,
+    module: Module = None,
+    debug: Debug = False,
+) -> None:
+    """Time all-reduce, all-gather and reduce-scatter over every rank (NCCL on GPUs, gloo on
+    CPU), launched like `primus train`: the messages of the experiment's job (a layer's
+    activations that tensor parallelism all-reduces, one GPU's gradients that data
+    parallelism reduces) and any `--size`. Median time, algorithm and bus bandwidth
+    (nccl-tests' formulas); rank 0 prints the table. Overrides may follow the options."""
+    from primus.core.benchmark import parse_size, render_collectives, run_collectives
+    from primus.core.dist_env import under_torchrun
+    from primus.core.launcher import launch_workers
+
+    messages = {}
+    for text in sizes or []:
+        name, _, size = text.rpartition("=")
+        messages[name or size] = parse_size(size)
+    if config is not None:
+        from primus.core.benchmark import job_collective_sizes
+        from primus.core.patches import restore_all
+        from primus.core.runtime import PrimusRuntime
+
+        runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+        messages = job_collective_sizes(runtime.training_job(gpus)) | messages
+        restore_all()
+    if not messages:
+        import torch
+
+        defaults = DEFAULT_SIZES["cuda" if torch.cuda.is_available() else "cpu"]
+        messages = {size: parse_size(size) for size in defaults}
+    if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun():
+        launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        worker = ["benchmark", "collectives", "--repeats", str(repeats), "--warmup", str(warmup)]
+        worker += [
+            arg for name, nbytes in messages.items() for arg in ("--size", f"{name}={nbytes}")
+        ]
+        worker += ["--json", str(json_path.resolve())] if json_path else []
+        raise typer.Exit(launch_workers("torchrun", worker, launch))
+    result = run_collectives(messages, repeats, warmup)
+    if result is None:  # not rank 0
+        return
+    device, ranks, rows = result
+    typer.echo(render_collectives(device, ranks, rows), nl=False)
+    if json_path is not None:
+        record = {"device": device, "ranks": ranks, "repeats": repeats, "rows": rows}
+        json_path.write_text(json.dumps(record, indent=2) + "\n")

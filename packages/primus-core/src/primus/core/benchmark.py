@@ -13,11 +13,13 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+from primus.core.dist_env import DistEnv, get_torchrun_env
 from primus.core.errors import ConfigError
 from primus.core.metrics import peak_tflops
 from primus.core.projection import Job
@@ -202,5 +204,110 @@ def render(device: str, dtype: str, timings: list[Timing]) -> str:
         lines.append(
             f"{t.op.name:<16} {t.op.shape:<24} {t.median_ms:>10.3f} {spread:>8} {tflops:>9} "
             f"{pct:>7}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# -- collectives -------------------------------------------------------------------------------
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
+              "gib": 1 << 30}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """`64MiB`, `4m`, `1GiB`, `65536` as bytes (a multiple of 4: float32 elements)."""
+    match = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text.strip())
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in SIZE_UNITS or int(match.group(1)) == 0:
+        raise ConfigError(f"--size '{text}' is not a size such as 64MiB, 4m or 65536")
+    nbytes = int(match.group(1)) * SIZE_UNITS[unit]
+    if nbytes % 4:
+        raise ConfigError(f"--size '{text}' is not a whole number of float32 elements")
+    return nbytes
+
+
+def job_collective_sizes(job: Job) -> dict[str, int]:
+    """The messages of the job's collectives, in bytes (nccl-tests' convention: the whole
+    tensor): a layer's activations that tensor parallelism all-reduces, and one GPU's
+    gradients that data parallelism reduces."""
+    from primus.core.projection import project
+
+    tokens = job.micro_batch * job.seq_len // job.cp
+    sizes = {"tp_activations": tokens * job.model.hidden * job.activation_bytes}
+    gradients = int(project(job).parameters_per_gpu * job.grad_bytes)
+    return sizes | {"dp_gradients": gradients - gradients % 4}
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: all-reduce 2(n-1)/n, the others (n-1)/n."""
+    return (2 if op == "all_reduce" else 1) * (ranks - 1) / ranks
+
+
+def time_collective(
+    torch: Any, cuda: bool, op: str, nbytes: int, repeats: int, warmup: int
+) -> float:
+    """The median milliseconds of collective `op` on `nbytes` (the whole tensor) over every
+    rank of the default process group."""
+    dist = torch.distributed
+    ranks = dist.get_world_size()
+    full = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
+    part = full[: full.numel() // ranks].clone()
+    calls = {
+        "all_reduce": partial(dist.all_reduce, full),
+        "all_gather": partial(dist.all_gather_into_tensor, full[: part.numel() * ranks], part),
+        "reduce_scatter": partial(dist.reduce_scatter_tensor, part, full[: part.numel() * ranks]),
+    }
+    return statistics.median(timed(torch, cuda, calls[op], repeats, warmup))
+
+
+@contextmanager
+def process_group() -> Iterator[tuple[Any, bool, DistEnv]]:
+    """This process in the default process group, NCCL on its GPU or gloo on the CPU, from
+    torchrun's environment (a lone process's without it): torch, whether on a GPU, the env.
+    Destroyed on exit."""
+    import torch
+    import torch.distributed as dist
+
+    env = get_torchrun_env()
+    env.export()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield torch, cuda, env
+    finally:
+        dist.destroy_process_group()
+
+
+def run_collectives(
+    sizes: dict[str, int], repeats: int, warmup: int
+) -> tuple[str, int, list[dict[str, Any]]] | None:
+    """In each rank (torchrun's environment): every collective at every size; on rank 0 the
+    device, the number of ranks and a row each (time, algorithm and bus bandwidth); None on
+    the others."""
+    with process_group() as (torch, cuda, env):
+        rows = []
+        for name, nbytes in sizes.items():
+            for op in COLLECTIVES:
+                ms = time_collective(torch, cuda, op, nbytes, repeats, warmup)
+                algbw = nbytes / (ms / 1e3) / 1e9
+                rows.append({"message": name, "op": op, "bytes": nbytes, "median_ms": ms,
+                             "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, env.world_size)})  # fmt: skip
+        device = torch.cuda.get_device_name() if cuda else "cpu"
+        return (device, env.world_size, rows) if env.rank == 0 else None
+
+
+def render_collectives(device: str, ranks: int, rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{ranks} ranks, device {device}",
+        f"{'message':<16} {'op':<15} {'MiB':>9} {'median ms':>10} {'algbw GB/s':>11} "
+        f"{'busbw GB/s':>11}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['message']:<16} {r['op']:<15} {r['bytes'] / (1 << 20):>9.2f} "
+            f"{r['median_ms']:>10.3f} {r['algbw_gbs']:>11.3f} {r['busbw_gbs']:>11.3f}"
         )
     return "\n".join(lines) + "\n"

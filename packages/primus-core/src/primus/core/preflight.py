@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 import re
 import socket
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from primus.core.benchmark import timed
-from primus.core.dist_env import get_torchrun_env
+from primus.core.benchmark import bus_factor, process_group, time_collective, timed
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
 
@@ -137,40 +135,25 @@ def gemm_tflops(torch: Any, cuda: bool, slow: bool, repeats: int = 5) -> float:
 
 
 def collectives(torch: Any, cuda: bool, world_size: int, repeats: int = 5) -> dict[str, Any]:
-    """All-reduce and all-gather bus bandwidth (GB/s, nccl-tests' formulas, median time) over
-    all ranks: 256 MiB on GPUs, 4 MiB on CPU. None for a single rank."""
-    dist = torch.distributed
+    """All-reduce and all-gather bus bandwidth (GB/s, nccl-tests' convention and formulas,
+    median time) over all ranks: 256 MiB on GPUs, 4 MiB on CPU. None for a single rank."""
     nbytes = (256 if cuda else 4) << 20
-    if world_size == 1:
-        return {"bytes": nbytes, "all_reduce_busbw_gbs": None, "all_gather_busbw_gbs": None}
-    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
-    parts = [torch.empty_like(tensor) for _ in range(world_size)]
-    reduce_s = statistics.median(_timed(torch, cuda, lambda: dist.all_reduce(tensor), repeats))
-    gather_s = statistics.median(
-        _timed(torch, cuda, lambda: dist.all_gather(parts, tensor), repeats)
-    )
-    n = world_size
-    return {
-        "bytes": nbytes,
-        "all_reduce_busbw_gbs": nbytes / reduce_s * 2 * (n - 1) / n / 1e9,
-        "all_gather_busbw_gbs": nbytes * n / gather_s * (n - 1) / n / 1e9,
-    }
+    figures: dict[str, Any] = {"bytes": nbytes}
+    for op in ("all_reduce", "all_gather"):
+        busbw = None
+        if world_size > 1:
+            ms = time_collective(torch, cuda, op, nbytes, repeats, warmup=1)
+            busbw = nbytes / (ms / 1e3) * bus_factor(op, world_size) / 1e9
+        figures[f"{op}_busbw_gbs"] = busbw
+    return figures
 
 
 def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """Run the checks in this rank (torchrun's or Slurm's environment, else a lone process):
     on rank 0, every rank's figures (rank order) and the collectives; None on the others.
     On CPU the ranks time their GEMM one after another, as they share the cores."""
-    import torch
-    import torch.distributed as dist
-
-    env = get_torchrun_env()
-    env.export()
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(env.local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    try:
+    with process_group() as (torch, cuda, env):
+        dist = torch.distributed
         figures: dict[str, Any] = {"rank": env.rank, "local_rank": env.local_rank}
         figures |= host_info() | _device_info(torch, cuda)
         slow = os.environ.get(SLOW_RANK) == str(env.rank)
@@ -186,5 +169,3 @@ def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
         everyone: list[Any] = [None] * env.world_size
         dist.all_gather_object(everyone, figures)
         return (everyone, job) if env.rank == 0 else None
-    finally:
-        dist.destroy_process_group()
