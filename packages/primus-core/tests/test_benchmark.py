@@ -24,6 +24,7 @@ from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model, project
 from primus.core.testing.runs import primus
 
+PNG = b"\x89PNG\r\n\x1a\n"
 MODEL = Model(layers=2, hidden=8, heads=4, kv_heads=2, head_dim=2, ffn=16, vocab=32)
 
 
@@ -69,8 +70,10 @@ def test_the_timing_loop_warms_up_untimed_then_times_each_repeat() -> None:
 
 def test_the_command_times_given_shapes_and_writes_json(tmp_path: Path) -> None:
     result = primus("benchmark", "gemm", "--shape", "64x32x16", "--dtype", "fp32",
-                    "--repeats", "3", "--json", str(tmp_path / "g.json"))  # fmt: skip
+                    "--repeats", "3", "--json", str(tmp_path / "g.json"), "--plot",
+                    str(tmp_path / "g.png"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "g.png").read_bytes().startswith(PNG)
     assert "64x32x16" in result.stdout and "device cpu, fp32" in result.stdout
     record = json.loads((tmp_path / "g.json").read_text())
     [gemm] = record["ops"]
@@ -130,8 +133,10 @@ def test_the_jobs_messages_are_a_layers_activations_and_a_gpus_gradients() -> No
 def test_collectives_over_two_ranks_report_bus_bandwidth(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     result = primus("benchmark", "collectives", "--nproc-per-node", "2", "--size", "256KiB",
-                    "--size", "grads=64k", "--repeats", "2", "--json", str(out))  # fmt: skip
+                    "--size", "grads=64k", "--repeats", "2", "--json", str(out), "--plot",
+                    str(tmp_path / "c.png"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "c.png").read_bytes().startswith(PNG)
     record = json.loads(out.read_text())
     assert record["ranks"] == 2
     assert [(r["message"], r["op"], r["bytes"]) for r in record["rows"]] == [
@@ -142,3 +147,14 @@ def test_collectives_over_two_ranks_report_bus_bandwidth(tmp_path: Path) -> None
     for row in record["rows"]:
         assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * bus_factor(row["op"], 2))
     assert "busbw GB/s" in result.stdout
+
+
+def test_a_plot_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
+    """matplotlib shadowed by a package whose import fails, as where it is not installed."""
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('not here')\n")
+    result = primus("benchmark", "gemm", "--shape", "8x8x8", "--dtype", "fp32", "--repeats",
+                    "1", "--plot", str(tmp_path / "g.png"), PYTHONPATH=str(tmp_path))  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "--plot needs matplotlib" in result.stderr
+    assert "pip install 'primus-core[plots]'" in result.stderr

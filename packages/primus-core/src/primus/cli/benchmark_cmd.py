@@ -45,6 +45,10 @@ Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls firs
 JsonPath = Annotated[
     Path | None, typer.Option("--json", help="Also write the timings as JSON here.")
 ]
+PlotPath = Annotated[
+    Path | None,
+    typer.Option("--plot", help="Also draw the rates against size into this PNG (matplotlib)."),
+]
 
 
 def _run(
@@ -57,6 +61,7 @@ def _run(
     repeats: int,
     warmup: int,
     json_path: Path | None,
+    plot_path: Path | None,
     module: str | None,
 ) -> tuple[str, list[Timing]]:
     """The job's ops (from `config`) and the given ones, timed, printed and written."""
@@ -81,6 +86,10 @@ def _run(
         record: dict[str, Any] = {"device": device, "dtype": dtype, "repeats": repeats,
                                   "warmup": warmup, "ops": [t.as_dict() for t in timings]}  # fmt: skip
         json_path.write_text(json.dumps(record, indent=2) + "\n")
+    if plot_path is not None:
+        from primus.core.benchmark_plot import plot_ops
+
+        plot_ops(device, dtype, timings, plot_path)
     return device, timings
 
 
@@ -97,6 +106,7 @@ def gemm(
     repeats: Repeats = 20,
     warmup: Warmup = 5,
     json_path: JsonPath = None,
+    plot_path: PlotPath = None,
     save_peak: Annotated[
         bool,
         typer.Option(
@@ -117,8 +127,8 @@ def gemm(
     if save_peak and dtype == "fp32":
         raise ConfigError("--save-peak keeps a bf16 or fp16 rate: MFU is against those peaks")
     given: list[Op] = [parse_shape(shape) for shape in shapes or []]
-    device, timings = _run(ctx, config, given, _gemms,
-                           gpus, dtype, repeats, warmup, json_path, module)  # fmt: skip
+    device, timings = _run(ctx, config, given, _gemms, gpus, dtype, repeats, warmup, json_path,
+                           plot_path, module)  # fmt: skip
     if save_peak:
         _save_peak(device, dtype, timings)
 
@@ -140,6 +150,7 @@ def attention(
     repeats: Repeats = 20,
     warmup: Warmup = 5,
     json_path: JsonPath = None,
+    plot_path: PlotPath = None,
     module: Module = None,
     debug: Debug = False,
 ) -> None:
@@ -150,7 +161,7 @@ def attention(
 
     given: list[Op] = [parse_attention(shape) for shape in shapes or []]
     _run(ctx, config, given, lambda job: [job_attention(job)], gpus, dtype, repeats, warmup,
-         json_path, module)  # fmt: skip
+         json_path, plot_path, module)  # fmt: skip
 
 
 def _gemms(job: Job) -> list[Op]:
@@ -193,6 +204,7 @@ def collectives(
     repeats: Repeats = 20,
     warmup: Warmup = 5,
     json_path: JsonPath = None,
+    plot_path: PlotPath = None,
     nproc_per_node: NprocPerNode = 1,
     nnodes: Nnodes = 1,
     node_rank: NodeRank = 0,
@@ -234,6 +246,7 @@ def collectives(
             arg for name, nbytes in messages.items() for arg in ("--size", f"{name}={nbytes}")
         ]
         worker += ["--json", str(json_path.resolve())] if json_path else []
+        worker += ["--plot", str(plot_path.resolve())] if plot_path else []
         raise typer.Exit(launch_workers("torchrun", worker, launch))
     result = run_collectives(messages, repeats, warmup)
     if result is None:  # not rank 0
@@ -243,3 +256,7 @@ def collectives(
     if json_path is not None:
         record = {"device": device, "ranks": ranks, "repeats": repeats, "rows": rows}
         json_path.write_text(json.dumps(record, indent=2) + "\n")
+    if plot_path is not None:
+        from primus.core.benchmark_plot import plot_collectives
+
+        plot_collectives(device, ranks, rows, plot_path)
