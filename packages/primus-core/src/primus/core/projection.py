@@ -196,7 +196,7 @@ def project(job: Job) -> Projection:
     else:
         per_micro_batch = layers * one_layer
     stages = [(True, job.pp == 1)] + ([(False, True)] if job.pp > 1 else [])
-    best: Projection | None = None
+    heaviest: Projection | None = None
     for first, last in stages:
         dense, experts = _stage_parameters(job, first, last)
         in_flight = job.pp if first else 1
@@ -209,7 +209,7 @@ def project(job: Job) -> Projection:
             activations=per_micro_batch * in_flight,
             logits=tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0,
         )
-        if best is None or candidate.total > best.total:
-            best = candidate
-    assert best is not None
-    return best
+        if heaviest is None or candidate.total > heaviest.total:
+            heaviest = candidate
+    assert heaviest is not None
+    return heaviest
