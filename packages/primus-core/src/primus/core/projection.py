@@ -94,6 +94,11 @@ class Job:
     flash_attention: bool = True
     recompute: str = "none"
     logit_bytes: float = 6  # what the loss keeps per logit (fp32 softmax + its bf16 gradient)
+    # what the performance projection also needs (`primus.core.performance`)
+    global_batch: int = 0  # sequences per step; 0: one micro batch per data-parallel rank
+    fused_kernels: bool = False  # norms, RoPE, SwiGLU and the loss fused (turbo, a compiler)
+    cuda_graphs: bool = False  # the step replayed from a graph: no per-kernel launch cost
+    overlap_grad_reduce: bool = False  # the gradients' reduction hidden behind the backward
 
     @property
     def gpus(self) -> int:

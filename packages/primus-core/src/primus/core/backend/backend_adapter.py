@@ -150,6 +150,13 @@ class BackendAdapter(ABC):
         ConfigError for a layout `gpus` cannot hold."""
         raise ConfigError(f"the {self.framework} backend has no memory projection")
 
+    def layout_overrides(self, job: Job) -> dict[str, Any]:
+        """The experiment's keys and values that give `job`'s parallel layout, micro batch and
+        recompute (`tp`, `pp`, `cp`, `ep`, `zero`, `micro_batch`, `sequence_parallel`,
+        `recompute`), as `key=value` overrides: what `primus projection performance --gpus`
+        prints for a user to paste."""
+        raise ConfigError(f"the {self.framework} backend has no memory projection")
+
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """What the native checkpoint at `path` is (format, iteration, model, parallel, size),
         or None when `path` is not one of this backend's checkpoints. Cheap when it is not."""

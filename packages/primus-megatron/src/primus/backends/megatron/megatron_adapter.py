@@ -100,6 +100,11 @@ class MegatronAdapter(BackendAdapter):
 
         return training_job(backend_args, gpus, applied)
 
+    def layout_overrides(self, job: Job) -> dict[str, Any]:
+        from primus.backends.megatron.projection import layout_overrides
+
+        return layout_overrides(job)
+
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         from primus.backends.megatron.checkpoints import inspect_checkpoint
 

@@ -53,6 +53,7 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
     moments = 8 if args.optimizer == "adam" else 4
     flash = args.transformer_impl == "transformer_engine" or "megatron.turbo_attention" in applied
     turbo_loss = "megatron.turbo_cross_entropy" in applied
+    fused = {"megatron.turbo_rms_norm", "megatron.turbo_swiglu", "megatron.turbo_rope"}
     return Job(
         model=model(args),
         micro_batch=args.micro_batch_size,
@@ -71,4 +72,22 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
         flash_attention=flash,
         recompute=args.recompute_granularity or "none",
         logit_bytes=LOGIT_BYTES["turbo" if turbo_loss else "upstream"],
+        global_batch=args.global_batch_size,
+        fused_kernels=fused <= applied,
+        cuda_graphs=getattr(args, "cuda_graph_impl", "none") != "none",
+        overlap_grad_reduce=bool(args.overlap_grad_reduce),
     )
+
+
+def layout_overrides(job: Job) -> dict[str, Any]:
+    """Megatron's keys for `job`'s layout."""
+    return {
+        "tensor_model_parallel_size": job.tp,
+        "pipeline_model_parallel_size": job.pp,
+        "context_parallel_size": job.cp,
+        "expert_model_parallel_size": job.ep,
+        "use_distributed_optimizer": job.zero >= 1,
+        "micro_batch_size": job.micro_batch,
+        "sequence_parallel": job.sequence_parallel,
+        "recompute_granularity": None if job.recompute == "none" else job.recompute,
+    }
