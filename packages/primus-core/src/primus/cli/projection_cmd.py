@@ -1,4 +1,5 @@
-"""`primus projection memory`: what one GPU of a job will hold, before the job runs."""
+"""`primus projection memory|performance`: what one GPU of a job will hold, and how fast the
+job will run, before it runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
 if TYPE_CHECKING:
+    from primus.core.performance import Candidate, Rates, StepTime
     from primus.core.projection import Job, Projection
 
 app = typer.Typer(
@@ -20,6 +22,22 @@ app = typer.Typer(
 )
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "logits")
+TERMS = ("gemm", "attention", "memory_bound", "optimizer", "tensor_parallel", "data_parallel",
+         "kernel_gaps", "pipeline_bubble")  # fmt: skip
+Gpus = Annotated[
+    int, typer.Option("--gpus", min=1, help="GPUs of the job (data parallel fills the rest).")
+]
+JsonPath = Annotated[
+    Path | None, typer.Option("--json", help="Also write the projection as JSON here.")
+]
+
+
+def _layout(job: Job) -> str:
+    return (
+        f"{job.gpus} GPUs = tp {job.tp} x pp {job.pp} x cp {job.cp} x dp {job.dp}"
+        + (f" (ep {job.ep})" if job.ep > 1 else "")
+        + f"; ZeRO stage {job.zero}"
+    )
 
 
 def _table(job: Job, projection: Projection) -> str:
@@ -29,9 +47,7 @@ def _table(job: Job, projection: Projection) -> str:
     lines = [
         f"model: {projection.parameters / 1e9:.3f} B parameters, "
         f"{projection.parameters_per_gpu / 1e9:.3f} B on the most loaded GPU",
-        f"layout: {job.gpus} GPUs = tp {job.tp} x pp {job.pp} x cp {job.cp} x dp {job.dp}"
-        + (f" (ep {job.ep})" if job.ep > 1 else "")
-        + f"; ZeRO stage {job.zero}",
+        f"layout: {_layout(job)}",
         f"micro batch {job.micro_batch} x {job.seq_len} tokens; recompute {job.recompute}; "
         f"flash attention {on[job.flash_attention]}; sequence parallel "
         f"{on[job.sequence_parallel]}",
@@ -48,12 +64,8 @@ def _table(job: Job, projection: Projection) -> str:
 def memory(
     ctx: typer.Context,
     config: ConfigFile,
-    gpus: Annotated[
-        int, typer.Option("--gpus", min=1, help="GPUs of the job (data parallel fills the rest).")
-    ] = 1,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the projection as JSON here.")
-    ] = None,
+    gpus: Gpus = 1,
+    json_path: JsonPath = None,
     module: Module = None,
     debug: Debug = False,
 ) -> None:
@@ -71,4 +83,97 @@ def memory(
     typer.echo(_table(job, projection))
     if json_path is not None:
         record = {"job": asdict(job), "bytes": projection.as_dict()}
+        json_path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _step(step: StepTime, rates: Rates) -> str:
+    mfu = f"{step.mfu:.1%}" if step.mfu is not None else "n/a (no peak for this device)"
+    lines = [
+        f"rates: {rates.device}, {rates.source}: GEMM {rates.gemm_tflops:.0f} TFLOP/s, "
+        f"attention {rates.attention_tflops:.0f} TFLOP/s, memory {rates.memory_gbs:.0f} GB/s, "
+        f"bus {rates.bus_gbs:.0f} GB/s",
+        f"{'':<16} {'ms/step':>9}",
+        *(f"{term:<16} {getattr(step, term):>9.1f}" for term in TERMS),
+        f"{'host floor':<16} {step.host_floor:>9.1f}",
+        f"{'step':<16} {step.step:>9.1f}   (the GPU's terms, or the host floor when larger)",
+        f"tokens/s/GPU {step.tokens_per_s_per_gpu:,.0f}; model TFLOP/s/GPU "
+        f"{step.model_tflops_per_gpu:.1f}; MFU {mfu}",
+    ]
+    return "\n".join(lines)
+
+
+def _ranking(candidates: list[Candidate], changes: list[dict[str, object]]) -> str:
+    if not candidates:
+        return "no layout fits these GPUs' memory"
+    lines = [f"{'rank':<5} {'ms/step':>9} {'tokens/s/GPU':>13} {'GiB':>6}  overrides"]
+    for i, (c, change) in enumerate(zip(candidates, changes, strict=True), 1):
+        pasted = " ".join(f"{k}={json.dumps(v)}" for k, v in change.items()) or "(as configured)"
+        lines.append(f"{i:<5} {c.step.step:>9.1f} {c.step.tokens_per_s_per_gpu:>13,.0f} "
+                     f"{c.memory_gib:>6.1f}  {pasted}")  # fmt: skip
+    return "\n".join(lines)
+
+
+@app.command(context_settings=OVERRIDES)
+def performance(
+    ctx: typer.Context,
+    config: ConfigFile,
+    gpus: Gpus = 1,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            help="The GPU to project for (H100, H200, MI300X; default: "
+            "the device of the --measured files, else H100).",
+        ),
+    ] = None,
+    measured: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--measured",
+            exists=True,
+            dir_okay=False,
+            help="`primus benchmark gemm|attention|collectives --config ... --json` "
+            "files measured on the device: their rates replace the table's.",
+        ),
+    ] = None,
+    rank: Annotated[
+        int, typer.Option("--rank", min=0, help="Also rank this many layouts that fit --gpus.")
+    ] = 10,
+    json_path: JsonPath = None,
+    module: Module = None,
+    debug: Debug = False,
+) -> None:
+    """Step time, tokens/s and MFU of the experiment's training on --gpus GPUs, term by term
+    (GEMMs, attention, memory-bound kernels, optimizer, collectives, pipeline bubble, the
+    host), then the parallel layouts and micro batches that fit those GPUs, fastest first, as
+    overrides to paste (docs/operations.md). Overrides may follow the options."""
+    from dataclasses import asdict
+
+    from primus.core.performance import device_rates, measured_rates, project_step, rank_layouts
+    from primus.core.projection import project
+    from primus.core.runtime import PrimusRuntime
+
+    files = list(measured or [])
+    if device is None:
+        device = json.loads(files[0].read_text()).get("device", "H100") if files else "H100"
+    rates = measured_rates(device_rates(device), files) if files else device_rates(device)
+    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    job = runtime.training_job(gpus)
+    step = project_step(job, rates)
+    typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
+    typer.echo(_step(step, rates))
+    ranked = rank_layouts(job, gpus, rates)[:rank]
+    configured = runtime.adapter.layout_overrides(job)
+    changes = []
+    for candidate in ranked:
+        keys = runtime.adapter.layout_overrides(candidate.job)
+        changes.append({k: v for k, v in keys.items() if configured.get(k) != v})
+    if rank:
+        typer.echo(f"\nlayouts on {gpus} GPUs that fit {rates.memory_gib:.0f} GiB, fastest first:")
+        typer.echo(_ranking(ranked, changes))
+    if json_path is not None:
+        record = {"job": asdict(job), "rates": asdict(rates), "step_ms": step.as_dict(),
+                  "memory_bytes": project(job).as_dict(),
+                  "ranked": [{"overrides": k, "memory_gib": c.memory_gib, "step_ms": c.step.as_dict()}
+                             for c, k in zip(ranked, changes, strict=True)]}  # fmt: skip
         json_path.write_text(json.dumps(record, indent=2) + "\n")

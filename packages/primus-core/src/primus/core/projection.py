@@ -99,6 +99,7 @@ class Job:
     fused_kernels: bool = False  # norms, RoPE, SwiGLU and the loss fused (turbo, a compiler)
     cuda_graphs: bool = False  # the step replayed from a graph: no per-kernel launch cost
     overlap_grad_reduce: bool = False  # the gradients' reduction hidden behind the backward
+    host_ms_per_layer: float = 0.0  # the host's time to launch a layer's forward and backward
 
     @property
     def gpus(self) -> int:

@@ -10,6 +10,13 @@ from primus.core.projection import Job, Model, data_parallel
 # what the loss keeps per logit: Megatron's vocab-parallel cross-entropy an fp32 softmax and,
 # in the backward, its bf16 gradient; turbo's cross-entropy the bf16 logits and their gradient
 LOGIT_BYTES = {"upstream": 6, "turbo": 4}
+# the host's milliseconds to launch one layer's forward and backward in eager mode: an H100
+# profile of the 1B recipe with turbo (docs/benchmarks/e2e.md) idled 35% of a 777 ms step of
+# 16 layers x 8 micro batches waiting for launches
+HOST_MS_PER_LAYER = 6.6
+# and with tensor parallelism, its four collectives a layer and their autograd functions: the
+# 1B recipe at TP 2 on two H100s (megatron-sequence-parallel-h100x2) took 7.6 ms a layer
+HOST_MS_PER_TP_LAYER = 1.0
 
 
 def model(args: Any) -> Model:
@@ -76,6 +83,7 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
         fused_kernels=fused <= applied,
         cuda_graphs=getattr(args, "cuda_graph_impl", "none") != "none",
         overlap_grad_reduce=bool(args.overlap_grad_reduce),
+        host_ms_per_layer=HOST_MS_PER_LAYER + (HOST_MS_PER_TP_LAYER if tp > 1 else 0.0),
     )
 
 

@@ -1,0 +1,132 @@
+"""The performance projection's arithmetic against hand-computed cases, the layout ranking, and
+the rates read from `primus benchmark`'s JSON (the backends' tests compare it with measured
+runs)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from primus.core.errors import ConfigError
+from primus.core.performance import (
+    HEADROOM,
+    device_rates,
+    measured_rates,
+    micro_batches,
+    project_step,
+    rank_layouts,
+)
+from primus.core.projection import GIB, Job, Model, project
+
+MODEL = Model(layers=4, hidden=1024, heads=16, kv_heads=4, head_dim=64, ffn=4096, vocab=32000)
+JOB = Job(model=MODEL, micro_batch=2, seq_len=2048, global_batch=16, fused_kernels=True)
+H100 = device_rates("NVIDIA H100 80GB HBM3")
+
+
+def test_gemms_and_flash_attention_by_hand() -> None:
+    step = project_step(JOB, H100)
+    tokens, h = 2 * 2048, 1024
+    q, kv = 16 * 64, 4 * 64
+    layer = 2 * tokens * h * ((q + 2 * kv) + q + 2 * 4096 + 4096)
+    logits = 2 * tokens * 32000 * h
+    count = 16 // 2  # micro batches of one data-parallel rank
+    gemm_ms = 3 * (4 * layer + logits) * count / (H100.gemm_tflops * 1e12) * 1e3
+    assert step.gemm == pytest.approx(gemm_ms)
+    attention = 2 * 2 * 16 * 2048**2 * 64  # forward, causal: half of QK^T and PV
+    attention_ms = 3.5 * attention * 4 * count / (H100.attention_tflops * 1e12) * 1e3
+    assert step.attention == pytest.approx(attention_ms)
+    assert step.tensor_parallel == step.data_parallel == step.pipeline_bubble == 0
+
+
+def test_full_recompute_runs_each_forward_again() -> None:
+    plain, full = project_step(JOB, H100), project_step(replace(JOB, recompute="full"), H100)
+    assert full.gemm == pytest.approx(plain.gemm * 4 / 3)
+    assert full.attention == pytest.approx(plain.attention * 4.5 / 3.5)
+    assert full.step > plain.step
+
+
+def test_the_host_bounds_an_eager_step_and_a_cuda_graph_lifts_it() -> None:
+    eager = project_step(replace(JOB, host_ms_per_layer=50.0), H100)
+    assert eager.host_floor == pytest.approx(50.0 * 4 * 8)
+    assert eager.step == eager.host_floor
+    graphed = project_step(replace(JOB, host_ms_per_layer=50.0, cuda_graphs=True), H100)
+    assert graphed.host_floor == 0 and graphed.step < eager.step
+
+
+def test_data_parallel_gradients_are_exposed_unless_overlapped() -> None:
+    job = replace(JOB, dp=4, global_batch=32)
+    ring = 2 * 3 / 4 * project(job).parameters_per_gpu * job.grad_bytes
+    assert project_step(job, H100).data_parallel == pytest.approx(ring / 360e9 * 1e3)
+    assert project_step(replace(job, overlap_grad_reduce=True), H100).data_parallel == 0
+
+
+def test_a_pipeline_idles_pp_minus_one_micro_batches() -> None:
+    step = project_step(replace(JOB, pp=2, host_ms_per_layer=0.0), H100)
+    per_micro_batch = (step.gemm + step.attention + step.memory_bound + step.kernel_gaps) / 8
+    assert step.pipeline_bubble == pytest.approx(per_micro_batch)
+
+
+def test_tokens_and_mfu_follow_from_the_step() -> None:
+    step = project_step(replace(JOB, dp=2, global_batch=16), H100)
+    assert step.tokens_per_s_per_gpu == pytest.approx(16 * 2048 / 2 / (step.step / 1e3))
+    assert step.mfu == pytest.approx(step.model_tflops_per_gpu / 989.0)
+
+
+def test_a_global_batch_the_layout_cannot_split_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"global batch \(10\) is not a multiple of micro batch 2 x data parallel 2"):  # fmt: skip
+        micro_batches(replace(JOB, dp=2, global_batch=10))
+
+
+def test_an_unknown_device_names_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as error:
+        device_rates("Quantum 9000")
+    assert "H100" in str(error.value.hint) and "MI300X" in str(error.value.hint)
+
+
+def test_the_ranking_holds_every_fitting_layout_fastest_first() -> None:
+    ranked = rank_layouts(JOB, 8, H100)
+    steps = [c.step.step for c in ranked]
+    assert steps == sorted(steps)
+    layouts = {(c.job.tp, c.job.pp, c.job.micro_batch, c.job.recompute) for c in ranked}
+    # tp: 1, 2, 4 (4 KV heads); pp: 1, 2, 4 (4 layers); micro batches dividing 16 / dp
+    assert {tp for tp, *_ in layouts} == {1, 2, 4} and {pp for _, pp, *_ in layouts} == {1, 2, 4}
+    assert (1, 1, 2, "none") in layouts and (4, 1, 16, "full") not in layouts
+    for c in ranked:
+        assert c.job.gpus == 8 and c.job.sequence_parallel == (c.job.tp > 1)
+        assert c.memory_gib == pytest.approx(project(c.job).total / GIB)
+    small = replace(H100, memory_gib=2.0)
+    assert all(c.memory_gib <= 2.0 * (1 - HEADROOM) for c in rank_layouts(JOB, 8, small))
+    assert len(rank_layouts(JOB, 8, small)) < len(ranked)
+
+
+def _benchmark_json(path: Path, device: str, ops: list[tuple[str, float, float]]) -> Path:
+    """A `primus benchmark gemm --json` record: (name, median ms, TFLOP/s) per op."""
+    rows = [{"op": {"name": n, "m": 1, "n": 1, "k": 1}, "median_ms": ms, "tflops": t}
+            for n, ms, t in ops]  # fmt: skip
+    path.write_text(json.dumps({"device": device, "dtype": "bf16", "ops": rows}))
+    return path
+
+
+def test_measured_rates_replace_the_tables(tmp_path: Path) -> None:
+    gemms = _benchmark_json(tmp_path / "g.json", "NVIDIA H100 80GB HBM3",
+                            [("qkv", 1.0, 600.0), ("mlp_up", 3.0, 700.0)])  # fmt: skip
+    buses = tmp_path / "c.json"
+    rows = [{"op": "all_reduce", "busbw_gbs": 300.0}, {"op": "all_gather", "busbw_gbs": 999.0},
+            {"op": "all_reduce", "busbw_gbs": 350.0}]  # fmt: skip
+    buses.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "ranks": 8, "rows": rows}))
+    rates = measured_rates(H100, [gemms, buses])
+    assert rates.gemm_tflops == pytest.approx((600 * 1 + 700 * 3) / 4)  # weighted by time
+    assert rates.bus_gbs == 350.0 and rates.attention_tflops == H100.attention_tflops
+    assert "measured (bus_gbs, gemm_tflops)" in rates.source
+
+
+def test_rates_measured_on_another_device_are_refused(tmp_path: Path) -> None:
+    other = _benchmark_json(tmp_path / "g.json", "NVIDIA H200", [("qkv", 1.0, 600.0)])
+    with pytest.raises(ConfigError, match="measured on 'NVIDIA H200', not on 'NVIDIA H100"):
+        measured_rates(H100, [other])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a primus benchmark JSON"):
+        measured_rates(H100, [tmp_path / "bad.json"])
