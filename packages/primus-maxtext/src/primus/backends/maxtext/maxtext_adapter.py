@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema
 from primus.core.config.schema import registered_params
+
+if TYPE_CHECKING:
+    from primus.core.projection import Job
 
 TESTED = ">=0.2.5,<0.3"  # the maxtext versions the patches were tested on
 
@@ -81,6 +84,16 @@ class MaxTextAdapter(BackendAdapter):
         from primus.backends.maxtext.checkpoints import preset_from_hf
 
         return preset_from_hf(hf_config)
+
+    def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
+        from primus.backends.maxtext.projection import training_job
+
+        return training_job(backend_args, gpus, applied)
+
+    def layout_overrides(self, job: Job) -> dict[str, Any]:
+        from primus.backends.maxtext.projection import layout_overrides
+
+        return layout_overrides(job)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         from primus.backends.maxtext.checkpoints import inspect_checkpoint
