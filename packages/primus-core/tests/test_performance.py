@@ -127,6 +127,11 @@ def test_rates_measured_on_another_device_are_refused(tmp_path: Path) -> None:
     other = _benchmark_json(tmp_path / "g.json", "NVIDIA H200", [("qkv", 1.0, 600.0)])
     with pytest.raises(ConfigError, match="measured on 'NVIDIA H200', not on 'NVIDIA H100"):
         measured_rates(H100, [other])
+    one_rank = tmp_path / "c.json"
+    rows = [{"op": "all_reduce", "busbw_gbs": 0.0}]
+    one_rank.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "ranks": 1, "rows": rows}))
+    with pytest.raises(ConfigError, match="collectives over one rank say nothing of the bus"):
+        measured_rates(H100, [one_rank])
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a primus benchmark JSON"):
         measured_rates(H100, [tmp_path / "bad.json"])

@@ -172,10 +172,13 @@ def test_the_gemm_benchmark_times_the_jobs_gemms_on_the_real_device(tmp_path: Pa
 
 def test_the_collectives_benchmark_times_the_jobs_messages(tmp_path: Path) -> None:
     out = tmp_path / "collectives.json"
+    """Over two ranks: the experiment's build sets a rank's environment variables, which once
+    made the command run as a worker of one rank instead of launching two."""
     result = primus("benchmark", "collectives", "--config",
                     str(ROOT / "configs/megatron/tiny-cpu.yaml"), "--repeats", "1", "--json",
-                    str(out))  # fmt: skip
+                    str(out), "--nproc-per-node", "2")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(out.read_text())["ranks"] == 2
     rows = json.loads(out.read_text())["rows"]
     assert sorted({r["message"] for r in rows}) == ["dp_gradients", "tp_activations"]
     assert all(r["bytes"] > 0 and r["median_ms"] > 0 for r in rows)

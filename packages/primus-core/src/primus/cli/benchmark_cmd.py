@@ -222,6 +222,8 @@ def collectives(
     from primus.core.dist_env import under_torchrun
     from primus.core.launcher import launch_workers
 
+    # decided before the experiment's build, which may set a rank's environment variables
+    launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
     messages = {}
     for text in sizes or []:
         name, _, size = text.rpartition("=")
@@ -239,7 +241,7 @@ def collectives(
 
         defaults = DEFAULT_SIZES["cuda" if torch.cuda.is_available() else "cpu"]
         messages = {size: parse_size(size) for size in defaults}
-    if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun():
+    if launching:
         launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         worker = ["benchmark", "collectives", "--repeats", str(repeats), "--warmup", str(warmup)]
         worker += [

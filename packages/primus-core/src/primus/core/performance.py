@@ -107,6 +107,11 @@ def measured_rates(rates: Rates, files: list[Path]) -> Rates:
             kind = "attention_tflops" if "heads" in row["op"] else "gemm_tflops"
             flops, ms = found.get(kind, (0.0, 0.0))
             found[kind] = (flops + row["tflops"] * row["median_ms"], ms + row["median_ms"])
+        if rows and record.get("ranks", 1) < 2:
+            raise ConfigError(
+                f"--measured {path}: collectives over one rank say nothing of the bus",
+                hint="measure them over the job's GPUs (--nproc-per-node)",
+            )
         buses = [row["busbw_gbs"] for row in rows if row["op"] == "all_reduce"]
         if buses:
             found["bus_gbs"] = (max(buses), 1.0)
