@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,15 @@ def test_bytes_and_recompute_follow_maxtexts_keys() -> None:
 
 
 def test_layout_overrides_give_the_same_job_back() -> None:
-    job = training_job(recipe_args("ici_tensor_parallelism=2", "per_device_batch_size=1"), 4,
-                       frozenset())  # fmt: skip
-    assert (job.tp, job.dp, job.zero, job.micro_batch, job.global_batch) == (2, 2, 3, 2, 4)
+    args = recipe_args("ici_tensor_parallelism=2", "per_device_batch_size=1",
+                       "gradient_accumulation_steps=2")  # fmt: skip
+    job = training_job(args, 4, frozenset())
+    assert (job.tp, job.dp, job.zero, job.micro_batch, job.global_batch) == (2, 2, 3, 2, 8)
     overrides = [f"{key}={json.dumps(value)}" for key, value in layout_overrides(job).items()]
     assert training_job(recipe_args(*overrides), 4, frozenset()) == job
+    # a pipeline: MaxText's micro batches split each device's batch
+    piped = layout_overrides(replace(job, tp=1, pp=2))
+    assert piped["per_device_batch_size"] == 2 * 2 / 2 and piped["num_pipeline_microbatches"] == 2
 
 
 def test_the_projection_is_within_10_percent_of_the_measured_peak(tmp_path: Path) -> None:

@@ -161,15 +161,24 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
 
 
 def layout_overrides(job: Job) -> dict[str, Any]:
-    """MaxText's keys for `job`'s layout (on one slice)."""
+    """MaxText's keys for `job`'s layout (on one slice). The micro batches of a step are
+    gradient accumulation steps, or with a pipeline its micro batches (MaxText splits each
+    device's batch; the projection itself does not model MaxText's pipeline)."""
     replicas = job.dp // job.ep
-    return {
+    count = job.global_batch // (job.micro_batch * job.dp) if job.global_batch else 1
+    keys = {
         "ici_tensor_parallelism": job.tp,
+        "ici_pipeline_parallelism": job.pp,
         "ici_context_parallelism": job.cp,
         "ici_expert_parallelism": job.ep,
         "ici_fsdp_parallelism": replicas if job.zero >= 3 else 1,
         "ici_data_parallelism": 1 if job.zero >= 3 else replicas,
         "shard_optimizer_over_data": job.zero in (1, 2),
         "per_device_batch_size": job.micro_batch / (job.tp * job.cp),
-        "remat_policy": "full" if job.recompute == "full" else "minimal",
+        "gradient_accumulation_steps": count,
+        "remat_policy": "full" if job.recompute == "full" else "minimal",  # MaxText always remats
     }
+    if job.pp > 1:
+        keys |= {"per_device_batch_size": job.micro_batch * count / (job.tp * job.pp * job.cp),
+                 "gradient_accumulation_steps": 1, "num_pipeline_microbatches": count}  # fmt: skip
+    return keys
