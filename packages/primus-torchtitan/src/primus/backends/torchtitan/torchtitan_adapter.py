@@ -11,6 +11,7 @@ from primus.core.config.schema import registered_params
 from primus.core.devices import DEVICE_PARAM
 from primus.core.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
+from primus.core.projection import Job
 
 TESTED = ">=0.3,<0.4"  # the torchtitan versions Primus's patches were tested on
 
@@ -88,6 +89,16 @@ class TorchTitanAdapter(BackendAdapter):
         log_rank_0(
             f"[torchtitan] exported {source}" + (f" with {tokenizer}'s tokenizer" if copied else "")
         )
+
+    def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
+        from primus.backends.torchtitan.projection import training_job
+
+        return training_job(backend_args, gpus, applied)
+
+    def layout_overrides(self, job: Job) -> dict[str, Any]:
+        from primus.backends.torchtitan.projection import layout_overrides
+
+        return layout_overrides(job)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
         from primus.backends.torchtitan.checkpoints import inspect_checkpoint

@@ -1,0 +1,155 @@
+"""TorchTitan's jobs as the memory projection sees them (`primus.core.projection`).
+
+TorchTitan 0.3 wraps every model in FSDP2, on one GPU too: the parameters stay in
+`training.dtype` (fp32) as the optimizer's master copy, sharded over the data-parallel shard
+degree; each layer runs on a `mixed_precision_param` (bf16) copy gathered for its forward and
+backward; the sharded gradients are in the parameters' dtype, and so are AdamW's two moments
+(bf16 with `optimizer.implementation: fused_opt_states_bf16`). Hence 4 + 4 + 8 bytes a
+parameter, sharded as ZeRO stage 3 (a replicate degree above 1 keeps whole copies: stage 0).
+
+Its loss (`ChunkedLossWrapper`) runs the output layer and the cross-entropy over 1/`num_chunks`
+of the tokens at a time, forward and backward: upstream's cross-entropy keeps an fp32
+log-softmax of the chunk and, in its backward, two fp32 gradients (12 bytes a logit); a fused
+one (turbo's kernel, or the loss compiled) the bf16 logits and their gradient (4).
+
+What core's arithmetic cannot say yet (so the total is approximate, see the tests): TorchTitan's
+selective checkpointing is per op (it saves the matmuls' outputs but every second one, and the
+attention's: about 35 kB a layer and token for the 1B recipe, where core's selective counts
+76 kB); during the loss the output layer's fp32 gradient is accumulated unsharded over the
+chunks (about 14 bytes per vocabulary x hidden element with the gathered bf16 weight); a tied
+embedding leaves a stale fp32 shard behind (4 bytes each); and with CUDA graphs off the
+gradients are freed between steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from primus.core.errors import ConfigError
+from primus.core.projection import Job, Model, data_parallel
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# per logit of one chunk: upstream's fp32 log-softmax and its two fp32 gradients; fused: the
+# bf16 logits and their gradient
+LOSS_CHUNK_BYTES = {"upstream": 12, "fused": 4}
+TURBO = {"torchtitan.turbo_rms_norm", "torchtitan.turbo_swiglu", "torchtitan.turbo_cross_entropy"}
+FLASH = ("FlexAttention", "ScaledDotProductAttention", "VarlenAttention")
+RECOMPUTE = {"SelectiveAC": "selective", "FullAC": "full", "MemoryBudgetAC": "selective"}
+
+
+def model(config: Any) -> Model:
+    """The decoder `config.model_spec.model` describes (its first layer's shape for all)."""
+    spec = config.model_spec.model
+    layers = spec.layers
+    attention = layers[0].attention
+    qkv = attention.qkv_linear
+    projection = getattr(qkv, "wqkv", None) or qkv.wq  # fused, or the query's of three
+    heads = attention.n_heads
+    moe = next((layer.moe for layer in layers if getattr(layer, "moe", None)), None)
+    experts = moe.routed_experts.inner_experts if moe is not None else None
+    return Model(
+        layers=len(layers),
+        hidden=spec.dim,
+        heads=heads,
+        kv_heads=attention.n_kv_heads or heads,
+        head_dim=attention.head_dim or qkv.head_dim,
+        ffn=experts.hidden_dim if experts else layers[0].feed_forward.w1.out_features,
+        vocab=spec.vocab_size,
+        tied=bool(spec.enable_weight_tying),
+        qkv_bias=bool(projection.bias),
+        qk_norm=attention.qk_norm is not None,
+        experts=moe.num_experts if moe is not None else 0,
+        experts_per_token=moe.router.top_k if moe is not None else 0,
+    )
+
+
+def _data_parallel(parallelism: Any, gpus: int, tp: int, pp: int, cp: int) -> tuple[int, int]:
+    """(replicate, shard) degrees on `gpus` GPUs; a ConfigError when they do not fill them."""
+    dp = data_parallel(gpus, tp, pp, cp)
+    replicate, shard = (
+        parallelism.data_parallel_replicate_degree,
+        parallelism.data_parallel_shard_degree,
+    )
+    if shard == -1 and dp % replicate == 0:
+        shard = dp // replicate
+    if replicate * shard != dp:
+        shown = "-1 (the rest)" if parallelism.data_parallel_shard_degree == -1 else shard
+        raise ConfigError(
+            f"--gpus {gpus} leaves {dp} data-parallel ranks, not data_parallel_replicate_degree "
+            f"{replicate} x data_parallel_shard_degree {shown}",
+            hint=f"pass --gpus {replicate * max(shard, 1) * tp * pp * cp}",
+        )
+    return replicate, shard
+
+
+def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
+    """TorchTitan's `Trainer.Config` on `gpus` GPUs (the module docstring says what it keeps)."""
+    p, training = config.parallelism, config.training
+    tp, pp, cp, ep = (p.tensor_parallel_degree, p.pipeline_parallel_degree,
+                      p.context_parallel_degree, p.expert_parallel_degree)  # fmt: skip
+    replicate, shard = _data_parallel(p, gpus, tp, pp, cp)
+    if (shard * cp * tp) % ep:
+        raise ConfigError(f"expert_parallel_degree {ep} does not divide data_parallel_shard_degree "
+                          f"{shard} x context {cp} x tensor {tp}")  # fmt: skip
+    master = BYTES[training.dtype]
+    groups = config.optimizer.param_groups
+    moments = 2 if all(g.optimizer_name.startswith("Adam") for g in groups) else 1
+    moment_bytes = 2 if config.optimizer.implementation == "fused_opt_states_bf16" else master
+    compiled = config.compile.enable
+    fused = (compiled and "model" in config.compile.components) or applied >= TURBO
+    fused_loss = (compiled and "loss" in config.compile.components) or (
+        "torchtitan.turbo_cross_entropy" in applied
+    )
+    chunks = getattr(config.loss, "num_chunks", 1)
+    ac = config.activation_checkpoint
+    attention = type(config.model_spec.model.layers[0].attention.inner_attention).__qualname__
+    dp = replicate * shard
+    return Job(
+        model=model(config),
+        micro_batch=training.local_batch_size,
+        seq_len=training.seq_len,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        dp=dp,
+        weight_bytes=master,
+        grad_bytes=master,
+        optimizer_bytes=moments * moment_bytes,
+        zero=3 if replicate == 1 else 0,
+        activation_bytes=BYTES[training.mixed_precision_param],
+        sequence_parallel=tp > 1 and bool(p.enable_sequence_parallel),
+        flash_attention=attention.startswith(FLASH),
+        recompute="none" if ac is None else RECOMPUTE[type(ac).__qualname__.split(".")[0]],
+        logit_bytes=LOSS_CHUNK_BYTES["fused" if fused_loss else "upstream"] / chunks,
+        global_batch=(
+            training.global_batch_size
+            if training.global_batch_size > 0
+            else training.local_batch_size * dp
+        ),
+        fused_kernels=fused,
+        cuda_graphs=not training.disable_cuda_graphs and "torchtitan.cpu" not in applied,
+        overlap_grad_reduce=True,  # FSDP2 reduce-scatters each layer's gradients in the backward
+    )
+
+
+def layout_overrides(job: Job) -> dict[str, Any]:
+    """TorchTitan's keys for `job`'s layout (data-parallel sharding fills the rest; TorchTitan
+    captures no CUDA graph under pipeline parallelism)."""
+    keys: dict[str, Any] = {
+        "parallelism.tensor_parallel_degree": job.tp,
+        "parallelism.pipeline_parallel_degree": job.pp,
+        "parallelism.context_parallel_degree": job.cp,
+        "parallelism.expert_parallel_degree": job.ep,
+        # TorchTitan's default, moot without tensor parallelism
+        "parallelism.enable_sequence_parallel": job.sequence_parallel or job.tp == 1,
+        "training.local_batch_size": job.micro_batch,
+        # -1: one micro batch a data-parallel rank, no accumulation
+        "training.global_batch_size": (
+            -1 if job.global_batch in (0, job.micro_batch * job.dp) else job.global_batch
+        ),
+        "activation_checkpoint.mode": job.recompute,
+    }
+    if job.pp > 1:
+        keys["training.disable_cuda_graphs"] = True
+    return keys
