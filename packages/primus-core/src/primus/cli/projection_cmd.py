@@ -149,6 +149,7 @@ def performance(
     overrides to paste (docs/operations.md). Overrides may follow the options."""
     from dataclasses import asdict
 
+    from primus.core.errors import ConfigError
     from primus.core.performance import device_rates, measured_rates, project_step, rank_layouts
     from primus.core.projection import project
     from primus.core.runtime import PrimusRuntime
@@ -162,12 +163,17 @@ def performance(
     step = project_step(job, rates)
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
     typer.echo(_step(step, rates))
-    ranked = rank_layouts(job, gpus, rates)[:rank]
     configured = runtime.adapter.layout_overrides(job)
-    changes = []
-    for candidate in ranked:
-        keys = runtime.adapter.layout_overrides(candidate.job)
+    ranked, changes = [], []
+    for candidate in rank_layouts(job, gpus, rates) if rank else []:
+        try:
+            keys = runtime.adapter.layout_overrides(candidate.job)
+        except ConfigError:  # a layout this backend cannot run
+            continue
+        ranked.append(candidate)
         changes.append({k: v for k, v in keys.items() if configured.get(k) != v})
+        if len(ranked) == rank:
+            break
     if rank:
         typer.echo(f"\nlayouts on {gpus} GPUs that fit {rates.memory_gib:.0f} GiB, fastest first:")
         typer.echo(_ranking(ranked, changes))

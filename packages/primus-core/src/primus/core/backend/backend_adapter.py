@@ -54,8 +54,9 @@ class BackendAdapter(ABC):
     def __init__(self, framework: str) -> None:
         self.framework = framework
         # Set by the runtime before the config is converted when this process only converts a
-        # checkpoint (`primus checkpoint import|export`): the adapter may leave accelerators
-        # alone (no device start-up, no device libraries in memory).
+        # checkpoint (`primus checkpoint import|export`) or describes the job (`primus
+        # projection`, `primus benchmark --config`): the adapter may leave accelerators alone
+        # (no device start-up, no device libraries in memory).
         self.host_only = False
 
     # -- hooks the runtime calls, in this order -------------------------------------------
@@ -154,7 +155,8 @@ class BackendAdapter(ABC):
         """The experiment's keys and values that give `job`'s parallel layout, micro batch and
         recompute (`tp`, `pp`, `cp`, `ep`, `zero`, `micro_batch`, `sequence_parallel`,
         `recompute`), as `key=value` overrides: what `primus projection performance --gpus`
-        prints for a user to paste."""
+        prints for a user to paste. A ConfigError: the backend cannot run this layout (the
+        ranking leaves it out)."""
         raise ConfigError(f"the {self.framework} backend has no memory projection")
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:

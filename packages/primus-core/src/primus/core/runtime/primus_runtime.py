@@ -214,6 +214,7 @@ class PrimusRuntime:
     def training_job(self, gpus: int) -> Job:
         """The job on `gpus` GPUs as the projection and the benchmarks see it (the backend
         args built as a dry run builds them, its patches included)."""
+        self.adapter.host_only = True
         args = self.backend_args()
         applied = frozenset(o.id for o in self.runner.outcomes.values() if o.status == APPLIED)
         return self.adapter.training_job(args, gpus, applied)

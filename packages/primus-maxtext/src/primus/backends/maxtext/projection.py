@@ -164,6 +164,8 @@ def layout_overrides(job: Job) -> dict[str, Any]:
     """MaxText's keys for `job`'s layout (on one slice). The micro batches of a step are
     gradient accumulation steps, or with a pipeline its micro batches (MaxText splits each
     device's batch; the projection itself does not model MaxText's pipeline)."""
+    if job.recompute == "none":
+        raise ConfigError("MaxText rematerialises every layer: no remat policy keeps all")
     replicas = job.dp // job.ep
     count = job.global_batch // (job.micro_batch * job.dp) if job.global_batch else 1
     keys = {
@@ -176,7 +178,7 @@ def layout_overrides(job: Job) -> dict[str, Any]:
         "shard_optimizer_over_data": job.zero in (1, 2),
         "per_device_batch_size": job.micro_batch / (job.tp * job.cp),
         "gradient_accumulation_steps": count,
-        "remat_policy": "full" if job.recompute == "full" else "minimal",  # MaxText always remats
+        "remat_policy": "full" if job.recompute == "full" else "minimal",
     }
     if job.pp > 1:
         keys |= {"per_device_batch_size": job.micro_batch * count / (job.tp * job.pp * job.cp),
