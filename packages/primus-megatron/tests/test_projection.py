@@ -93,7 +93,7 @@ def projected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     for i, (_, _, overrides, gpus) in enumerate(MEASURED):
         command = [sys.executable, "-m", "primus.cli", "projection", "performance", "--config",
                    str(RECIPE), "--gpus", str(gpus), "--device", measured(i)["device"],
-                   "--rank", "0", "--json", str(folder / f"{i}.json"), *overrides]  # fmt: skip
+                   "--top", "0", "--json", str(folder / f"{i}.json"), *overrides]  # fmt: skip
         runs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     for run in runs:
         out, err = run.communicate(timeout=600)
@@ -123,7 +123,7 @@ def test_the_projected_step_is_within_15_percent_of_the_measured_one(
 def test_the_ranking_lists_layouts_that_fit_fastest_first_as_overrides(tmp_path: Path) -> None:
     out = tmp_path / "ranked.json"
     result = primus("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                    "--rank", "50", "--json", str(out), "turbo.enable=true")  # fmt: skip
+                    "--top", "50", "--json", str(out), "turbo.enable=true")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     ranked = json.loads(out.read_text())["ranked"]
     steps = [r["step_ms"]["step"] for r in ranked]
@@ -137,7 +137,7 @@ def test_the_ranking_lists_layouts_that_fit_fastest_first_as_overrides(tmp_path:
     again = tmp_path / "again.json"
     pasted = [f"{k}={json.dumps(v)}" for k, v in ranked[0]["overrides"].items()]
     result = primus("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                    "--rank", "0", "--json", str(again), "turbo.enable=true", *pasted)  # fmt: skip
+                    "--top", "0", "--json", str(again), "turbo.enable=true", *pasted)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     # (Megatron pads the vocabulary for the TP size; the ranking keeps the configured padding)
     step = json.loads(again.read_text())["step_ms"]["step"]

@@ -131,13 +131,13 @@ def test_the_total_lies_between_the_allocated_and_the_reserved_peak(
 def test_the_ranked_layouts_pasted_give_their_layout(tmp_path: Path) -> None:
     ranked_json, again = tmp_path / "ranked.json", tmp_path / "again.json"
     finished(cli("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                 "--rank", "20", "--json", str(ranked_json)))  # fmt: skip
+                 "--top", "20", "--json", str(ranked_json)))  # fmt: skip
     ranked = json.loads(ranked_json.read_text())["ranked"]
     assert len(ranked) > 5
     row = next(r for r in ranked if r["overrides"].get("parallelism.tensor_parallel_degree"))
     pasted = [f"{k}={json.dumps(v)}" for k, v in row["overrides"].items()]
     finished(cli("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                 "--rank", "0", "--json", str(again), *pasted))  # fmt: skip
+                 "--top", "0", "--json", str(again), *pasted))  # fmt: skip
     assert json.loads(again.read_text())["step_ms"] == row["step_ms"]
 
 

@@ -136,8 +136,13 @@ def performance(
             "files measured on the device: their rates replace the table's.",
         ),
     ] = None,
-    rank: Annotated[
-        int, typer.Option("--rank", min=0, help="Also rank this many layouts that fit --gpus.")
+    top: Annotated[
+        int,
+        typer.Option(
+            "--top",
+            min=0,
+            help="Also list this many of the layouts that fit --gpus, fastest first (0: none).",
+        ),
     ] = 10,
     json_path: JsonPath = None,
     module: Module = None,
@@ -165,16 +170,16 @@ def performance(
     typer.echo(_step(step, rates))
     configured = runtime.adapter.layout_overrides(job)
     ranked, changes = [], []
-    for candidate in rank_layouts(job, gpus, rates) if rank else []:
+    for candidate in rank_layouts(job, gpus, rates) if top else []:
         try:
             keys = runtime.adapter.layout_overrides(candidate.job)
         except ConfigError:  # a layout this backend cannot run
             continue
         ranked.append(candidate)
         changes.append({k: v for k, v in keys.items() if configured.get(k) != v})
-        if len(ranked) == rank:
+        if len(ranked) == top:
             break
-    if rank:
+    if top:
         typer.echo(f"\nlayouts on {gpus} GPUs that fit {rates.memory_gib:.0f} GiB, fastest first:")
         typer.echo(_ranking(ranked, changes))
     if json_path is not None:
