@@ -52,6 +52,25 @@ def test_verdict_names_the_outlier_and_leaves_unmeasured_figures_out() -> None:
     assert "| 2 SLOW | n1 |" in render_markdown(report)
 
 
+def test_an_ecc_fault_fails_the_job_and_a_throttled_clock_is_an_outlier() -> None:
+    ranks = [
+        {"rank": r, "host": f"n{r}", "gemm_tflops": 700.0, "sm_clock_mhz": clock,
+         "ecc_errors": ecc, "clock_limits": limits}
+        for r, (clock, ecc, limits) in enumerate(
+            [(1980, 0, ""), (1980, 3, ""), (1200, 0, "thermal (hardware)"), (1975, None, "")]
+        )
+    ]  # fmt: skip
+    report = verdict(ranks, {"bytes": 4 << 20}, tolerance_pct=20)
+    assert report["faults"] == [{"rank": 1, "host": "n1", "ecc_errors": 3}]
+    assert [(o["metric"], o["rank"]) for o in report["outliers"]] == [("sm_clock_mhz", 2)]
+    table = render_table(report)
+    assert "1 FAULT" in table and "2 SLOW" in table and "preflight: FAIL" in table
+    assert "fault: rank 1 (n1) has 3 uncorrected ECC errors" in table
+    assert "note: rank 2 (n2) clock held by thermal (hardware)" in table
+    healthy = verdict([dict(r, ecc_errors=0, sm_clock_mhz=1980) for r in ranks], {}, 20)
+    assert healthy["passed"] and healthy["faults"] == []
+
+
 def _job(tmp_path: Path, **env: str) -> tuple[int, str, dict]:
     """A 3-rank gloo job through torchrun. Tolerance 50: three processes on a loaded 2-core
     machine are noisy, while the slow rank is 90% below the median."""
@@ -67,10 +86,14 @@ def _job(tmp_path: Path, **env: str) -> tuple[int, str, dict]:
 
 @pytest.mark.slow
 def test_a_slow_rank_is_caught(tmp_path: Path) -> None:
-    code, out, report = _job(tmp_path, PRIMUS_PREFLIGHT_SLOW_RANK="2")
+    code, out, report = _job(
+        tmp_path, PRIMUS_PREFLIGHT_SLOW_RANK="2", PRIMUS_PREFLIGHT_ECC_RANK="1"
+    )
     assert code == 1, out
     assert [(o["metric"], o["rank"]) for o in report["outliers"]] == [("gemm_tflops", 2)]
     assert "outlier: rank 2 " in out and "preflight: FAIL" in out
+    assert [f["rank"] for f in report["faults"]] == [1]  # the ECC hook, NVML absent on CPU
+    assert "fault: rank 1 " in out
     assert report["passed"] is False
 
 
@@ -78,7 +101,8 @@ def test_a_slow_rank_is_caught(tmp_path: Path) -> None:
 def test_a_healthy_job_passes_with_one_row_a_rank(tmp_path: Path) -> None:
     code, out, report = _job(tmp_path)
     assert code == 0, out
-    assert report["passed"] is True and report["outliers"] == []
+    assert report["passed"] is True and report["outliers"] == report["faults"] == []
+    assert all(r["ecc_errors"] is None for r in report["ranks"])  # no GPU: NVML cannot say
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
     assert all(r["gemm_tflops"] > 0 for r in report["ranks"])
     assert report["ranks"][0]["disk_write_mbs"] > 0  # once a node: local rank 0

@@ -1,6 +1,7 @@
-"""`primus preflight`'s checks, run in every rank of the job: the device, host memory and CPU,
-the workspace's free disk and write speed (once a node), GEMM TFLOP/s, and the all-reduce and
-all-gather bus bandwidth over all ranks. torch is imported only inside `run`.
+"""`primus preflight`'s checks, run in every rank of the job: the device and its health (ECC
+errors, clocks: `gpu_health`), host memory and CPU, the workspace's free disk and write speed
+(once a node), GEMM TFLOP/s, and the all-reduce and all-gather bus bandwidth over all ranks.
+torch is imported only inside `run`.
 
 Test hook: PRIMUS_PREFLIGHT_SLOW_RANK=R makes rank R's GEMM ten times slower on purpose (it
 sleeps nine times the matmul's time inside the timed region), so that a test sees an outlier
@@ -19,6 +20,7 @@ from typing import Any
 from primus.core.benchmark import bus_factor, process_group, time_collective, timed
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
+from primus.core.gpu_health import gpu_health
 
 SLOW_RANK = "PRIMUS_PREFLIGHT_SLOW_RANK"
 PROBE_BYTES = 64 << 20  # the disk write probe
@@ -110,6 +112,12 @@ def _device_info(torch: Any, cuda: bool) -> dict[str, Any]:
     }
 
 
+def _pci_bus(torch: Any) -> str:
+    """The PCI address of this rank's GPU, as NVML names it (CUDA's indices may be remapped)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+
+
 def _timed(torch: Any, cuda: bool, fn: Any, repeats: int) -> list[float]:
     """Seconds of each of `repeats` calls of `fn`, after one warm-up call (`benchmark.timed`)."""
     return [ms / 1e3 for ms in timed(torch, cuda, fn, repeats, warmup=1)]
@@ -161,6 +169,7 @@ def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
             if cuda or turn == env.rank:
                 figures["gemm_tflops"] = gemm_tflops(torch, cuda, slow)
             dist.barrier()
+        figures |= gpu_health(_pci_bus(torch) if cuda else None, env.rank)  # clocks under load
         figures |= {"disk_free_gib": None, "disk_write_mbs": None}
         if env.local_rank == 0:  # the disk is the node's: measured once
             figures |= disk_write(workspace)

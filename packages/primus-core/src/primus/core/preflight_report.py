@@ -7,7 +7,11 @@ import statistics
 from typing import Any
 
 # The per-rank figures where higher is better, each compared with the job's median.
-COMPARED = {"gemm_tflops": "GEMM TFLOP/s", "disk_write_mbs": "disk write MB/s"}
+COMPARED = {
+    "gemm_tflops": "GEMM TFLOP/s",
+    "disk_write_mbs": "disk write MB/s",
+    "sm_clock_mhz": "SM clock MHz (under load)",
+}
 COLUMNS = {  # key: header, for the table's columns in order
     "rank": "rank",
     "host": "host",
@@ -17,6 +21,8 @@ COLUMNS = {  # key: header, for the table's columns in order
     "disk_free_gib": "disk GiB free",
     "disk_write_mbs": "write MB/s",
     "gemm_tflops": "GEMM TFLOP/s",
+    "sm_clock_mhz": "SM MHz",
+    "ecc_errors": "ECC errors",
 }
 
 
@@ -47,12 +53,18 @@ def verdict(ranks: list[dict[str, Any]], collectives: dict[str, Any], tolerance_
                 {"metric": key, "rank": row["rank"], "host": row["host"], "value": values[i],
                  "median": medians[key], "below_pct": round(below, 1)}
             )  # fmt: skip
+    faults = [
+        {"rank": r["rank"], "host": r["host"], "ecc_errors": r["ecc_errors"]}
+        for r in ranks
+        if r.get("ecc_errors")
+    ]
     return {
-        "passed": not found,
+        "passed": not found and not faults,
         "world_size": len(ranks),
         "tolerance_pct": tolerance_pct,
         "medians": medians,
         "outliers": found,
+        "faults": faults,
         "collectives": collectives,
         "ranks": ranks,
     }
@@ -67,9 +79,10 @@ def _cell(value: Any) -> str:
 
 
 def _rows(report: dict) -> list[list[str]]:
-    slow = {o["rank"] for o in report["outliers"]}
+    marks = {o["rank"]: " SLOW" for o in report["outliers"]}
+    marks |= {f["rank"]: " FAULT" for f in report["faults"]}
     return [
-        [_cell(r.get(key)) + (" SLOW" if key == "rank" and r["rank"] in slow else "")
+        [_cell(r.get(key)) + (marks.get(r["rank"], "") if key == "rank" else "")
          for key in COLUMNS]
         for r in report["ranks"]
     ]  # fmt: skip
@@ -89,6 +102,14 @@ def _summary(report: dict) -> list[str]:
             f"outlier: rank {o['rank']} ({o['host']}) {COMPARED[o['metric']]} {_cell(o['value'])}"
             f" is {o['below_pct']}% below the median {_cell(o['median'])}"
         )
+    for f in report["faults"]:
+        lines.append(
+            f"fault: rank {f['rank']} ({f['host']}) has {f['ecc_errors']} uncorrected ECC "
+            "errors since its driver loaded: drain its node"
+        )
+    for r in report["ranks"]:
+        if r.get("clock_limits"):
+            lines.append(f"note: rank {r['rank']} ({r['host']}) clock held by {r['clock_limits']}")
     result = "PASS" if report["passed"] else "FAIL"
     lines.append(f"preflight: {result} (tolerance {report['tolerance_pct']:g}% below the median)")
     return lines
