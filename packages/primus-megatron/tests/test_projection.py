@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,9 @@ import pytest
 
 from primus.backends.megatron.projection import training_job
 from primus.core.patches import restore_all
-from primus.core.projection import GIB, project
+from primus.core.performance import device_rates, project_step
+from primus.core.projection import GIB, Job, project
+from primus.core.runtime import PrimusRuntime
 from primus.core.testing.runs import preset_args, primus
 
 ROOT = Path(__file__).parents[3]
@@ -85,21 +86,28 @@ def measured(case: int) -> dict[str, Any]:
     return record[variant] | {"device": record["device"]}
 
 
+def training_job_of(overrides: list[str], gpus: int) -> Job:
+    """The job `primus projection` sees for the recipe with `overrides`, built in this process
+    (the CLI's path is `test_the_ranking_...`'s); the environment and the patched names are put
+    back afterwards."""
+    saved = dict(os.environ)
+    try:
+        return PrimusRuntime(RECIPE, overrides).training_job(gpus)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        restore_all()
+
+
 @pytest.fixture(scope="module")
-def projected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """`primus projection performance --json` (memory and step) of each measured run."""
-    folder = tmp_path_factory.mktemp("projections")
+def projected() -> list[dict[str, Any]]:
+    """The projected memory and step of each measured run, on the run's device."""
     runs = []
     for i, (_, _, overrides, gpus) in enumerate(MEASURED):
-        command = [sys.executable, "-m", "primus.cli", "projection", "performance", "--config",
-                   str(RECIPE), "--gpus", str(gpus), "--device", measured(i)["device"],
-                   "--top", "0", "--json", str(folder / f"{i}.json"), *overrides]  # fmt: skip
-        runs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    for run in runs:
-        out, err = run.communicate(timeout=600)
-        assert run.returncode == 0, err.decode()[-3000:]
-        assert b"tokens/s/GPU" in out
-    return [json.loads((folder / f"{i}.json").read_text()) for i in range(len(MEASURED))]
+        job = training_job_of(overrides, gpus)
+        step = project_step(job, device_rates(measured(i)["device"]))
+        runs.append({"memory_bytes": project(job).as_dict(), "step_ms": step.as_dict()})
+    return runs
 
 
 @pytest.mark.parametrize("case", range(len(MEASURED)), ids=IDS)
