@@ -113,6 +113,37 @@ def test_a_healthy_job_passes_with_one_row_a_rank(tmp_path: Path) -> None:
     assert "preflight: PASS" in out
 
 
+@pytest.mark.slow
+def test_a_node_with_slow_links_is_caught_by_its_bandwidth_within_the_node(tmp_path: Path) -> None:
+    """Two launchers of two gloo workers each, as two nodes on this host; node 1's all-reduce
+    within the node made ten times slower (PRIMUS_PREFLIGHT_SLOW_NODE)."""
+    import os
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = os.environ | {"PRIMUS_PREFLIGHT_SLOW_NODE": "1"}
+
+    def launcher(node: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "primus.cli", "preflight", "--nnodes", "2",
+                   "--node-rank", str(node), "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", port, "--workspace", str(tmp_path / f"n{node}"),
+                   "--json", "r.json", "--tolerance", "50"]  # fmt: skip
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+
+    nodes = [launcher(0), launcher(1)]
+    out, err = nodes[0].communicate(timeout=300)
+    nodes[1].communicate(timeout=60)
+    assert nodes[0].returncode == 1, err[-3000:]
+    report = json.loads((tmp_path / "n0" / "r.json").read_text())
+    within = [r["node_busbw_gbs"] for r in report["ranks"]]
+    assert within[1] is None and within[3] is None  # measured once a node, by local rank 0
+    assert within[0] > 0 and within[2] > 0
+    assert [(o["metric"], o["rank"]) for o in report["outliers"]] == [("node_busbw_gbs", 2)]
+    assert "outlier: rank 2 " in out and "within the node" in out
+
+
 @pytest.mark.parametrize("case", ["tolerance", "workspace"])
 def test_bad_input_is_one_error_line(tmp_path: Path, case: str) -> None:
     (tmp_path / "file").write_text("")

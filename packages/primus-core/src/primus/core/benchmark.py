@@ -245,18 +245,19 @@ def bus_factor(op: str, ranks: int) -> float:
 
 
 def time_collective(
-    torch: Any, cuda: bool, op: str, nbytes: int, repeats: int, warmup: int
+    torch: Any, cuda: bool, op: str, nbytes: int, repeats: int, warmup: int, group: Any = None
 ) -> float:
     """The median milliseconds of collective `op` on `nbytes` (the whole tensor) over every
-    rank of the default process group."""
+    rank of `group` (default: the default process group)."""
     dist = torch.distributed
-    ranks = dist.get_world_size()
+    ranks = dist.get_world_size(group)
     full = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
     part = full[: full.numel() // ranks].clone()
+    whole = full[: part.numel() * ranks]
     calls = {
-        "all_reduce": partial(dist.all_reduce, full),
-        "all_gather": partial(dist.all_gather_into_tensor, full[: part.numel() * ranks], part),
-        "reduce_scatter": partial(dist.reduce_scatter_tensor, part, full[: part.numel() * ranks]),
+        "all_reduce": partial(dist.all_reduce, full, group=group),
+        "all_gather": partial(dist.all_gather_into_tensor, whole, part, group=group),
+        "reduce_scatter": partial(dist.reduce_scatter_tensor, part, whole, group=group),
     }
     return statistics.median(timed(torch, cuda, calls[op], repeats, warmup))
 

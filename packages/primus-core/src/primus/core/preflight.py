@@ -1,11 +1,13 @@
 """`primus preflight`'s checks, run in every rank of the job: the device and its health (ECC
 errors, clocks: `gpu_health`), host memory and CPU, the workspace's free disk and write speed
-(once a node), GEMM TFLOP/s, and the all-reduce and all-gather bus bandwidth over all ranks.
+(once a node), GEMM TFLOP/s, the all-reduce and all-gather bus bandwidth over all ranks, and
+the all-reduce's within each node.
 torch is imported only inside `run`.
 
-Test hook: PRIMUS_PREFLIGHT_SLOW_RANK=R makes rank R's GEMM ten times slower on purpose (it
-sleeps nine times the matmul's time inside the timed region), so that a test sees an outlier
-caught, clear of a loaded machine's noise.
+Test hooks: PRIMUS_PREFLIGHT_SLOW_RANK=R makes rank R's GEMM ten times slower on purpose (it
+sleeps nine times the matmul's time inside the timed region), PRIMUS_PREFLIGHT_SLOW_NODE=N
+node N's all-reduce (its time counted ten times), so that a test sees an outlier caught, clear
+of a loaded machine's noise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from primus.core.folders import unwritable
 from primus.core.gpu_health import gpu_health
 
 SLOW_RANK = "PRIMUS_PREFLIGHT_SLOW_RANK"
+SLOW_NODE = "PRIMUS_PREFLIGHT_SLOW_NODE"
 PROBE_BYTES = 64 << 20  # the disk write probe
 GIB = 1 << 30
 
@@ -156,6 +159,26 @@ def collectives(torch: Any, cuda: bool, world_size: int, repeats: int = 5) -> di
     return figures
 
 
+def node_bandwidth(torch: Any, cuda: bool, env: Any, slow: bool, repeats: int = 5) -> float | None:
+    """The all-reduce bus bandwidth (GB/s) within this rank's node, every node at once, on its
+    local rank 0; None elsewhere, and for a job of one node or one process a node. Nodes are
+    torchrun's and Slurm's blocks of `local_world_size` consecutive ranks."""
+    per_node = env.local_world_size
+    nodes = env.world_size // per_node
+    if nodes < 2 or per_node < 2:
+        return None
+    dist = torch.distributed
+    groups = [dist.new_group(list(range(n * per_node, (n + 1) * per_node))) for n in range(nodes)]
+    nbytes = (256 if cuda else 4) << 20
+    began = time.perf_counter()
+    ms = time_collective(torch, cuda, "all_reduce", nbytes, repeats, warmup=1,
+                         group=groups[env.rank // per_node])  # fmt: skip
+    if slow:  # the test hook: this node's links ten times slower
+        ms += 9 * (time.perf_counter() - began) * 1e3 / (repeats + 1)
+    busbw = nbytes / (ms / 1e3) * bus_factor("all_reduce", per_node) / 1e9
+    return busbw if env.local_rank == 0 else None
+
+
 def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """Run the checks in this rank (torchrun's or Slurm's environment, else a lone process):
     on rank 0, every rank's figures (rank order) and the collectives; None on the others.
@@ -175,6 +198,8 @@ def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
             figures |= disk_write(workspace)
         dist.barrier()
         job = collectives(torch, cuda, env.world_size)
+        slow_node = os.environ.get(SLOW_NODE) == str(env.rank // env.local_world_size)
+        figures["node_busbw_gbs"] = node_bandwidth(torch, cuda, env, slow_node)
         everyone: list[Any] = [None] * env.world_size
         dist.all_gather_object(everyone, figures)
         return (everyone, job) if env.rank == 0 else None

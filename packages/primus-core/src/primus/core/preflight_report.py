@@ -11,6 +11,7 @@ COMPARED = {
     "gemm_tflops": "GEMM TFLOP/s",
     "disk_write_mbs": "disk write MB/s",
     "sm_clock_mhz": "SM clock MHz (under load)",
+    "node_busbw_gbs": "all-reduce GB/s within the node",
 }
 COLUMNS = {  # key: header, for the table's columns in order
     "rank": "rank",
@@ -23,6 +24,7 @@ COLUMNS = {  # key: header, for the table's columns in order
     "gemm_tflops": "GEMM TFLOP/s",
     "sm_clock_mhz": "SM MHz",
     "ecc_errors": "ECC errors",
+    "node_busbw_gbs": "node GB/s",
 }
 
 
