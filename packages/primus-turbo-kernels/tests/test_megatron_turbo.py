@@ -5,6 +5,7 @@ kernels running through Triton's interpreter in the training process.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,20 @@ def test_pretraining_on_a_gpu_replays_each_iteration_as_one_cuda_graph(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"cuda_graph_impl: {graphs}\n" in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_replaying_cuda_graphs_exit_after_their_last_step(tmp_path: Path) -> None:
+    """Data parallel 2 with the distributed optimizer: the graphs captured NCCL work, and the
+    process group's destruction hung until they were reset (pytorch/pytorch#115388)."""
+    command = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
+               str(GPU_RECIPE), "--nproc-per-node", "2", "turbo.enable=true",
+               "use_distributed_optimizer=true", "train_iters=6", "lr_warmup_iters=1"]  # fmt: skip
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(tmp_path)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cuda_graph_impl='full_iteration'" in result.stdout + result.stderr
 
 
 def test_fine_tuning_keeps_cuda_graphs_off(tmp_path: Path) -> None:

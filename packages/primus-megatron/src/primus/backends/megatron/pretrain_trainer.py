@@ -56,7 +56,29 @@ class MegatronPretrainTrainer(BaseTrainer):
     def cleanup(self, on_error: bool = False) -> None:
         import torch.distributed as dist
 
+        release_cuda_graphs()
         if dist.is_available() and dist.is_initialized():
             if not on_error:
                 dist.barrier()
             dist.destroy_process_group()
+
+
+def release_cuda_graphs() -> None:
+    """Reset Megatron's full-iteration CUDA graphs (turbo.cuda_graphs). A graph that captured
+    NCCL work keeps the communicator busy: destroying the process group before it hangs in
+    ncclCommDestroy (pytorch/pytorch#115388); seen on two H200s, data parallel 2, the process
+    never exiting after its last step."""
+    import sys
+
+    module = sys.modules.get("megatron.core.full_cuda_graph")
+    if module is None:  # no graph was ever built
+        return
+    graphs = module.FullCudaGraphWrapper.cuda_graph
+    captured = [stage for stage, graph in graphs.items() if graph is not None]
+    if captured:
+        import torch
+
+        torch.cuda.synchronize()
+    for stage in captured:
+        graphs[stage].reset()
+        graphs[stage] = None
