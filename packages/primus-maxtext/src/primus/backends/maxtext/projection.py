@@ -160,6 +160,11 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
     )
 
 
+def _sequences(sequences: int, devices: int) -> int | float:
+    """Sequences per device: a whole number as an int (a share below one stays a fraction)."""
+    return sequences // devices if sequences % devices == 0 else sequences / devices
+
+
 def layout_overrides(job: Job) -> dict[str, Any]:
     """MaxText's keys for `job`'s layout (on one slice). The micro batches of a step are
     gradient accumulation steps, or with a pipeline its micro batches (MaxText splits each
@@ -176,11 +181,12 @@ def layout_overrides(job: Job) -> dict[str, Any]:
         "ici_fsdp_parallelism": replicas if job.zero >= 3 else 1,
         "ici_data_parallelism": 1 if job.zero >= 3 else replicas,
         "shard_optimizer_over_data": job.zero in (1, 2),
-        "per_device_batch_size": job.micro_batch / (job.tp * job.cp),
+        "per_device_batch_size": _sequences(job.micro_batch, job.tp * job.cp),
         "gradient_accumulation_steps": count,
         "remat_policy": "full" if job.recompute == "full" else "minimal",
     }
     if job.pp > 1:
-        keys |= {"per_device_batch_size": job.micro_batch * count / (job.tp * job.pp * job.cp),
-                 "gradient_accumulation_steps": 1, "num_pipeline_microbatches": count}  # fmt: skip
+        per_device = _sequences(job.micro_batch * count, job.tp * job.pp * job.cp)
+        keys |= {"per_device_batch_size": per_device, "gradient_accumulation_steps": 1,
+                 "num_pipeline_microbatches": count}  # fmt: skip
     return keys
