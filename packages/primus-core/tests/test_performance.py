@@ -41,6 +41,16 @@ def test_gemms_and_flash_attention_by_hand() -> None:
     assert step.tensor_parallel == step.data_parallel == step.pipeline_bubble == 0
 
 
+def test_an_moe_token_runs_the_mlp_of_each_expert_it_picks() -> None:
+    moe = replace(MODEL, experts=8, experts_per_token=2)
+    dense, routed = project_step(JOB, H100), project_step(replace(JOB, model=moe), H100)
+    tokens = 2 * 2048
+    mlp = 2 * tokens * 1024 * (2 * 4096 + 4096)  # up (gate and up) and down, one expert
+    extra = 3 * 4 * mlp * 8 / (H100.gemm_tflops * 1e12) * 1e3  # a second expert: 4 layers, 8
+    assert routed.gemm == pytest.approx(dense.gemm + extra)  # micro batches, forward + backward
+    assert routed.memory_bound > dense.memory_bound
+
+
 def test_full_recompute_runs_each_forward_again() -> None:
     plain, full = project_step(JOB, H100), project_step(replace(JOB, recompute="full"), H100)
     assert full.gemm == pytest.approx(plain.gemm * 4 / 3)

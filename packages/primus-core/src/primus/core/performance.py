@@ -5,7 +5,8 @@ its memory-bound kernels and collectives move, and the rates of the GPU
 A roofline, term by term, for one GPU of the job (the most loaded pipeline stage):
 
 - GEMMs: the forward GEMMs of `primus benchmark gemm --config` (three times over: forward,
-  the input gradient, the weight gradient; four with full recompute) at the GEMM rate;
+  the input gradient, the weight gradient; four with full recompute; an MoE layer's MLP once
+  for each expert a token picks) at the GEMM rate; not modelled: MoE's token exchange;
 - attention: with a flash kernel, the forward's FLOPs (causal: half the score matrix) and the
   backward's 2.5 times as many at the attention rate (the forward again under recompute);
   without one, the score GEMMs at the GEMM rate and the score matrix's passes (scale, mask,
@@ -167,7 +168,9 @@ def project_step(job: Job, rates: Rates) -> StepTime:
     layers = m.layers // job.pp
     tokens = job.micro_batch * job.seq_len / job.cp
     gemms = job_gemms(job)
-    layer_flops = sum(g.flops for g in gemms if g.name != "logits")
+    routed = max(1, m.experts_per_token)  # an MoE token runs the MLP of each expert it picks
+    layer_flops = sum(g.flops * (routed if g.name.startswith("mlp") else 1) for g in gemms
+                      if g.name != "logits")  # fmt: skip
     logits_flops = next(g.flops for g in gemms if g.name == "logits")
     gemm_flops = 3 * (layers * layer_flops + logits_flops) * count  # the last stage's
     model_flops = 3 * (layers * layer_flops + logits_flops / job.pp) * count  # a GPU's share
@@ -190,7 +193,9 @@ def project_step(job: Job, rates: Rates) -> StepTime:
 
     q_kv = (m.heads + 2 * m.kv_heads) * m.head_dim / job.tp
     split = job.tp if job.sequence_parallel else 1
-    elements = FUSED_HIDDEN * m.hidden / split + (FUSED_FFN * m.ffn + FUSED_QKV * q_kv) / job.tp
+    elements = (
+        FUSED_HIDDEN * m.hidden / split + (FUSED_FFN * m.ffn * routed + FUSED_QKV * q_kv) / job.tp
+    )
     elements *= 1 if job.fused_kernels else UNFUSED_FACTOR
     streamed = tokens * layers * elements * job.activation_bytes
     streamed += tokens * m.vocab / job.tp * LOSS_BYTES[job.fused_kernels]
