@@ -73,6 +73,15 @@ def test_data_parallel_gradients_are_exposed_unless_overlapped() -> None:
     assert project_step(replace(job, overlap_grad_reduce=True), H100).data_parallel == 0
 
 
+@pytest.mark.parametrize("dp", [1, 4])
+def test_fsdp_casts_each_gpus_shard_of_fp32_weights_for_both_gathers(dp: int) -> None:
+    fp32 = replace(JOB, weight_bytes=4, grad_bytes=4, dp=dp, global_batch=16 * dp)
+    sharded, whole = project_step(replace(fp32, zero=3), H100), project_step(fp32, H100)
+    shard = project(fp32).parameters_per_gpu / dp
+    cast_ms = 2 * shard * (4 + 2) * 8 / (H100.memory_gbs * 1e9) * 1e3  # 8 micro batches
+    assert sharded.memory_bound - whole.memory_bound == pytest.approx(cast_ms)
+
+
 def test_a_pipeline_idles_pp_minus_one_micro_batches() -> None:
     step = project_step(replace(JOB, pp=2, host_ms_per_layer=0.0), H100)
     per_micro_batch = (step.gemm + step.attention + step.memory_bound + step.kernel_gaps) / 8

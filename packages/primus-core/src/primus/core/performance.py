@@ -14,7 +14,8 @@ A roofline, term by term, for one GPU of the job (the most loaded pipeline stage
 - memory-bound kernels at the memory bandwidth: per layer and token, norms, residual adds,
   rotary embedding, SwiGLU and layout copies (unfused: each op its own pass), the loss's
   logits, gradients accumulated in a wider type than the weights (each micro batch), FSDP's
-  casts of wider weights for the forward and the backward, the optimizer's step;
+  casts of each GPU's shard of wider weights for the forward's and the backward's gathers, the
+  optimizer's step;
 - collectives at the bus bandwidth: tensor parallelism's activations (exposed), the data
   parallel gradient reduction (exposed unless overlapped with the backward);
 - a 1F1B pipeline's bubble, (pp - 1) micro batches;
@@ -204,7 +205,7 @@ def project_step(job: Job, rates: Rates) -> StepTime:
     streamed *= (2 + forwards) / 3
     if job.zero >= 3 and job.weight_bytes > job.activation_bytes:  # cast for forward and backward
         streamed += (
-            2 * memory.parameters_per_gpu * job.dp * (job.weight_bytes + job.activation_bytes)
+            2 * memory.parameters_per_gpu / job.dp * (job.weight_bytes + job.activation_bytes)
         )
     memory_ms = _ms(streamed * count, rates.memory_gbs * 1e9)
     sharded = memory.parameters_per_gpu / (job.dp if job.zero >= 1 else 1)
