@@ -14,10 +14,10 @@ from primus.core.errors import ConfigError
 from primus.core.performance import (
     HEADROOM,
     device_rates,
-    measured_rates,
     micro_batches,
     project_step,
     rank_layouts,
+    rates_for,
 )
 from primus.core.projection import GIB, Job, Model, project
 
@@ -136,21 +136,25 @@ def test_measured_rates_replace_the_tables(tmp_path: Path) -> None:
     rows = [{"op": "all_reduce", "busbw_gbs": 300.0}, {"op": "all_gather", "busbw_gbs": 999.0},
             {"op": "all_reduce", "busbw_gbs": 350.0}]  # fmt: skip
     buses.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "ranks": 8, "rows": rows}))
-    rates = measured_rates(H100, [gemms, buses])
+    rates = rates_for("NVIDIA H100 80GB HBM3", [gemms, buses])
     assert rates.gemm_tflops == pytest.approx((600 * 1 + 700 * 3) / 4)  # weighted by time
     assert rates.bus_gbs == 350.0 and rates.attention_tflops == H100.attention_tflops
     assert "measured (bus_gbs, gemm_tflops)" in rates.source
+    assert rates_for(None, [gemms]).device == "NVIDIA H100 80GB HBM3"  # the files' device
+    assert rates_for(None, []).source == "device table" and rates_for(None, []).device == "H100"
 
 
 def test_rates_measured_on_another_device_are_refused(tmp_path: Path) -> None:
     other = _benchmark_json(tmp_path / "g.json", "NVIDIA H200", [("qkv", 1.0, 600.0)])
     with pytest.raises(ConfigError, match="measured on 'NVIDIA H200', not on 'NVIDIA H100"):
-        measured_rates(H100, [other])
+        rates_for("NVIDIA H100 80GB HBM3", [other])
     one_rank = tmp_path / "c.json"
     rows = [{"op": "all_reduce", "busbw_gbs": 0.0}]
     one_rank.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "ranks": 1, "rows": rows}))
     with pytest.raises(ConfigError, match="collectives over one rank say nothing of the bus"):
-        measured_rates(H100, [one_rank])
+        rates_for("H100", [one_rank])
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a primus benchmark JSON"):
-        measured_rates(H100, [tmp_path / "bad.json"])
+        rates_for("H100", [tmp_path / "bad.json"])
+    with pytest.raises(ConfigError, match="not a primus benchmark JSON"):  # its device unread
+        rates_for(None, [tmp_path / "bad.json"])

@@ -155,20 +155,17 @@ def performance(
     from dataclasses import asdict
 
     from primus.core.errors import ConfigError
-    from primus.core.performance import device_rates, measured_rates, project_step, rank_layouts
+    from primus.core.performance import project_step, rank_layouts, rates_for
     from primus.core.projection import project
     from primus.core.runtime import PrimusRuntime
 
-    files = list(measured or [])
-    if device is None:
-        device = json.loads(files[0].read_text()).get("device", "H100") if files else "H100"
-    rates = measured_rates(device_rates(device), files) if files else device_rates(device)
+    rates = rates_for(device, list(measured or []))
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
     job = runtime.training_job(gpus)
     step = project_step(job, rates)
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
     typer.echo(_step(step, rates))
-    configured = runtime.adapter.layout_overrides(job)
+    configured = runtime.adapter.layout_overrides(job) if top else {}
     ranked, changes = [], []
     for candidate in rank_layouts(job, gpus, rates) if top else []:
         try:

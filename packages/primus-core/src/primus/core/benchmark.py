@@ -244,6 +244,11 @@ def bus_factor(op: str, ranks: int) -> float:
     return (2 if op == "all_reduce" else 1) * (ranks - 1) / ranks
 
 
+def bus_gbs(op: str, nbytes: int, ms: float, ranks: int) -> float:
+    """nccl-tests' bus bandwidth (GB/s) of `op` on `nbytes` (the whole tensor) in `ms`."""
+    return nbytes / (ms / 1e3) * bus_factor(op, ranks) / 1e9
+
+
 def time_collective(
     torch: Any, cuda: bool, op: str, nbytes: int, repeats: int, warmup: int, group: Any = None
 ) -> float:

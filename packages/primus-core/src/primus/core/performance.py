@@ -33,6 +33,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from itertools import product
 from pathlib import Path
+from typing import Any
 
 from primus.core.benchmark import job_attention, job_gemms
 from primus.core.errors import ConfigError
@@ -86,17 +87,32 @@ def device_rates(device: str) -> Rates:
     raise ConfigError(f"no rates for device '{device}'", hint=f"pass --device one of {known}")
 
 
-def measured_rates(rates: Rates, files: list[Path]) -> Rates:
-    """`rates` with what `primus benchmark gemm|attention|collectives --json` measured on the
-    same device (`files`): the GEMMs' time-weighted rate, the attention's, the best all-reduce
-    bus bandwidth."""
+def rates_for(device: str | None, files: list[Path]) -> Rates:
+    """The rates to project with: the table's for `device` (default: the device `files` were
+    measured on, else H100), with what `primus benchmark ... --json` measured in `files`."""
+    records = {path: _benchmark_record(path) for path in files}
+    if device is None:
+        device = next(iter(records.values()), {"device": "H100"})["device"]
+    rates = device_rates(device)
+    return measured_rates(rates, records) if records else rates
+
+
+def _benchmark_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not isinstance(record["device"], str):
+            raise ValueError("no device")
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"--measured {path}: not a primus benchmark JSON ({e})") from None
+    return record
+
+
+def measured_rates(rates: Rates, records: dict[Path, dict[str, Any]]) -> Rates:
+    """`rates` with what the benchmark `records` (by file) measured on the same device: the
+    GEMMs' time-weighted rate, the attention's, the best all-reduce bus bandwidth."""
     found: dict[str, tuple[float, float]] = {}
-    for path in files:
-        try:
-            record = json.loads(path.read_text())
-            device, ops, rows = record["device"], record.get("ops", []), record.get("rows", [])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"--measured {path}: not a primus benchmark JSON ({e})") from None
+    for path, record in records.items():
+        device, ops, rows = record["device"], record.get("ops", []), record.get("rows", [])
         if (
             rates.device.lower() not in device.lower()
             and device.lower() not in rates.device.lower()
@@ -227,6 +243,7 @@ def project_step(job: Job, rates: Rates) -> StepTime:
     gpu_ms = count * per_micro_batch + optimizer_ms + dp_ms + bubble_ms
     host_ms = 0.0 if job.cuda_graphs else job.host_ms_per_layer * layers * (count + job.pp - 1)
     step_ms = max(gpu_ms, host_ms)
+    global_tokens = count * job.micro_batch * job.seq_len * job.dp
     tflops = (model_flops + attention_model_flops) / step_ms * 1e3 / 1e12
     peak = peak_tflops(rates.device)
     return StepTime(
@@ -240,13 +257,7 @@ def project_step(job: Job, rates: Rates) -> StepTime:
         pipeline_bubble=bubble_ms,
         host_floor=host_ms,
         step=step_ms,
-        tokens_per_s_per_gpu=count
-        * job.micro_batch
-        * job.seq_len
-        * job.dp
-        / job.gpus
-        / step_ms
-        * 1e3,
+        tokens_per_s_per_gpu=global_tokens / job.gpus / step_ms * 1e3,
         model_tflops_per_gpu=tflops,
         mfu=tflops / peak if peak else None,
     )

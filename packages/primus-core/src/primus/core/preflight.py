@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from primus.core.benchmark import bus_factor, process_group, time_collective, timed
+from primus.core.benchmark import bus_gbs, process_group, time_collective, timed
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
 from primus.core.gpu_health import gpu_health
@@ -154,7 +154,7 @@ def collectives(torch: Any, cuda: bool, world_size: int, repeats: int = 5) -> di
         busbw = None
         if world_size > 1:
             ms = time_collective(torch, cuda, op, nbytes, repeats, warmup=1)
-            busbw = nbytes / (ms / 1e3) * bus_factor(op, world_size) / 1e9
+            busbw = bus_gbs(op, nbytes, ms, world_size)
         figures[f"{op}_busbw_gbs"] = busbw
     return figures
 
@@ -175,8 +175,7 @@ def node_bandwidth(torch: Any, cuda: bool, env: Any, slow: bool, repeats: int = 
                          group=groups[env.rank // per_node])  # fmt: skip
     if slow:  # the test hook: this node's links ten times slower
         ms += 9 * (time.perf_counter() - began) * 1e3 / (repeats + 1)
-    busbw = nbytes / (ms / 1e3) * bus_factor("all_reduce", per_node) / 1e9
-    return busbw if env.local_rank == 0 else None
+    return bus_gbs("all_reduce", nbytes, ms, per_node) if env.local_rank == 0 else None
 
 
 def run(workspace: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
