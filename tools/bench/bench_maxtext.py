@@ -19,11 +19,20 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from common import COLUMNS, environment, medians, print_table, resolved_params, run
+from common import (
+    COLUMNS,
+    MFU_COLUMNS,
+    environment,
+    gpu_name,
+    medians,
+    mfu_both_ways,
+    print_table,
+    resolved_params,
+    run,
+)
 
 STEP = re.compile(
     r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([\d.]+), Tokens/s/device: ([\d.]+)"
@@ -65,13 +74,17 @@ def parse_log(text: str, warmup: int, peak: float | None) -> dict[str, float | N
     }
 
 
-def gpu_name() -> str:
-    """From nvidia-smi: JAX in this process would take the GPU memory the runs need."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.splitlines()[0].strip()
+def model_shape(params: dict) -> dict[str, int]:
+    """The dense decoder's shape, for flops_per_token, from MaxText's resolved keys."""
+    return {
+        "layers": params["base_num_decoder_layers"],
+        "hidden": params["base_emb_dim"],
+        "ffn": params["base_mlp_dim"],
+        "heads": params["base_num_query_heads"],
+        "kv_heads": params["base_num_kv_heads"],
+        "vocab": params["vocab_size"],
+        "seq": params["max_target_length"],
+    }
 
 
 def main() -> None:
@@ -82,39 +95,63 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--gpus", type=int, help="the host's first N GPUs (default: all), one process"
+    )
+    parser.add_argument(
+        "--runs", nargs="+", choices=("primus", "maxtext"), default=["primus", "maxtext"]
+    )
     parser.add_argument("--out", type=Path, default=Path("maxtext-bench.json"))
+    parser.add_argument("overrides", nargs="*", help="key=value for both runs (MaxText's names)")
     opts = parser.parse_args()
     device = gpu_name()
     peak = peak_tflops(device)
-    params = resolved_params(opts.config) | {"steps": opts.steps}
+    params = resolved_params(opts.config, opts.overrides) | {"steps": opts.steps}
     logs = opts.out.parent.resolve()
-    results: dict[str, list[dict]] = {"primus": [], "maxtext": []}
+    logs.mkdir(parents=True, exist_ok=True)
+    gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(opts.gpus)))} if opts.gpus else {}
+    results: dict[str, list[dict]] = {name: [] for name in opts.runs}
     plain = []
     for i in range(opts.rounds):
         primus = [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
-                  str(opts.config), f"steps={opts.steps}", f"exp_name=bench-{i}"]  # fmt: skip
+                  str(opts.config), *opts.overrides, f"steps={opts.steps}", f"exp_name=bench-{i}"]  # fmt: skip
         plain = maxtext_command(params, logs / "maxtext-outputs", f"plain-{i}")
-        for name, command in (("primus", primus), ("maxtext", plain)):
-            text = run(command, logs / f"{name}-{i}.log")
+        for name in opts.runs:
+            text = run(primus if name == "primus" else plain, logs / f"{name}-{i}.log", gpus)
             results[name].append(parse_log(text, opts.warmup, peak))
     summary = {}
     for name, runs in results.items():
         summary[name] = medians(runs, ("tokens_per_s_per_gpu", "tflops_per_gpu"))
         summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak if peak else None
+        summary[name] |= mfu_both_ways(
+            summary[name]["tokens_per_s_per_gpu"], model_shape(params), peak
+        )
         for key in ("estimated_memory_gb", "peak_memory_gib"):
             summary[name][key] = max((r[key] for r in runs if r[key] is not None), default=None)
         summary[name]["runs"] = runs
-    ratio = summary["primus"]["tokens_per_s_per_gpu"] / summary["maxtext"]["tokens_per_s_per_gpu"]
+    both = {"primus", "maxtext"} <= summary.keys()
+    ratio = (
+        summary["primus"]["tokens_per_s_per_gpu"] / summary["maxtext"]["tokens_per_s_per_gpu"]
+        if both
+        else None
+    )
     report = {
         **environment(("jax", "jaxlib", "maxtext", "primus-maxtext"), device),
         "config": str(opts.config),
+        "gpus": opts.gpus,
+        "overrides": opts.overrides,
         "maxtext_command": plain,
         "primus_over_maxtext": ratio,
         **summary,
     }
     opts.out.write_text(json.dumps(report, indent=2))
-    columns = (*COLUMNS[:3], ("XLA memory estimate GB", "estimated_memory_gb", ".1f"), COLUMNS[3])
-    print_table(summary, columns, f"primus / maxtext (tokens/s): {ratio:.4f}")
+    columns = (
+        *COLUMNS[:3],
+        *MFU_COLUMNS,
+        ("XLA memory estimate GB", "estimated_memory_gb", ".1f"),
+        COLUMNS[3],
+    )
+    print_table(summary, columns, f"primus / maxtext (tokens/s): {ratio:.4f}" if both else "")
 
 
 if __name__ == "__main__":

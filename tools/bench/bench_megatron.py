@@ -22,7 +22,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import COLUMNS, environment, medians, print_table, resolved_params, run
+from common import (
+    COLUMNS,
+    MFU_COLUMNS,
+    environment,
+    gpu_name,
+    medians,
+    mfu_both_ways,
+    print_table,
+    resolved_params,
+    run,
+)
 
 HERE = Path(__file__).resolve().parent
 # What Primus's fallback patches do without Transformer Engine/Apex, as a plain user writes it.
@@ -33,6 +43,7 @@ NO_TE_FLAGS = [
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 MEMORY = re.compile(r"max allocated: ([\d.]+)")
+RUNS = ("primus", "plain", "primus-turbo")  # Primus without and with turbo kernels, and the peer
 
 
 def megatron_flags(params: dict[str, Any]) -> list[str]:
@@ -74,61 +85,90 @@ def parse_log(text: str, warmup: int) -> dict[str, float]:
     }
 
 
+def model_shape(params: dict[str, Any]) -> dict[str, int]:
+    """The dense decoder's shape, for flops_per_token, from Megatron's resolved args."""
+    return {
+        "layers": params["num_layers"],
+        "hidden": params["hidden_size"],
+        "ffn": params["ffn_hidden_size"],
+        "heads": params["num_attention_heads"],
+        "kv_heads": params.get("num_query_groups") or params["num_attention_heads"],
+        "vocab": params["vocab_size"],
+        "seq": params["seq_length"],
+    }
+
+
 def main() -> None:
+    from primus.core.metrics import peak_tflops
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--turbo", action="store_true", help="also run Primus with turbo on")
+    parser.add_argument("--gpus", type=int, default=1, help="processes (GPUs) of one host")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=["primus", "plain"])
     parser.add_argument("--out", type=Path, default=Path("megatron-bench.json"))
+    parser.add_argument("overrides", nargs="*", help="key=value for both runs (Megatron's names)")
     opts = parser.parse_args()
-    params = resolved_params(opts.config)
+    device = gpu_name()
+    params = resolved_params(opts.config, opts.overrides)
     params.update(train_iters=opts.iters, log_interval=1, log_throughput=True, eval_iters=0)
     flags = megatron_flags(params)
-    overrides = [f"train_iters={opts.iters}", "log_interval=1", "log_throughput=true"]
+    overrides = [
+        *opts.overrides,
+        f"train_iters={opts.iters}",
+        "log_interval=1",
+        "log_throughput=true",
+    ]
     logs = opts.out.parent
-    variants = {"primus": overrides, "primus-turbo": [*overrides, "turbo.enable=true"]}
-    names = ("primus", "plain", "primus-turbo") if opts.turbo else ("primus", "plain")
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    logs.mkdir(parents=True, exist_ok=True)
+    variants = {"primus": "turbo.enable=false", "primus-turbo": "turbo.enable=true"}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in opts.runs}
     for i in range(opts.rounds):
         commands = {
             name: [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
-                   str(opts.config), *variants[name], f"exp_name=bench-{name}-{i}"]
-            for name in names if name != "plain"
+                   str(opts.config), "--nproc-per-node", str(opts.gpus), *overrides,
+                   variants[name], f"exp_name=bench-{name}-{i}"]
+            for name in opts.runs if name != "plain"
         }  # fmt: skip
         # Primus writes tensorboard into the run directory by default: the peer does the same.
-        commands["plain"] = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                 str(HERE / "megatron_plain.py"), *flags,
+        commands["plain"] = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                 str(opts.gpus), str(HERE / "megatron_plain.py"), *flags,
                  "--tensorboard-dir", str(logs / f"plain-tensorboard-{i}")]  # fmt: skip
-        for name in names:
+        for name in opts.runs:
             text = run(commands[name], logs / f"{name}-{i}.log")
             results[name].append(parse_log(text, opts.warmup))
-    tokens = params["global_batch_size"] * params["seq_length"]
-    peak = 989.0  # dense bf16 of H100 SXM and H200; see primus.core.metrics
+    tokens = params["global_batch_size"] * params["seq_length"] / opts.gpus
+    peak = peak_tflops(device)
     summary = {}
     for name, runs in results.items():
         summary[name] = medians(runs, ("ms_per_iter", "tflops_per_gpu"))
         summary[name]["tokens_per_s_per_gpu"] = tokens / (summary[name]["ms_per_iter"] / 1000)
-        summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak
+        summary[name]["mfu"] = summary[name]["tflops_per_gpu"] / peak if peak else None
+        summary[name] |= mfu_both_ways(
+            summary[name]["tokens_per_s_per_gpu"], model_shape(params), peak
+        )
         summary[name]["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
         summary[name]["runs"] = runs
-    plain_rate = summary["plain"]["tokens_per_s_per_gpu"]
     ratios = {
-        f"{n.replace('-', '_')}_over_plain": summary[n]["tokens_per_s_per_gpu"] / plain_rate
-        for n in names
+        f"{n.replace('-', '_')}_over_plain": summary[n]["tokens_per_s_per_gpu"]
+        / summary["plain"]["tokens_per_s_per_gpu"]
+        for n in opts.runs
+        if n != "plain" and "plain" in opts.runs
     }
-    del ratios["plain_over_plain"]
-    dists = ("torch", "megatron-core", "primus-megatron")
+    dists = ("torch", "megatron-core", "primus-megatron", "triton", "primus-turbo-kernels")
     report = {
-        **environment((*dists, "triton", "primus-turbo-kernels") if opts.turbo else dists),
+        **environment(dists, device),
         "config": str(opts.config),
+        "gpus": opts.gpus,
+        "overrides": opts.overrides,
         "plain_flags": flags,
         **ratios,
         **summary,
     }
     opts.out.write_text(json.dumps(report, indent=2))
-    columns = (("ms/iter", "ms_per_iter", ".1f"), *COLUMNS)
+    columns = (("ms/iter", "ms_per_iter", ".1f"), *COLUMNS[:3], *MFU_COLUMNS, COLUMNS[3])
     print_table(summary, columns, ", ".join(f"{k} (tokens/s): {v:.4f}" for k, v in ratios.items()))
 
 

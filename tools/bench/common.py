@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 
-def resolved_params(config: Path) -> dict[str, Any]:
-    """The single module's params of a Primus experiment, as `primus config show` resolves them."""
+def resolved_params(config: Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The single module's params of a Primus experiment with `overrides` (key=value), as
+    `primus config show` resolves them."""
     out = subprocess.run(
-        [sys.executable, "-m", "primus.cli", "config", "show", str(config), "--format", "json"],
+        [sys.executable, "-m", "primus.cli", "config", "show", str(config), "--format", "json",
+         *overrides],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     modules = json.loads(out.stdout)["modules"]
@@ -49,6 +51,16 @@ def device_label() -> str | None:
     import torch
 
     return None if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+
+
+def gpu_name() -> str:
+    """GPU 0's name from nvidia-smi (no CUDA context in the benchmark's own process: the runs
+    need the memory)."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.splitlines()[0].strip()
 
 
 def environment(distributions: tuple[str, ...], device: str | None = None) -> dict[str, Any]:
@@ -93,3 +105,34 @@ def print_table(
         cells = ("n/a" if values[k] is None else format(values[k], spec) for _, k, spec in columns)
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(ratio)
+
+
+def flops_per_token(shape: dict[str, int], causal: bool) -> float:
+    """Training FLOPs per token of a dense Llama-style decoder, one formula for every backend.
+
+    `shape`: layers, hidden, ffn, heads, kv_heads, vocab, seq. 6 x the matmul weights (the
+    input embedding is a lookup: not counted; the output layer is) plus attention's score and
+    value products: 12 x layers x hidden x seq (PaLM's and TorchTitan's convention), or half
+    that when `causal` (MaxText's: the masked half is not computed).
+    """
+    d, kv = shape["hidden"], shape["hidden"] * shape["kv_heads"] // shape["heads"]
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * shape["ffn"]
+    weights = shape["layers"] * per_layer + shape["vocab"] * d
+    attention = 12 * shape["layers"] * d * shape["seq"]
+    return 6 * weights + (attention / 2 if causal else attention)
+
+
+def mfu_both_ways(tokens_per_s_per_gpu: float, shape: dict[str, int], peak: float | None) -> dict:
+    """MFU with attention counted whole and with causal attention halved (see flops_per_token)."""
+    return {
+        f"mfu_{name}": (
+            tokens_per_s_per_gpu * flops_per_token(shape, causal) / (peak * 1e12) if peak else None
+        )
+        for name, causal in (("full_attention", False), ("causal_attention", True))
+    }
+
+
+MFU_COLUMNS = (
+    ("MFU (attention whole)", "mfu_full_attention", ".1%"),
+    ("MFU (causal halved)", "mfu_causal_attention", ".1%"),
+)
