@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,35 @@ def test_one_failing_worker_stops_the_others(
         f"a worker failed: rank 1 exited with code {worker_code}; stopping the others"
         in capfd.readouterr().err
     )
+
+
+def reach_together(folder: Path, config: str) -> list[str]:
+    """A worker that waits for both ranks, runs `primus train pretrain --config <config>` (a
+    Python expression) and exits a second after it returns: the spawner stops the other worker
+    at the first failure, so without the wait the second might not get to report."""
+    return python(
+        "import os, sys, time; from pathlib import Path; from primus.cli.main import main\n"
+        f"folder = Path({str(folder)!r}); (folder / os.environ['RANK']).touch()\n"
+        "while len(list(folder.iterdir())) < 2: time.sleep(0.01)\n"
+        f"try: main(['train', 'pretrain', '--config', {config}])\n"
+        "except SystemExit: time.sleep(1); raise"
+    )
+
+
+def test_an_error_every_worker_reaches_is_printed_once(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Each rank of `primus train --nproc-per-node 2` reaches the same config error: the console
+    shows it once. Errors that differ between ranks are each shown."""
+    same, differ = tmp_path / "same", tmp_path / "differ"
+    same.mkdir(), differ.mkdir()
+    assert spawn(reach_together(same, repr(f"{tmp_path}/missing.yaml")), Launch(2)) == 2
+    assert capfd.readouterr().err.count("error: config file not found: ") == 1
+    per_rank = f"{str(tmp_path)!r} + '/missing-' + os.environ['RANK'] + '.yaml'"
+    assert spawn(reach_together(differ, per_rank), Launch(2)) == 2
+    err = capfd.readouterr().err
+    assert all(f"config file not found: {tmp_path}/missing-{rank}.yaml" in err for rank in (0, 1))
+    assert not list(Path(tempfile.gettempdir()).glob(f"primus-{os.getpid()}-reported*"))
 
 
 @pytest.mark.slow

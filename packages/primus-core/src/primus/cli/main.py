@@ -100,5 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     except PrimusError as exc:
         if DEBUG.on:
             traceback.print_exc()
-        print(f"{exc.label}: {exc}", file=sys.stderr)
+        from primus.core.launcher import report_once
+
+        if report_once(f"{exc.label}: {exc}"):  # each rank of a launch reaches the same error
+            print(f"{exc.label}: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from primus.core import preemption
@@ -33,6 +36,37 @@ def die_with_parent(sig: int) -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     return bool(libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0)
+
+
+def _reports(launcher: str | int) -> Path:
+    return Path(tempfile.gettempdir()) / f"primus-{launcher}-reported"
+
+
+def report_once(text: str) -> bool:
+    """True unless another worker of this launch has reported `text` already: every rank reaches
+    the same config error, and the console shows it once (a worker whose error differs shows its
+    own). Outside a launch, always True."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher:
+        return True
+    folder = _reports(launcher)
+    try:
+        folder.mkdir(exist_ok=True)
+        (folder / hashlib.sha256(text.encode()).hexdigest()[:16]).touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    except OSError:  # no temporary folder: every worker reports
+        return True
+    return True
+
+
+def forget_reports() -> None:
+    """Remove this launcher's record of what its workers reported."""
+    folder = _reports(os.getpid())
+    for report in folder.glob("*"):
+        report.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 _forked_on_main_thread = False
@@ -202,6 +236,7 @@ def run_torchrun(args: list[str]) -> int:
         return 128 + exc.sigval
     finally:
         del os.environ[LAUNCHER_PID]  # not for what this process starts later
+        forget_reports()
     return 0
 
 
@@ -324,6 +359,7 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
         return _wait(workers, first, poll_s, stopping)
     finally:
         _stop(workers, grace_s)
+        forget_reports()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if held is not None:
