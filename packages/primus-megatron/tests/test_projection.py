@@ -145,11 +145,17 @@ def test_the_ranking_lists_layouts_that_fit_fastest_first_as_overrides(tmp_path:
     again = tmp_path / "again.json"
     pasted = [f"{k}={json.dumps(v)}" for k, v in ranked[0]["overrides"].items()]
     result = primus("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                    "--top", "0", "--json", str(again), "turbo.enable=true", *pasted)  # fmt: skip
+                    "--top", "0", "--json", str(again), "turbo.enable=true", "peak_tflops=900",
+                    *pasted)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     # (Megatron pads the vocabulary for the TP size; the ranking keeps the configured padding)
-    step = json.loads(again.read_text())["step_ms"]["step"]
-    assert step == pytest.approx(ranked[0]["step_ms"]["step"], rel=1e-3)
+    record = json.loads(again.read_text())
+    assert record["step_ms"]["step"] == pytest.approx(ranked[0]["step_ms"]["step"], rel=1e-3)
+    # MFU against the peak the run's step line would use, and named as it names it
+    assert record["peak"]["source"] == "config" and record["peak"]["tflops"] == 900
+    step = record["step_ms"]
+    assert step["mfu"] == pytest.approx(step["model_tflops_per_gpu"] / 900)
+    assert "MFU peak: 900 TFLOP/s (peak_tflops)" in result.stdout
 
 
 def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix() -> None:

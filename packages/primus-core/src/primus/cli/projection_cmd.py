@@ -12,6 +12,7 @@ import typer
 from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
 if TYPE_CHECKING:
+    from primus.core.metrics import Peak
     from primus.core.performance import Candidate, Rates, StepTime
     from primus.core.projection import Job, Projection
 
@@ -86,7 +87,7 @@ def memory(
         json_path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _step(step: StepTime, rates: Rates) -> str:
+def _step(step: StepTime, rates: Rates, peak: Peak) -> str:
     mfu = f"{step.mfu:.1%}" if step.mfu is not None else "n/a (no peak for this device)"
     lines = [
         f"rates: {rates.device}, {rates.source}: GEMM {rates.gemm_tflops:.0f} TFLOP/s, "
@@ -98,6 +99,7 @@ def _step(step: StepTime, rates: Rates) -> str:
         f"{'step':<16} {step.step:>9.1f}   (the GPU's terms, or the host floor when larger)",
         f"tokens/s/GPU {step.tokens_per_s_per_gpu:,.0f}; model TFLOP/s/GPU "
         f"{step.model_tflops_per_gpu:.1f}; MFU {mfu}",
+        peak.describe(),  # the peak a run's step line would use
     ]
     return "\n".join(lines)
 
@@ -155,6 +157,7 @@ def performance(
     from dataclasses import asdict
 
     from primus.core.errors import ConfigError
+    from primus.core.metrics import find_peak
     from primus.core.performance import project_step, rank_layouts, rates_for
     from primus.core.projection import project
     from primus.core.runtime import PrimusRuntime
@@ -162,9 +165,10 @@ def performance(
     rates = rates_for(device, list(measured or []))
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
     job = runtime.training_job(gpus)
-    step = project_step(job, rates)
+    peak = find_peak(runtime.module.params.get("peak_tflops"), rates.device)
+    step = project_step(job, rates, peak.tflops)
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
-    typer.echo(_step(step, rates))
+    typer.echo(_step(step, rates, peak))
     configured = runtime.adapter.layout_overrides(job) if top else {}
     ranked, changes = [], []
     for candidate in rank_layouts(job, gpus, rates) if top else []:
@@ -180,7 +184,8 @@ def performance(
         typer.echo(f"\nlayouts on {gpus} GPUs that fit {rates.memory_gib:.0f} GiB, fastest first:")
         typer.echo(_ranking(ranked, changes))
     if json_path is not None:
-        record = {"job": asdict(job), "rates": asdict(rates), "step_ms": step.as_dict(),
+        record = {"job": asdict(job), "rates": asdict(rates), "peak": asdict(peak),
+                  "step_ms": step.as_dict(),
                   "memory_bytes": project(job).as_dict(),
                   "ranked": [{"overrides": k, "memory_gib": c.memory_gib, "step_ms": c.step.as_dict()}
                              for c, k in zip(ranked, changes, strict=True)]}  # fmt: skip

@@ -178,8 +178,9 @@ def _ms(amount: float, rate_per_s: float) -> float:
     return amount / rate_per_s * 1e3
 
 
-def project_step(job: Job, rates: Rates) -> StepTime:
-    """The projected step of `job` on a GPU with `rates`."""
+def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
+    """The projected step of `job` on a GPU with `rates`; MFU against `peak` (TFLOP/s;
+    default: the device table's dense bf16 peak)."""
     m, memory = job.model, project(job)
     count = micro_batches(job)
     layers = m.layers // job.pp
@@ -245,7 +246,7 @@ def project_step(job: Job, rates: Rates) -> StepTime:
     step_ms = max(gpu_ms, host_ms)
     global_tokens = count * job.micro_batch * job.seq_len * job.dp
     tflops = (model_flops + attention_model_flops) / step_ms * 1e3 / 1e12
-    peak = peak_tflops(rates.device)
+    peak = peak or peak_tflops(rates.device)
     return StepTime(
         gemm=gemm_ms,
         attention=attention_ms,
