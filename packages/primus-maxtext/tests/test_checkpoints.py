@@ -40,9 +40,15 @@ RUN = ("exp_name=ckpt", "steps=4", "enable_checkpointing=true", "checkpoint_peri
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """The tiny recipe with `init_from` an HF Llama of the tiny preset's architecture (default
-    RoPE, untied embeddings): (run dir, HF model, experiment)."""
+    RoPE, untied embeddings) in bf16, as published models are (the import keeps bf16, MaxText's
+    restore widens it to its float32 weights): (run dir, HF model, experiment)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     folder = tmp_path_factory.mktemp("ckpt")
-    hf = make_hf_model(folder / "hf", "llama3", intermediate_size=176, rope_scaling=None)
+    source = make_hf_model(folder / "source", "llama3", intermediate_size=176, rope_scaling=None)
+    hf = folder / "hf"
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(hf)
     exp = yaml.safe_load(RECIPE.read_text())
     module = exp["modules"]["pre_trainer"]
     module["init_from"] = {"hf": str(hf)}

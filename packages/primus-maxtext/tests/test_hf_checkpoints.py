@@ -239,3 +239,42 @@ def test_an_unsupported_family_is_a_config_error(llama: tuple[Path, Path], tmp_p
     exp = experiment(tmp_path, hf, decoder_block="gemma")
     with runtime(exp) as run, pytest.raises(ConfigError, match="decoder_block 'gemma' has no HF"):
         run.export_hf(None, tmp_path / "out")
+
+
+def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_path: Path) -> None:
+    """A bf16 HF model is written in bf16 (half float32's bytes), except the query kernel:
+    MaxText's hook scales it by 1/sqrt(head_dim), here 1/sqrt(32), which bf16 cannot hold.
+    MaxText loads it as the float32 import of the same weights, bit for bit."""
+    import torch
+    from orbax.checkpoint import v1 as ocp
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        make_hf_model(tmp_path / "source", "llama3", head_dim=32), dtype=torch.bfloat16
+    )
+    model.save_pretrained(tmp_path / "bf16")
+    model.to(torch.float32).save_pretrained(tmp_path / "fp32")
+    loaded, stored = {}, {}
+    for name in ("bf16", "fp32"):
+        (tmp_path / f"run-{name}").mkdir()
+        exp = experiment(tmp_path / f"run-{name}", tmp_path / name)
+        with runtime(exp) as run:
+            step = run.import_hf(tmp_path / name) / hf_convert.IMPORT_STEP
+            config = hf_convert.maxtext_config(run.backend_args().argv)
+            _, params, _ = hf_convert.abstract_model(config)
+            loaded[name] = hf_convert.load_params(config, params, step)
+        tree = ocp.metadata(step, checkpointable_name="items").metadata["params"]
+        stored[name] = {k: str(metadata_leaf(tree, k).dtype) for k in params}
+    assert set(stored["fp32"].values()) == {"float32"}
+    query = [k for k in stored["bf16"] if k.endswith("query-kernel")]
+    assert query and {stored["bf16"][k] for k in query} == {"float32"}
+    assert {v for k, v in stored["bf16"].items() if k not in query} == {"bfloat16"}
+    for key, value in loaded["fp32"].items():
+        assert loaded["bf16"][key].dtype == value.dtype == np.float32
+        np.testing.assert_array_equal(loaded["bf16"][key], value, err_msg=key)
+
+
+def metadata_leaf(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("-"):
+        tree = tree[part]
+    return tree

@@ -236,33 +236,81 @@ def _slot_jobs(tables: Tables, key: str) -> Iterator[tuple[str, Any, str, tuple[
         yield key, index, name, one
 
 
-def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray],
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def stored_dtypes(tables: Tables, reader: HFTensors) -> dict[str, np.dtype]:
+    """Each parameter's dtype in the import: bfloat16 where MaxText keeps it in float32 and
+    all its HF tensors are bfloat16 (the file holds no more; MaxText's restore widens it back,
+    exactly), else the parameter's own."""
+    stored = {}
+    for key, leaf in tables.params.items():
+        names = list(_names(tables.mapping[key]))
+        bf16 = names and all(
+            name in reader.entries and reader.entries[name][2]["dtype"] == "BF16" for name in names
+        )
+        stored[key] = _bfloat16() if bf16 and leaf.dtype == np.float32 else np.dtype(leaf.dtype)
+    return stored
+
+
+def _narrowed(tensor: np.ndarray) -> np.ndarray | None:
+    """float32 `tensor` as bfloat16 when that loses nothing (its low 16 bits are zero: a
+    bfloat16 value, moved or scaled by a power of two by MaxText's hooks), else None."""
+    bits = np.ascontiguousarray(tensor, np.float32).view(np.uint32)
+    if np.any(bits & 0xFFFF):
+        return None
+    return np.right_shift(bits, 16).astype(np.uint16).view(_bfloat16())
+
+
+def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray], inexact: set[str],
           job: tuple[str, Any, str, tuple[int, ...]]) -> None:  # fmt: skip
-    """Read one HF tensor, transform it by MaxText's hooks and write it to its slot."""
+    """Read one HF tensor, transform it by MaxText's hooks (in the parameter's dtype) and
+    write it to its slot. A bfloat16 slot whose value the hooks made inexact in bfloat16
+    (a query scaled by 1/sqrt(head_dim)) is skipped and its parameter put in `inexact`."""
     from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
 
     key, index, name, one = job
-    tensor = _widen(reader.get(name, tables.hf_shapes[name]), built[key].dtype)
-    hooks = tables.hooks.get(key)
+    if key in inexact:
+        return
+    tensor, hooks = reader.get(name, tables.hf_shapes[name]), tables.hooks.get(key)
+    if hooks is not None or tensor.dtype != built[key].dtype:
+        tensor = _widen(tensor, tables.params[key].dtype)
     if hooks is not None:  # MaxText's hooks take the tensor in the parameter's dtype
         tensor = np.asarray(apply_hook_fns(tensor, one, hooks))
     if tensor.shape != one:
         raise ConfigError(f"{reader.where}: tensor '{name}' gives shape {list(tensor.shape)} "
                           f"in MaxText's {key}, which holds {list(one)} per tensor")  # fmt: skip
+    if built[key].dtype == _bfloat16() and tensor.dtype != _bfloat16():
+        narrowed = _narrowed(tensor)
+        if narrowed is None:
+            inexact.add(key)
+            return
+        tensor = narrowed
     built[key][index] = tensor  # cast to the parameter's dtype
 
 
 def build_params(tables: Tables, reader: HFTensors) -> list[np.ndarray]:
     """Every MaxText parameter (in `tables.params` order), each filled in place from its HF
-    tensors: each of THREADS threads reads, transforms and writes one HF tensor at a time,
-    the largest first, so their transient copies come before the model fills memory."""
+    tensors (in `stored_dtypes`): each of THREADS threads reads, transforms and writes one HF
+    tensor at a time, the largest first, so their transient copies come before the model fills
+    memory. A parameter that bfloat16 cannot hold exactly is filled again in its own dtype."""
     from concurrent.futures import ThreadPoolExecutor
 
-    built = {key: np.empty(leaf.shape, leaf.dtype) for key, leaf in tables.params.items()}
+    stored = stored_dtypes(tables, reader)
+    built = {key: np.empty(leaf.shape, stored[key]) for key, leaf in tables.params.items()}
+    inexact: set[str] = set()
     jobs = [job for key in tables.params for job in _slot_jobs(tables, key)]
     jobs.sort(key=lambda job: -math.prod(job[3]))
     with ThreadPoolExecutor(THREADS) as pool:
-        for _ in pool.map(functools.partial(_fill, tables, reader, built), jobs):
+        for _ in pool.map(functools.partial(_fill, tables, reader, built, inexact), jobs):
+            pass
+        for key in inexact:
+            built[key] = np.empty(tables.params[key].shape, tables.params[key].dtype)
+        again = [job for job in jobs if job[0] in inexact]
+        for _ in pool.map(functools.partial(_fill, tables, reader, built, set()), again):
             pass
     return list(built.values())
 
