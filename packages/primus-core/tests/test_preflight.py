@@ -71,12 +71,12 @@ def test_an_ecc_fault_fails_the_job_and_a_throttled_clock_is_an_outlier() -> Non
     assert healthy["passed"] and healthy["faults"] == []
 
 
-def _job(tmp_path: Path, **env: str) -> tuple[int, str, dict]:
+def _job(tmp_path: Path, tolerance: int = 50, **env: str) -> tuple[int, str, dict]:
     """A 3-rank gloo job through torchrun. Tolerance 50: three processes on a loaded 2-core
     machine are noisy, while the slow rank is 90% below the median."""
     result = primus(
         "preflight", "--nproc-per-node", "3", "--workspace", str(tmp_path), "--json", "r.json",
-        "--markdown", "r.md", "--tolerance", "50", **env,
+        "--markdown", "r.md", "--tolerance", str(tolerance), **env,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not list(tmp_path.glob(".preflight*"))  # the disk probe removed its file
@@ -99,7 +99,8 @@ def test_a_slow_rank_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_healthy_job_passes_with_one_row_a_rank(tmp_path: Path) -> None:
-    code, out, report = _job(tmp_path)
+    # 75: a CI run under load once measured a healthy rank's GEMM 53% below the median
+    code, out, report = _job(tmp_path, tolerance=75)
     assert code == 0, out
     assert report["passed"] is True and report["outliers"] == report["faults"] == []
     assert all(r["ecc_errors"] is None for r in report["ranks"])  # no GPU: NVML cannot say
