@@ -44,10 +44,11 @@ def _mesh_size(mesh: Any, axes: Any) -> int:
     return math.prod(mesh.shape[name] for name in names)
 
 
-def local_specs(op: Any, query: Any, key: Any) -> tuple[Any, Any, Any] | None:
-    """The query, key/value and segment-id PartitionSpecs ([batch, length, heads, dim]) that
-    give each device its own sequences (and heads, where they divide), or None when the batch
-    is not sharded or does not divide: then nothing is gained and MaxText's call stands."""
+def local_specs(op: Any, query: Any, key: Any) -> tuple[Any, Any] | None:
+    """The PartitionSpecs of query, key and value ([batch, length, heads, dim]) and of the
+    segment ids ([batch, length]) that give each device its own sequences (and heads, where
+    they divide), or None when the batch is not sharded or does not divide: then nothing is
+    gained and MaxText's call stands."""
     from jax.sharding import PartitionSpec
 
     from maxtext.common.common_types import BATCH_ATTN, HEAD
@@ -60,11 +61,11 @@ def local_specs(op: Any, query: Any, key: Any) -> tuple[Any, Any, Any] | None:
     head_ways = _mesh_size(op.mesh, heads)
     if query.shape[2] % head_ways or key.shape[2] % head_ways:
         heads = None
-    qkv = PartitionSpec(batch, None, heads, None)
-    return qkv, qkv, PartitionSpec(batch, None)
+    return PartitionSpec(batch, None, heads, None), PartitionSpec(batch, None)
 
 
 def _unset(value: Any, default: Any) -> bool:
+    """`value` is the parameter's `default` (an array never is)."""
     return value is default or (isinstance(value, bool | int) and value == default)
 
 
@@ -106,7 +107,7 @@ def sharded_flash(original: Callable[..., Any]) -> Callable[..., Any]:
         specs = local_specs(self, query, key) if _flash_call(self, arguments, signature) else None
         if specs is None:
             return original(self, *args, **kwargs)
-        qkv, kv, segment_spec = specs
+        qkv, segment_spec = specs
         einsums = {n: arguments[n] for n in ("qk_product_einsum", "wv_product_einsum")}
         mode = arguments["model_mode"]
 
@@ -117,7 +118,7 @@ def sharded_flash(original: Callable[..., Any]) -> Callable[..., Any]:
             return out
 
         inputs = (query, key, arguments["value"], *(() if segments is None else (segments,)))
-        in_specs = (qkv, kv, kv, *(() if segments is None else (segment_spec,)))
+        in_specs = (qkv, qkv, qkv, *(() if segments is None else (segment_spec,)))
         run = jax.shard_map(
             local, mesh=self.mesh, in_specs=in_specs, out_specs=qkv, check_vma=False
         )
