@@ -10,7 +10,9 @@ times each. Both are measured by MaxText's own step line (seconds, TFLOP/s/devic
 Tokens/s/device), which Primus keeps in its log: one clock, one formula. MFU is TFLOP/s/device
 over the GPU's dense bf16 peak (MaxText's FLOP count halves causal attention). Memory is XLA's
 compiled estimate, which both print, and for Primus also the peak it measured. Steps before
-`--warmup` (MaxText counts from 0) are dropped and the median is taken.
+`--warmup` (MaxText counts from 0) are dropped and the median is taken. `--gpus N` runs both
+on the host's first N GPUs (one process drives them), `--runs` picks either, and trailing
+`key=value` overrides go to both (MaxText's names).
 """
 
 from __future__ import annotations

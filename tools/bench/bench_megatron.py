@@ -3,9 +3,11 @@
     python tools/bench/bench_megatron.py --config configs/megatron/llama3.2_1B-pretrain.yaml \
         --iters 25 --warmup 5 --rounds 1 --out bench.json
 
-Runs `primus train pretrain --config ...` and tools/bench/megatron_plain.py (no Primus) with the
-flags the resolved experiment stands for, alternating, `--rounds` times each. `--turbo` adds a
-third run, Primus with `turbo.enable=true` (primus-turbo-kernels installed). Both runs are
+Runs `primus train pretrain --config ...` (`turbo.enable=false`) and tools/bench/megatron_plain.py
+(no Primus) with the flags the resolved experiment stands for, alternating, `--rounds` times
+each. `--turbo` adds a third run, Primus with `turbo.enable=true` (primus-turbo-kernels
+installed); `--runs` picks any of the three. `--gpus N` runs each on N GPUs of the host, and
+trailing `key=value` overrides go to every run (Megatron's names). The runs are
 measured by Megatron's own log line (elapsed time per iteration, TFLOP/s/GPU by Megatron's
 count), so the two numbers come from the same clock and the same formula; the first
 `--warmup` iterations are dropped and the median is taken. Prints a Markdown table and
@@ -108,9 +110,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--gpus", type=int, default=1, help="processes (GPUs) of one host")
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=["primus", "plain"])
+    parser.add_argument("--turbo", action="store_true", help="also run Primus with turbo on")
     parser.add_argument("--out", type=Path, default=Path("megatron-bench.json"))
     parser.add_argument("overrides", nargs="*", help="key=value for both runs (Megatron's names)")
     opts = parser.parse_args()
+    if opts.turbo and "primus-turbo" not in opts.runs:
+        opts.runs.append("primus-turbo")
     device = gpu_name()
     params = resolved_params(opts.config, opts.overrides)
     params.update(train_iters=opts.iters, log_interval=1, log_throughput=True, eval_iters=0)
