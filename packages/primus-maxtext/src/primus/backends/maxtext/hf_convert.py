@@ -289,7 +289,7 @@ def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray], inexa
             inexact.add(key)
             return
         tensor = narrowed
-    built[key][index] = tensor  # cast to the parameter's dtype
+    built[key][index] = tensor  # cast to the slot's dtype
 
 
 def build_params(tables: Tables, reader: HFTensors) -> list[np.ndarray]:
