@@ -23,7 +23,8 @@ from primus.core.testing.runs import losses, primus, step_metrics, train_run
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "configs" / "megatron" / "tiny-cpu.yaml"
 STEPS = 44  # the crash test needs about 2 steps per kill
-KILLS = 20
+KILLS = 20  # in CHAINS experiments side by side
+CHAINS = 2
 pytestmark = pytest.mark.slow
 
 
@@ -212,36 +213,50 @@ def latest_complete(ckpt: Path) -> int:
     return int(named) if named.isdigit() and int(named) in complete else max(complete)
 
 
-def test_kills_during_saves_resume_from_the_latest_complete_checkpoint(
-    tmp_path: Path, uninterrupted: Path
-) -> None:
+def kill_chain(workspace: Path, name: str, seed: int) -> tuple[Path, list[int], int]:
+    """KILLS / CHAINS runs of one experiment, each killed during a save and each resuming from
+    what the previous kill left, then a run to the end from a tracker left empty. Returns the
+    run dir, the iteration each resume must start from, and how many kills cut a save short."""
     import random
-    import re
 
-    rng, name = random.Random(17), "killed"
+    rng = random.Random(seed)
     run = command(name, f"train_iters={STEPS}", "save_interval=1")
-    run_dir, expected, in_save = tmp_path / "team/user" / name, [], 0
+    run_dir, expected, in_save = workspace / "team/user" / name, [], 0
     ckpt = run_dir / "checkpoints"
-    for _ in range(KILLS):  # each run resumes from what the kill of the previous one left
-        step = kill_during_a_save(run, run_dir, env(tmp_path), rng.uniform(0, 0.04))
+    for _ in range(KILLS // CHAINS):
+        step = kill_during_a_save(run, run_dir, env(workspace), rng.uniform(0, 0.04))
         expected.append(latest_complete(ckpt))
         in_save += expected[-1] < step  # killed before the save of its step was recorded
     # A kill between Megatron's open(tracker, "w") and its write leaves the tracker empty
     # (Megatron would then exit 0 without training): the same resume must still work.
     (ckpt / "latest_checkpointed_iteration.txt").write_text("")
     expected[-1] = max(int(p.parent.name[5:]) for p in ckpt.glob("iter_*/metadata.json"))
-    final = primus(*run, **env(tmp_path))
+    final = primus(*run, **env(workspace))
     assert final.returncode == 0, final.stderr[-4000:]
-    assert in_save >= KILLS // 2, in_save
-    log = (run_dir / "logs" / "rank-0.log").read_text()
-    resumed = [int(i) for i in re.findall(r"resumed from \S+/iter_\d+ \(iteration (\d+)\)", log)]
-    assert resumed == expected  # the first run started from scratch
-    assert "names 'nothing', not a complete checkpoint" in log
+    return run_dir, expected, in_save
+
+
+def test_kills_during_saves_resume_from_the_latest_complete_checkpoint(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    """KILLS kill points in all, in CHAINS experiments side by side (each run is mostly one
+    process's start-up, on one core)."""
+    import re
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(CHAINS) as pool:
+        chains = list(pool.map(kill_chain, [tmp_path] * CHAINS, ["a", "b"], [17, 18]))
+    assert sum(in_save for _, _, in_save in chains) >= KILLS // 2, chains
     whole = losses(uninterrupted)
-    for metrics in step_metrics(run_dir):  # every step of every run, on the uninterrupted curve
-        step = metrics["step"]
-        assert metrics["loss"] == pytest.approx(whole[step], rel=1e-5, abs=1e-5), step
-    assert max(losses(run_dir)) == STEPS
+    for run_dir, expected, _ in chains:
+        log = (run_dir / "logs" / "rank-0.log").read_text()
+        resumed = re.findall(r"resumed from \S+/iter_\d+ \(iteration (\d+)\)", log)
+        assert [int(i) for i in resumed] == expected  # the first run started from scratch
+        assert "names 'nothing', not a complete checkpoint" in log
+        for metrics in step_metrics(run_dir):  # every step of every run, on the whole curve
+            step = metrics["step"]
+            assert metrics["loss"] == pytest.approx(whole[step], rel=1e-5, abs=1e-5), step
+        assert max(losses(run_dir)) == STEPS
 
 
 # Promise 3: the data position.
