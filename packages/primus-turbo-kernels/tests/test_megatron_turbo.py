@@ -22,7 +22,8 @@ RECIPE = CONFIGS / "tiny-cpu.yaml"
 GPU_RECIPE = CONFIGS / "llama3.2_1B-pretrain.yaml"
 SFT_RECIPE = CONFIGS / "llama3.2_1B-sft.yaml"
 FEATURES = (
-    "rms_norm", "swiglu", "rope", "attention", "cross_entropy", "optimizer", "grad_accum_fusion"
+    "rms_norm", "swiglu", "rope", "qkv_rope", "attention", "cross_entropy", "optimizer",
+    "grad_accum_fusion",
 )  # fmt: skip
 # The interpreter runs each Triton program in Python: short sequences keep a step near 2 s.
 SMALL = ("seq_length=16", "max_position_embeddings=16", "micro_batch_size=2", "global_batch_size=2")
@@ -73,6 +74,8 @@ def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
     # every module that imported the upstream name, not only the one defining it
     assert "megatron.core.models.backends.DotProductAttention" in sites["attention"]
     assert "megatron.core.transformer.attention.apply_rotary_pos_emb" in sites["rope"]
+    # query and key in one launch: Megatron's fused-QKV path, on the Triton kernel
+    assert "megatron.core.transformer.attention.apply_fused_qkv_rotary_pos_emb" in sites["qkv_rope"]
     assert "megatron.core.optimizer.Adam" in sites["optimizer"]
 
 
@@ -105,6 +108,31 @@ def test_pretraining_on_a_gpu_replays_each_iteration_as_one_cuda_graph(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"cuda_graph_impl: {graphs}\n" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, apart",
+    [
+        ((), None),
+        (("rotary_interleaved=true",), "rotary_interleaved"),
+        (("qk_layernorm=true",), "QK norm"),
+        (("tensor_model_parallel_size=4",), "fewer query groups than tensor-parallel ranks"),
+    ],
+)
+def test_query_and_key_rotate_in_one_launch_where_the_layout_allows(
+    tmp_path: Path, overrides: tuple[str, ...], apart: str | None
+) -> None:
+    """Megatron's `fused_single_qkv_rope` asserts where its path does not apply: the patch
+    turns it on only where it does, and says why not (dry runs of the tiny recipe)."""
+    result = primus(
+        "train", "pretrain", "--dry-run", "--config", str(RECIPE), "turbo.enable=true",
+        *overrides, PRIMUS_WORKSPACE=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert ("fused_single_qkv_rope: true\n" in result.stdout) == (apart is None)
+    if apart:
+        why = f"query and key rotated apart: {apart}"
+        assert f"[turbo] qkv_rope: upstream kept: {why}\n" in result.stderr
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ import torch
 from primus.turbo.kernels import rope
 from primus.turbo.kernels.rope import (
     apply_rope,
+    apply_rope_qkv,
     apply_rope_reference,
     llama3_inv_freq,
     rope_cos_sin,
@@ -243,6 +244,70 @@ def test_bad_shapes(x: tuple[int, ...], cos: tuple[int, ...]) -> None:
         apply_rope(torch.randn(x), torch.randn(cos), torch.randn(cos), seq_dim=0)
 
 
+def _split_then_rope(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, interleaved: bool
+) -> tuple[torch.Tensor, ...]:
+    """What Megatron does without the fused path: split the groups, then rope query and key."""
+    s, b, groups, width = qkv.shape
+    per_group = width // head_dim - 2
+    q, k, v = torch.split(qkv, [per_group * head_dim, head_dim, head_dim], dim=3)
+    q = q.reshape(s, b, groups * per_group, head_dim)
+    rope = {"cos": cos, "sin": sin, "seq_dim": 0, "interleaved": interleaved}
+    return apply_rope_reference(q, **rope), apply_rope_reference(k, **rope), v
+
+
+# (groups, query heads per group, head dim, rotary dim)
+QKV_SHAPES = [(2, 2, 32, 32), (1, 4, 40, 16), (3, 1, 16, 16), (4, 8, 64, 64)]
+
+
+def _check_qkv(
+    shape: tuple[int, ...], rot_dim: int, interleaved: bool, dtype: torch.dtype, device: str
+) -> None:
+    """`apply_rope_qkv` on QKV of `shape` (s, b, groups, query heads per group, head dim):
+    outputs and the gradient of the QKV against split-then-rope in fp32."""
+    s, b, groups, per_group, dim = shape
+    qkv = torch.randn(s, b, groups, (per_group + 2) * dim, device=device).to(dtype)
+    heads = (groups * per_group, groups, groups)
+    grads = [torch.randn(s, b, n, dim, device=device).to(dtype) for n in heads]
+    cos, sin = (t.to(device) for t in _cos_sin(s, rot_dim))
+    fused_in = qkv.clone().requires_grad_()
+    fused = apply_rope_qkv(fused_in, cos, sin, head_dim=dim, interleaved=interleaved)
+    torch.autograd.backward(fused, grads)
+    split_in = qkv.float().requires_grad_()
+    split = _split_then_rope(split_in, cos, sin, dim, interleaved)
+    torch.autograd.backward(split, [g.float() for g in grads])
+    for got, want in zip(fused, split, strict=True):
+        _check(got, want, dtype)
+    assert torch.equal(fused[2], qkv.unflatten(-1, (per_group + 2, dim))[:, :, :, -1])
+    _check(fused_in.grad, split_in.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize(("groups", "per_group", "dim", "rot_dim"), QKV_SHAPES)
+def test_qkv_in_one_launch_matches_split_then_rope(
+    groups: int, per_group: int, dim: int, rot_dim: int, interleaved: bool, dtype: torch.dtype
+) -> None:
+    _check_qkv((5, 2, groups, per_group, dim), rot_dim, interleaved, dtype, "cpu")
+
+
+def test_qkv_op() -> None:
+    x = torch.randn(4, 2, 2 * 4, 24)
+    cos, sin = _cos_sin(4, 16)
+    for inverse in (False, True):
+        args = (x, cos, sin, 2, False, inverse)
+        torch.library.opcheck(torch.ops.primus_turbo.rope_qkv.default, args)
+
+
+@pytest.mark.parametrize(
+    ("qkv", "head_dim"), [((4, 2, 2, 48), 32), ((4, 2, 2, 64), 32), ((4, 2, 96), 32)]
+)
+def test_qkv_bad_shapes(qkv: tuple[int, ...], head_dim: int) -> None:
+    cos, sin = _cos_sin(4, 16)
+    with pytest.raises(ValueError):
+        apply_rope_qkv(torch.randn(qkv), cos, sin, head_dim=head_dim)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
@@ -264,3 +329,11 @@ def test_gpu_large(
     (dx_ref,) = torch.autograd.grad(ref, xf, grad.float())
     _check(out, ref, dtype)
     _check(dx, dx_ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_gpu_qkv_large(interleaved: bool, dtype: torch.dtype) -> None:
+    """Llama 3.2 1B's attention (8 groups of 4 query heads, head dim 64) at sequence 4096."""
+    _check_qkv((4096, 2, 8, 4, 64), 64, interleaved, dtype, "cuda")

@@ -20,7 +20,7 @@ from megatron.core.transformer.enums import AttnMaskType
 
 from primus.turbo.kernels.cross_entropy import cross_entropy
 from primus.turbo.kernels.rms_norm import RMSNorm
-from primus.turbo.kernels.rope import apply_rope
+from primus.turbo.kernels.rope import apply_rope, apply_rope_qkv
 from primus.turbo.kernels.swiglu import swiglu_packed
 
 UPSTREAM_NORM = torch_norm.WrappedTorchNorm
@@ -109,6 +109,22 @@ def turbo_apply_rotary_pos_emb(
         return UPSTREAM_ROPE(t, freqs, config, cu_seqlens, mscale, cp_group, mla_rotary_interleaved)
     cos, sin = _cos_sin(freqs, config.rotary_interleaved, mscale)
     return apply_rope(t, cos, sin, seq_dim=0, interleaved=config.rotary_interleaved)
+
+
+def turbo_fused_qkv_rope(
+    mixed_qkv: torch.Tensor,
+    q_freqs: torch.Tensor,
+    k_freqs: torch.Tensor,
+    split_arg_list: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Transformer Engine's `apply_fused_qkv_rotary_pos_emb`, which Megatron calls under
+    `fused_single_qkv_rope`, on the Triton kernel: query and key of the unsplit QKV
+    `[s, b, groups, (q + 2) * d]` rotated in one launch. Megatron passes it no mscale and no
+    interleaving; the patch turns the path on only where neither applies."""
+    if k_freqs is not q_freqs and not torch.equal(k_freqs, q_freqs):
+        raise ValueError("the fused QKV RoPE needs one angle table for query and key")
+    cos, sin = _cos_sin(q_freqs, False, 1.0)
+    return apply_rope_qkv(mixed_qkv, cos, sin, head_dim=split_arg_list[1])
 
 
 class TurboDotProductAttention(DotProductAttention):

@@ -13,6 +13,9 @@ The kernel is the op `primus_turbo::rope(x, cos, sin, seq_dim, interleaved, inve
 backward is the same op with `inverse` flipped (rotation by -angle), so grads flow to `x` only.
 Math is fp32, the output has `x`'s dtype and shape and is contiguous.
 
+`apply_rope_qkv(qkv, cos, sin, head_dim=...)` does query and key of Megatron's unsplit QKV
+projection in one launch (op `primus_turbo::rope_qkv`) and returns query, key and value.
+
 `llama3_inv_freq` and `rope_cos_sin` build `cos`/`sin` the way both upstreams do.
 """
 
@@ -94,6 +97,7 @@ def _rope_kernel(
     sin_ptr,
     batch,
     heads,
+    groups,
     x_sb,
     x_ss,
     x_sh,
@@ -111,8 +115,11 @@ def _rope_kernel(
     BLOCK_P: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     INVERSE: tl.constexpr,
+    QPG: tl.constexpr,
 ):
-    """One program: BLOCK_H heads of one token of a [batch, seq, heads, dim] view."""
+    """One program: BLOCK_H heads of one token of a [batch, seq, heads, dim] view. With QPG
+    (query heads per group) > 0 the heads are Megatron's QKV: x's groups [q * QPG, k, v] go to
+    y as [all q; all k; all v], or back with INVERSE; value heads are copied, not rotated."""
     token = tl.program_id(0).to(tl.int64)
     s = token // batch
     b = token % batch
@@ -126,7 +133,20 @@ def _rope_kernel(
         sin = -sin
     cos = cos[None, :]
     sin = sin[None, :]
-    x_row = x_ptr + b * x_sb + s * x_ss + h[:, None] * x_sh
+    src = h
+    if QPG > 0:
+        queries = groups * QPG
+        if INVERSE:  # y head h is group h // (QPG + 2)'s slot h % (QPG + 2)
+            group, slot = h // (QPG + 2), h % (QPG + 2)
+            src = tl.where(slot < QPG, group * QPG + slot, queries + (slot - QPG) * groups + group)
+        else:  # y head h is a query, a key or a value head
+            slot = tl.where(h < queries, h % QPG, QPG + (h - queries) // groups)
+            group = tl.where(h < queries, h // QPG, (h - queries) % groups)
+            src = group * (QPG + 2) + slot
+        rotated = (slot <= QPG)[:, None]
+        cos = tl.where(rotated, cos, 1.0)
+        sin = tl.where(rotated, sin, 0.0)
+    x_row = x_ptr + b * x_sb + s * x_ss + src[:, None] * x_sh
     y_row = y_ptr + b * y_sb + s * y_ss + h[:, None] * y_sh
     if INTERLEAVED:
         # Load the pairs contiguously and split them in registers.
@@ -160,7 +180,13 @@ def _bshd(t: Tensor, seq_dim: int) -> Tensor:
 
 
 def _launch(
-    x: Tensor, cos: Tensor, sin: Tensor, seq_dim: int, interleaved: bool, inverse: bool
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    seq_dim: int,
+    interleaved: bool,
+    inverse: bool,
+    qkv_groups: int = 0,
 ) -> Tensor:
     if x.stride(-1) != 1:  # every other stride goes to the kernel as is
         x = x.contiguous()
@@ -184,6 +210,7 @@ def _launch(
         sin,
         batch,
         heads,
+        qkv_groups,
         xv.stride(0),
         xv.stride(1),
         xv.stride(2),
@@ -201,6 +228,7 @@ def _launch(
         BLOCK_P=block_p,
         INTERLEAVED=interleaved,
         INVERSE=inverse,
+        QPG=heads // qkv_groups - 2 if qkv_groups else 0,
         num_warps=num_warps,
     )
     return y
@@ -257,3 +285,83 @@ def apply_rope(
     if not 0 < 2 * cos.shape[1] <= x.shape[-1]:
         raise ValueError(f"rotary dim {2 * cos.shape[1]} must be in (0, {x.shape[-1]}]")
     return _rope_differentiable(x, cos, sin, seq_dim, interleaved, False)
+
+
+def rope_qkv_reference(
+    x: Tensor, cos: Tensor, sin: Tensor, groups: int, interleaved: bool, inverse: bool
+) -> Tensor:
+    """The `rope_qkv` op in plain PyTorch: QKV heads `[s, b, groups * (q + 2), d]`, grouped
+    (each group's q query heads, its key head, its value head) -> `[all q; all k; all v]` with
+    queries and keys rotated, or with `inverse` back, rotated by the negative angles."""
+    s, b, heads, d = x.shape
+    per_group = heads // groups - 2
+
+    def rotate(t: Tensor) -> Tensor:
+        return apply_rope_reference(
+            t, cos, -sin if inverse else sin, seq_dim=0, interleaved=interleaved
+        )
+
+    if inverse:
+        q, k, v = x.split([groups * per_group, groups, groups], dim=2)
+        grouped = (
+            rotate(q).reshape(s, b, groups, per_group, d),
+            rotate(k)[:, :, :, None],
+            v[:, :, :, None],
+        )
+        return torch.cat(grouped, dim=3).reshape(s, b, heads, d)
+    q, k, v = x.reshape(s, b, groups, per_group + 2, d).split([per_group, 1, 1], dim=3)
+    q = q.reshape(s, b, groups * per_group, d)
+    return torch.cat((rotate(q), rotate(k[:, :, :, 0]), v[:, :, :, 0]), dim=2)
+
+
+@torch.library.custom_op(f"{OPS}::rope_qkv", mutates_args=())
+def _rope_qkv(
+    x: Tensor, cos: Tensor, sin: Tensor, groups: int, interleaved: bool, inverse: bool
+) -> Tensor:
+    """See `rope_qkv_reference`; one launch either way."""
+    if on_triton(x):
+        return _launch(x, cos, sin, 0, interleaved, inverse, groups)
+    return rope_qkv_reference(x, cos, sin, groups, interleaved, inverse)
+
+
+@_rope_qkv.register_fake
+def _(x: Tensor, cos: Tensor, sin: Tensor, groups: int, interleaved: bool, inverse: bool) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+def _setup_qkv_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    _, cos, sin, ctx.groups, ctx.interleaved, ctx.inverse = inputs
+    ctx.save_for_backward(cos, sin)
+
+
+def _qkv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    cos, sin = ctx.saved_tensors
+    dx = _rope_qkv(grad.contiguous(), cos, sin, ctx.groups, ctx.interleaved, not ctx.inverse)
+    return dx, None, None, None, None, None
+
+
+_rope_qkv_differentiable = differentiable(_rope_qkv, _setup_qkv_context, _qkv_backward)
+
+
+def apply_rope_qkv(
+    qkv: Tensor, cos: Tensor, sin: Tensor, *, head_dim: int, interleaved: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Megatron's unsplit QKV `[s, b, groups, (q + 2) * head_dim]` (each group: its q query
+    heads, its key head, its value head) -> query `[s, b, groups * q, head_dim]`, key and
+    value `[s, b, groups, head_dim]`, query and key rotated: one launch forward and one
+    backward, where a split and a rope per tensor take three. Views of one output."""
+    if qkv.ndim != 4 or qkv.shape[-1] % head_dim or qkv.shape[-1] // head_dim < 3:
+        raise ValueError(
+            f"qkv must be [s, b, groups, (q + 2) * {head_dim}] with q >= 1; got {tuple(qkv.shape)}"
+        )
+    if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[0] != qkv.shape[0]:
+        raise ValueError(f"cos and sin must be [{qkv.shape[0]}, R/2]; got {tuple(cos.shape)}")
+    if not 0 < 2 * cos.shape[1] <= head_dim:
+        raise ValueError(f"rotary dim {2 * cos.shape[1]} must be in (0, {head_dim}]")
+    s, b, groups, width = qkv.shape
+    heads = groups * (width // head_dim)
+    y = _rope_qkv_differentiable(
+        qkv.reshape(s, b, heads, head_dim), cos, sin, groups, interleaved, False
+    )
+    query, key, value = y.split([heads - 2 * groups, groups, groups], dim=2)
+    return query, key, value

@@ -19,6 +19,7 @@ FEATURES = {
     "rms_norm": "Triton RMSNorm in every norm of the local spec",
     "swiglu": "Triton SwiGLU in the MLP",
     "rope": "Triton rotary embedding",
+    "qkv_rope": "query and key rotated in one launch on the unsplit QKV projection",
     "attention": "PyTorch SDPA flash/efficient attention as the core attention",
     "cross_entropy": "Triton cross-entropy for the language-model loss",
     "optimizer": "fused Adam and foreach grad-norm/scale instead of the Python fallbacks",
@@ -77,6 +78,49 @@ def turbo_rope(ctx: PatchContext) -> None:
     rope_utils = "megatron.core.models.common.embeddings.rope_utils"
     sites = ctx.replace(rope_utils, "apply_rotary_pos_emb", layers.turbo_apply_rotary_pos_emb)
     _installed("rope", sites)
+
+
+@_turbo("qkv_rope", "megatron.core.transformer.attention.apply_fused_qkv_rotary_pos_emb")
+def turbo_qkv_rope(ctx: PatchContext) -> str | None:
+    """Query and key rotated in one launch on the unsplit QKV projection: Megatron's
+    `fused_single_qkv_rope` path, whose kernel is otherwise Transformer Engine's."""
+    import megatron.core.transformer.attention as attention
+
+    from primus.turbo import megatron_layers as layers
+
+    apart = _rotated_apart(ctx)
+    if apart:
+        return _kept_upstream("qkv_rope", f"query and key rotated apart: {apart}")
+    get_args(ctx).fused_single_qkv_rope = True  # no CLI flag: Megatron's config copies args
+    sites = ctx.replace(attention, "HAVE_FUSED_QKV_ROPE", True)
+    fused = layers.turbo_fused_qkv_rope
+    sites += ctx.replace(attention, "apply_fused_qkv_rotary_pos_emb", fused)
+    _installed("qkv_rope", sites)
+    return None
+
+
+def _rotated_apart(ctx: PatchContext) -> str | None:
+    """Why query and key cannot be rotated in one launch (None: they can)."""
+    import megatron.core.transformer.attention as attention
+
+    args = get_args(ctx)
+    groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
+    reasons = {
+        "Transformer Engine's fused QKV RoPE is installed": ctx.original(
+            attention, "HAVE_FUSED_QKV_ROPE"
+        ),
+        f"{ctx.stage} packs sequences": ctx.stage != "pretrain",
+        f"position_embedding_type is {args.position_embedding_type}": (
+            args.position_embedding_type != "rope"
+        ),
+        "rotary_interleaved": args.rotary_interleaved,
+        "QK norm": args.qk_layernorm or args.qk_l2_norm,
+        "multi-latent attention": args.multi_latent_attention,
+        "attention_output_gate": args.attention_output_gate,
+        "fewer query groups than tensor-parallel ranks": (groups < args.tensor_model_parallel_size),
+        "apply_rope_fusion (Transformer Engine's kernel)": args.apply_rope_fusion,
+    }
+    return next((why for why, applies in reasons.items() if applies), None)
 
 
 @_turbo("attention", "megatron.core.transformer.dot_product_attention.DotProductAttention")
