@@ -230,7 +230,11 @@ def run_torchrun(args: list[str]) -> int:
                 f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
                 file=sys.stderr,
             )
-        return failure_code(exc.get_first_failure()[1].exitcode)
+        # torchrun may record, in one pass, the worker it stopped (exit 75 after the SIGTERM)
+        # beside, or before, the one that failed: the failure decides, not the order.
+        failures = sorted(exc.failures.values(), key=lambda failure: failure.timestamp)
+        errors = [f for f in failures if f.exitcode != EXIT_PREEMPTED] or failures
+        return failure_code(errors[0].exitcode)
     except SignalException as exc:  # torchrun passed it on and waited for the workers
         print(f"[primus] {signal.Signals(exc.sigval).name}: the workers stopped", file=sys.stderr)
         return 128 + exc.sigval
