@@ -17,7 +17,7 @@ import pytest
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
-from primus.core.launcher import Launch, launch_workers, spawn, worker_env
+from primus.core.launcher import Launch, failed_launch_code, launch_workers, spawn, worker_env
 from primus.core.testing.processes import left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -271,3 +271,18 @@ open({str(tmp_path)!r} + "/verdict", "w").write(verdict)
 """
     assert spawn(python(worker), Launch(1)) == 0
     assert (tmp_path / "verdict").read_text() == "refused 98 hi"
+
+
+def test_a_failed_worker_decides_the_code_whatever_torchrun_recorded_first() -> None:
+    """torchrun's own failure records: the worker it stopped (exit 75) timed before the one
+    that failed (the CI rehearsal's flake), then all stopped by a preemption signal."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    def failure(rank: int, code: int, at: int) -> ProcessFailure:
+        record = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="")
+        record.timestamp = at
+        return record
+
+    assert failed_launch_code([failure(0, 75, 1), failure(1, 1, 2)]) == 1
+    assert failed_launch_code([failure(0, 75, 1), failure(1, 2, 1)]) == 2
+    assert failed_launch_code([failure(0, 75, 2), failure(1, 75, 1)]) == 75

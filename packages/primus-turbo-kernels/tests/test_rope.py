@@ -291,6 +291,13 @@ def test_qkv_in_one_launch_matches_split_then_rope(
     _check_qkv((5, 2, groups, per_group, dim), rot_dim, interleaved, dtype, "cpu")
 
 
+def test_qkv_reference_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Triton does not run (CPU, no interpreter) the QKV op is its PyTorch reference."""
+    monkeypatch.setattr(rope, "on_triton", lambda *tensors: False)
+    for interleaved in (False, True):
+        _check_qkv((5, 2, 2, 3, 32), 16, interleaved, torch.float32, "cpu")
+
+
 def test_qkv_op() -> None:
     x = torch.randn(4, 2, 2 * 4, 24)
     cos, sin = _cos_sin(4, 16)

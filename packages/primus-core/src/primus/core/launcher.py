@@ -205,6 +205,15 @@ def failure_code(worker_code: int) -> int:
     return worker_code if worker_code in (2, EXIT_PREEMPTED) else 1
 
 
+def failed_launch_code(failures: list[Any]) -> int:
+    """The launcher's exit code for torchrun's failed workers (its `ProcessFailure`s): the
+    `failure_code` of the first that did not exit 75. torchrun may record, in one pass, the
+    worker it stopped (exit 75 after its SIGTERM) beside, or before, the one that failed."""
+    failures = sorted(failures, key=lambda failure: failure.timestamp)
+    errors = [f for f in failures if f.exitcode != EXIT_PREEMPTED] or failures
+    return failure_code(errors[0].exitcode)
+
+
 def _port_taken(exc: BaseException) -> bool:
     return "EADDRINUSE" in str(exc)
 
@@ -230,11 +239,7 @@ def run_torchrun(args: list[str]) -> int:
                 f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
                 file=sys.stderr,
             )
-        # torchrun may record, in one pass, the worker it stopped (exit 75 after the SIGTERM)
-        # beside, or before, the one that failed: the failure decides, not the order.
-        failures = sorted(exc.failures.values(), key=lambda failure: failure.timestamp)
-        errors = [f for f in failures if f.exitcode != EXIT_PREEMPTED] or failures
-        return failure_code(errors[0].exitcode)
+        return failed_launch_code(list(exc.failures.values()))
     except SignalException as exc:  # torchrun passed it on and waited for the workers
         print(f"[primus] {signal.Signals(exc.sigval).name}: the workers stopped", file=sys.stderr)
         return 128 + exc.sigval

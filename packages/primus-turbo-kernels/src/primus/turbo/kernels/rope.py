@@ -252,18 +252,24 @@ def _(
     return x.new_empty(x.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    _, cos, sin, ctx.seq_dim, ctx.interleaved, ctx.inverse = inputs
-    ctx.save_for_backward(cos, sin)
+def _transposed(op: Any) -> tuple[Any, Any]:
+    """Autograd setup and backward of a rotation op `(x, cos, sin, n, interleaved, inverse)`
+    whose gradient is the same op with `inverse` flipped (the transpose of a rotation, and of
+    a head permutation, is its inverse), so grads flow to `x` only."""
+
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        _, cos, sin, ctx.n, ctx.interleaved, ctx.inverse = inputs
+        ctx.save_for_backward(cos, sin)
+
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        cos, sin = ctx.saved_tensors
+        dx = op(grad, cos, sin, ctx.n, ctx.interleaved, not ctx.inverse)
+        return dx, None, None, None, None, None
+
+    return setup_context, backward
 
 
-def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-    cos, sin = ctx.saved_tensors
-    dx = _rope(grad, cos, sin, ctx.seq_dim, ctx.interleaved, not ctx.inverse)
-    return dx, None, None, None, None, None
-
-
-_rope_differentiable = differentiable(_rope, _setup_context, _backward)
+_rope_differentiable = differentiable(_rope, *_transposed(_rope))
 
 
 def apply_rope(
@@ -329,18 +335,7 @@ def _(x: Tensor, cos: Tensor, sin: Tensor, groups: int, interleaved: bool, inver
     return x.new_empty(x.shape)
 
 
-def _setup_qkv_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    _, cos, sin, ctx.groups, ctx.interleaved, ctx.inverse = inputs
-    ctx.save_for_backward(cos, sin)
-
-
-def _qkv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-    cos, sin = ctx.saved_tensors
-    dx = _rope_qkv(grad.contiguous(), cos, sin, ctx.groups, ctx.interleaved, not ctx.inverse)
-    return dx, None, None, None, None, None
-
-
-_rope_qkv_differentiable = differentiable(_rope_qkv, _setup_qkv_context, _qkv_backward)
+_rope_qkv_differentiable = differentiable(_rope_qkv, *_transposed(_rope_qkv))
 
 
 def apply_rope_qkv(
