@@ -44,13 +44,16 @@ CASES = {  # name -> (family, config.json changes)
 }  # llama3 with default RoPE: test_checkpoints.py's init_from run
 
 
-def experiment(folder: Path, hf: Path, tokenizer: Path | None = None, **changes: Any) -> Path:
+def experiment(folder: Path, hf: Path, tokenizer: Path | None = None,
+               extra: dict[str, Any] | None = None, **changes: Any) -> Path:  # fmt: skip
     """A one-module MaxText experiment whose model preset is derived from `hf`'s config
-    (with `changes`)."""
+    (with `changes`), with OVERRIDES and `extra`."""
     from primus.backends.maxtext.checkpoints import preset_from_hf
 
     (folder / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf)) | changes))
-    overrides = OVERRIDES | ({"tokenizer_path": str(tokenizer)} if tokenizer else {})
+    overrides = (
+        OVERRIDES | ({"tokenizer_path": str(tokenizer)} if tokenizer else {}) | (extra or {})
+    )
     module = {"framework": "maxtext", "config": "maxtext_pretrain", "model": "preset.yaml",
               "overrides": overrides}  # fmt: skip
     exp = folder / "exp.yaml"
@@ -244,7 +247,8 @@ def test_an_unsupported_family_is_a_config_error(llama: tuple[Path, Path], tmp_p
 def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_path: Path) -> None:
     """A bf16 HF model is written in bf16 (half float32's bytes), except the query kernel:
     MaxText's hook scales it by 1/sqrt(head_dim), here 1/sqrt(32), which bf16 cannot hold.
-    MaxText loads it as the float32 import of the same weights, bit for bit."""
+    MaxText loads it as the float32 import of the same weights, bit for bit. Exported with
+    `export_dtype: bfloat16`, it is the bf16 model again, bit for bit."""
     import torch
     from orbax.checkpoint import v1 as ocp
     from transformers import AutoModelForCausalLM
@@ -255,14 +259,19 @@ def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_p
     model.save_pretrained(tmp_path / "bf16")
     model.to(torch.float32).save_pretrained(tmp_path / "fp32")
     loaded, stored = {}, {}
-    for name in ("bf16", "fp32"):
+    dtypes = {"bf16": "bfloat16", "fp32": "float32"}
+    for name in dtypes:
         (tmp_path / f"run-{name}").mkdir()
-        exp = experiment(tmp_path / f"run-{name}", tmp_path / name)
+        exp = experiment(
+            tmp_path / f"run-{name}", tmp_path / name, extra={"export_dtype": dtypes[name]}
+        )
         with runtime(exp) as run:
             step = run.import_hf(tmp_path / name) / hf_convert.IMPORT_STEP
             config = hf_convert.maxtext_config(run.backend_args().argv)
             _, params, _ = hf_convert.abstract_model(config)
             loaded[name] = hf_convert.load_params(config, params, step)
+            if name == "bf16":
+                exported = run.export_hf(None, tmp_path / "bf16-again")
         tree = ocp.metadata(step, checkpointable_name="items").metadata["params"]
         stored[name] = {k: str(metadata_leaf(tree, k).dtype) for k in params}
     assert set(stored["fp32"].values()) == {"float32"}
@@ -272,6 +281,11 @@ def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_p
     for key, value in loaded["fp32"].items():
         assert loaded["bf16"][key].dtype == value.dtype == np.float32
         np.testing.assert_array_equal(loaded["bf16"][key], value, err_msg=key)
+    source, again = tensors(tmp_path / "bf16"), tensors(exported)
+    assert sorted(again) == sorted(source)
+    for name, tensor in source.items():
+        assert again[name].dtype == tensor.dtype and np.array_equal(again[name], tensor), name
+    assert read_config(exported)["dtype"] == "bfloat16"
 
 
 def metadata_leaf(tree: dict[str, Any], key: str) -> Any:

@@ -87,9 +87,12 @@ def _family(config: Any) -> str:
     )
 
 
-def hf_config_from_maxtext(config: Any, rope_factor: float | None) -> dict[str, Any]:
+def hf_config_from_maxtext(
+    config: Any, rope_factor: float | None, dtype: np.dtype | None = None
+) -> dict[str, Any]:
     """config.json's values for the model of a MaxText config (the inverse of the preset);
-    `rope_factor`: Primus's rope_scaling_factor (None: MaxText's own 8)."""
+    `rope_factor`: Primus's rope_scaling_factor (None: MaxText's own 8); `dtype`: the
+    tensors' (default: the weights')."""
     family = _family(config)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.rope_max_timescale)}
     if family == "llama3" and config.rope_type.startswith("llama3.1") and config.rope_use_scale:
@@ -111,7 +114,7 @@ def hf_config_from_maxtext(config: Any, rope_factor: float | None) -> dict[str, 
         "tie_word_embeddings": bool(config.logits_via_embedding),
         # at least Llama-3 RoPE's original context, which transformers checks
         "max_position_embeddings": max(config.max_target_length, 8192),
-        "dtype": str(np.dtype(config.weight_dtype)),
+        "dtype": str(dtype or np.dtype(config.weight_dtype)),
     }
     if family == "mixtral":
         values |= {
@@ -224,6 +227,17 @@ def _widen(tensor: np.ndarray, dtype: Any) -> np.ndarray:
     if tensor.dtype.name == "bfloat16" and np.dtype(dtype) == np.float32:
         return np.left_shift(tensor.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
     return tensor.astype(dtype)
+
+
+def _cast(tensor: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`tensor` in `dtype`; float32 to bfloat16 rounded to nearest even as integer
+    arithmetic, without the GIL (as `_widen`), NaN kept NaN."""
+    if tensor.dtype != np.float32 or dtype != _bfloat16():
+        return tensor.astype(dtype)
+    bits = np.ascontiguousarray(tensor).view(np.uint32)
+    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    rounded[np.isnan(tensor)] = 0x7FC0
+    return rounded.astype(np.uint16).view(dtype)
 
 
 def _slot_jobs(tables: Tables, key: str) -> Iterator[tuple[str, Any, str, tuple[int, ...]]]:
@@ -406,10 +420,15 @@ def _names(names: Any) -> Iterator[str]:
         yield names
 
 
-def export_layout(found: Tables) -> dict[str, tuple[list[int], str]]:
+def export_dtype(config: Any, name: str | None) -> np.dtype:
+    """The dtype an export writes: `name` (Primus's `export_dtype`), else the weights'."""
+    return _bfloat16() if name == "bfloat16" else np.dtype(name or config.weight_dtype)
+
+
+def export_layout(found: Tables, dtype: np.dtype) -> dict[str, tuple[list[int], str]]:
     """The HF tensors an export writes (name -> shape, safetensors dtype), in MaxText's
     parameter order."""
-    code = FLOAT_CODES[np.dtype(found.config.weight_dtype).name]
+    code = FLOAT_CODES[dtype.name]
     return {
         name: (list(found.hf_shapes[name]), code)
         for key in found.params
@@ -417,16 +436,17 @@ def export_layout(found: Tables) -> dict[str, tuple[list[int], str]]:
     }
 
 
-def _export_slot(found: Tables, weight: np.ndarray, writer: SafetensorsWriter,
+def _export_slot(found: Tables, dtype: np.dtype, weight: np.ndarray, writer: SafetensorsWriter,
                  job: tuple[str, Any, str, tuple[int, ...]]) -> None:  # fmt: skip
     """One HF tensor of a MaxText parameter: its slot, through MaxText's hooks (as
-    `process_maxtext_param` does, in numpy), in the checkpoint's dtype, written."""
+    `process_maxtext_param` does, in numpy, in the checkpoint's dtype), cast to `dtype`,
+    written."""
     from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
 
     key, index, name, _ = job
     shape = found.hf_shapes[name]
     tensor = np.asarray(apply_hook_fns(weight[index], shape, found.hooks.get(key)))
-    writer.write(name, tensor.astype(np.dtype(found.config.weight_dtype)).reshape(shape))
+    writer.write(name, _cast(tensor, dtype).reshape(shape))
 
 
 def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
@@ -440,11 +460,12 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     from transformers import AutoConfig
 
     config = maxtext_config(args.argv)
-    values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"))
+    dtype = export_dtype(config, args.primus.get("export_dtype"))
+    values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"), dtype)
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
     found = tables(config, hf.to_dict(), saving_to_hf=True)
     step = checkpoint_step(config, iteration)
-    writer = SafetensorsWriter(out, export_layout(found))
+    writer = SafetensorsWriter(out, export_layout(found, dtype))
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
     def read(key: str) -> np.ndarray:
@@ -461,7 +482,7 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
             weight = coming.result()
             if i + 1 < len(keys):
                 coming = reader.submit(read, keys[i + 1])
-            export = functools.partial(_export_slot, found, weight, writer)
+            export = functools.partial(_export_slot, found, dtype, weight, writer)
             for _ in pool.map(export, _slot_jobs(found, key)):
                 pass
             del weight

@@ -6,13 +6,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
-from primus.core.config import ModuleConfig, ParamSchema
+from primus.core.config import ModuleConfig, ParamSchema, ParamSpec, register_params
 from primus.core.config.schema import registered_params
 
 if TYPE_CHECKING:
     from primus.core.projection import Job
 
 TESTED = ">=0.2.5,<0.3"  # the maxtext versions the patches were tested on
+
+register_params(
+    "maxtext",
+    {
+        "export_dtype": ParamSpec(
+            str,
+            "dtype of the tensors `primus checkpoint export` writes (TorchTitan's "
+            "checkpoint.export_dtype); default: weight_dtype",
+            choices=("float32", "bfloat16", "float16"),
+        )
+    },
+)
 
 
 class MaxTextAdapter(BackendAdapter):
