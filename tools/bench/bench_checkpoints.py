@@ -28,6 +28,8 @@ from common import device_label, environment, print_table
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
+# the key that sets the dtype an export writes (Megatron writes its params' dtype)
+EXPORT_DTYPE_KEYS = {"torchtitan": "checkpoint.export_dtype", "maxtext": "export_dtype"}
 COLUMNS = (
     ("seconds", "seconds", ".1f"),
     ("x transformers", "time_vs_transformers", ".2f"),
@@ -99,8 +101,14 @@ def main() -> None:
     parser.add_argument(
         "--hf", type=Path, default=None, help="an HF model an earlier run made (default: make one)"
     )
+    parser.add_argument(
+        "--export-dtype",
+        default=None,
+        help="the dtype exports write, where the backend has the key (default: its own)",
+    )
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    work.mkdir(parents=True, exist_ok=True)
     hf = args.hf or make_model(work / "hf", args.model)
     model_bytes = tensor_bytes(hf)
     load = [sys.executable, "-c", "import sys; from transformers import AutoModelForCausalLM; "
@@ -113,8 +121,10 @@ def main() -> None:
         results[f"{backend} import"] = measure(
             [*primus, "import", "--hf", str(hf), *exp], work / f"{backend}-import.log"
         )
+        dtype = [f"{EXPORT_DTYPE_KEYS[backend]}={args.export_dtype}"] if (
+            args.export_dtype and backend in EXPORT_DTYPE_KEYS) else []  # fmt: skip
         results[f"{backend} export"] = measure(
-            [*primus, "export", "--hf", str(work / f"out-{backend}"), *exp],
+            [*primus, "export", "--hf", str(work / f"out-{backend}"), *exp, *dtype],
             work / f"{backend}-export.log",
         )
     reference = results["transformers.from_pretrained"]["seconds"]
@@ -137,6 +147,7 @@ def main() -> None:
         **environment(distributions, device),
         "model": args.model,
         "model_gib": round(model_bytes / GIB, 2),
+        "export_dtype": args.export_dtype,
         "results": results,
     }
     text = json.dumps(report, indent=2)

@@ -1,7 +1,8 @@
 """On the GPU: a random HF model of Llama-3.2-1B's published shape, imported into MaxText at the
 start of `primus train` (`init_from`) with the 1B recipe (bf16 activations, sequence 4096,
-synthetic data), trains 20 steps; step 1's loss is transformers' loss (bf16, on the GPU) on the
-same batch, MaxText's synthetic one, within bf16's tolerance."""
+synthetic data; cuDNN's flash attention, patch maxtext.cudnn_attention), trains 20 steps; step
+1's loss is transformers' loss (bf16, on the GPU) on the same batch, MaxText's synthetic one,
+within bf16's tolerance."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
                                       "init_from": {"hf": str(hf)}}  # fmt: skip
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
     run_dir = train_run(tmp_path / "exp.yaml", tmp_path / "ws", "exp_name=gpu1b", "steps=20")
-    # the import at the start of training runs where training does
-    assert "importing on JAX's gpu backend" in (run_dir / "logs" / "rank-0.log").read_text()
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "importing on JAX's gpu backend" in log  # the import runs where training does
+    assert "[maxtext.cudnn_attention] attention='cudnn_flash_jax'" in log  # cuDNN's attention
     curve = losses(run_dir)
     # synthetic data: the loss of a random 1B model stays near ln(vocab)
     assert sorted(curve) == list(range(1, 21)) and all(map(math.isfinite, curve.values()))

@@ -3,6 +3,7 @@
 
 from primus.backends.maxtext.patches import (
     config_errors,
+    cudnn_attention,
     data_position,
     devices,
     gpu_attention_sharding,
@@ -18,6 +19,7 @@ from primus.backends.maxtext.patches import (
 
 __all__ = [
     "config_errors",
+    "cudnn_attention",
     "data_position",
     "devices",
     "gpu_attention_sharding",
