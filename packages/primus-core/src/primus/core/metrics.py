@@ -165,11 +165,18 @@ class StepMetrics:
             f"{self.step_seconds * 1000:.1f} ms/step",
             f"{self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
             f"{_flops(self.tflops_per_gpu)} TFLOP/s/GPU",
-            f"MFU {self.mfu:.1%}" if self.mfu is not None else "MFU n/a",
+            self._mfu(),
         ]
         if self.peak_memory_gib is not None:
             parts.append(f"peak mem {self.peak_memory_gib:.1f} GiB")
         return " | ".join(parts)
+
+    def _mfu(self) -> str:
+        if self.mfu is None:
+            return "MFU n/a"
+        if self.mfu > 1:  # a step timed while its work ran in another's (asynchronous dispatch)
+            return "MFU n/a (over the peak: this step's time does not cover its work)"
+        return f"MFU {self.mfu:.1%}"
 
     def scalars(self) -> dict[str, float]:
         """The tensorboard scalars every backend adds (MFU only when the peak is known)."""
