@@ -46,13 +46,13 @@ PEAK = re.compile(r"\| peak mem ([\d.]+) GiB")
 def maxtext_command(params: dict, out: Path, run_name: str) -> list[str]:
     """MaxText's own command line for the experiment, through the function Primus uses."""
     from primus.backends.maxtext.config_bridge import maxtext_argv
-    from primus.backends.maxtext.patches.cudnn_attention import _autoselected_on_nvidia
+    from primus.backends.maxtext.patches.cudnn_attention import autoselected_on_nvidia
     from primus.core.config.schema import registered_params
     from primus.core.patches import PatchContext
     from primus.core.patches.registry import load_patch_modules
 
     load_patch_modules()  # the keys Primus's patches own are not MaxText's
-    if _autoselected_on_nvidia(PatchContext("maxtext", "setup", None, "0", params)):
+    if autoselected_on_nvidia(PatchContext("maxtext", "setup", None, "0", params)):
         params = {**params, "attention": "cudnn_flash_jax"}  # the kernel Primus's run gets
     argv = maxtext_argv(params, registered_params("maxtext"))
     # what Primus's run_dir and jax_distributed patches add in a run

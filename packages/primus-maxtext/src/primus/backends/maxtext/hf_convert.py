@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, LLAMA31_SCALING
+from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, IMPORT_FOLDER, LLAMA31_SCALING
 from primus.backends.maxtext.config_bridge import MaxTextArgs
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
@@ -59,7 +59,7 @@ def peak_rss_gib() -> float:
 
 def import_dir(config: dict[str, Any]) -> Path:
     """The folder an import fills for a run: `<run dir>/hf_import`."""
-    return Path(config["base_output_directory"]) / config["run_name"] / "hf_import"
+    return Path(config["base_output_directory"]) / config["run_name"] / IMPORT_FOLDER
 
 
 def params_path(folder: Path) -> Path:

@@ -30,9 +30,9 @@ register_params(
 class MaxTextAdapter(BackendAdapter):
     """Builds MaxText's config through its pyconfig; the trainer runs MaxText's training loop.
 
-    Params are MaxText's own config keys (base.yml's, flat), plus the keys Primus's patches
-    register. JAX runs one process per host (or per GPU), started by Primus's own spawner: the
-    coordinator is MASTER_ADDR:MASTER_PORT, not torchrun's store.
+    Params are MaxText's own config keys (base.yml's, flat), plus the keys Primus registers
+    (its patches' and `export_dtype`). JAX runs one process per host (or per GPU), started by
+    Primus's own spawner: the coordinator is MASTER_ADDR:MASTER_PORT, not torchrun's store.
     """
 
     trainers = {

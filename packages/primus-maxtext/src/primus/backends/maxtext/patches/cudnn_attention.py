@@ -18,7 +18,7 @@ from primus.core.patches import PatchContext, get_param, register_patch
 NVIDIA_DRIVER = "/dev/nvidiactl"  # the NVIDIA driver's control node: JAX's CUDA backend needs it
 
 
-def _autoselected_on_nvidia(ctx: PatchContext) -> bool:
+def autoselected_on_nvidia(ctx: PatchContext) -> bool:
     """hardware is a GPU, attention is autoselected and an NVIDIA driver is visible"""
     hardware = str(get_param(ctx, "hardware", "tpu"))
     autoselected = get_param(ctx, "attention", "autoselected") == "autoselected"
@@ -29,7 +29,7 @@ def _autoselected_on_nvidia(ctx: PatchContext) -> bool:
     "maxtext.cudnn_attention",
     backend="maxtext",
     phase="setup",
-    condition=_autoselected_on_nvidia,
+    condition=autoselected_on_nvidia,
     backend_versions=TESTED,
     target="MaxText config attention",
     tags=("performance",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from primus.backends.maxtext.checkpoints import IMPORT_FOLDER
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
@@ -59,7 +60,7 @@ def jax_distributed(ctx: PatchContext) -> None:
         return
     module = ctx.extra.get("module")
     if module is not None and module.init_from is not None and ctx.run_dir is not None:
-        imported = ctx.run_dir / (get_param(ctx, "run_name") or "") / "hf_import"  # as run_dir
+        imported = ctx.run_dir / (get_param(ctx, "run_name") or "") / IMPORT_FOLDER  # as run_dir
         if not imported.is_dir():  # orbax's save is a collective: import in one process
             raise ConfigError(
                 f"init_from: MaxText cannot import while {env.world_size} processes run",
