@@ -3,6 +3,7 @@ environments that install some of them (nothing of this checkout can stand in fo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -108,13 +109,26 @@ def make_venv(root: Path, wheels: Path, scratch: Path, dists: tuple[str, ...]) -
 
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every distribution built once, as a wheel, the way a release would build it."""
+    """Every distribution built once per test run, as a wheel, the way a release would build
+    it; under pytest-xdist the first worker to ask builds them for all."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.getbasetemp().parent / "wheels"  # the run's, not the worker's
+    else:
+        out = tmp_path_factory.getbasetemp() / "wheels"
+    out.mkdir(exist_ok=True)
+    with (out / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / ".built").exists():
+            _build_wheels(out)
+            (out / ".built").touch()
+    return out
+
+
+def _build_wheels(out: Path) -> None:
     uv = uv_path()
-    out = tmp_path_factory.mktemp("wheels")
     for name, project in PROJECTS.items():
         check(run([uv, "build", "--wheel", "--quiet", "--out-dir", str(out), str(project)], REPO))
         assert list(out.glob(f"{name.replace('-', '_')}-*.whl")), f"no wheel for {name}"
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -88,3 +88,56 @@ def test_a_dummy_run_writes_only_its_run_directory(tmp_path) -> None:
     run_dir, new = run_writes(DUMMY_QUICKSTART, tmp_path, ROOT, "exp_name=files", "train_iters=5")
     assert any(p.is_relative_to(run_dir) for p in new)
     assert written_outside(new, run_dir) == []
+
+
+def _folder_of(length: int, parent: Path) -> Path:
+    """A new folder whose absolute path is `length` bytes long."""
+    pad = length - len(str(parent)) - 1
+    assert pad > 0, parent
+    folder = parent / ("t" * pad)
+    folder.mkdir()
+    return folder
+
+
+def test_the_temp_dir_limit_is_where_multiprocessing_sockets_stop_binding() -> None:
+    """SOCKET_PATH_MAX - SOCKET_SUFFIX is exactly the longest TMPDIR under which Python's
+    multiprocessing can still bind its sockets; one byte more and binding fails."""
+    import shutil
+    import tempfile
+
+    from primus.core.folders import SOCKET_PATH_MAX, SOCKET_SUFFIX
+
+    room = SOCKET_PATH_MAX - SOCKET_SUFFIX
+    parent = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
+    try:
+        for length, fits in ((room, True), (room + 1, False)):
+            folder = _folder_of(length, parent)
+            bind = subprocess.run(
+                [sys.executable, "-c",
+                 "from multiprocessing.connection import Listener; Listener(family='AF_UNIX')"],
+                env={**os.environ, "TMPDIR": str(folder)}, capture_output=True, text=True,
+            )  # fmt: skip
+            assert (bind.returncode == 0) == fits, (length, bind.stderr[-500:])
+            if not fits:
+                assert "AF_UNIX path too long" in bind.stderr
+            shutil.rmtree(folder)
+    finally:
+        shutil.rmtree(parent)
+
+
+def test_a_temp_dir_too_long_for_sockets_is_one_error_before_any_work(tmp_path) -> None:
+    """Without the check, a Megatron run's data-loader workers fail to bind a socket in a
+    queue's feeder thread, and the run hangs before its first step."""
+    temp = _folder_of(90, tmp_path)
+    result = primus(
+        "train", "pretrain", "--config", str(DUMMY_QUICKSTART), "train_iters=2",
+        PRIMUS_WORKSPACE=str(tmp_path / "ws"), TMPDIR=str(temp),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith(f"error: env TMPDIR: the temporary folder {temp} is 90 bytes")
+    assert "the run would hang" in lines[0]
+    assert lines[1].strip() == "hint: point TMPDIR at a shorter folder"
+    assert not list((tmp_path / "ws").rglob("*.log"))  # no worker started

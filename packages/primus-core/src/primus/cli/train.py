@@ -61,6 +61,7 @@ def _command(stage: str) -> Callable[..., None]:
         if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
             launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
             runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
+            runtime.check_temp_dir()
             preemption.clear(runtime.run_dir)
             worker = [
                 "train",

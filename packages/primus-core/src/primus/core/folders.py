@@ -1,10 +1,16 @@
 """Whether a folder can take files: the one probe the run directory and preflight's workspace
-use before any work."""
+use before any work; and whether the temporary folder leaves room for multiprocessing's sockets."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
+
+# Python's multiprocessing binds Unix sockets at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (data-loader
+# workers share tensors through them); Linux takes a socket path of at most 107 bytes.
+SOCKET_PATH_MAX = 107
+SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
 
 
 def unwritable(folder: Path) -> str | None:
@@ -19,3 +25,17 @@ def unwritable(folder: Path) -> str | None:
         if not existing.is_dir():
             return f"{existing} is not a folder"
         return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+
+
+def temp_dir_too_long() -> str | None:
+    """None if multiprocessing's socket paths fit under the temporary folder, else why not.
+    Where they don't, a worker's socket fails in a queue's feeder thread and the run hangs."""
+    temp = tempfile.gettempdir()
+    room = SOCKET_PATH_MAX - SOCKET_SUFFIX
+    if len(os.fsencode(temp)) <= room:
+        return None
+    return (
+        f"the temporary folder {temp} is {len(os.fsencode(temp))} bytes long; Python's "
+        f"multiprocessing makes Unix sockets {SOCKET_SUFFIX} bytes deeper, and Linux takes "
+        f"{SOCKET_PATH_MAX}: data-loader workers could not share tensors and the run would hang"
+    )

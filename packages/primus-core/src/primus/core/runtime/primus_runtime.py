@@ -18,8 +18,8 @@ from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree
 from primus.core.dist_env import get_torchrun_env
-from primus.core.errors import ConfigError
-from primus.core.folders import unwritable
+from primus.core.errors import ConfigError, Origin
+from primus.core.folders import temp_dir_too_long, unwritable
 from primus.core.logging import get_logger, setup_logging
 from primus.core.patches.patch import PatchContext
 from primus.core.patches.runner import APPLIED, PatchRunner
@@ -112,9 +112,20 @@ class PrimusRuntime:
                 "or make this one writable",
             )
 
+    def check_temp_dir(self) -> None:
+        """A ConfigError where TMPDIR is too long for multiprocessing's sockets (a hang later)."""
+        why = temp_dir_too_long()
+        if why is not None:
+            raise ConfigError(
+                why,
+                Origin("env", detail="TMPDIR") if os.environ.get("TMPDIR") else None,
+                hint="point TMPDIR at a shorter folder",
+            )
+
     def run(self, dry_run: bool = False) -> None:
         if not dry_run:
             self.check_run_dir()  # before the log folder or anything else is written
+            self.check_temp_dir()
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
             level,

@@ -4,6 +4,8 @@ run wrote, by snapshotting folders before and after it."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # Python's bytecode cache (moved with PYTHONPYCACHEPREFIX, off with PYTHONDONTWRITEBYTECODE):
@@ -47,20 +49,24 @@ def run_writes(
     config: Path, tmp_path: Path, repo: Path, *overrides: str, **env: str
 ) -> tuple[Path, list[Path]]:
     """`primus train pretrain --config config OVERRIDES` (exp_name=... among them) with HOME
-    and TMPDIR pointed at fresh folders under `tmp_path`, so that the snapshot is exact and
-    other processes' /tmp noise stays out of it; the workspace is `tmp_path`/ws. Asserts it
-    succeeded; returns its run directory and every file it wrote in HOME, TMPDIR, `tmp_path`
-    and `repo` (the environment under it included)."""
+    and TMPDIR pointed at fresh folders, so that the snapshot is exact and other processes'
+    /tmp noise stays out of it: HOME under `tmp_path`, TMPDIR directly under /tmp (short, as
+    multiprocessing's sockets need; folders.temp_dir_too_long); the workspace is `tmp_path`/ws.
+    Asserts it succeeded; returns its run directory and every file it wrote in HOME, TMPDIR,
+    `tmp_path` and `repo` (the environment under it included)."""
     from primus.core.testing.runs import primus
 
-    home, tmp, workspace = tmp_path / "home", tmp_path / "tmp", tmp_path / "ws"
+    home, workspace = tmp_path / "home", tmp_path / "ws"
     home.mkdir()
-    tmp.mkdir()
-    before = snapshot(tmp_path, repo)
-    result = primus(
-        "train", "pretrain", "--config", str(config), *overrides, cwd=tmp_path,
-        PRIMUS_WORKSPACE=str(workspace), HOME=str(home), TMPDIR=str(tmp), **env,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    name = next(o.split("=", 1)[1] for o in overrides if o.startswith("exp_name="))
-    return next(workspace.rglob(name)), written(before, snapshot(tmp_path, repo))
+    tmp = Path(tempfile.mkdtemp(prefix="primus-t-", dir="/tmp"))
+    try:
+        before = snapshot(tmp_path, tmp, repo)
+        result = primus(
+            "train", "pretrain", "--config", str(config), *overrides, cwd=tmp_path,
+            PRIMUS_WORKSPACE=str(workspace), HOME=str(home), TMPDIR=str(tmp), **env,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        name = next(o.split("=", 1)[1] for o in overrides if o.startswith("exp_name="))
+        return next(workspace.rglob(name)), written(before, snapshot(tmp_path, tmp, repo))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
