@@ -65,7 +65,10 @@ def test_init_from_starts_training_from_the_hf_model(
     assert (run_dir / "hf_import" / "0" / "items").is_dir()
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"restoring params from {run_dir / 'hf_import' / '0'}" in log
-    assert "TensorStore data files not found" not in log  # orbax's "malformed" warning
+    # orbax's "may be malformed" (a checkpoint without OCDBT data) and "failed to resolve
+    # handler" (a checkpointable it has no record of) warnings: the import is neither
+    assert "TensorStore data files not found" not in log
+    assert "Failed to resolve handler" not in log
     assert losses(run_dir)[1] == pytest.approx(hf_loss(hf, synthetic_batch(run_dir)), rel=1e-5)
 
 

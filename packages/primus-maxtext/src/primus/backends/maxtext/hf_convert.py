@@ -9,11 +9,12 @@ checkpoint MaxText's `load_parameters_path` reads (`<import dir>/0/items`).
 from __future__ import annotations
 
 import functools
-import math
+import json
 import operator
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,33 +315,40 @@ def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray], inexa
     built[key][index] = tensor  # cast to the slot's dtype
 
 
-def build_params(tables: Tables, reader: HFTensors) -> list[np.ndarray]:
-    """Every MaxText parameter (in `tables.params` order), each filled in place from its HF
-    tensors (in `stored_dtypes`): each of THREADS threads reads, transforms and writes one HF
-    tensor at a time, the largest first, so their transient copies come before the model fills
-    memory. A parameter that bfloat16 cannot hold exactly is filled again in its own dtype."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    stored = stored_dtypes(tables, reader)
-    built = {key: np.empty(leaf.shape, stored[key]) for key, leaf in tables.params.items()}
+def build_param(
+    tables: Tables, reader: HFTensors, key: str, dtype: np.dtype, pool: Any
+) -> np.ndarray:
+    """MaxText parameter `key`, filled in place from its HF tensors in `dtype` (its
+    `stored_dtypes` entry) by the `pool`'s threads, each reading, transforming and writing one
+    HF tensor at a time; filled again in its own dtype where bfloat16 cannot hold it exactly."""
+    jobs = list(_slot_jobs(tables, key))
+    built = {key: np.empty(tables.params[key].shape, dtype)}
     inexact: set[str] = set()
-    jobs = [job for key in tables.params for job in _slot_jobs(tables, key)]
-    jobs.sort(key=lambda job: -math.prod(job[3]))
-    with ThreadPoolExecutor(THREADS) as pool:
-        for _ in pool.map(functools.partial(_fill, tables, reader, built, inexact), jobs):
+    for _ in pool.map(functools.partial(_fill, tables, reader, built, inexact), jobs):
+        pass
+    if key in inexact:
+        built[key] = np.empty(tables.params[key].shape, tables.params[key].dtype)
+        for _ in pool.map(functools.partial(_fill, tables, reader, built, set()), jobs):
             pass
-        for key in inexact:
-            built[key] = np.empty(tables.params[key].shape, tables.params[key].dtype)
-        again = [job for job in jobs if job[0] in inexact]
-        for _ in pool.map(functools.partial(_fill, tables, reader, built, set()), again):
-            pass
-    return list(built.values())
+    return built[key]
+
+
+def _nested(leaves: dict[str, Any]) -> dict[str, Any]:
+    """{"params": tree} of `leaves` by MaxText key (its parts joined by "-")."""
+    tree: dict[str, Any] = {}
+    for key, leaf in leaves.items():
+        *parents, name = key.split("-")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf
+    return {"params": tree}
 
 
 def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
-    """Write `hf_dir`'s weights as a params-only orbax checkpoint `out/0/items` (zarr, one
-    folder per parameter). Each parameter is built in its final (numpy) buffer, and orbax
-    writes those buffers as they are: the model is held once."""
+    """Write `hf_dir`'s weights as a params-only orbax checkpoint `out/0/items` (OCDBT), one
+    parameter at a time: each is built in its final (numpy) buffer while orbax's partial save
+    writes the one before, as it is. At most two parameters are held, never the model."""
     import jax
     from orbax.checkpoint import v1 as ocp
 
@@ -353,27 +361,46 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
     log_rank_0(f"[maxtext] importing on JAX's {jax.default_backend()} backend")
-    start = time.perf_counter()
-    leaves = build_params(found, reader)
-    gib = sum(leaf.nbytes for leaf in leaves) / 2**30
-    log_rank_0(f"[maxtext] converted {len(leaves)} parameters ({gib:.2f} GiB) in "
-               f"{time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB); saving")  # fmt: skip
-    tree = jax.tree_util.tree_unflatten(found.treedef, leaves)
-    start = time.perf_counter()
-    # Measured on CPU: orbax's default deep copy of numpy arrays holds a second model, and
-    # OCDBT holds the compressed bytes of every array until the save commits (a third of the
-    # model more); without either the save adds next to nothing. Loads read either format.
+    stored = stored_dtypes(found, reader)
+    step, start, done = out / IMPORT_STEP, time.perf_counter(), 0
+    # orbax's default deep copy of numpy arrays would hold a second copy of each parameter
     context = checkpoint_context.build_context(
-        use_ocdbt=False, use_zarr3=config.checkpoint_storage_use_zarr3
+        use_ocdbt=True, use_zarr3=config.checkpoint_storage_use_zarr3
     )
     context.memory.deepcopy_host_arrays = False
     context.memory.write_concurrent_bytes = WRITE_BYTES
     context.array.saving.storage_options.chunk_byte_size = CHUNK_BYTES
-    with context:
-        ocp.save(str(out / IMPORT_STEP), {"params": tree}, checkpointable_name="items")
-    log_rank_0(
-        f"[maxtext] saved in {time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)"
-    )
+    with context, ThreadPoolExecutor(THREADS) as pool:
+        saving = None
+        for i, key in enumerate(found.params, 1):
+            leaf = build_param(found, reader, key, stored[key], pool)
+            if saving is not None:
+                saving.result()
+            saving = ocp.partial.save_async(str(step), _nested({key: leaf}))
+            done += leaf.nbytes
+            del leaf
+            log_rank_0(f"[maxtext] {i}/{len(found.params)} parameters, {done / 2**30:.2f} GiB, "
+                       f"{time.perf_counter() - start:.1f} s: {key}")  # fmt: skip
+        if saving is not None:
+            saving.result()
+        ocp.partial.finalize(str(step))
+    _name_items(step)
+    log_rank_0(f"[maxtext] converted and saved {len(found.params)} parameters ({done / 2**30:.2f} "
+               f"GiB) in {time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)")  # fmt: skip
+
+
+def _name_items(step: Path) -> None:
+    """A finalized partial save holds its tree as checkpointable "state"; MaxText's
+    `load_parameters_path` and a one-shot save (`checkpointable_name="items"`) name it "items":
+    renamed, and recorded with the handler a one-shot save records."""
+    from orbax.checkpoint import v1 as ocp
+
+    (step / "state").rename(step / "items")
+    metadata = step / "_CHECKPOINT_METADATA"
+    record = json.loads(metadata.read_text())
+    handler = ocp.handlers.PyTreeHandler
+    record["item_handlers"] = {"items": f"{handler.__module__}.{handler.__qualname__}"}
+    metadata.write_text(json.dumps(record))
 
 
 def checkpoint_step(config: Any, iteration: int | None) -> Path:
@@ -401,13 +428,6 @@ def load_params(config: Any, params: dict[str, Any], step: Path) -> dict[str, An
 
     from maxtext.common import checkpoint_context
 
-    wanted: dict[str, Any] = {}
-    for key, leaf in params.items():
-        *parents, name = key.split("-")
-        node = wanted
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[name] = leaf
     context = checkpoint_context.build_context(
         use_ocdbt=config.checkpoint_storage_use_ocdbt,
         use_zarr3=config.checkpoint_storage_use_zarr3,
@@ -415,7 +435,7 @@ def load_params(config: Any, params: dict[str, Any], step: Path) -> dict[str, An
         partial_load=True,  # a training checkpoint also holds the optimizer's state
     )
     with context:
-        restored = ocp.load(str(step), {"params": wanted}, checkpointable_name="items")["params"]
+        restored = ocp.load(str(step), _nested(params), checkpointable_name="items")["params"]
     return {key: functools.reduce(operator.getitem, key.split("-"), restored) for key in params}
 
 
@@ -470,8 +490,6 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
     the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer). One MaxText
     parameter is written (its HF tensors by THREADS threads) while the next is read into host
     memory: at most two are held."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import jax
     from transformers import AutoConfig
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from primus.backends.maxtext.checkpoints import IMPORT_FOLDER
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.logging import LogRouter
 from primus.core.patches import PatchContext, register_patch
@@ -27,15 +26,4 @@ def route_logs(ctx: PatchContext) -> None:
     absl_logging.set_verbosity(absl_logging.INFO)
     # MaxText's own records from INFO, other libraries' (orbax, grain, ...) from WARNING
     router = LogRouter("maxtext", level=logging.WARNING, levels={"/maxtext/": logging.INFO})
-    router.addFilter(_not_an_import_read)
     router.attach("absl", "maxtext")
-
-
-# what orbax warns of a checkpoint it finds no OCDBT data files in
-NO_DATA_FILES = "TensorStore data files not found in checkpoint path"
-
-
-def _not_an_import_read(record: logging.LogRecord) -> bool:
-    """Not orbax's warning that a checkpoint "may be malformed" as it reads a Primus HF import:
-    that is written without OCDBT (hf_convert.import_hf), one folder per array, as is valid."""
-    return not (str(record.msg).startswith(NO_DATA_FILES) and IMPORT_FOLDER in str(record.args))
