@@ -45,6 +45,23 @@ def test_full_recompute_keeps_the_layer_inputs_and_one_layer() -> None:
     assert p.activations == 2 * 4 * 8 * 2 + 4 * 104 * 2
 
 
+def test_full_recompute_holds_the_backends_working_set_of_layers() -> None:
+    p = project(Job(TINY, micro_batch=1, seq_len=4, recompute="full", recompute_working_set=2))
+    assert p.activations == 2 * 4 * 8 * 2 + 2 * 4 * 104 * 2
+
+
+def test_projections_recompute_keeps_the_projections_outputs() -> None:
+    # per token and layer: q 8, k + v 2 x 4, gate + up 2 x 16, attention output + down 2 x 8
+    p = project(Job(TINY, micro_batch=1, seq_len=4, recompute="projections"))
+    assert p.activations == 2 * 4 * (8 + 8 + 32 + 16) * 2
+    # tensor parallel splits q, k, v, gate and up; sequence parallel the two outputs too
+    mha = Model(**{**TINY.__dict__, "kv_heads": 2})
+    tp = project(Job(mha, micro_batch=1, seq_len=4, tp=2, recompute="projections"))
+    assert tp.activations == 2 * 4 * ((8 + 16 + 32) / 2 + 16) * 2
+    sp = Job(mha, micro_batch=1, seq_len=4, tp=2, sequence_parallel=True, recompute="projections")
+    assert project(sp).activations == 2 * 4 * (8 + 16 + 32 + 16) / 2 * 2
+
+
 def test_tensor_parallel_splits_matrices_and_sequence_parallel_the_norms() -> None:
     mha = Model(**{**TINY.__dict__, "kv_heads": 2})  # k and v 8x8: attention 256, 80 split
     p = project(Job(mha, micro_batch=1, seq_len=4, tp=2))
@@ -92,7 +109,10 @@ def test_moe_layers_split_experts_over_expert_parallel_ranks() -> None:
         ({"tp": 2, "model": Model(**{**TINY.__dict__, "heads": 4})}, "KV heads (1) do not split"),
         ({"pp": 3}, "layers (2) do not split into 3"),
         ({"ep": 2}, "experts (0) do not split into 2"),
-        ({"recompute": "some"}, "recompute 'some' is not one of none, selective, full"),
+        (
+            {"recompute": "some"},
+            "recompute 'some' is not one of none, selective, projections, full",
+        ),
     ],
 )
 def test_a_layout_the_model_cannot_take_is_a_config_error(changes: dict, message: str) -> None:

@@ -15,8 +15,12 @@ for the backward pass. The arithmetic is here, the same for every backend:
   (4 h; split by sequence parallelism), query, keys, values and the attention output, the
   MLP's gate, up and activation outputs (split by tensor parallelism), and without a
   flash kernel the attention probabilities (heads x sequence). Full recompute keeps a layer's
-  input only (plus one layer's activations while it recomputes); selective recompute drops the
-  probabilities. A 1F1B pipeline's first stage holds `pp` micro batches;
+  input only (plus one layer's activations while it recomputes, times the backend's
+  `recompute_working_set`); selective recompute drops the
+  probabilities; `projections` keeps only the projections' outputs (query, keys, values, the
+  attention output projection, the MLP's gate, up and down: JAX's checkpoint policies that
+  save named matmuls), recomputing the norms, RoPE, the activation function and the attention
+  core. A 1F1B pipeline's first stage holds `pp` micro batches;
 - the loss's logits on the last stage: tokens x vocabulary (split by tensor parallelism) x the
   bytes the loss keeps for each.
 
@@ -32,7 +36,7 @@ from dataclasses import asdict, dataclass
 from primus.core.errors import ConfigError
 
 GIB = 1 << 30
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "projections", "full")
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class Job:
     sequence_parallel: bool = False
     flash_attention: bool = True
     recompute: str = "none"
+    # layers' worth of activations a full recompute holds while it recomputes a layer and runs
+    # its backward (the recomputed forward, the backward's gradients, their precision)
+    recompute_working_set: float = 1.0
     logit_bytes: float = 6  # what the loss keeps per logit (fp32 softmax + its bf16 gradient)
     # what the performance projection also needs (`primus.core.performance`)
     global_batch: int = 0  # sequences per step; 0: one micro batch per data-parallel rank
@@ -121,6 +128,14 @@ class Job:
                 raise ConfigError(f"{what} ({count}) do not split into {parts} equal parts")
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)}")
+
+
+def check_recompute(job: Job, framework: str, modes: tuple[str, ...]) -> None:
+    """A ConfigError unless `job`'s recompute is one of the `modes` the backend runs (a layout
+    `rank_layouts` tried that the backend's `layout_overrides` cannot express)."""
+    if job.recompute not in modes:
+        raise ConfigError(f"{framework} has no recompute '{job.recompute}' (it has: "
+                          f"{', '.join(modes)})")  # fmt: skip
 
 
 def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
@@ -172,8 +187,17 @@ def _stage_parameters(job: Job, first: bool, last: bool) -> tuple[float, float]:
 def _layer_activations(job: Job, tokens: float) -> float:
     """Bytes one layer keeps for one micro batch of `tokens` tokens (this rank's share)."""
     m = job.model
-    replicated = 4 * m.hidden / (job.tp if job.sequence_parallel else 1)
-    mlp = (3 if m.gated else 2) * m.ffn * max(1, m.experts_per_token)
+    routed = max(1, m.experts_per_token)
+    hidden_split = job.tp if job.sequence_parallel else 1
+    if job.recompute == "projections":  # q, k, v and the MLP's inputs; two outputs of width h
+        split = (m.heads + 2 * m.kv_heads) * m.head_dim + (2 if m.gated else 1) * m.ffn * routed
+        return (
+            tokens
+            * (split / job.tp + (1 + routed) * m.hidden / hidden_split)
+            * (job.activation_bytes)
+        )
+    replicated = 4 * m.hidden / hidden_split
+    mlp = (3 if m.gated else 2) * m.ffn * routed
     split = 2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + mlp
     probabilities = (
         0 if job.flash_attention or job.recompute == "selective" else m.heads * job.seq_len
@@ -198,7 +222,7 @@ def project(job: Job) -> Projection:
     if job.recompute == "full":  # layer inputs, and one layer's activations while recomputing
         kept = layers * tokens * m.hidden * job.activation_bytes
         kept /= job.tp if job.sequence_parallel else 1
-        per_micro_batch = kept + one_layer
+        per_micro_batch = kept + one_layer * job.recompute_working_set
     else:
         per_micro_batch = layers * one_layer
     stages = [(True, job.pp == 1)] + ([(False, True)] if job.pp > 1 else [])

@@ -10,12 +10,16 @@ Bytes, as MaxText's train step keeps them:
 - adamw: mu in `mu_dtype` (the weights' unless set) and nu in the weights' dtype; adam_pax: both
   in the weights'; muon: its momentum; sgd: nothing;
 - activations in `dtype`. MaxText remats every scanned decoder layer (`jax.checkpoint`):
-  `full`, and `none` (no policy), keep the layer inputs; `minimal` and the `save_dot_*` policies
-  also the projections' outputs, recomputing norms and the MLP's activation (projected as
-  selective recompute: an upper bound); `save_qkv_proj`, `save_out_proj`, the offloaded and
-  custom ones a little more than full (projected as full: a lower bound);
-- logits: the loss keeps exp(logits - max) in float32 (`cast_logits_to_fp32`; else in `dtype`)
-  and, in the backward, its gradient in `dtype`; `num_vocab_tiling` chunks divide that.
+  `full`, and `none` (no policy), keep the layer inputs; `minimal` the projections' outputs
+  (`save_only_these_names` of query, key, value, out, mlpwi_0, mlpwi_1, mlpwo: core's
+  `projections` recompute), `minimal_with_context` also the attention output (a little more),
+  the `save_dot_*` policies some of them (an upper bound); `save_qkv_proj`, `save_out_proj`,
+  the offloaded and custom ones a little more than full (projected as full: a lower bound).
+  While full remat recomputes a layer and runs its backward, it holds two layers' worth
+  (`recompute_working_set`: the recomputed activations and their gradients; with 2 the runs
+  in docs/benchmarks, 1B and 8B, 1 to 4 GPUs, are within 9%; with 1, the 8B ones 5-11% under);
+- logits: at the peak, the logits in `dtype` and their gradient in `dtype` (measured: the
+  float32 softmax does not outlive its fusion); `num_vocab_tiling` chunks divide that.
 
 Layout: MaxText's mesh, ici x dcn per axis, the -1 axis filling the GPUs left. `tensor` is tp
 (the activations' embedding dimension is split too: sequence parallel), `context` (and
@@ -33,13 +37,13 @@ import os
 from typing import Any
 
 from primus.core.errors import ConfigError
-from primus.core.projection import Job, Model, data_parallel
+from primus.core.projection import Job, Model, check_recompute, data_parallel
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DATA_AXES = ("data", "fsdp", "fsdp_transpose", "expert")
 SHARDING_AXES = ("fsdp", "fsdp_transpose", "expert")  # the axes weights are sharded over
 MODELLED = (*DATA_AXES, "tensor", "context", "context_usp_ulysses")
-SELECTIVE = ("minimal", "minimal_with_context", "minimal_flash", "minimal_with_quantization",
+PROJECTIONS = ("minimal", "minimal_with_context", "minimal_flash", "minimal_with_quantization",
              "minimal_with_context_and_quantization", "save_dot_with_context_except_mlp",
              "save_dot_except_mlpwi", "save_dot_except_mlp")  # fmt: skip
 
@@ -130,7 +134,6 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
     accumulation = config["gradient_accumulation_steps"]
     mu = _bytes(config, "mu_dtype") if config.get("mu_dtype") else weight
     moments = {"adamw": mu + weight, "adam_pax": 2 * weight, "muon": mu, "sgd": 0}
-    logit = 4 if config["cast_logits_to_fp32"] else act
     kernel = config["attention"]
     flash = kernel != "dot_product" and not (
         kernel == "autoselected"
@@ -151,8 +154,9 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
         activation_bytes=act,
         sequence_parallel=tp > 1,
         flash_attention=flash,
-        recompute="selective" if config["remat_policy"] in SELECTIVE else "full",
-        logit_bytes=(logit + act) / max(1, config["num_vocab_tiling"]),
+        recompute="projections" if config["remat_policy"] in PROJECTIONS else "full",
+        recompute_working_set=2.0,
+        logit_bytes=2 * act / max(1, config["num_vocab_tiling"]),
         global_batch=int(per_group) * dp * accumulation,
         fused_kernels=True,  # XLA fuses the norms, RoPE, SwiGLU and the loss's elementwise work
         cuda_graphs=_command_buffers(),
@@ -169,8 +173,7 @@ def layout_overrides(job: Job) -> dict[str, Any]:
     """MaxText's keys for `job`'s layout (on one slice). The micro batches of a step are
     gradient accumulation steps, or with a pipeline its micro batches (MaxText splits each
     device's batch; the projection itself does not model MaxText's pipeline)."""
-    if job.recompute == "none":
-        raise ConfigError("MaxText rematerialises every layer: no remat policy keeps all")
+    check_recompute(job, "MaxText", ("projections", "full"))  # it remats every layer
     replicas = job.dp // job.ep
     count = job.global_batch // (job.micro_batch * job.dp) if job.global_batch else 1
     keys = {
@@ -183,7 +186,7 @@ def layout_overrides(job: Job) -> dict[str, Any]:
         "shard_optimizer_over_data": job.zero in (1, 2),
         "per_device_batch_size": _sequences(job.micro_batch, job.tp * job.cp),
         "gradient_accumulation_steps": count,
-        "remat_policy": "full" if job.recompute == "full" else "minimal",
+        "remat_policy": "minimal" if job.recompute == "projections" else "full",
     }
     if job.pp > 1:
         per_device = _sequences(job.micro_batch * count, job.tp * job.pp * job.cp)

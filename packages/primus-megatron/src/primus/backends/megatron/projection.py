@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from primus.core.errors import ConfigError
-from primus.core.projection import Job, Model, data_parallel
+from primus.core.projection import Job, Model, check_recompute, data_parallel
 
 # what the loss keeps per logit: Megatron's vocab-parallel cross-entropy an fp32 softmax and,
 # in the backward, its bf16 gradient; turbo's cross-entropy the bf16 logits and their gradient
@@ -89,6 +89,7 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
 
 def layout_overrides(job: Job) -> dict[str, Any]:
     """Megatron's keys for `job`'s layout."""
+    check_recompute(job, "Megatron", ("none", "selective", "full"))
     return {
         "tensor_model_parallel_size": job.tp,
         "pipeline_model_parallel_size": job.pp,

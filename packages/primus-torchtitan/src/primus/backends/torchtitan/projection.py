@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from primus.core.errors import ConfigError
-from primus.core.projection import Job, Model, data_parallel
+from primus.core.projection import Job, Model, check_recompute, data_parallel
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # per logit of one chunk: upstream's fp32 log-softmax and its two fp32 gradients; fused: the
@@ -136,6 +136,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
 def layout_overrides(job: Job) -> dict[str, Any]:
     """TorchTitan's keys for `job`'s layout (data-parallel sharding fills the rest; TorchTitan
     captures no CUDA graph under pipeline parallelism)."""
+    check_recompute(job, "TorchTitan", ("none", "selective", "full"))
     keys: dict[str, Any] = {
         "parallelism.tensor_parallel_degree": job.tp,
         "parallelism.pipeline_parallel_degree": job.pp,
