@@ -31,8 +31,9 @@ from common import (
     gpu_name,
     medians,
     mfu_both_ways,
+    module_params,
     print_table,
-    resolved_params,
+    resolved,
     run,
 )
 
@@ -112,10 +113,13 @@ def main() -> None:
     opts = parser.parse_args()
     device = gpu_name()
     peak = peak_tflops(device)
-    params = resolved_params(opts.config, opts.overrides) | {"steps": opts.steps}
+    experiment = resolved(opts.config, opts.overrides)
+    params = module_params(experiment) | {"steps": opts.steps}
     logs = opts.out.parent.resolve()
     logs.mkdir(parents=True, exist_ok=True)
     gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(opts.gpus)))} if opts.gpus else {}
+    # the experiment's `env:` (Primus sets it before JAX starts), for MaxText's own run too
+    env = {key: str(value) for key, value in (experiment.get("env") or {}).items()} | gpus
     results: dict[str, list[dict]] = {name: [] for name in opts.runs}
     plain = []
     for i in range(opts.rounds):
@@ -123,7 +127,7 @@ def main() -> None:
                   str(opts.config), *opts.overrides, f"steps={opts.steps}", f"exp_name=bench-{i}"]  # fmt: skip
         plain = maxtext_command(params, logs / "maxtext-outputs", f"plain-{i}")
         for name in opts.runs:
-            text = run(primus if name == "primus" else plain, logs / f"{name}-{i}.log", gpus)
+            text = run(primus if name == "primus" else plain, logs / f"{name}-{i}.log", env)
             results[name].append(parse_log(text, opts.warmup, peak))
     summary = {}
     for name, runs in results.items():

@@ -14,16 +14,24 @@ from pathlib import Path
 from typing import Any
 
 
-def resolved_params(config: Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The single module's params of a Primus experiment with `overrides` (key=value), as
-    `primus config show` resolves them."""
+def resolved(config: Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """A Primus experiment with `overrides` (key=value), as `primus config show` resolves it."""
     out = subprocess.run(
         [sys.executable, "-m", "primus.cli", "config", "show", str(config), "--format", "json",
          *overrides],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    modules = json.loads(out.stdout)["modules"]
-    return next(iter(modules.values()))["overrides"]
+    return json.loads(out.stdout)
+
+
+def resolved_params(config: Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The single module's params of a resolved experiment (`resolved`)."""
+    return module_params(resolved(config, overrides))
+
+
+def module_params(experiment: dict[str, Any]) -> dict[str, Any]:
+    """The single module's params of a resolved experiment."""
+    return next(iter(experiment["modules"].values()))["overrides"]
 
 
 def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> str:
