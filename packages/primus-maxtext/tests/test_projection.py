@@ -90,23 +90,27 @@ def test_layout_overrides_give_the_same_job_back() -> None:
 
 
 # Runs of the current code with the device's peak memory (Primus's step line): (JSON, key or
-# None for the page's "primus" run). Not projected: MaxText's own runs (no peak recorded) and
-# the XLA-flag experiment of eight-gpus.md (flags that hold more for overlap).
+# None for the page's "primus" run, the recipe's keys before 2026-11-26 or none). Not
+# projected: MaxText's own runs (no peak recorded) and the XLA-flag experiment of
+# eight-gpus.md (flags that hold more for overlap).
+BEFORE = ("remat_policy=full", "per_device_batch_size=2")  # the 1B recipe until 2026-11-26
 MEASURED_RUNS = [
-    ("maxtext-h100-2026-11-21.json", None),  # the recipe before its remat change: full, batch 2
-    *(("maxtext-cudnn-attention-2026-11-26.json", key) for key in (
+    ("maxtext-h100-2026-11-21.json", None, BEFORE),
+    *(("maxtext-cudnn-attention-2026-11-26.json", key, BEFORE) for key in (
         "h100_recipe_cudnn (call 3)", "h100_cudnn_minimal_b2 (call 3)",
         "h100_cudnn_minimal_b4 (call 2)", "h100_cudnn_minimal_b8 (call 3)",
-        "2xh100_recipe_patched_2gpus (call 4)", "h100_8B_recipe_4_layers_cudnn (call 8)")),
-    *(("eight-gpus-h200x4-2026-11-26.json", key) for key in (
+        "2xh100_recipe_patched_2gpus (call 4)")),
+    ("maxtext-cudnn-attention-2026-11-26.json", "h100_8B_recipe_4_layers_cudnn (call 8)", ()),
+    *(("eight-gpus-h200x4-2026-11-26.json", key, ()) for key in (
         "maxtext-16l-1gpu", "maxtext-16l-4gpu-dp", "maxtext-16l-4gpu-sharded",
         "maxtext-8b-4gpu-sharded")),
+    ("maxtext-recipe-minimal-2026-11-26.json", "2xh100_recipe_2gpus (call e)", ()),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("page", "key"), MEASURED_RUNS)
+@pytest.mark.parametrize(("page", "key", "before"), MEASURED_RUNS)
 def test_the_projection_is_within_10_percent_of_the_measured_peak(
-    tmp_path: Path, page: str, key: str | None
+    tmp_path: Path, page: str, key: str | None, before: tuple[str, ...]
 ) -> None:
     data = json.loads((ROOT / "docs" / "benchmarks" / page).read_text())
     run = data[key] if key else data
@@ -115,8 +119,7 @@ def test_the_projection_is_within_10_percent_of_the_measured_peak(
     else:  # the bench's command, from tools/bench
         config = (ROOT / "tools" / "bench" / run["config"]).resolve()
         gpus, overrides = run["gpus"], run.get("overrides", [])
-    if config.name == RECIPE.name:  # these runs predate the recipe's change: its keys then
-        overrides = ["remat_policy=full", "per_device_batch_size=2", *overrides]
+    overrides = [*before, *overrides]
     out = tmp_path / "projection.json"
     result = primus("projection", "memory", "--config", str(config), "--gpus", str(gpus),
                     "--json", str(out), *overrides)  # fmt: skip
