@@ -8,6 +8,7 @@ checkpoint MaxText's `load_parameters_path` reads (`<import dir>/0/items`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import operator
@@ -375,19 +376,25 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     context.array.saving.use_compression = False
     with context, ThreadPoolExecutor(THREADS) as pool:
         saving = None
-        for i, key in enumerate(found.params, 1):
-            built = time.perf_counter()
-            leaf = build_param(found, reader, key, stored[key], pool)
-            waited = time.perf_counter()
+        try:
+            for i, key in enumerate(found.params, 1):
+                built = time.perf_counter()
+                leaf = build_param(found, reader, key, stored[key], pool)
+                waited = time.perf_counter()
+                if saving is not None:
+                    saving.result()
+                saving = ocp.partial.save_async(str(step), _nested({key: leaf}))
+                done += leaf.nbytes
+                log_rank_0(f"[maxtext] {i}/{len(found.params)} parameters, {done / 2**30:.2f} "
+                           f"GiB, {time.perf_counter() - start:.1f} s: {key} ({leaf.nbytes / 2**30:.2f} "
+                           f"GiB built in {waited - built:.1f} s, then "
+                           f"{time.perf_counter() - waited:.1f} s waiting for the save before)")  # fmt: skip
+                del leaf
+        except BaseException:  # the save in flight ends before the caller removes the folder
             if saving is not None:
-                saving.result()
-            saving = ocp.partial.save_async(str(step), _nested({key: leaf}))
-            done += leaf.nbytes
-            log_rank_0(f"[maxtext] {i}/{len(found.params)} parameters, {done / 2**30:.2f} GiB, "
-                       f"{time.perf_counter() - start:.1f} s: {key} ({leaf.nbytes / 2**30:.2f} "
-                       f"GiB built in {waited - built:.1f} s, then {time.perf_counter() - waited:.1f} "
-                       "s waiting for the save before)")  # fmt: skip
-            del leaf
+                with contextlib.suppress(Exception):
+                    saving.result()
+            raise
         if saving is not None:
             saving.result()
         ocp.partial.finalize(str(step))
