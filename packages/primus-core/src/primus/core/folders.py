@@ -31,11 +31,11 @@ def temp_dir_too_long() -> str | None:
     """None if multiprocessing's socket paths fit under the temporary folder, else why not.
     Where they don't, a worker's socket fails in a queue's feeder thread and the run hangs."""
     temp = tempfile.gettempdir()
-    room = SOCKET_PATH_MAX - SOCKET_SUFFIX
-    if len(os.fsencode(temp)) <= room:
+    length = len(os.fsencode(temp))
+    if length <= SOCKET_PATH_MAX - SOCKET_SUFFIX:
         return None
     return (
-        f"the temporary folder {temp} is {len(os.fsencode(temp))} bytes long; Python's "
+        f"the temporary folder {temp} is {length} bytes long; Python's "
         f"multiprocessing makes Unix sockets {SOCKET_SUFFIX} bytes deeper, and Linux takes "
         f"{SOCKET_PATH_MAX}: data-loader workers could not share tensors and the run would hang"
     )

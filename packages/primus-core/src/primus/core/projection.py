@@ -191,11 +191,8 @@ def _layer_activations(job: Job, tokens: float) -> float:
     hidden_split = job.tp if job.sequence_parallel else 1
     if job.recompute == "projections":  # q, k, v and the MLP's inputs; two outputs of width h
         split = (m.heads + 2 * m.kv_heads) * m.head_dim + (2 if m.gated else 1) * m.ffn * routed
-        return (
-            tokens
-            * (split / job.tp + (1 + routed) * m.hidden / hidden_split)
-            * (job.activation_bytes)
-        )
+        per_token = split / job.tp + (1 + routed) * m.hidden / hidden_split
+        return tokens * per_token * job.activation_bytes
     replicated = 4 * m.hidden / hidden_split
     mlp = (3 if m.gated else 2) * m.ffn * routed
     split = 2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + mlp

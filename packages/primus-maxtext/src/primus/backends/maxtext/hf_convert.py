@@ -80,7 +80,6 @@ class Tables:
     hooks: dict[str, Any]
     hf_shapes: dict[str, list[int]]
     params: dict[str, Any]  # MaxText key -> abstract leaf (shape, dtype)
-    treedef: Any
 
 
 def _family(config: Any) -> str:
@@ -154,10 +153,10 @@ def tables(config: Any, hf_config: dict[str, Any], saving_to_hf: bool) -> Tables
         # MaxText's Llama tables assume its interleaved Llama-3.1 RoPE; the default RoPE
         # rotates halves as HF does, so q and k keep HF's layout.
         hooks = {k: _without(v, "adjust_rope") for k, v in hooks.items()}
-    _, params, treedef = abstract_model(config)
+    _, params, _ = abstract_model(config)
     return Tables(
         config, hf_config, PARAM_MAPPING[model](hf_config, config, config.scan_layers), hooks,
-        HF_SHAPE[model](hf_config), params, treedef,
+        HF_SHAPE[model](hf_config), params,
     )  # fmt: skip
 
 
