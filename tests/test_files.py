@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DUMMY_QUICKSTART = ROOT / "tests" / "fixtures" / "dummy-quickstart.yaml"
 
 
+def error_and_hint(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The two stderr lines of a run that exited 2 with one error and its hint, no traceback."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, result.stderr  # the error and its hint
+    return lines
+
+
 # Tests run as root here, and root ignores chmod, so the unwritable workspaces are ones root
 # cannot write either: a path under a regular file, and a path under /proc.
 @pytest.mark.parametrize("kind", ["under-a-file", "under-proc"])
@@ -32,10 +41,7 @@ def test_an_unwritable_workspace_is_one_error_before_any_work(tmp_path, kind) ->
         "train", "pretrain", "--config", str(DUMMY_QUICKSTART), cwd=cwd,
         PRIMUS_WORKSPACE=str(workspace),
     )  # fmt: skip
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 2, result.stderr  # the error and its hint
+    lines = error_and_hint(result)
     assert f"workspace '{workspace}' cannot hold the run directory" in lines[0]
     assert "dummy-quickstart.yaml:7" in lines[0]  # where `workspace:` is set
     if kind == "under-a-file":
@@ -64,10 +70,7 @@ def test_a_workspace_without_write_permission_is_one_error_before_any_work(tmp_p
         | {"PRIMUS_WORKSPACE": str(locked / "ws"), "PYTHONDONTWRITEBYTECODE": "1"},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 2, result.stderr
+    lines = error_and_hint(result)
     assert lines[0].endswith(f"Permission denied ({locked / 'ws'})")
     assert snapshot(tmp_path) == before
 
@@ -133,10 +136,7 @@ def test_a_temp_dir_too_long_for_sockets_is_one_error_before_any_work(tmp_path) 
         "train", "pretrain", "--config", str(DUMMY_QUICKSTART), "train_iters=2",
         PRIMUS_WORKSPACE=str(tmp_path / "ws"), TMPDIR=str(temp),
     )  # fmt: skip
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 2, result.stderr
+    lines = error_and_hint(result)
     assert lines[0].startswith(f"error: env TMPDIR: the temporary folder {temp} is 90 bytes")
     assert "the run would hang" in lines[0]
     assert lines[1].strip() == "hint: point TMPDIR at a shorter folder"
