@@ -1,12 +1,15 @@
-"""Primus vs TorchTitan run directly, same GPU, same model, same settings, in one run.
+"""Primus vs TorchTitan run directly, same GPUs, same model, same settings, in one run.
 
     python tools/bench/bench_torchtitan.py --config configs/torchtitan/llama3.2_1B-pretrain.yaml \
-        --steps 30 --warmup 5 --rounds 1 [--compile] --out bench.json
+        --steps 30 --warmup 5 --rounds 1 [--compile] [--gpus N] --out bench.json [key=value ...]
 
 Runs `primus train pretrain --config ...` and TorchTitan's own entry point (`python -m
 torchtitan.train`, tools/bench/torchtitan_plain.py for the model and synthetic data, no Primus)
 with the flags the resolved experiment stands for, alternating, `--rounds` times each (`--turbo`
-adds Primus with `turbo.enable=true`, primus-turbo-kernels installed). All are
+adds Primus with `turbo.enable=true`, primus-turbo-kernels installed; `--runs` picks any of the
+three). `--gpus N` runs each on N GPUs of the host; trailing `key=value` overrides go to every
+run (Primus's names; the peer gets them as TorchTitan flags, except the model's dimensions,
+which its CLI cannot set: those runs are Primus's alone). All are
 measured by TorchTitan's own step line (tps, TFLOP/s, MFU, memory), which Primus keeps in its log:
 one clock, one formula. The first `--warmup` steps are dropped and the median is taken.
 """
@@ -21,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import COLUMNS, environment, medians, print_table, resolved_params, run
+from common import COLUMNS, environment, medians, module_params, print_table, resolved, run
 
 HERE = Path(__file__).resolve().parent
 STEP = re.compile(
@@ -54,42 +57,63 @@ def parse_log(text: str, warmup: int) -> dict[str, float]:
     }
 
 
+# The peer's config (a function of torchtitan_plain.py) for each model preset of the recipes.
+PEER_CONFIGS = {"llama3.2_1B": "llama3_1b_synthetic", "llama3.1_8B": "llama3_8b_synthetic"}
+RUNS = ("primus", "torchtitan", "primus-turbo")
+
+
+def peer_command(experiment: dict, opts: argparse.Namespace, flags: list[str], i: int) -> list[str]:
+    """TorchTitan run directly on the experiment's model, with its flags."""
+    preset = module_params(experiment).get("model_name")
+    if preset not in PEER_CONFIGS or any(o.startswith("model.") for o in opts.overrides):
+        raise SystemExit(f"no peer for model {preset} with {opts.overrides}: pass --runs without "
+                         f"torchtitan (the peer has {', '.join(PEER_CONFIGS)})")  # fmt: skip
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.gpus),
+            "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",
+            PEER_CONFIGS[preset], "--dump-folder", str(opts.out.parent / f"plain-{i}"), *flags]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=1, help="processes (GPUs) of one host")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=["primus", "torchtitan"])
     parser.add_argument(
-        "--compile", action="store_true", help="torch.compile the model (both runs)"
+        "--compile", action="store_true", help="torch.compile the model (every run)"
     )
     parser.add_argument("--turbo", action="store_true", help="also run Primus with turbo on")
     parser.add_argument("--out", type=Path, default=Path("torchtitan-bench.json"))
+    parser.add_argument("overrides", nargs="*", help="key=value for every run (Primus's names)")
     opts = parser.parse_args()
+    if opts.turbo and "primus-turbo" not in opts.runs:
+        opts.runs.append("primus-turbo")
     settings = {"training": {"steps": opts.steps}, "metrics": {"log_freq": 1}}
     if opts.compile:
         settings["compile"] = {"enable": True}
-    params = resolved_params(opts.config)
-    for section, values in settings.items():
-        params.setdefault(section, {}).update(values)
-    flags = torchtitan_flags(params)
-    overrides = [f"{s}.{k}={str(v).lower() if isinstance(v, bool) else v}"
-                 for s, values in settings.items() for k, v in values.items()]  # fmt: skip
+    overrides = [*opts.overrides] + [
+        f"{s}.{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for s, values in settings.items() for k, v in values.items()
+    ]  # fmt: skip
+    experiment = resolved(opts.config, overrides)
+    flags = torchtitan_flags(module_params(experiment))
     logs = opts.out.parent
+    logs.mkdir(parents=True, exist_ok=True)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     variants = {"primus": overrides, "primus-turbo": [*overrides, "turbo.enable=true"]}
-    names = ("primus", "torchtitan", "primus-turbo") if opts.turbo else ("primus", "torchtitan")
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in opts.runs}
     for i in range(opts.rounds):
         commands = {
             name: [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config",
-                   str(opts.config), *variants[name], f"exp_name=bench-{name}-{i}"]
-            for name in names if name != "torchtitan"
+                   str(opts.config), "--nproc-per-node", str(opts.gpus), *variants[name],
+                   f"exp_name=bench-{name}-{i}"]
+            for name in opts.runs if name != "torchtitan"
         }  # fmt: skip
-        commands["torchtitan"] = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                 "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",
-                 "llama3_1b_synthetic", "--dump-folder", str(logs / f"plain-{i}"), *flags]  # fmt: skip
-        for name in names:
+        if "torchtitan" in opts.runs:
+            commands["torchtitan"] = peer_command(experiment, opts, flags, i)
+        for name in opts.runs:
             text = run(commands[name], logs / f"{name}-{i}{'-compile' * opts.compile}.log", env)
             results[name].append(parse_log(text, opts.warmup))
     summary = {
@@ -97,16 +121,18 @@ def main() -> None:
         | {"peak_memory_gib": max(r["peak_memory_gib"] for r in runs), "runs": runs}
         for name, runs in results.items()
     }
-    peer = summary["torchtitan"]["tokens_per_s_per_gpu"]
     ratios = {
-        f"{n.replace('-', '_')}_over_torchtitan": summary[n]["tokens_per_s_per_gpu"] / peer
-        for n in names
-        if n != "torchtitan"
+        f"{n.replace('-', '_')}_over_torchtitan": summary[n]["tokens_per_s_per_gpu"]
+        / summary["torchtitan"]["tokens_per_s_per_gpu"]
+        for n in opts.runs
+        if n != "torchtitan" and "torchtitan" in opts.runs
     }
-    dists = ("torch", "torchtitan", "primus-torchtitan")
+    dists = ("torch", "torchtitan", "primus-torchtitan", "triton", "primus-turbo-kernels")
     report = {
-        **environment((*dists, "triton", "primus-turbo-kernels") if opts.turbo else dists),
+        **environment((*dists, "torchao")),
         "config": str(opts.config),
+        "gpus": opts.gpus,
+        "overrides": opts.overrides,
         "compile": opts.compile,
         "torchtitan_flags": flags,
         **ratios,

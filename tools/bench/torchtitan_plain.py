@@ -5,8 +5,9 @@ A config_registry module for TorchTitan's own entry point:
     PYTHONPATH=tools/bench python -m torchtitan.train --module torchtitan_plain \
         --config llama3_1b_synthetic --training.steps 30 ...
 
-Llama 3.2 1B is TorchTitan's llama3 "1B" flavor; the data is a synthetic token stream (TorchTitan
-ships no dataset in its wheel), built here from TorchTitan's own dataloader base class.
+Llama 3.2 1B is TorchTitan's llama3 "1B" flavor, Llama 3.1 8B its "8B" (`llama3_8b_synthetic`);
+the data is a synthetic token stream (TorchTitan ships no dataset in its wheel), built here from
+TorchTitan's own dataloader base class.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ class SyntheticLoader(ParallelAwareDataloader):
                          dp_world_size=dp_world_size, batch_size=local_batch_size)  # fmt: skip
 
 
-def llama3_1b_synthetic() -> Trainer.Config:
-    spec = model_registry("1B")
+def _synthetic(flavor: str) -> Trainer.Config:
+    spec = model_registry(flavor)
     vocab = decoder_vocab_size(spec)
     return Trainer.Config(
         model_spec=spec,
@@ -79,3 +80,13 @@ def llama3_1b_synthetic() -> Trainer.Config:
         dataloader=SyntheticLoader.Config(),
         hf_assets_path=".",
     )
+
+
+def llama3_1b_synthetic() -> Trainer.Config:
+    """Llama 3.2 1B (TorchTitan's "1B" flavor)."""
+    return _synthetic("1B")
+
+
+def llama3_8b_synthetic() -> Trainer.Config:
+    """Llama 3.1 8B (TorchTitan's "8B" flavor)."""
+    return _synthetic("8B")

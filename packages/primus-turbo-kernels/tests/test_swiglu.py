@@ -137,3 +137,23 @@ def test_large_on_gpu(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     _check_swiglu(shape, dtype)
     _check_packed(shape, dtype)
+
+
+@pytest.mark.gpu
+def test_inductor_schedules_the_kernels_itself() -> None:
+    """On a GPU the ops are triton_ops: Inductor's code launches the SwiGLU kernels directly
+    (no call back into the op), forward and backward."""
+    from torch._inductor.utils import run_and_get_code
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        return swiglu_packed(x * 2).square().sum()
+
+    x = _randn(4, 96)
+    compiled = torch.compile(mlp, fullgraph=True)
+    _, code = run_and_get_code(lambda: compiled(x).backward())
+    source = "\n".join(code)
+    assert "primus_turbo" not in source
+    assert "_fwd_kernel" in source and "_bwd_kernel" in source
+    x32 = _fp32(x)[0]
+    mlp(x32).backward()
+    _close(x.grad, x32.grad, torch.float32)

@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-# Kernels are `torch.library.custom_op`s in this namespace, so torch.compile keeps them whole.
-OPS = "primus_turbo"
+OPS = "primus_turbo"  # the namespace of the kernels' ops: torch.ops.primus_turbo.<name>
 
 
 # Triton decides at `@triton.jit` time whether a kernel is interpreted, so this is read once,
@@ -32,6 +31,21 @@ def on_triton(*tensors: torch.Tensor) -> bool:
     return all(t.device.type in ("cuda", "xpu") for t in tensors)
 
 
+def kernel_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable[[Callable], Any]:
+    """Decorator: a function that launches Triton kernels (each through `launch`) as the op
+    `primus_turbo::<name>`. On a GPU a `torch.library.triton_op`: torch.compile's Inductor
+    traces into it and schedules the kernels in its own graph (buffers reused, no opaque call).
+    Under the interpreter a `custom_op`, which torch.compile keeps whole (Inductor cannot
+    trace interpreted kernels). Eager calls run the function either way."""
+    register = torch.library.custom_op if interpreting() else torch.library.triton_op
+    return register(f"{OPS}::{name}", mutates_args=mutates_args)
+
+
+def launch(kernel: Any) -> Any:
+    """`kernel` as a `kernel_op` launches it: traceable by torch.compile inside a triton_op."""
+    return torch.library.wrap_triton(kernel)
+
+
 def row_launch(width: int, itemsize: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a kernel that holds one row of `width` elements in registers."""
     import triton
@@ -47,8 +61,8 @@ def row_launch(width: int, itemsize: int) -> tuple[int, int]:
 def differentiable(
     op: Any, setup_context: Callable[..., None], backward: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """Register `backward` as custom op `op`'s autograd formula; return what the public
-    functions call: the op itself under torch.compile (one opaque node, no graph break), and
+    """Register `backward` as `kernel_op` `op`'s autograd formula; return what the public
+    functions call: the op itself under torch.compile (no graph break), and
     in eager an autograd.Function over the op's Python function with the same formula. That
     skips the dispatcher's two Python round trips per call, which cost about three times the
     CPU time of the Function, and training makes thousands of these calls per step."""

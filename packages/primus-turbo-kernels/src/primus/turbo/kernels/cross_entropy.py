@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from primus.turbo.kernels._common import OPS, differentiable, interpreting, on_triton
+from primus.turbo.kernels._common import differentiable, interpreting, kernel_op, launch, on_triton
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -133,7 +133,7 @@ def _launch(n_cols: int, limits: tuple[int, int]) -> tuple[int, int]:
     return block, 1 if interpreting() else max(1, min(16, block // per_warp))
 
 
-@torch.library.custom_op(f"{OPS}::cross_entropy_fwd", mutates_args=())
+@kernel_op("cross_entropy_fwd")
 def _cross_entropy_fwd_op(
     logits: Tensor, labels: Tensor, ignore_index: int, label_smoothing: float, inplace_grad: bool
 ) -> tuple[Tensor, Tensor]:
@@ -146,7 +146,7 @@ def _cross_entropy_fwd_op(
     lse = torch.empty_like(loss)
     target_weight, smooth_weight = _weights(label_smoothing, n_cols)
     block, warps = _launch(n_cols, _FWD_LAUNCH)
-    _ce_forward_kernel[(n_rows,)](
+    launch(_ce_forward_kernel)[(n_rows,)](
         logits,
         labels,
         loss,
@@ -185,7 +185,7 @@ def _launch_backward(
     block, warps = _launch(n_cols, _BWD_LAUNCH)
     n_blocks = triton.cdiv(n_cols, block)
     target_weight, smooth_weight = _weights(label_smoothing, n_cols)
-    _ce_backward_kernel[(n_rows * n_blocks,)](
+    launch(_ce_backward_kernel)[(n_rows * n_blocks,)](
         logits,
         grad,
         labels,
@@ -204,7 +204,7 @@ def _launch_backward(
     )
 
 
-@torch.library.custom_op(f"{OPS}::cross_entropy_bwd", mutates_args=())
+@kernel_op("cross_entropy_bwd")
 def _cross_entropy_bwd_op(
     logits: Tensor,
     labels: Tensor,
@@ -231,7 +231,7 @@ def _(
     return torch.empty_like(logits)
 
 
-@torch.library.custom_op(f"{OPS}::cross_entropy_bwd_", mutates_args=("logits",))
+@kernel_op("cross_entropy_bwd_", mutates_args=("logits",))
 def _cross_entropy_bwd_inplace_op(
     logits: Tensor,
     labels: Tensor,

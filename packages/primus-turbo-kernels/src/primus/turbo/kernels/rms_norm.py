@@ -17,7 +17,14 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from primus.turbo.kernels._common import OPS, differentiable, interpreting, on_triton, row_launch
+from primus.turbo.kernels._common import (
+    differentiable,
+    interpreting,
+    kernel_op,
+    launch,
+    on_triton,
+    row_launch,
+)
 
 # Elements a program holds at once (rows are grouped up to this when H is small): the
 # forward's tile, and the backward's with its warps. The backward values were the best of a
@@ -143,7 +150,7 @@ def _forward(
     rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     block_m, block_n = _tile(rows, hidden, _TILE)
     _, warps = row_launch(block_m * block_n, x.element_size())
-    _fwd_kernel[(triton.cdiv(rows, block_m),)](
+    launch(_fwd_kernel)[(triton.cdiv(rows, block_m),)](
         x,
         None if residual is None else residual.contiguous(),
         weight,
@@ -161,7 +168,7 @@ def _forward(
     return y, h, rstd
 
 
-@torch.library.custom_op(f"{OPS}::rms_norm_fwd", mutates_args=())
+@kernel_op("rms_norm_fwd")
 def rms_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +177,7 @@ def rms_norm_fwd(
     return y, rstd
 
 
-@torch.library.custom_op(f"{OPS}::add_rms_norm_fwd", mutates_args=())
+@kernel_op("add_rms_norm_fwd")
 def add_rms_norm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -180,7 +187,7 @@ def add_rms_norm_fwd(
     return y, h, rstd
 
 
-@torch.library.custom_op(f"{OPS}::rms_norm_bwd", mutates_args=())
+@kernel_op("rms_norm_bwd")
 def rms_norm_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -199,7 +206,7 @@ def rms_norm_bwd(
     tile_bytes = block_m * block_n * sum(t.element_size() for t in loaded)
     programs, per_program, stages = _schedule(triton.cdiv(rows, block_m), tile_bytes, x.device)
     partial = torch.empty(programs, hidden, device=x.device, dtype=torch.float32)
-    _bwd_kernel[(programs,)](
+    launch(_bwd_kernel)[(programs,)](
         dy,
         x,
         weight,

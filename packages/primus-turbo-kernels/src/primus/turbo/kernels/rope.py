@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from primus.turbo.kernels._common import OPS, differentiable, on_triton, row_launch
+from primus.turbo.kernels._common import differentiable, kernel_op, launch, on_triton, row_launch
 
 # Elements (heads x padded head dim) one program holds in registers.
 _TILE = 4096
@@ -203,7 +203,7 @@ def _launch(
     block_h = max(1, min(triton.next_power_of_2(heads), _TILE // width))
     _, num_warps = row_launch(block_h * width, x.element_size())
     grid = (seq * batch, triton.cdiv(heads, block_h))
-    _rope_kernel[grid](
+    launch(_rope_kernel)[grid](
         xv,
         yv,
         cos,
@@ -234,7 +234,7 @@ def _launch(
     return y
 
 
-@torch.library.custom_op(f"{OPS}::rope", mutates_args=())
+@kernel_op("rope")
 def _rope(
     x: Tensor, cos: Tensor, sin: Tensor, seq_dim: int, interleaved: bool, inverse: bool
 ) -> Tensor:
@@ -320,7 +320,7 @@ def rope_qkv_reference(
     return torch.cat((rotate(q), rotate(k[:, :, :, 0]), v[:, :, :, 0]), dim=2)
 
 
-@torch.library.custom_op(f"{OPS}::rope_qkv", mutates_args=())
+@kernel_op("rope_qkv")
 def _rope_qkv(
     x: Tensor, cos: Tensor, sin: Tensor, groups: int, interleaved: bool, inverse: bool
 ) -> Tensor:

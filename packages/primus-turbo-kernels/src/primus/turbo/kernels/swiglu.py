@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from primus.turbo.kernels._common import OPS, differentiable, on_triton, row_launch
+from primus.turbo.kernels._common import differentiable, kernel_op, launch, on_triton, row_launch
 
 # A program covers BLOCK_M x BLOCK_N elements: up to this many columns of as many rows as fit
 # in _TILE elements; programs run along the rows first, so memory is streamed in order.
@@ -80,7 +80,7 @@ def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows, cols = gate.shape
     y = gate.new_empty(rows, cols)
     grid, opts = _launch(rows, cols, gate.element_size())
-    _fwd_kernel[grid](gate, up, y, rows, cols, gate.stride(0), **opts)
+    launch(_fwd_kernel)[grid](gate, up, y, rows, cols, gate.stride(0), **opts)
     return y
 
 
@@ -90,16 +90,16 @@ def _backward(
     """Fill dgate, dup (the strides of gate and up) from dy [rows, F] contiguous."""
     rows, cols = gate.shape
     grid, opts = _launch(rows, cols, gate.element_size())
-    _bwd_kernel[grid](dy, gate, up, dgate, dup, rows, cols, gate.stride(0), **opts)
+    launch(_bwd_kernel)[grid](dy, gate, up, dgate, dup, rows, cols, gate.stride(0), **opts)
 
 
-@torch.library.custom_op(f"{OPS}::swiglu_fwd", mutates_args=())
+@kernel_op("swiglu_fwd")
 def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate, up [rows, F]."""
     return _forward(gate.contiguous(), up.contiguous())
 
 
-@torch.library.custom_op(f"{OPS}::swiglu_bwd", mutates_args=())
+@kernel_op("swiglu_bwd")
 def swiglu_bwd(
     dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +110,7 @@ def swiglu_bwd(
     return dgate, dup
 
 
-@torch.library.custom_op(f"{OPS}::swiglu_packed_fwd", mutates_args=())
+@kernel_op("swiglu_packed_fwd")
 def swiglu_packed_fwd(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up [rows, F] for x = [gate | up] [rows, 2F]."""
     x = x.contiguous()
@@ -118,7 +118,7 @@ def swiglu_packed_fwd(x: torch.Tensor) -> torch.Tensor:
     return _forward(x[:, :half], x[:, half:])
 
 
-@torch.library.custom_op(f"{OPS}::swiglu_packed_bwd", mutates_args=())
+@kernel_op("swiglu_packed_bwd")
 def swiglu_packed_bwd(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """dx = [dgate | dup] [rows, 2F] for y = swiglu_packed(x)."""
     x = x.contiguous()
