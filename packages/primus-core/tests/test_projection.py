@@ -83,6 +83,12 @@ def test_zero_stages_shard_state_over_data_parallel_ranks() -> None:
     ]
 
 
+def test_hsdp_shards_over_the_ranks_of_one_replica() -> None:
+    n = TINY.parameters()
+    p = project(Job(TINY, 1, 4, dp=4, zero=3, zero_replicas=2))  # 2 copies, each over 2 ranks
+    assert (p.weights, p.gradients, p.optimizer) == (n, 2 * n, 6 * n)
+
+
 def test_the_first_pipeline_stage_holds_pp_micro_batches_and_the_last_the_logits() -> None:
     job = Job(TINY, micro_batch=1, seq_len=4, pp=2, logit_bytes=0)
     p = project(job)  # no logits: the first stage (embedding, 2 micro batches of 1 layer)
@@ -109,6 +115,7 @@ def test_moe_layers_split_experts_over_expert_parallel_ranks() -> None:
         ({"tp": 2, "model": Model(**{**TINY.__dict__, "heads": 4})}, "KV heads (1) do not split"),
         ({"pp": 3}, "layers (2) do not split into 3"),
         ({"ep": 2}, "experts (0) do not split into 2"),
+        ({"dp": 4, "zero_replicas": 3}, "data-parallel ranks (4) do not split into 3"),
         (
             {"recompute": "some"},
             "recompute 'some' is not one of none, selective, projections, full",

@@ -60,15 +60,19 @@ def test_the_model_has_the_parameters_of_torchtitans(tmp_path: Path, preset: str
     assert job.recompute == "selective" and job.cuda_graphs and job.logit_bytes == 12 / 8
 
 
-LAYOUTS = [(4, []), (4, ["parallelism.tensor_parallel_degree=2"])]
+LAYOUTS = [
+    (4, []),
+    (4, ["parallelism.tensor_parallel_degree=2"]),
+    (4, ["parallelism.data_parallel_replicate_degree=2"]),
+]
 
 
-@pytest.mark.parametrize(("gpus", "overrides"), LAYOUTS, ids=["fsdp4", "tp2-fsdp2"])
+@pytest.mark.parametrize(("gpus", "overrides"), LAYOUTS, ids=["fsdp4", "tp2-fsdp2", "hsdp2x2"])
 def test_each_gpu_holds_the_shards_torchtitan_gives_it(
     tmp_path: Path, gpus: int, overrides: list[str]
 ) -> None:
-    """FSDP shards every weight over the data-parallel ranks, TP the matrices and the
-    vocabulary (norms whole): the weights' bytes are rank 0's real shards."""
+    """FSDP shards every weight over the data-parallel shard ranks (HSDP: 2 replicas of 2), TP
+    the matrices and the vocabulary (norms whole): the weights' bytes are rank 0's real shards."""
     out = tmp_path / "p.json"
     runs = [cli("projection", "memory", "--config", str(RECIPE), "--gpus", str(gpus),
                 "--json", str(out), *overrides),

@@ -220,12 +220,11 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
     if job.grad_bytes > job.weight_bytes:  # each micro batch adds its gradients into them
         streamed += memory.parameters_per_gpu * (job.weight_bytes + 2 * job.grad_bytes)
     streamed *= (2 + forwards) / 3
+    cast = job.weight_bytes + job.activation_bytes
     if job.zero >= 3 and job.weight_bytes > job.activation_bytes:  # cast for forward and backward
-        streamed += (
-            2 * memory.parameters_per_gpu / job.dp * (job.weight_bytes + job.activation_bytes)
-        )
+        streamed += 2 * memory.parameters_per_gpu / job.zero_ranks * cast
     memory_ms = _ms(streamed * count, rates.memory_gbs * 1e9)
-    sharded = memory.parameters_per_gpu / (job.dp if job.zero >= 1 else 1)
+    sharded = memory.parameters_per_gpu / (job.zero_ranks if job.zero >= 1 else 1)
     optimizer_ms = _ms(sharded * OPTIMIZER_BYTES, rates.memory_gbs * 1e9)
 
     bus = rates.bus_gbs * 1e9

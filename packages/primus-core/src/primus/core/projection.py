@@ -10,7 +10,7 @@ for the backward pass. The arithmetic is here, the same for every backend:
   layer) split over the vocabulary;
 - weights, gradients and optimizer state: those parameters times their bytes, divided by the
   data-parallel ranks for what the job shards over them (ZeRO stage 1: optimizer state, 2: and
-  gradients, 3 or FSDP: and weights);
+  gradients, 3 or FSDP: and weights; HSDP shards over dp / `zero_replicas` ranks);
 - activations a layer keeps for one micro batch, per token: the two norms' inputs and outputs
   (4 h; split by sequence parallelism), query, keys, values and the attention output, the
   MLP's gate, up and activation outputs (split by tensor parallelism), and without a
@@ -93,6 +93,8 @@ class Job:
     grad_bytes: float = 4
     optimizer_bytes: float = 12
     zero: int = 0  # what the data-parallel ranks shard: 1 optimizer, 2 + gradients, 3 + weights
+    # copies of the sharded state (HSDP's replicate degree): each spans dp / zero_replicas ranks
+    zero_replicas: int = 1
     activation_bytes: int = 2
     sequence_parallel: bool = False
     flash_attention: bool = True
@@ -112,6 +114,11 @@ class Job:
     def gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
 
+    @property
+    def zero_ranks(self) -> int:
+        """The data-parallel ranks the ZeRO stage shards over (all of them but with HSDP)."""
+        return self.dp // self.zero_replicas
+
     def check(self) -> None:
         """A ConfigError for a layout the model cannot take."""
         m = self.model
@@ -122,6 +129,7 @@ class Job:
             "layers": (m.layers, self.pp),
             "sequence": (self.seq_len, self.cp),
             "experts": (m.experts, self.ep),
+            "data-parallel ranks": (self.dp, self.zero_replicas),
         }
         for what, (count, parts) in splits.items():
             if count % parts or (parts > 1 and not count):
@@ -207,10 +215,10 @@ def project(job: Job) -> Projection:
     job.check()
     m = job.model
     tokens = job.micro_batch * job.seq_len / job.cp
-    expert_dp = job.dp * job.tp * job.cp / job.ep
+    expert_dp = job.zero_ranks * job.tp * job.cp / job.ep
 
     def shard(stage: float, experts: float, level: int) -> float:
-        return stage / (job.dp if job.zero >= level else 1) + experts / (
+        return stage / (job.zero_ranks if job.zero >= level else 1) + experts / (
             expert_dp if job.zero >= level else 1
         )
 

@@ -5,7 +5,8 @@ TorchTitan 0.3 wraps every model in FSDP2, on one GPU too: the parameters stay i
 degree; each layer runs on a `mixed_precision_param` (bf16) copy gathered for its forward and
 backward; the sharded gradients are in the parameters' dtype, and so are AdamW's two moments
 (bf16 with `optimizer.implementation: fused_opt_states_bf16`). Hence 4 + 4 + 8 bytes a
-parameter, sharded as ZeRO stage 3 (a replicate degree above 1 keeps whole copies: stage 0).
+parameter, sharded as ZeRO stage 3 over the shard degree; a replicate degree above 1 keeps that
+many copies (HSDP: `zero_replicas`), or whole ones with a shard degree of 1 (DDP: stage 0).
 
 Its loss (`ChunkedLossWrapper`) runs the output layer and the cross-entropy over 1/`num_chunks`
 of the tokens at a time, forward and backward: upstream's cross-entropy keeps an fp32
@@ -116,7 +117,8 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         weight_bytes=master,
         grad_bytes=master,
         optimizer_bytes=moments * moment_bytes,
-        zero=3 if replicate == 1 else 0,
+        zero=0 if shard == 1 and replicate > 1 else 3,
+        zero_replicas=replicate,
         activation_bytes=BYTES[training.mixed_precision_param],
         sequence_parallel=tp > 1 and bool(p.enable_sequence_parallel),
         flash_attention=attention.startswith(FLASH),
