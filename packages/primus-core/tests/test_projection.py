@@ -89,6 +89,15 @@ def test_hsdp_shards_over_the_ranks_of_one_replica() -> None:
     assert (p.weights, p.gradients, p.optimizer) == (n, 2 * n, 6 * n)
 
 
+def test_lora_gives_gradients_and_optimizer_state_to_the_adapters_only() -> None:
+    n, adapters = TINY.parameters(), 100
+    p = project(Job(TINY, 1, 4, adapter_parameters=adapters))
+    assert (p.parameters_per_gpu, p.weights) == (n + adapters, 2 * (n + adapters))
+    assert (p.gradients, p.optimizer) == (4 * adapters, 12 * adapters)
+    fsdp = project(Job(TINY, 1, 4, dp=4, zero=3, adapter_parameters=adapters))
+    assert (fsdp.weights, fsdp.gradients, fsdp.optimizer) == ((n + adapters) / 2, 100, 300)
+
+
 def test_the_first_pipeline_stage_holds_pp_micro_batches_and_the_last_the_logits() -> None:
     job = Job(TINY, micro_batch=1, seq_len=4, pp=2, logit_bytes=0)
     p = project(job)  # no logits: the first stage (embedding, 2 micro batches of 1 layer)

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from primus.backends.megatron.projection import training_job
 from primus.core.patches import restore_all
 from primus.core.performance import device_rates, project_step
+from primus.core.posttrain import PeftConfig
 from primus.core.projection import GIB, Job, project
 from primus.core.runtime import PrimusRuntime
 from primus.core.testing.runs import preset_args, primus
@@ -61,6 +63,51 @@ def test_weights_and_optimizer_state_equal_megatrons_count(
     # Megatron counts the first stage; with pp 2 the last one (its own copy of the tied
     # embedding, and the final norm) is the most loaded by one norm's bytes
     assert ours == pytest.approx(megatron_count(args, gpus), rel=1e-5)
+
+
+class Decoder(torch.nn.Module):
+    """The linears add_lora adapts, nested as in Megatron's GPTModel (identities: no weights)."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+
+        def block(*names: str) -> torch.nn.ModuleDict:
+            return torch.nn.ModuleDict({name: torch.nn.Identity() for name in names})
+
+        self.decoder = torch.nn.Module()
+        self.decoder.layers = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"self_attention": block("linear_qkv", "linear_proj"),
+                                 "mlp": block("linear_fc1", "linear_fc2")})
+            for _ in range(layers)
+        )  # fmt: skip
+
+    def sharded_state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+
+def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state(tmp_path: Path) -> None:
+    """The 1B recipe with `peft:` (rank 16, every projection but gate_proj): the projected
+    adapters are the parameters add_lora adds to the model's linears (one pair per HF
+    projection); the bf16 weights include them, the fp32 gradients and the master copy and
+    Adam's moments are theirs alone."""
+    from primus.backends.megatron.lora import add_lora
+
+    try:
+        args = preset_args(tmp_path, "megatron", "megatron_pretrain", "llama3.2_1B", GPU_BUILD,
+                           device="cuda")  # fmt: skip
+    finally:
+        restore_all()
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
+    args.primus_peft = PeftConfig("lora", 16, 32.0, 0.0, targets, {})
+    model = Decoder(args.num_layers)
+    with torch.device("meta"):
+        add_lora(model, args)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    p = project(training_job(args, 1, frozenset()))
+    assert adapters > 0 and p.parameters_per_gpu == p.parameters + adapters
+    assert (p.weights, p.gradients, p.optimizer) == (
+        2 * (p.parameters + adapters), 4 * adapters, 12 * adapters,
+    )  # fmt: skip
 
 
 # (benchmark JSON, its variant, overrides of the 1B recipe, GPUs): the runs measured on H100s

@@ -23,12 +23,15 @@ import pytest
 import torch
 
 from primus.backends.torchtitan.projection import training_job
+from primus.backends.torchtitan.testing import runtime
 from primus.core.patches import restore_all
-from primus.core.projection import GIB
+from primus.core.projection import GIB, project
 from primus.core.testing.runs import preset_args, primus
+from primus.core.testing.sft_runs import make_task, sft_experiment
 
 ROOT = Path(__file__).parents[3]
 RECIPE = ROOT / "configs" / "torchtitan" / "llama3.2_1B-pretrain.yaml"
+SFT_TINY = ROOT / "configs" / "torchtitan" / "sft-tiny-cpu.yaml"
 BENCHMARKS = ROOT / "docs" / "benchmarks"
 SHARDED = Path(__file__).with_name("sharded_params.py")
 
@@ -58,6 +61,27 @@ def test_the_model_has_the_parameters_of_torchtitans(tmp_path: Path, preset: str
     assert job.model.parameters() == sum(p.numel() for p in built.parameters())
     assert (job.tp, job.dp, job.zero, job.weight_bytes, job.optimizer_bytes) == (1, 1, 3, 4, 8)
     assert job.recompute == "selective" and job.cuda_graphs and job.logit_bytes == 12 / 8
+
+
+def test_with_lora_only_the_adapters_torchtitan_builds_have_gradients_and_moments(
+    tmp_path: Path,
+) -> None:
+    """The tiny SFT recipe with LoRA (q, k and v in one adapter on TorchTitan's fused wqkv):
+    the projected adapters are the built model's parameters that require a gradient; every
+    parameter has its fp32 weight, only those have gradients and AdamW's moments."""
+    lora = {"type": "lora", "rank": 4, "alpha": 8.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]}  # fmt: skip
+    exp = sft_experiment(SFT_TINY, tmp_path / "exp", make_task(tmp_path / "task"), peft=lora)
+    with runtime(exp) as rt:
+        config = rt.backend_args()
+    with torch.device("meta"):
+        built = list(config.model_spec.model.build().parameters())
+    trained = sum(p.numel() for p in built if p.requires_grad)
+    job = training_job(config, 1, frozenset())
+    p = project(job)
+    assert job.adapter_parameters == trained > 0
+    assert p.weights == 4 * sum(p.numel() for p in built)
+    assert (p.gradients, p.optimizer) == (4 * trained, 8 * trained)
 
 
 LAYOUTS = [

@@ -10,7 +10,8 @@ for the backward pass. The arithmetic is here, the same for every backend:
   layer) split over the vocabulary;
 - weights, gradients and optimizer state: those parameters times their bytes, divided by the
   data-parallel ranks for what the job shards over them (ZeRO stage 1: optimizer state, 2: and
-  gradients, 3 or FSDP: and weights; HSDP shards over dp / `zero_replicas` ranks);
+  gradients, 3 or FSDP: and weights; HSDP shards over dp / `zero_replicas` ranks); with LoRA
+  the model's parameters are frozen (weights only) and the adapters' train;
 - activations a layer keeps for one micro batch, per token: the two norms' inputs and outputs
   (4 h; split by sequence parallelism), query, keys, values and the attention output, the
   MLP's gate, up and activation outputs (split by tensor parallelism), and without a
@@ -95,6 +96,9 @@ class Job:
     zero: int = 0  # what the data-parallel ranks shard: 1 optimizer, 2 + gradients, 3 + weights
     # copies of the sharded state (HSDP's replicate degree): each spans dp / zero_replicas ranks
     zero_replicas: int = 1
+    # LoRA: the adapters' parameters, all layers' (0: every parameter trains); the model's own
+    # are frozen: weights, without gradients or optimizer state
+    adapter_parameters: int = 0
     activation_bytes: int = 2
     sequence_parallel: bool = False
     flash_attention: bool = True
@@ -222,6 +226,7 @@ def project(job: Job) -> Projection:
             expert_dp if job.zero >= level else 1
         )
 
+    adapters = job.adapter_parameters / job.pp / job.tp  # spread over the layers like them
     layers = m.layers // job.pp
     one_layer = _layer_activations(job, tokens)
     if job.recompute == "full":  # layer inputs, and one layer's activations while recomputing
@@ -234,13 +239,14 @@ def project(job: Job) -> Projection:
     heaviest: Projection | None = None
     for first, last in stages:
         dense, experts = _stage_parameters(job, first, last)
+        trained = (adapters, 0.0) if job.adapter_parameters else (dense, experts)
         in_flight = job.pp if first else 1
         candidate = Projection(
             parameters=m.parameters(),
-            parameters_per_gpu=math.ceil(dense + experts),
-            weights=shard(dense, experts, 3) * job.weight_bytes,
-            gradients=shard(dense, experts, 2) * job.grad_bytes,
-            optimizer=shard(dense, experts, 1) * job.optimizer_bytes,
+            parameters_per_gpu=math.ceil(dense + experts + adapters),
+            weights=shard(dense + adapters, experts, 3) * job.weight_bytes,
+            gradients=shard(*trained, 2) * job.grad_bytes,
+            optimizer=shard(*trained, 1) * job.optimizer_bytes,
             activations=per_micro_batch * in_flight,
             logits=tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0,
         )

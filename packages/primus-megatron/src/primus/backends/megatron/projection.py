@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model, check_recompute, data_parallel
+
+if TYPE_CHECKING:
+    from primus.backends.megatron.hf_mapping import Layout
 
 # what the loss keeps per logit: Megatron's vocab-parallel cross-entropy an fp32 softmax and,
 # in the backward, its bf16 gradient; turbo's cross-entropy the bf16 logits and their gradient
@@ -19,8 +22,9 @@ HOST_MS_PER_LAYER = 6.6
 HOST_MS_PER_TP_LAYER = 1.0
 
 
-def model(args: Any) -> Model:
-    """The model Megatron's args build (the vocabulary padded as Megatron pads it)."""
+def layout(args: Any) -> Layout:
+    """The shapes of the model Megatron's args build (the vocabulary padded as Megatron pads
+    it)."""
     from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
     from primus.backends.megatron.hf_mapping import Layout
 
@@ -29,7 +33,12 @@ def model(args: Any) -> Model:
     vocab = args.padded_vocab_size or vocab_size_with_padding(
         args.vocab_size, args, logging_enabled=False
     )
-    shape = Layout.of(args, int(vocab))
+    return Layout.of(args, int(vocab))
+
+
+def model(args: Any) -> Model:
+    """The model Megatron's args build."""
+    shape = layout(args)
     return Model(
         layers=shape.num_layers,
         hidden=shape.hidden,
@@ -47,10 +56,32 @@ def model(args: Any) -> Model:
     )
 
 
+def adapter_parameters(args: Any) -> int:
+    """The parameters of the LoRA adapters `peft:` adds (primus.backends.megatron.lora): A
+    (rank x in) and B (out x rank) for each targeted HF projection of each layer."""
+    from primus.backends.megatron.hf_mapping import params
+    from primus.backends.megatron.lora import FUSED, target
+
+    peft = getattr(args, "primus_peft", None)
+    if peft is None:
+        return 0
+    shape = layout(args)
+    linears = {f"decoder.layers.{path}.weight" for path in FUSED.values()}
+    per_layer = sum(
+        peft.rank * (out + inp)
+        for param in params(shape)
+        if param.key in linears
+        for name, (out, inp) in zip(param.hf, param.shapes, strict=True)
+        if target(name) in peft.target_modules
+    )
+    return per_layer * shape.num_layers
+
+
 def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
     """Megatron's memory: bf16/fp16 weights with fp32 main gradients and an fp32 master copy
     (fp32 training: neither copy), Adam's two moments (SGD's one), the distributed optimizer
-    as ZeRO stage 1."""
+    as ZeRO stage 1; with `peft:` (LoRA) only the adapters have gradients and optimizer
+    state."""
     tp, pp, cp = (
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,
@@ -74,6 +105,7 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
         grad_bytes=2 if getattr(args, "grad_reduce_in_bf16", False) else 4,
         optimizer_bytes=moments + (4 if half else 0),
         zero=1 if args.use_distributed_optimizer else 0,
+        adapter_parameters=adapter_parameters(args),
         activation_bytes=2 if half else 4,
         sequence_parallel=bool(args.sequence_parallel),
         flash_attention=flash,

@@ -7,6 +7,8 @@ backward; the sharded gradients are in the parameters' dtype, and so are AdamW's
 (bf16 with `optimizer.implementation: fused_opt_states_bf16`). Hence 4 + 4 + 8 bytes a
 parameter, sharded as ZeRO stage 3 over the shard degree; a replicate degree above 1 keeps that
 many copies (HSDP: `zero_replicas`), or whole ones with a shard degree of 1 (DDP: stage 0).
+With `peft:` (LoRA) the model's weights are frozen: only the adapters have gradients and
+moments.
 
 Its loss (`ChunkedLossWrapper`) runs the output layer and the cross-entropy over 1/`num_chunks`
 of the tokens at a time, forward and backward: upstream's cross-entropy keeps an fp32
@@ -83,6 +85,15 @@ def _data_parallel(parallelism: Any, gpus: int, tp: int, pp: int, cp: int) -> tu
     return replicate, shard
 
 
+def adapter_parameters(config: Any) -> int:
+    """The LoRA adapters' parameters (`peft:`): A (rank x in) and B (out x rank) of each
+    adapted Linear, as TorchTitan's LoRAConverter builds them."""
+    from primus.backends.torchtitan.lora import adapted_linears
+
+    linears = adapted_linears(config).values()
+    return sum(c.rank * (c.in_features + c.out_features) for c in linears)
+
+
 def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
     """TorchTitan's `Trainer.Config` on `gpus` GPUs (the module docstring says what it keeps)."""
     p, training = config.parallelism, config.training
@@ -119,6 +130,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         optimizer_bytes=moments * moment_bytes,
         zero=0 if shard == 1 and replicate > 1 else 3,
         zero_replicas=replicate,
+        adapter_parameters=adapter_parameters(config),
         activation_bytes=BYTES[training.mixed_precision_param],
         sequence_parallel=tp > 1 and bool(p.enable_sequence_parallel),
         flash_attention=attention.startswith(FLASH),
