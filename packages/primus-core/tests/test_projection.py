@@ -98,6 +98,15 @@ def test_lora_gives_gradients_and_optimizer_state_to_the_adapters_only() -> None
     assert (fsdp.weights, fsdp.gradients, fsdp.optimizer) == ((n + adapters) / 2, 100, 300)
 
 
+def test_a_second_copy_of_a_tied_embedding_adds_to_the_weights() -> None:
+    plain = project(Job(TINY, 1, 4, dp=2, zero=3))
+    copied = project(Job(TINY, 1, 4, dp=2, zero=3, tied_copy_bytes=4))
+    assert copied.weights - plain.weights == EMBEDDING / 2 * 4  # sharded like the weights
+    assert copied.gradients == plain.gradients and copied.optimizer == plain.optimizer
+    untied = Model(**{**TINY.__dict__, "tied": False})
+    assert project(Job(untied, 1, 4, tied_copy_bytes=4)) == project(Job(untied, 1, 4))
+
+
 def test_the_first_pipeline_stage_holds_pp_micro_batches_and_the_last_the_logits() -> None:
     job = Job(TINY, micro_batch=1, seq_len=4, pp=2, logit_bytes=0)
     p = project(job)  # no logits: the first stage (embedding, 2 micro batches of 1 layer)

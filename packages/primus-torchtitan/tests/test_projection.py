@@ -6,7 +6,7 @@ TorchTitan 0.3 replays the forward and backward from a CUDA graph (`training.dis
 is false by default), so the allocated peak Primus measured in the steps after the capture
 (`peak mem`, 19.41 GiB) holds only what lives outside the graph's pool: the fp32 weights,
 gradients (kept, zeroed, between steps) and AdamW's moments, plus the tied embedding's stale
-fp32 shard (0.98 GiB, which core's Job has no field for). That part is compared within 10%.
+fp32 shard (0.98 GiB, `tied_copy_bytes`). That part is compared within 10%.
 Activations and the loss live in the graph's pool, which only the reserved peaks (TorchTitan's
 `memory:`) include, with the allocator's cache: the projected total lies between the two.
 """
@@ -96,7 +96,8 @@ def test_each_gpu_holds_the_shards_torchtitan_gives_it(
     tmp_path: Path, gpus: int, overrides: list[str]
 ) -> None:
     """FSDP shards every weight over the data-parallel shard ranks (HSDP: 2 replicas of 2), TP
-    the matrices and the vocabulary (norms whole): the weights' bytes are rank 0's real shards."""
+    the matrices and the vocabulary (norms whole): the weights' bytes are rank 0's real shards,
+    the tied embedding's stale one included."""
     out = tmp_path / "p.json"
     runs = [cli("projection", "memory", "--config", str(RECIPE), "--gpus", str(gpus),
                 "--json", str(out), *overrides),
@@ -107,8 +108,10 @@ def test_each_gpu_holds_the_shards_torchtitan_gives_it(
     record = json.loads(out.read_text())
     job, projected = record["job"], record["bytes"]
     assert job["dp"] * job["tp"] == gpus and job["zero"] == 3
-    assert projected["weights"] / job["weight_bytes"] == real["local"] - real["tied_copy"]
-    assert projected["optimizer"] / projected["weights"] == 2  # AdamW's fp32 moments
+    # the tied embedding's stale shard too (sharded_params.py), at the weights' 4 bytes
+    assert real["tied_copy"] > 0 and job["tied_copy_bytes"] == job["weight_bytes"]
+    assert projected["weights"] / job["weight_bytes"] == real["local"]
+    assert projected["optimizer"] / projected["gradients"] == 2  # AdamW's two fp32 moments
 
 
 # (benchmark JSON, its variant, overrides of the 1B recipe): H100 runs with TorchTitan's

@@ -11,7 +11,8 @@ for the backward pass. The arithmetic is here, the same for every backend:
 - weights, gradients and optimizer state: those parameters times their bytes, divided by the
   data-parallel ranks for what the job shards over them (ZeRO stage 1: optimizer state, 2: and
   gradients, 3 or FSDP: and weights; HSDP shards over dp / `zero_replicas` ranks); with LoRA
-  the model's parameters are frozen (weights only) and the adapters' train;
+  the model's parameters are frozen (weights only) and the adapters' train; the weights include
+  a second copy of a tied embedding where the backend keeps one (`tied_copy_bytes`);
 - activations a layer keeps for one micro batch, per token: the two norms' inputs and outputs
   (4 h; split by sequence parallelism), query, keys, values and the attention output, the
   MLP's gate, up and activation outputs (split by tensor parallelism), and without a
@@ -99,6 +100,9 @@ class Job:
     # LoRA: the adapters' parameters, all layers' (0: every parameter trains); the model's own
     # are frozen: weights, without gradients or optimizer state
     adapter_parameters: int = 0
+    # bytes per element of a second copy of a tied embedding that the backend keeps besides the
+    # one it trains, sharded like the weights (counted with them)
+    tied_copy_bytes: float = 0
     activation_bytes: int = 2
     sequence_parallel: bool = False
     flash_attention: bool = True
@@ -240,11 +244,13 @@ def project(job: Job) -> Projection:
     for first, last in stages:
         dense, experts = _stage_parameters(job, first, last)
         trained = (adapters, 0.0) if job.adapter_parameters else (dense, experts)
+        copy = m.vocab * m.hidden / job.tp if first and m.tied else 0.0
         in_flight = job.pp if first else 1
         candidate = Projection(
             parameters=m.parameters(),
             parameters_per_gpu=math.ceil(dense + experts + adapters),
-            weights=shard(dense + adapters, experts, 3) * job.weight_bytes,
+            weights=shard(dense + adapters, experts, 3) * job.weight_bytes
+            + shard(copy, 0.0, 3) * job.tied_copy_bytes,
             gradients=shard(*trained, 2) * job.grad_bytes,
             optimizer=shard(*trained, 1) * job.optimizer_bytes,
             activations=per_micro_batch * in_flight,

@@ -8,7 +8,10 @@ backward; the sharded gradients are in the parameters' dtype, and so are AdamW's
 parameter, sharded as ZeRO stage 3 over the shard degree; a replicate degree above 1 keeps that
 many copies (HSDP: `zero_replicas`), or whole ones with a shard degree of 1 (DDP: stage 0).
 With `peft:` (LoRA) the model's weights are frozen: only the adapters have gradients and
-moments.
+moments. A tied embedding keeps its own fp32 shard besides the output layer's: parallelizing on
+the meta device breaks the tie, TorchTitan ties the two again when it initializes the weights,
+and the embedding's shard stays allocated, unused (4 bytes an element, `tied_copy_bytes`; 0.98
+GiB for the 1B recipe on one GPU, measured).
 
 Its loss (`ChunkedLossWrapper`) runs the output layer and the cross-entropy over 1/`num_chunks`
 of the tokens at a time, forward and backward: upstream's cross-entropy keeps an fp32
@@ -19,9 +22,8 @@ What core's arithmetic cannot say yet (so the total is approximate, see the test
 selective checkpointing is per op (it saves the matmuls' outputs but every second one, and the
 attention's: about 35 kB a layer and token for the 1B recipe, where core's selective counts
 76 kB); during the loss the output layer's fp32 gradient is accumulated unsharded over the
-chunks (about 14 bytes per vocabulary x hidden element with the gathered bf16 weight); a tied
-embedding leaves a stale fp32 shard behind (4 bytes each); and with CUDA graphs off the
-gradients are freed between steps.
+chunks (about 14 bytes per vocabulary x hidden element with the gathered bf16 weight); and with
+CUDA graphs off the gradients are freed between steps.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         zero=0 if shard == 1 and replicate > 1 else 3,
         zero_replicas=replicate,
         adapter_parameters=adapter_parameters(config),
+        tied_copy_bytes=master,  # the tied embedding's own shard, left stale (module docstring)
         activation_bytes=BYTES[training.mixed_precision_param],
         sequence_parallel=tp > 1 and bool(p.enable_sequence_parallel),
         flash_attention=attention.startswith(FLASH),
