@@ -62,6 +62,17 @@ def test_projections_recompute_keeps_the_projections_outputs() -> None:
     assert project(sp).activations == 2 * 4 * (8 + 16 + 32 + 16) / 2 * 2
 
 
+def test_alternate_matmuls_keeps_every_second_matmul_and_the_attention() -> None:
+    # matmuls in order: q 8, k 4, v 4, o 8, gate 16, up 16, down 8: the 1st, 3rd, 5th and 7th
+    # kept (8 + 4 + 16 + 8), with the layer input 8, the attention output 8 (2 bytes each) and
+    # its fp32 log-sum-exp for 2 heads: 2 layers x 4 tokens
+    p = project(Job(TINY, micro_batch=1, seq_len=4, recompute="alternate_matmuls"))
+    assert p.activations == 2 * 4 * ((36 + 8 + 8) * 2 + 2 * 4)
+    # fused: qkv 16, o 8, gate 16, up 16, down 8: qkv, gate and down kept
+    fused = Job(TINY, micro_batch=1, seq_len=4, recompute="alternate_matmuls", fused_qkv=True)
+    assert project(fused).activations == 2 * 4 * ((40 + 8 + 8) * 2 + 2 * 4)
+
+
 def test_tensor_parallel_splits_matrices_and_sequence_parallel_the_norms() -> None:
     mha = Model(**{**TINY.__dict__, "kv_heads": 2})  # k and v 8x8: attention 256, 80 split
     p = project(Job(mha, micro_batch=1, seq_len=4, tp=2))
@@ -136,7 +147,7 @@ def test_moe_layers_split_experts_over_expert_parallel_ranks() -> None:
         ({"dp": 4, "zero_replicas": 3}, "data-parallel ranks (4) do not split into 3"),
         (
             {"recompute": "some"},
-            "recompute 'some' is not one of none, selective, projections, full",
+            "recompute 'some' is not one of none, selective, alternate_matmuls, projections, full",
         ),
     ],
 )

@@ -60,7 +60,7 @@ def test_the_model_has_the_parameters_of_torchtitans(tmp_path: Path, preset: str
     job = training_job(config, 1, frozenset())
     assert job.model.parameters() == sum(p.numel() for p in built.parameters())
     assert (job.tp, job.dp, job.zero, job.weight_bytes, job.optimizer_bytes) == (1, 1, 3, 4, 8)
-    assert job.recompute == "selective" and job.cuda_graphs and job.logit_bytes == 12 / 8
+    assert job.recompute == "alternate_matmuls" and job.cuda_graphs and job.logit_bytes == 12 / 8
 
 
 def test_with_lora_only_the_adapters_torchtitan_builds_have_gradients_and_moments(
@@ -82,6 +82,64 @@ def test_with_lora_only_the_adapters_torchtitan_builds_have_gradients_and_moment
     assert job.adapter_parameters == trained > 0
     assert p.weights == 4 * sum(p.numel() for p in built)
     assert (p.gradients, p.optimizer) == (4 * trained, 8 * trained)
+
+
+def saved_by_selective_ac(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Any, float]:
+    """(the 1B recipe's config, the bytes a token's forward through one of its layers leaves in
+    the caches of TorchTitan's SelectiveAC): one bf16 layer (vocabulary 256) on the CPU."""
+    import torchtitan.distributed.activation_checkpoint as ac
+    from torch.utils._pytree import tree_leaves
+
+    stores: list[dict[Any, dict[int, Any]]] = []
+
+    def capture(policy: Any) -> Any:
+        modes = torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)
+        stores.append(modes[0].storage)
+        return modes
+
+    monkeypatch.setattr(ac, "create_selective_checkpoint_contexts", capture)
+    try:
+        config = preset_args(tmp_path, "torchtitan", "torchtitan_pretrain", "llama3.2_1B",
+                             "torchtitan.cpu", device="cpu", mock_data=True)  # fmt: skip
+        spec = config.model_spec.model
+        spec.update_from_config(config=config)
+        job = training_job(config, 1, frozenset())
+        spec.layers = spec.layers[:1]
+        spec.vocab_size = spec.tok_embeddings.num_embeddings = spec.lm_head.out_features = 256
+        model = spec.build()
+        for param in model.parameters():  # bf16 as FSDP's mixed precision runs the layers
+            param.data = param.data.to(torch.bfloat16)
+        config.activation_checkpoint.build().apply(model)
+        positions = torch.arange(64).unsqueeze(0)
+        model(torch.randint(0, 256, (1, 64)), positions, model.get_attention_masks(positions))
+    finally:
+        restore_all()
+    saved = {
+        cached.val.untyped_storage().data_ptr(): cached.val.nbytes
+        for store in stores
+        for entries in store.values()
+        for cached in tree_leaves(list(entries.values()), is_leaf=lambda v: hasattr(v, "val"))
+        if isinstance(getattr(cached, "val", None), torch.Tensor)
+    }
+    return job, sum(saved.values()) / 64
+
+
+def test_op_level_selective_checkpointing_keeps_what_torchtitans_policy_saves(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """TorchTitan's SelectiveAC run on a layer of the 1B recipe caches every second matmul's
+    output (qkv 3072, w1 8192, w2 2048 wide: 26.6 kB a token). The CPU's attention (SDPA, for
+    FlexAttention) is not in its save list; on a GPU FlexAttention is, so its bf16 output and
+    fp32 log-sum-exp (32 heads) add, and the checkpoint keeps the layer's bf16 input: about
+    35 kB a layer and token, where Megatron-style selective recompute counts 76."""
+    import torchtitan.distributed.activation_checkpoint as ac
+
+    job, cached = saved_by_selective_ac(monkeypatch, tmp_path)
+    assert torch._higher_order_ops.flex_attention in ac._get_default_save_ops()
+    m = job.model
+    expected = cached + 2 * m.hidden + 2 * m.heads * m.head_dim + 4 * m.heads
+    per_token = project(job).activations / (m.layers * job.micro_batch * job.seq_len)
+    assert per_token == expected and 34_000 < per_token < 36_000
 
 
 LAYOUTS = [

@@ -22,7 +22,10 @@ for the backward pass. The arithmetic is here, the same for every backend:
   probabilities; `projections` keeps only the projections' outputs (query, keys, values, the
   attention output projection, the MLP's gate, up and down: JAX's checkpoint policies that
   save named matmuls), recomputing the norms, RoPE, the activation function and the attention
-  core. A 1F1B pipeline's first stage holds `pp` micro batches;
+  core; `alternate_matmuls` keeps the layer's input, every second matmul's output in forward
+  order (the first, third, ...; q, k and v one matmul with `fused_qkv`) and the attention's
+  output with a flash kernel's fp32 log-sum-exp (PyTorch's per-op selective checkpointing
+  that saves every second mm). A 1F1B pipeline's first stage holds `pp` micro batches;
 - the loss's logits on the last stage: tokens x vocabulary (split by tensor parallelism) x the
   bytes the loss keeps for each.
 
@@ -38,7 +41,8 @@ from dataclasses import asdict, dataclass
 from primus.core.errors import ConfigError
 
 GIB = 1 << 30
-RECOMPUTE = ("none", "selective", "projections", "full")
+RECOMPUTE = ("none", "selective", "alternate_matmuls", "projections", "full")
+LSE_BYTES = 4  # a flash kernel's log-sum-exp: fp32, one per head and token
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class Job:
     sequence_parallel: bool = False
     flash_attention: bool = True
     recompute: str = "none"
+    fused_qkv: bool = False  # q, k and v from one matmul (which ones `alternate_matmuls` keeps)
     # layers' worth of activations a full recompute holds while it recomputes a layer and runs
     # its backward (the recomputed forward, the backward's gradients, their precision)
     recompute_working_set: float = 1.0
@@ -200,11 +205,38 @@ def _stage_parameters(job: Job, first: bool, last: bool) -> tuple[float, float]:
     return dense, experts
 
 
+def _matmul_outputs(job: Job) -> list[float]:
+    """The widths of a layer's matmul outputs in forward order (this rank's share): q, k, v
+    (or one fused qkv), the attention output projection, the MLP's gate and up (or up), down."""
+    m = job.model
+    routed = max(1, m.experts_per_token)
+    hidden_split = job.tp if job.sequence_parallel else 1
+    q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    qkv = [q + 2 * kv] if job.fused_qkv else [q, kv, kv]
+    mlp = [m.ffn * routed] * (2 if m.gated else 1)
+    split = [w / job.tp for w in (*qkv, *mlp)]
+    return [*split[: len(qkv)], m.hidden / hidden_split, *split[len(qkv) :],
+            m.hidden * routed / hidden_split]  # fmt: skip
+
+
+def _alternate_matmuls(job: Job, tokens: float) -> float:
+    """Bytes a layer keeps when only every second matmul's output (the first, third, ...) and
+    the attention's are saved: those, and the layer's input."""
+    m = job.model
+    hidden_split = job.tp if job.sequence_parallel else 1
+    attention = m.heads * (m.head_dim if job.flash_attention else m.head_dim + job.seq_len)
+    kept = m.hidden / hidden_split + sum(_matmul_outputs(job)[::2]) + attention / job.tp
+    lse = m.heads / job.tp * LSE_BYTES if job.flash_attention else 0
+    return tokens * (kept * job.activation_bytes + lse)
+
+
 def _layer_activations(job: Job, tokens: float) -> float:
     """Bytes one layer keeps for one micro batch of `tokens` tokens (this rank's share)."""
     m = job.model
     routed = max(1, m.experts_per_token)
     hidden_split = job.tp if job.sequence_parallel else 1
+    if job.recompute == "alternate_matmuls":
+        return _alternate_matmuls(job, tokens)
     if job.recompute == "projections":  # q, k, v and the MLP's inputs; two outputs of width h
         split = (m.heads + 2 * m.kv_heads) * m.head_dim + (2 if m.gated else 1) * m.ffn * routed
         per_token = split / job.tp + (1 + routed) * m.hidden / hidden_split

@@ -18,12 +18,15 @@ of the tokens at a time, forward and backward: upstream's cross-entropy keeps an
 log-softmax of the chunk and, in its backward, two fp32 gradients (12 bytes a logit); a fused
 one (turbo's kernel, or the loss compiled) the bf16 logits and their gradient (4).
 
-What core's arithmetic cannot say yet (so the total is approximate, see the tests): TorchTitan's
-selective checkpointing is per op (it saves the matmuls' outputs but every second one, and the
-attention's: about 35 kB a layer and token for the 1B recipe, where core's selective counts
-76 kB); during the loss the output layer's fp32 gradient is accumulated unsharded over the
-chunks (about 14 bytes per vocabulary x hidden element with the gathered bf16 weight); and with
-CUDA graphs off the gradients are freed between steps.
+Its selective checkpointing (`SelectiveAC`) is per op: it saves the outputs of the matmuls but
+every second one (the fused qkv, the MLP's w1 and w2 of llama3's five) and of the attention
+(with its fp32 log-sum-exp), and the checkpoint keeps each layer's input: core's
+`alternate_matmuls`, 34.9 kB a layer and token for the 1B recipe.
+
+What core's arithmetic cannot say yet (so the total is approximate, see the tests): during the
+loss the output layer's fp32 gradient is accumulated unsharded over the chunks (about 14 bytes
+per vocabulary x hidden element with the gathered bf16 weight); and with CUDA graphs off the
+gradients are freed between steps.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOSS_CHUNK_BYTES = {"upstream": 12, "fused": 4}
 TURBO = {"torchtitan.turbo_rms_norm", "torchtitan.turbo_swiglu", "torchtitan.turbo_cross_entropy"}
 FLASH = ("FlexAttention", "ScaledDotProductAttention", "VarlenAttention")
-RECOMPUTE = {"SelectiveAC": "selective", "FullAC": "full", "MemoryBudgetAC": "selective"}
+# TorchTitan's policy -> core's recompute (SelectiveAC saves every second mm's output and the
+# attention's: core's alternate_matmuls; MemoryBudgetAC's compiler-chosen set: approximated)
+RECOMPUTE = {"SelectiveAC": "alternate_matmuls", "FullAC": "full", "MemoryBudgetAC": "selective"}
+MODES = {"none": "none", "alternate_matmuls": "selective", "full": "full"}  # core -> mode key
 
 
 def model(config: Any) -> Model:
@@ -116,7 +122,8 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
     )
     chunks = getattr(config.loss, "num_chunks", 1)
     ac = config.activation_checkpoint
-    attention = type(config.model_spec.model.layers[0].attention.inner_attention).__qualname__
+    first = config.model_spec.model.layers[0]
+    attention = type(first.attention.inner_attention).__qualname__
     dp = replicate * shard
     return Job(
         model=model(config),
@@ -137,6 +144,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         activation_bytes=BYTES[training.mixed_precision_param],
         sequence_parallel=tp > 1 and bool(p.enable_sequence_parallel),
         flash_attention=attention.startswith(FLASH),
+        fused_qkv=getattr(first.attention.qkv_linear, "wqkv", None) is not None,
         recompute="none" if ac is None else RECOMPUTE[type(ac).__qualname__.split(".")[0]],
         logit_bytes=LOSS_CHUNK_BYTES["fused" if fused_loss else "upstream"] / chunks,
         global_batch=(
@@ -153,7 +161,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
 def layout_overrides(job: Job) -> dict[str, Any]:
     """TorchTitan's keys for `job`'s layout (data-parallel sharding fills the rest; TorchTitan
     captures no CUDA graph under pipeline parallelism)."""
-    check_recompute(job, "TorchTitan", ("none", "selective", "full"))
+    check_recompute(job, "TorchTitan", tuple(MODES))
     keys: dict[str, Any] = {
         "parallelism.tensor_parallel_degree": job.tp,
         "parallelism.pipeline_parallel_degree": job.pp,
@@ -166,7 +174,7 @@ def layout_overrides(job: Job) -> dict[str, Any]:
         "training.global_batch_size": (
             -1 if job.global_batch in (0, job.micro_batch * job.dp) else job.global_batch
         ),
-        "activation_checkpoint.mode": job.recompute,
+        "activation_checkpoint.mode": MODES[job.recompute],
     }
     if job.pp > 1:
         keys["training.disable_cuda_graphs"] = True
