@@ -118,6 +118,23 @@ def test_a_second_copy_of_a_tied_embedding_adds_to_the_weights() -> None:
     assert project(Job(untied, 1, 4, tied_copy_bytes=4)) == project(Job(untied, 1, 4))
 
 
+def test_the_loss_holds_output_layer_bytes_and_freed_gradients_take_the_larger_part() -> None:
+    """14 bytes an output-layer element (32 x 8) in the loss; with the gradients freed between
+    steps the peak holds weights (2 x 1448) and optimizer state (12 x 1448), and the larger of
+    the gradients (4 x 1448 = 5792) and activations with the loss."""
+    kept = project(Job(TINY, micro_batch=2, seq_len=4, loss_output_layer_bytes=14))
+    assert kept.output_layer == 32 * 8 * 14 == 3584
+    forward = 3328 + 1536 + 3584  # activations 2 x 8 x 104 x 2, logits 8 x 32 x 6, output layer
+    assert kept.total == 2896 + 17376 + 5792 + forward
+    freed = project(Job(TINY, micro_batch=2, seq_len=4, loss_output_layer_bytes=14,
+                        gradients_kept=False))  # fmt: skip
+    assert freed.total == 2896 + 17376 + forward  # 8448 > 5792: no gradient at the peak
+    assert freed.as_dict()["total"] == freed.total and "gradients_kept" not in freed.as_dict()
+    small = project(Job(TINY, micro_batch=1, seq_len=4, gradients_kept=False))
+    assert (small.activations, small.logits) == (1664, 768)  # 2432 < 5792: the gradients
+    assert small.total == 2896 + 17376 + 5792
+
+
 def test_the_first_pipeline_stage_holds_pp_micro_batches_and_the_last_the_logits() -> None:
     job = Job(TINY, micro_batch=1, seq_len=4, pp=2, logit_bytes=0)
     p = project(job)  # no logits: the first stage (embedding, 2 micro batches of 1 layer)

@@ -22,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PARTS = ("weights", "gradients", "optimizer", "activations", "logits")
+PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "output_layer")
 TERMS = ("gemm", "attention", "memory_bound", "optimizer", "tensor_parallel", "data_parallel",
          "kernel_gaps", "pipeline_bubble")  # fmt: skip
 Gpus = Annotated[
@@ -45,6 +45,9 @@ def _table(job: Job, projection: Projection) -> str:
     from primus.core.projection import GIB
 
     on = {True: "on", False: "off"}
+    parts = [p for p in PARTS if p != "output_layer" or projection.output_layer]
+    freed = ("gradients freed between steps: the total takes the larger of them and of the "
+             "activations with the loss")  # fmt: skip
     lines = [
         f"model: {projection.parameters / 1e9:.3f} B parameters, "
         f"{projection.parameters_per_gpu / 1e9:.3f} B on the most loaded GPU",
@@ -53,8 +56,9 @@ def _table(job: Job, projection: Projection) -> str:
         f"flash attention {on[job.flash_attention]}; sequence parallel "
         f"{on[job.sequence_parallel]}",
         f"{'':<12} {'GiB':>8}",
-        *(f"{part:<12} {getattr(projection, part) / GIB:>8.2f}" for part in PARTS),
+        *(f"{part:<12} {getattr(projection, part) / GIB:>8.2f}" for part in parts),
         f"{'total':<12} {projection.total / GIB:>8.2f}",
+        *([] if projection.gradients_kept else [freed]),
         "not included: the CUDA context, the allocator's cache and fragmentation, "
         "communication buffers, kernel workspaces",
     ]

@@ -27,7 +27,15 @@ for the backward pass. The arithmetic is here, the same for every backend:
   output with a flash kernel's fp32 log-sum-exp (PyTorch's per-op selective checkpointing
   that saves every second mm). A 1F1B pipeline's first stage holds `pp` micro batches;
 - the loss's logits on the last stage: tokens x vocabulary (split by tensor parallelism) x the
-  bytes the loss keeps for each.
+  bytes the loss keeps for each; and what it holds for the output layer at its peak, vocabulary
+  x hidden (split by tensor parallelism) x `loss_output_layer_bytes` (a gradient the loss
+  accumulates over its chunks, the gathered weight: `output_layer`).
+
+The peak is the start of the backward: every layer's activations and the loss alive. Where the
+gradients are kept between steps they are there too, and the parts add up; where the backend
+frees them after each step (`gradients_kept` false) they grow only as the backward frees the
+activations, so the peak holds the larger of the two: weights + optimizer state + max(activations
++ logits + output layer, gradients).
 
 Not included: the CUDA context, the allocator's caching and fragmentation, communication
 buffers and kernel workspaces.
@@ -116,6 +124,12 @@ class Job:
     # its backward (the recomputed forward, the backward's gradients, their precision)
     recompute_working_set: float = 1.0
     logit_bytes: float = 6  # what the loss keeps per logit (fp32 softmax + its bf16 gradient)
+    # bytes per output-layer element (vocabulary x hidden / tp) the loss holds at its peak
+    # besides the logits (a gradient accumulated over its chunks, the gathered weight); last stage
+    loss_output_layer_bytes: float = 0
+    # the gradients live through the forward (kept, zeroed, between steps); false: freed after
+    # each step, so the peak holds the larger of activations and loss, and gradients
+    gradients_kept: bool = True
     # what the performance projection also needs (`primus.core.performance`)
     global_batch: int = 0  # sequences per step; 0: one micro batch per data-parallel rank
     fused_kernels: bool = False  # norms, RoPE, SwiGLU and the loss fused (turbo, a compiler)
@@ -181,13 +195,22 @@ class Projection:
     optimizer: float
     activations: float
     logits: float
+    output_layer: float = 0.0  # what the loss holds for the output layer (Job's)
+    gradients_kept: bool = True  # Job's: false, the gradients do not coexist with the rest
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+        """The peak: weights and optimizer state, and the activations and loss with the
+        gradients (the larger of the two where the gradients are freed between steps)."""
+        if self.gradients_kept:
+            return (self.weights + self.gradients + self.optimizer + self.activations
+                    + self.logits + self.output_layer)  # fmt: skip
+        forward = self.activations + self.logits + self.output_layer
+        return self.weights + self.optimizer + max(forward, self.gradients)
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self) | {"total": self.total}
+        parts = {k: v for k, v in asdict(self).items() if k != "gradients_kept"}
+        return parts | {"total": self.total}
 
 
 def _stage_parameters(job: Job, first: bool, last: bool) -> tuple[float, float]:
@@ -287,6 +310,8 @@ def project(job: Job) -> Projection:
             optimizer=shard(*trained, 1) * job.optimizer_bytes,
             activations=per_micro_batch * in_flight,
             logits=tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0,
+            output_layer=m.vocab * m.hidden / job.tp * job.loss_output_layer_bytes if last else 0.0,
+            gradients_kept=job.gradients_kept,
         )
         if heaviest is None or candidate.total > heaviest.total:
             heaviest = candidate

@@ -23,10 +23,19 @@ every second one (the fused qkv, the MLP's w1 and w2 of llama3's five) and of th
 (with its fp32 log-sum-exp), and the checkpoint keeps each layer's input: core's
 `alternate_matmuls`, 34.9 kB a layer and token for the 1B recipe.
 
-What core's arithmetic cannot say yet (so the total is approximate, see the tests): during the
-loss the output layer's fp32 gradient is accumulated unsharded over the chunks (about 14 bytes
-per vocabulary x hidden element with the gathered bf16 weight); and with CUDA graphs off the
-gradients are freed between steps.
+The loss also holds the output layer (`loss_output_layer_bytes`): with more than one chunk it
+keeps the layer's weight gathered (bf16, 2 bytes an element: reshard after forward and backward
+off), accumulates its gradient unsharded over the chunks with gradient sync off (fp32, FSDP's
+reduce dtype: 4), and at the last chunk reduce-scatters it: an fp32 input (4) and the new
+gradient shard (4 / shard degree). 14 bytes per vocabulary x hidden element on one GPU, what a
+CPU trace of the real step had measured; 3.42 GiB for the 1B recipe. All layers' activations
+are still alive then: the decoder's backward starts after the loss.
+
+With CUDA graphs off (`training.disable_cuda_graphs`, the CPU, pipeline parallelism) the
+optimizer's zero_grad frees the gradients between steps: none exists at the peak (the loss and
+the start of the backward), and they grow as the backward frees the activations, so the peak is
+weights + moments + the larger of the activations with the loss and the gradients
+(`gradients_kept` false). The graph keeps its gradients (zeroed), so with graphs they add up.
 """
 
 from __future__ import annotations
@@ -40,6 +49,11 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # per logit of one chunk: upstream's fp32 log-softmax and its two fp32 gradients; fused: the
 # bf16 logits and their gradient
 LOSS_CHUNK_BYTES = {"upstream": 12, "fused": 4}
+# per output-layer element while the chunked loss runs: the gathered bf16 weight (2), the fp32
+# gradient accumulated unsharded over the chunks (4) and, at the last chunk, the reduce-scatter's
+# fp32 input (4); its output, the new gradient shard (4 / shard degree), comes on top
+LOSS_OUTPUT_LAYER_BYTES = 2 + 4 + 4
+REDUCED_GRAD_BYTES = 4
 TURBO = {"torchtitan.turbo_rms_norm", "torchtitan.turbo_swiglu", "torchtitan.turbo_cross_entropy"}
 FLASH = ("FlexAttention", "ScaledDotProductAttention", "VarlenAttention")
 # TorchTitan's policy -> core's recompute (SelectiveAC saves every second mm's output and the
@@ -120,11 +134,13 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
     fused_loss = (compiled and "loss" in config.compile.components) or (
         "torchtitan.turbo_cross_entropy" in applied
     )
-    chunks = getattr(config.loss, "num_chunks", 1)
+    chunks = getattr(config.loss, "num_chunks", 0)  # 0: no ChunkedLossWrapper
     ac = config.activation_checkpoint
     first = config.model_spec.model.layers[0]
     attention = type(first.attention.inner_attention).__qualname__
     dp = replicate * shard
+    # no graph under pipeline parallelism (layout_overrides) or on the CPU
+    graphs = not training.disable_cuda_graphs and "torchtitan.cpu" not in applied and pp == 1
     return Job(
         model=model(config),
         micro_batch=training.local_batch_size,
@@ -146,14 +162,19 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         flash_attention=attention.startswith(FLASH),
         fused_qkv=getattr(first.attention.qkv_linear, "wqkv", None) is not None,
         recompute="none" if ac is None else RECOMPUTE[type(ac).__qualname__.split(".")[0]],
-        logit_bytes=LOSS_CHUNK_BYTES["fused" if fused_loss else "upstream"] / chunks,
+        logit_bytes=LOSS_CHUNK_BYTES["fused" if fused_loss else "upstream"] / max(chunks, 1),
+        loss_output_layer_bytes=(
+            LOSS_OUTPUT_LAYER_BYTES + REDUCED_GRAD_BYTES / shard if chunks > 1 else 0
+        ),
+        # without a graph zero_grad frees them: none exists until the backward
+        gradients_kept=graphs,
         global_batch=(
             training.global_batch_size
             if training.global_batch_size > 0
             else training.local_batch_size * dp
         ),
         fused_kernels=fused,
-        cuda_graphs=not training.disable_cuda_graphs and "torchtitan.cpu" not in applied,
+        cuda_graphs=graphs,
         overlap_grad_reduce=True,  # FSDP2 reduce-scatters each layer's gradients in the backward
     )
 
