@@ -58,6 +58,18 @@ def test_full_recompute_runs_each_forward_again() -> None:
     assert full.step > plain.step
 
 
+def test_alternate_matmuls_runs_the_unsaved_matmuls_and_elementwise_ops_again() -> None:
+    plain = project_step(JOB, H100)
+    alternate = project_step(replace(JOB, recompute="alternate_matmuls", fused_qkv=True), H100)
+    tokens, h, q = 2 * 2048, 1024, 16 * 64
+    again = 2 * tokens * (q * h + h * 4096)  # the 2nd and 4th: attention output, MLP up
+    count = 16 // 2
+    extra = 4 * again * count / (H100.gemm_tflops * 1e12) * 1e3
+    assert alternate.gemm == pytest.approx(plain.gemm + extra)
+    assert alternate.attention == pytest.approx(plain.attention)  # its output is kept
+    assert alternate.memory_bound == pytest.approx(plain.memory_bound * 4 / 3)
+
+
 def test_the_host_bounds_an_eager_step_and_a_cuda_graph_lifts_it() -> None:
     eager = project_step(replace(JOB, host_ms_per_layer=50.0), H100)
     assert eager.host_floor == pytest.approx(50.0 * 4 * 8)

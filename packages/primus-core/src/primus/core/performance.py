@@ -5,10 +5,12 @@ its memory-bound kernels and collectives move, and the rates of the GPU
 A roofline, term by term, for one GPU of the job (the most loaded pipeline stage):
 
 - GEMMs: the forward GEMMs of `primus benchmark gemm --config` (three times over: forward,
-  the input gradient, the weight gradient; four with full recompute; an MoE layer's MLP once
-  for each expert a token picks) at the GEMM rate; not modelled: MoE's token exchange;
+  the input gradient, the weight gradient; four with full recompute, and the unsaved half of
+  a layer's matmuls again with `alternate_matmuls`; an MoE layer's MLP once for each expert a
+  token picks) at the GEMM rate; not modelled: MoE's token exchange;
 - attention: with a flash kernel, the forward's FLOPs (causal: half the score matrix) and the
-  backward's 2.5 times as many at the attention rate (the forward again under recompute);
+  backward's 2.5 times as many at the attention rate (the forward again under selective or
+  full recompute, not under `alternate_matmuls`, which keeps its output);
   without one, the score GEMMs at the GEMM rate and the score matrix's passes (scale, mask,
   softmax and their gradients, in fp32) at the memory bandwidth;
 - memory-bound kernels at the memory bandwidth: per layer and token, norms, residual adds,
@@ -38,7 +40,7 @@ from typing import Any
 from primus.core.benchmark import job_attention, job_gemms
 from primus.core.errors import ConfigError
 from primus.core.metrics import peak_tflops
-from primus.core.projection import RECOMPUTE, Job, project
+from primus.core.projection import RECOMPUTE, Job, project, unsaved_matmul_share
 
 # bytes moved per element of the score matrix without a flash kernel: the scores written, scaled
 # and masked, upcast to fp32 for the softmax and back, read by PV; their gradients the same way
@@ -206,8 +208,14 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
         )
         attention_model_flops = score_gemms / 2
     forwards = 2 if job.recompute == "full" else 1  # full recompute runs each forward twice
-    gemm_ms = _ms(gemm_flops * (2 + forwards) / 3, rates.gemm_tflops * 1e12)
-    attention_ms *= (2.5 + (1 if job.recompute == "none" else 2)) / 3.5  # selective: its forward
+    # alternate_matmuls: the unsaved matmuls and every element-wise op again, not the attention
+    again = unsaved_matmul_share(job) if job.recompute == "alternate_matmuls" else 0.0
+    gemm_ms = _ms(
+        gemm_flops * (2 + forwards) / 3 + again * layers * layer_flops * count,
+        rates.gemm_tflops * 1e12,
+    )
+    saved_attention = job.recompute in ("none", "alternate_matmuls")
+    attention_ms *= (2.5 + (1 if saved_attention else 2)) / 3.5  # selective: its forward again
 
     q_kv = (m.heads + 2 * m.kv_heads) * m.head_dim / job.tp
     split = job.tp if job.sequence_parallel else 1
@@ -219,7 +227,7 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
     streamed += tokens * m.vocab / job.tp * LOSS_BYTES[job.fused_kernels]
     if job.grad_bytes > job.weight_bytes:  # each micro batch adds its gradients into them
         streamed += memory.parameters_per_gpu * (job.weight_bytes + 2 * job.grad_bytes)
-    streamed *= (2 + forwards) / 3
+    streamed *= (4 if job.recompute in ("full", "alternate_matmuls") else 3) / 3  # ops again
     cast = job.weight_bytes + job.activation_bytes
     if job.zero >= 3 and job.weight_bytes > job.activation_bytes:  # cast for forward and backward
         streamed += 2 * memory.parameters_per_gpu / job.zero_ranks * cast

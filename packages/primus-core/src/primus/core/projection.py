@@ -228,18 +228,30 @@ def _stage_parameters(job: Job, first: bool, last: bool) -> tuple[float, float]:
     return dense, experts
 
 
-def _matmul_outputs(job: Job) -> list[float]:
-    """The widths of a layer's matmul outputs in forward order (this rank's share): q, k, v
-    (or one fused qkv), the attention output projection, the MLP's gate and up (or up), down."""
+def _matmuls(job: Job) -> list[tuple[int, int, bool]]:
+    """A layer's matmuls in forward order as (input width, output width, output split by tensor
+    parallelism): q, k, v (or one fused qkv), the attention output projection, the MLP's gate
+    and up (or up), down; an MoE layer's MLP for each expert a token goes to."""
     m = job.model
     routed = max(1, m.experts_per_token)
-    hidden_split = job.tp if job.sequence_parallel else 1
     q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
     qkv = [q + 2 * kv] if job.fused_qkv else [q, kv, kv]
-    mlp = [m.ffn * routed] * (2 if m.gated else 1)
-    split = [w / job.tp for w in (*qkv, *mlp)]
-    return [*split[: len(qkv)], m.hidden / hidden_split, *split[len(qkv) :],
-            m.hidden * routed / hidden_split]  # fmt: skip
+    up = [(m.hidden, m.ffn * routed, True)] * (2 if m.gated else 1)
+    return [*((m.hidden, width, True) for width in qkv), (q, m.hidden, False), *up,
+            (m.ffn, m.hidden * routed, False)]  # fmt: skip
+
+
+def _matmul_outputs(job: Job) -> list[float]:
+    """The widths of a layer's matmul outputs in forward order (this rank's share)."""
+    hidden_split = job.tp if job.sequence_parallel else 1
+    return [out / (job.tp if split else hidden_split) for _, out, split in _matmuls(job)]
+
+
+def unsaved_matmul_share(job: Job) -> float:
+    """The share of a layer's matmul FLOPs whose outputs `alternate_matmuls` does not keep (the
+    second, fourth, ...): what its backward computes again."""
+    flops = [inputs * outputs for inputs, outputs, _ in _matmuls(job)]
+    return sum(flops[1::2]) / sum(flops)
 
 
 def _alternate_matmuls(job: Job, tokens: float) -> float:
