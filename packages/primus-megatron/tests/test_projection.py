@@ -66,7 +66,11 @@ def test_weights_and_optimizer_state_equal_megatrons_count(
 
 
 class Decoder(torch.nn.Module):
-    """The linears add_lora adapts, nested as in Megatron's GPTModel (identities: no weights)."""
+    """The linears add_lora adapts, nested as in Megatron's GPTModel (identities: no weights).
+
+    A stand-in for the real model, said so here: a GPTModel needs Megatron's parallel state and
+    would allocate the 1B model's weights, while add_lora (Primus's) only walks these names and
+    wraps each linear; the adapters it adds are real."""
 
     def __init__(self, layers: int) -> None:
         super().__init__()
