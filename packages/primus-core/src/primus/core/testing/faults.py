@@ -17,21 +17,30 @@ from pathlib import Path
 from primus.core.preemption import EXIT_PREEMPTED, marked
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, grandchildren, ...), from /proc."""
-    parents: dict[int, list[int]] = {}
+def parent_pids() -> dict[int, int]:
+    """Pid -> parent pid of every process, from /proc."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
             except (OSError, IndexError):
                 continue
-            parents.setdefault(ppid, []).append(int(entry.name))
+    return parents
+
+
+def descendants(pid: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Every process below `pid` (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in (parents or parent_pids()).items():
+        children.setdefault(parent, []).append(child)
     found, todo = [], [pid]
     while todo:
-        children = parents.get(todo.pop(), [])
-        found += children
-        todo += children
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
     return found
 
 
@@ -48,13 +57,15 @@ def worker_rank(pid: int) -> int | None:
 
 
 def workers(launcher: int) -> dict[int, int]:
-    """Rank -> pid of the Primus workers below `launcher` (the reapers they fork excluded)."""
-    found: dict[int, int] = {}
-    for pid in sorted(descendants(launcher)):
-        rank = worker_rank(pid)
-        if rank is not None and rank not in found:  # a reaper is its worker's child: later pid
-            found[rank] = pid
-    return found
+    """Rank -> pid of the Primus workers below `launcher`. A worker's reaper is its child with
+    the same RANK; it is told apart by its parent, not by a later pid (pids wrap around)."""
+    parents = parent_pids()
+    ranks = {pid: worker_rank(pid) for pid in descendants(launcher, parents)}
+    return {
+        rank: pid
+        for pid, rank in ranks.items()
+        if rank is not None and ranks.get(parents.get(pid, 0)) != rank
+    }
 
 
 def steps_logged(run_dir: Path) -> int:
