@@ -5,7 +5,10 @@
 Megatron writes that trace with `profile: true`, `use_pytorch_profiler: true`,
 `profile_step_start: N`, `profile_step_end: N+1` (one step). Prints the profiled window, the
 time the GPU was busy (the union of kernel intervals) and idle, the kernel time per kind, and
-the top kernels by total time, as Markdown.
+the communication kernels' time and the part of it no other kernel overlaps (exposed), and
+the top kernels by total time, as Markdown. TorchTitan writes it with
+`profiler.enable_profiling=true profiler.profile_freq=N` (RUN_DIR/profiling/traces/iteration_N/
+rank0_trace.json.gz).
 """
 
 from __future__ import annotations
@@ -61,7 +64,12 @@ def main() -> None:
         by_name[e["name"]][0] += e["dur"]
         by_name[e["name"]][1] += 1
     print(f"window {window / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms ({busy / window:.1%}), "
-          f"idle {(window - busy) / 1e3:.1f} ms\n")  # fmt: skip
+          f"idle {(window - busy) / 1e3:.1f} ms")  # fmt: skip
+    talking = [kind(e["name"]) == "communication" for e in kernels]
+    comm = [span for span, c in zip(spans, talking, strict=True) if c]
+    exposed = busy - busy_time([span for span, c in zip(spans, talking, strict=True) if not c])
+    print(f"communication {busy_time(comm) / 1e3:.1f} ms, exposed {exposed / 1e3:.1f} ms "
+          "(no other kernel running)\n")  # fmt: skip
     print("| kind | ms | of kernel time |\n|---|---|---|")
     kernel_total = sum(by_kind.values())
     for name, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
