@@ -233,15 +233,24 @@ def whole(tmp_path_factory: pytest.TempPathFactory, data: Corpus) -> Whole:
     return Whole(run, losses(run), counts.pop(), batches)
 
 
-@pytest.fixture(scope="module")
-def transient(tmp_path_factory: pytest.TempPathFactory, data: Corpus) -> tuple[Path, str]:
-    """NaN loss at step 4, Inf gradient at step 7; a checkpoint at every step."""
+# How the patch decides: fused Adam skips on the device (its found_inf), foreach on the host.
+DECIDED = {"fused": "decided on the device", "foreach": "decided on the host"}
+
+
+@pytest.fixture(scope="module", params=sorted(DECIDED))
+def transient(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, data: Corpus
+) -> tuple[Path, str]:
+    """NaN loss at step 4, Inf gradient at step 7; a checkpoint at every step; the optimizer's
+    implementation `request.param` (TorchTitan's default "fused" runs fused on CPU too)."""
     workspace = tmp_path_factory.mktemp("transient")
     cmd = command("transient", *data.overrides, *CHECKPOINTS, "checkpoint.interval=1",
-                  "training.steps=10")  # fmt: skip
+                  "training.steps=10", f"optimizer.implementation={request.param}")  # fmt: skip
     result = faulty(workspace, *cmd, PRIMUS_TEST_NAN_LOSS="4", PRIMUS_TEST_INF_GRAD="7")
     assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir(workspace, "transient"), result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert f"non-finite steps: {DECIDED[request.param]}" in output
+    return run_dir(workspace, "transient"), output
 
 
 def test_a_nonfinite_step_is_skipped_and_logged_and_the_run_goes_on(
