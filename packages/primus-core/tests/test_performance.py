@@ -86,6 +86,28 @@ def test_data_parallel_gradients_are_exposed_unless_overlapped() -> None:
 
 
 @pytest.mark.parametrize("dp", [1, 4])
+def test_sharded_weights_wait_for_the_collectives_at_the_models_ends(dp: int) -> None:
+    job = replace(JOB, zero=3, dp=dp, global_batch=16 * dp, overlap_grad_reduce=True)
+    layer = 2 * 1024 * (16 * 64) + 2 * 1024 * (4 * 64) + 3 * 1024 * 4096 + 2 * 1024
+    ends = 32000 * 1024 + 2 * layer  # the tied embedding, the first and the last layer
+    bus = ends * (2 + 4) * (dp - 1) / dp  # gathered in bf16, reduced in fp32
+    step = project_step(job, H100)
+    assert step.data_parallel == pytest.approx(bus * 8 / 360e9 * 1e3)  # 8 micro batches
+    assert (step.data_parallel > 0) == (dp > 1)
+
+
+def test_a_backends_measured_passes_and_attention_rate_replace_the_defaults() -> None:
+    eager = project_step(replace(JOB, fused_kernels=False), H100)
+    three = project_step(replace(JOB, elementwise_passes=3.0), H100)
+    fused, flex = (
+        project_step(JOB, H100),
+        project_step(replace(JOB, attention_rate_share=0.5), H100),
+    )
+    assert eager.memory_bound > three.memory_bound > fused.memory_bound  # the loss stays fused
+    assert flex.attention == pytest.approx(2 * fused.attention)
+
+
+@pytest.mark.parametrize("dp", [1, 4])
 def test_fsdp_casts_each_gpus_shard_of_fp32_weights_for_both_gathers(dp: int) -> None:
     fp32 = replace(JOB, weight_bytes=4, grad_bytes=4, dp=dp, global_batch=16 * dp)
     sharded, whole = project_step(replace(fp32, zero=3), H100), project_step(fp32, H100)

@@ -273,3 +273,47 @@ def test_gpus_the_layout_does_not_fill_exit_2_with_the_fix(
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr and f"hint: {fix}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# (benchmark JSON, key or None): Primus's TorchTitan runs measured on H100 and H200; the
+# passes and FlexAttention's share in the projection were fitted to profiles of these shapes
+# (docs/operations.md), so this checks that fit holds over devices, GPUs and compile
+STEPS_MEASURED = [
+    ("torchtitan-h100-eager-2026-11-21.json", None),
+    ("torchtitan-h100-compile-2026-11-21.json", None),
+    *[("eight-gpus-torchtitan-h200x4-2026-11-26.json", key)
+      for key in ("tt-8b-4gpu-eager", "tt-8b-4gpu-compile", "tt-16l-1gpu", "tt-16l-4gpu")],
+]  # fmt: skip
+
+
+def measured_run(case: int) -> dict[str, Any]:
+    name, key = STEPS_MEASURED[case]
+    record = json.loads((BENCHMARKS / name).read_text())
+    return record[key] if key else record
+
+
+@pytest.fixture(scope="module")
+def projected_steps(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """`primus projection performance` of each measured run, on its device and GPUs."""
+    folder = tmp_path_factory.mktemp("steps")
+    runs = []
+    for i in range(len(STEPS_MEASURED)):
+        run = measured_run(i)
+        config = ROOT / "configs" / "torchtitan" / Path(run["config"]).name
+        runs.append(cli("projection", "performance", "--config", str(config), "--gpus",
+                        str(run.get("gpus", 1)), "--device", run["device"], "--top", "0",
+                        "--json", str(folder / f"{i}.json"), *run.get("overrides", []),
+                        f"compile.enable={str(run['compile']).lower()}"))  # fmt: skip
+    for run in runs:
+        finished(run)
+    return [json.loads((folder / f"{i}.json").read_text()) for i in range(len(STEPS_MEASURED))]
+
+
+@pytest.mark.parametrize("case", range(len(STEPS_MEASURED)),
+                         ids=[key or name.split("-2026")[0] for name, key in STEPS_MEASURED])  # fmt: skip
+def test_the_projected_throughput_is_within_15_percent_of_the_measured_one(
+    projected_steps: list[dict[str, Any]], case: int
+) -> None:
+    projected = projected_steps[case]["step_ms"]["tokens_per_s_per_gpu"]
+    measured = measured_run(case)["primus"]["tokens_per_s_per_gpu"]
+    assert projected == pytest.approx(measured, rel=0.15), f"{projected:,.0f} vs {measured:,.0f}"

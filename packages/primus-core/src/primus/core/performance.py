@@ -19,7 +19,8 @@ A roofline, term by term, for one GPU of the job (the most loaded pipeline stage
   casts of each GPU's shard of wider weights for the forward's and the backward's gathers, the
   optimizer's step;
 - collectives at the bus bandwidth: tensor parallelism's activations (exposed), the data
-  parallel gradient reduction (exposed unless overlapped with the backward);
+  parallel gradient reduction (exposed unless overlapped with the backward), with sharded
+  weights the gathers and reduce-scatters at the model's ends (`exposed_ends`);
 - a 1F1B pipeline's bubble, (pp - 1) micro batches;
 - the host: an eager step launches every kernel from Python; the step takes at least the
   backend's host time per layer and micro batch (`Job.host_ms_per_layer`), none with a CUDA
@@ -176,6 +177,20 @@ def micro_batches(job: Job) -> int:
     return max(1, job.global_batch // per_rank)
 
 
+def exposed_ends(job: Job) -> float:
+    """Bus bytes a micro batch of sharded weights (ZeRO 3, FSDP) waits for, per GPU: no compute
+    hides the gathers and reduce-scatters at the model's ends: the embedding's and the first
+    layer's gathers before the forward, the output layer's (a chunked loss runs it outside the
+    layers' prefetching) and the last layer's as the backward starts, the reduce-scatters of
+    their gradients. Profiles of FSDP over 4 H200s showed these exposed and the other layers'
+    collectives hidden (docs/operations.md)."""
+    m = job.model
+    embeddings = m.vocab * m.hidden * (1 if m.tied else 2)
+    layer = (m.parameters() - embeddings - m.hidden) / m.layers
+    ends = (embeddings + 2 * layer) / job.tp
+    return ends * (job.activation_bytes + job.grad_bytes) * (job.zero_ranks - 1) / job.zero_ranks
+
+
 def _ms(amount: float, rate_per_s: float) -> float:
     return amount / rate_per_s * 1e3
 
@@ -198,7 +213,8 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
     attention = job_attention(job)
     attention_model_flops: float
     if job.flash_attention:
-        attention_ms = _ms(3.5 * attention.flops * layers * count, rates.attention_tflops * 1e12)
+        rate = rates.attention_tflops * job.attention_rate_share
+        attention_ms = _ms(3.5 * attention.flops * layers * count, rate * 1e12)
         attention_model_flops = 3 * attention.flops * layers * count
     else:  # QK^T and PV over the whole matrix as GEMMs, the passes over it at memory speed
         scores = attention.batch * attention.heads * attention.seq**2
@@ -222,7 +238,7 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
     elements = (
         FUSED_HIDDEN * m.hidden / split + (FUSED_FFN * m.ffn * routed + FUSED_QKV * q_kv) / job.tp
     )
-    elements *= 1 if job.fused_kernels else UNFUSED_FACTOR
+    elements *= job.elementwise_passes or (1 if job.fused_kernels else UNFUSED_FACTOR)
     streamed = tokens * layers * elements * job.activation_bytes
     streamed += tokens * m.vocab / job.tp * LOSS_BYTES[job.fused_kernels]
     if job.grad_bytes > job.weight_bytes:  # each micro batch adds its gradients into them
@@ -244,6 +260,8 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
     )
     gradients = memory.parameters_per_gpu * job.grad_bytes * 2 * (job.dp - 1) / job.dp
     dp_ms = 0.0 if job.overlap_grad_reduce else _ms(gradients, bus)
+    if job.zero >= 3 and job.zero_ranks > 1:  # nothing to hide them behind: see exposed_ends
+        dp_ms += _ms(exposed_ends(job) * count, bus)
 
     gaps_ms = KERNEL_GAPS_MS_PER_LAYER * layers * count
     per_micro_batch = (gemm_ms + attention_ms + memory_ms + tp_ms + gaps_ms) / count

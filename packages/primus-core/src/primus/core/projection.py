@@ -118,6 +118,8 @@ class Job:
     activation_bytes: int = 2
     sequence_parallel: bool = False
     flash_attention: bool = True
+    # the share of the device's flash-attention rate the backend's attention kernel reaches
+    attention_rate_share: float = 1.0
     recompute: str = "none"
     fused_qkv: bool = False  # q, k and v from one matmul (which ones `alternate_matmuls` keeps)
     # layers' worth of activations a full recompute holds while it recomputes a layer and runs
@@ -133,6 +135,9 @@ class Job:
     # what the performance projection also needs (`primus.core.performance`)
     global_batch: int = 0  # sequences per step; 0: one micro batch per data-parallel rank
     fused_kernels: bool = False  # norms, RoPE, SwiGLU and the loss fused (turbo, a compiler)
+    # passes the memory-bound kernels make over a layer's activations, against fully fused
+    # ones (None: 1 with fused_kernels, else 3); a backend sets it where a profile measured it
+    elementwise_passes: float | None = None
     cuda_graphs: bool = False  # the step replayed from a graph: no per-kernel launch cost
     overlap_grad_reduce: bool = False  # the gradients' reduction hidden behind the backward
     host_ms_per_layer: float = 0.0  # the host's time to launch a layer's forward and backward

@@ -56,6 +56,13 @@ LOSS_OUTPUT_LAYER_BYTES = 2 + 4 + 4
 REDUCED_GRAD_BYTES = 4
 TURBO = {"torchtitan.turbo_rms_norm", "torchtitan.turbo_swiglu", "torchtitan.turbo_cross_entropy"}
 FLASH = ("FlexAttention", "ScaledDotProductAttention", "VarlenAttention")
+# Fitted to profiles of the 1B and 8B (16 and 32 layers, 1 and 4 GPUs) recipes on H200s,
+# 2026-11-27 (docs/operations.md): FlexAttention's share of the device's flash-attention rate
+# (0.74-0.86 eager, 0.62-0.82 compiled), and the passes over a layer's activations the
+# memory-bound kernels make (eager 3.45-4.40; compiled per block, which leaves the layout
+# copies, casts and the saved activations' writes: 2.95-3.65)
+FLEX_ATTENTION_SHARE = 0.8
+ELEMENTWISE_PASSES = {False: 3.9, True: 3.3}  # by whether the model is compiled
 # TorchTitan's policy -> core's recompute (SelectiveAC saves every second mm's output and the
 # attention's: core's alternate_matmuls; MemoryBudgetAC's compiler-chosen set: approximated)
 RECOMPUTE = {"SelectiveAC": "alternate_matmuls", "FullAC": "full", "MemoryBudgetAC": "selective"}
@@ -130,7 +137,8 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
     moments = 2 if all(g.optimizer_name.startswith("Adam") for g in groups) else 1
     moment_bytes = 2 if config.optimizer.implementation == "fused_opt_states_bf16" else master
     compiled = config.compile.enable
-    fused = (compiled and "model" in config.compile.components) or applied >= TURBO
+    compiled_model = compiled and "model" in config.compile.components
+    fused = compiled_model or applied >= TURBO
     fused_loss = (compiled and "loss" in config.compile.components) or (
         "torchtitan.turbo_cross_entropy" in applied
     )
@@ -160,6 +168,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         activation_bytes=BYTES[training.mixed_precision_param],
         sequence_parallel=tp > 1 and bool(p.enable_sequence_parallel),
         flash_attention=attention.startswith(FLASH),
+        attention_rate_share=FLEX_ATTENTION_SHARE if attention == "FlexAttention" else 1.0,
         fused_qkv=getattr(first.attention.qkv_linear, "wqkv", None) is not None,
         recompute="none" if ac is None else RECOMPUTE[type(ac).__qualname__.split(".")[0]],
         logit_bytes=LOSS_CHUNK_BYTES["fused" if fused_loss else "upstream"] / max(chunks, 1),
@@ -174,6 +183,8 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
             else training.local_batch_size * dp
         ),
         fused_kernels=fused,
+        # measured without turbo's kernels; with them the fused default (1) stands
+        elementwise_passes=None if applied >= TURBO else ELEMENTWISE_PASSES[compiled_model],
         cuda_graphs=graphs,
         overlap_grad_reduce=True,  # FSDP2 reduce-scatters each layer's gradients in the backward
     )
