@@ -147,14 +147,10 @@ def skip_nonfinite(ctx: PatchContext) -> None:
             device = on_device(titan.optimizers)
             if not check.logged:
                 check.logged = True
-                get_logger().info(
-                    "non-finite steps: decided on the "
-                    + (
-                        "device (fused Adam's found_inf)"
-                        if device
-                        else "host, at the gradient norm"
-                    )
+                where = (
+                    "device (fused Adam's found_inf)" if device else "host, at the gradient norm"
                 )
+                get_logger().info(f"non-finite steps: decided on the {where}")
             if device:
                 check.flag(norm)
             elif not check.update_allowed(norm):
