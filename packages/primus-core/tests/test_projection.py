@@ -130,6 +130,9 @@ def test_the_loss_holds_output_layer_bytes_and_freed_gradients_take_the_larger_p
                         gradients_kept=False))  # fmt: skip
     assert freed.total == 2896 + 17376 + forward  # 8448 > 5792: no gradient at the peak
     assert freed.as_dict()["total"] == freed.total and "gradients_kept" not in freed.as_dict()
+    sharded = Job(TINY, micro_batch=2, seq_len=4, dp=4, zero=3, loss_output_layer_bytes=10,
+                  loss_output_layer_sharded_bytes=4)  # fmt: skip
+    assert project(sharded).output_layer == 32 * 8 * (10 + 4 / 4)  # the reduced shard, a quarter
     small = project(Job(TINY, micro_batch=1, seq_len=4, gradients_kept=False))
     assert (small.activations, small.logits) == (1664, 768)  # 2432 < 5792: the gradients
     assert small.total == 2896 + 17376 + 5792

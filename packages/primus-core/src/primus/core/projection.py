@@ -29,7 +29,8 @@ for the backward pass. The arithmetic is here, the same for every backend:
 - the loss's logits on the last stage: tokens x vocabulary (split by tensor parallelism) x the
   bytes the loss keeps for each; and what it holds for the output layer at its peak, vocabulary
   x hidden (split by tensor parallelism) x `loss_output_layer_bytes` (a gradient the loss
-  accumulates over its chunks, the gathered weight: `output_layer`).
+  accumulates over its chunks, the gathered weight: `output_layer`), plus
+  `loss_output_layer_sharded_bytes` over the ranks that shard gradients (the reduced shard).
 
 The peak is the start of the backward: every layer's activations and the loss alive. Where the
 gradients are kept between steps they are there too, and the parts add up; where the backend
@@ -129,6 +130,7 @@ class Job:
     # bytes per output-layer element (vocabulary x hidden / tp) the loss holds at its peak
     # besides the logits (a gradient accumulated over its chunks, the gathered weight); last stage
     loss_output_layer_bytes: float = 0
+    loss_output_layer_sharded_bytes: float = 0  # the same, divided over the gradients' shards
     # the gradients live through the forward (kept, zeroed, between steps); false: freed after
     # each step, so the peak holds the larger of activations and loss, and gradients
     gradients_kept: bool = True
@@ -311,6 +313,7 @@ def project(job: Job) -> Projection:
         per_micro_batch = kept + one_layer * job.recompute_working_set
     else:
         per_micro_batch = layers * one_layer
+    loss_bytes = job.loss_output_layer_bytes + shard(job.loss_output_layer_sharded_bytes, 0.0, 2)
     stages = [(True, job.pp == 1)] + ([(False, True)] if job.pp > 1 else [])
     heaviest: Projection | None = None
     for first, last in stages:
@@ -327,7 +330,7 @@ def project(job: Job) -> Projection:
             optimizer=shard(*trained, 1) * job.optimizer_bytes,
             activations=per_micro_batch * in_flight,
             logits=tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0,
-            output_layer=m.vocab * m.hidden / job.tp * job.loss_output_layer_bytes if last else 0.0,
+            output_layer=m.vocab * m.hidden / job.tp * loss_bytes if last else 0.0,
             gradients_kept=job.gradients_kept,
         )
         if heaviest is None or candidate.total > heaviest.total:

@@ -23,7 +23,8 @@ every second one (the fused qkv, the MLP's w1 and w2 of llama3's five) and of th
 (with its fp32 log-sum-exp), and the checkpoint keeps each layer's input: core's
 `alternate_matmuls`, 34.9 kB a layer and token for the 1B recipe.
 
-The loss also holds the output layer (`loss_output_layer_bytes`): with more than one chunk it
+The loss also holds the output layer (`loss_output_layer_bytes`, and the gradient shard in
+`loss_output_layer_sharded_bytes`): with more than one chunk it
 keeps the layer's weight gathered (bf16, 2 bytes an element: reshard after forward and backward
 off), accumulates its gradient unsharded over the chunks with gradient sync off (fp32, FSDP's
 reduce dtype: 4), and at the last chunk reduce-scatters it: an fp32 input (4) and the new
@@ -172,9 +173,8 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
         fused_qkv=getattr(first.attention.qkv_linear, "wqkv", None) is not None,
         recompute="none" if ac is None else RECOMPUTE[type(ac).__qualname__.split(".")[0]],
         logit_bytes=LOSS_CHUNK_BYTES["fused" if fused_loss else "upstream"] / max(chunks, 1),
-        loss_output_layer_bytes=(
-            LOSS_OUTPUT_LAYER_BYTES + REDUCED_GRAD_BYTES / shard if chunks > 1 else 0
-        ),
+        loss_output_layer_bytes=LOSS_OUTPUT_LAYER_BYTES if chunks > 1 else 0,
+        loss_output_layer_sharded_bytes=REDUCED_GRAD_BYTES if chunks > 1 else 0,
         # without a graph zero_grad frees them: none exists until the backward
         gradients_kept=graphs,
         global_batch=(
