@@ -240,12 +240,13 @@ def hf_config(layout: Layout, args: Any, dtype: torch.dtype) -> dict[str, Any]:
     return config
 
 
-def padded_vocab_size(args: Any) -> int:
-    """Megatron's padded vocabulary for these args (as the tokenizer would pad it)."""
+def padded_vocab_size(args: Any, needed_for: str = "to import a Hugging Face model") -> int:
+    """Megatron's padded vocabulary for these args (as the tokenizer would pad it); without a
+    vocabulary size, a ConfigError saying what it is `needed_for`."""
     from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
 
     if args.padded_vocab_size:
         return int(args.padded_vocab_size)
     if not args.vocab_size:
-        raise ConfigError("megatron: set vocab_size to import a Hugging Face model")
+        raise ConfigError(f"megatron: set vocab_size (the tokenizer's) {needed_for}")
     return int(vocab_size_with_padding(args.vocab_size, args, logging_enabled=False))

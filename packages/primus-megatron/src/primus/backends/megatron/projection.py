@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model, check_recompute, data_parallel
 
 if TYPE_CHECKING:
@@ -25,20 +24,13 @@ HOST_MS_PER_TP_LAYER = 1.0
 def layout(args: Any) -> Layout:
     """The shapes of the model Megatron's args build (the vocabulary padded as Megatron pads
     it)."""
-    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
-    from primus.backends.megatron.hf_mapping import Layout
+    from primus.backends.megatron.hf_mapping import Layout, padded_vocab_size
 
-    if not (args.padded_vocab_size or args.vocab_size):
-        raise ConfigError("megatron: the projection needs vocab_size (the tokenizer's)")
-    vocab = args.padded_vocab_size or vocab_size_with_padding(
-        args.vocab_size, args, logging_enabled=False
-    )
-    return Layout.of(args, int(vocab))
+    return Layout.of(args, padded_vocab_size(args, "for the projection"))
 
 
-def model(args: Any) -> Model:
-    """The model Megatron's args build."""
-    shape = layout(args)
+def model(args: Any, shape: Layout) -> Model:
+    """The model Megatron's args build, of `shape` (`layout(args)`)."""
     return Model(
         layers=shape.num_layers,
         hidden=shape.hidden,
@@ -56,16 +48,16 @@ def model(args: Any) -> Model:
     )
 
 
-def adapter_parameters(args: Any) -> int:
-    """The parameters of the LoRA adapters `peft:` adds (primus.backends.megatron.lora): A
-    (rank x in) and B (out x rank) for each targeted HF projection of each layer."""
+def adapter_parameters(args: Any, shape: Layout) -> int:
+    """The parameters of the LoRA adapters `peft:` adds (primus.backends.megatron.lora) to a
+    model of `shape`: A (rank x in) and B (out x rank) for each targeted HF projection of each
+    layer."""
     from primus.backends.megatron.hf_mapping import params
     from primus.backends.megatron.lora import FUSED, target
 
     peft = getattr(args, "primus_peft", None)
     if peft is None:
         return 0
-    shape = layout(args)
     linears = {f"decoder.layers.{path}.weight" for path in FUSED.values()}
     per_layer = sum(
         peft.rank * (out + inp)
@@ -92,8 +84,9 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
     flash = args.transformer_impl == "transformer_engine" or "megatron.turbo_attention" in applied
     turbo_loss = "megatron.turbo_cross_entropy" in applied
     fused = {"megatron.turbo_rms_norm", "megatron.turbo_swiglu", "megatron.turbo_rope"}
+    shape = layout(args)
     return Job(
-        model=model(args),
+        model=model(args, shape),
         micro_batch=args.micro_batch_size,
         seq_len=args.seq_length,
         tp=tp,
@@ -105,7 +98,7 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
         grad_bytes=2 if getattr(args, "grad_reduce_in_bf16", False) else 4,
         optimizer_bytes=moments + (4 if half else 0),
         zero=1 if args.use_distributed_optimizer else 0,
-        adapter_parameters=adapter_parameters(args),
+        adapter_parameters=adapter_parameters(args, shape),
         activation_bytes=2 if half else 4,
         sequence_parallel=bool(args.sequence_parallel),
         flash_attention=flash,
