@@ -112,52 +112,63 @@ MEASURED_RUNS = [
 TOKAMAX = {"maxtext-h100-2026-11-21.json", "eight-gpus-h200x4-2026-11-26.json"}
 # Their pace: all but the pure data-parallel run, made without maxtext.gpu_attention_sharding
 # (each GPU computed every sequence's attention: eight-gpus.md), which the projection does not model
-PACED_RUNS = [run for run in MEASURED_RUNS if run[1] != "maxtext-16l-4gpu-dp"]
+PACED = [i for i, (_, key, _) in enumerate(MEASURED_RUNS) if key != "maxtext-16l-4gpu-dp"]
+IDS = [f"{page.split('-2026')[0]}-{key or 'primus'}" for page, key, _ in MEASURED_RUNS]
 
 
-def projected(
-    tmp_path: Path, kind: str, page: str, key: str | None, before: tuple[str, ...]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The measured run and `primus projection KIND` of it (its JSON), as the run was made."""
+def measured(case: int) -> dict[str, Any]:
+    page, key, _ = MEASURED_RUNS[case]
     data = json.loads((ROOT / "docs" / "benchmarks" / page).read_text())
-    run = data[key] if key else data
-    if key is None:  # the 1B recipe on one GPU
-        config, gpus, overrides = ROOT / run["config"], 1, []
-    else:  # the bench's command, from tools/bench
-        config = (ROOT / "tools" / "bench" / run["config"]).resolve()
-        gpus, overrides = run["gpus"], run.get("overrides", [])
-    overrides = [*before, *overrides]
-    if kind == "performance":
-        overrides += ["attention=flash"] if page in TOKAMAX else []
-        options = ["--device", run["device"], "--top", "0"]
-    out = tmp_path / "projection.json"
-    result = primus("projection", kind, "--config", str(config), "--gpus", str(gpus),
-                    *(options if kind == "performance" else []), "--json", str(out),
-                    *overrides)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run, json.loads(out.read_text())
+    return data[key] if key else data
 
 
-@pytest.mark.parametrize(("page", "key", "before"), MEASURED_RUNS)
+@pytest.fixture(scope="module")
+def projections(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """`primus projection performance --json` (the step and the memory) of each run as it was
+    made, on its device, all at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = tmp_path_factory.mktemp("projections")
+
+    def project(case: int) -> dict[str, Any]:
+        page, key, before = MEASURED_RUNS[case]
+        run = measured(case)
+        if key is None:  # the 1B recipe on one GPU
+            config, gpus, overrides = ROOT / run["config"], 1, []
+        else:  # the bench's command, from tools/bench
+            config = (ROOT / "tools" / "bench" / run["config"]).resolve()
+            gpus, overrides = run["gpus"], run.get("overrides", [])
+        tokamax = ["attention=flash"] if page in TOKAMAX else []
+        out = folder / f"{case}.json"
+        result = primus("projection", "performance", "--config", str(config), "--gpus",
+                        str(gpus), "--device", run["device"], "--top", "0", "--json", str(out),
+                        *before, *overrides, *tokamax)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(project, range(len(MEASURED_RUNS))))
+
+
+@pytest.mark.parametrize("case", range(len(MEASURED_RUNS)), ids=IDS)
 def test_the_projection_is_within_10_percent_of_the_measured_peak(
-    tmp_path: Path, page: str, key: str | None, before: tuple[str, ...]
+    projections: list[dict[str, Any]], case: int
 ) -> None:
-    run, projection = projected(tmp_path, "memory", page, key, before)
-    total = projection["bytes"]["total"] / GIB
+    total = projections[case]["memory_bytes"]["total"] / GIB
+    run = measured(case)
     # the device's peak_bytes_in_use (Primus's step line) and XLA's compiled estimate (MaxText's
     # "Total estimated memory size", in GiB)
-    for measured in (run["primus"]["peak_memory_gib"], run["primus"]["estimated_memory_gb"]):
-        assert total == pytest.approx(measured, rel=0.10), f"{total:.2f} vs {measured:.2f} GiB"
+    for peak in (run["primus"]["peak_memory_gib"], run["primus"]["estimated_memory_gb"]):
+        assert total == pytest.approx(peak, rel=0.10), f"{total:.2f} vs {peak:.2f} GiB"
 
 
-@pytest.mark.parametrize(("page", "key", "before"), PACED_RUNS)
+@pytest.mark.parametrize("case", PACED, ids=[IDS[i] for i in PACED])
 def test_the_projected_throughput_is_within_15_percent_of_the_measured_one(
-    tmp_path: Path, page: str, key: str | None, before: tuple[str, ...]
+    projections: list[dict[str, Any]], case: int
 ) -> None:
-    run, projection = projected(tmp_path, "performance", page, key, before)
-    tokens = projection["step_ms"]["tokens_per_s_per_gpu"]
-    measured = run["primus"]["tokens_per_s_per_gpu"]
-    assert tokens == pytest.approx(measured, rel=0.15), f"{tokens:,.0f} vs {measured:,.0f}"
+    tokens = projections[case]["step_ms"]["tokens_per_s_per_gpu"]
+    paced = measured(case)["primus"]["tokens_per_s_per_gpu"]
+    assert tokens == pytest.approx(paced, rel=0.15), f"{tokens:,.0f} vs {paced:,.0f}"
 
 
 def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix() -> None:
