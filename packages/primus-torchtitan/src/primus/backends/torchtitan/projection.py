@@ -23,12 +23,12 @@ every second one (the fused qkv, the MLP's w1 and w2 of llama3's five) and of th
 (with its fp32 log-sum-exp), and the checkpoint keeps each layer's input: core's
 `alternate_matmuls`, 34.9 kB a layer and token for the 1B recipe.
 
-The loss also holds the output layer (`loss_output_layer_bytes`, and the gradient shard in
-`loss_output_layer_sharded_bytes`): with more than one chunk it
-keeps the layer's weight gathered (bf16, 2 bytes an element: reshard after forward and backward
-off), accumulates its gradient unsharded over the chunks with gradient sync off (fp32, FSDP's
-reduce dtype: 4), and at the last chunk reduce-scatters it: an fp32 input (4) and the new
-gradient shard (4 / shard degree). 14 bytes per vocabulary x hidden element on one GPU, what a
+The loss also holds the output layer (`loss_output_layer_bytes`; the gradient shard:
+`loss_output_layer_sharded_bytes`): with more than one chunk it keeps the layer's weight
+gathered (bf16, 2 bytes an element: reshard after forward and backward off), accumulates its
+gradient unsharded over the chunks with gradient sync off (fp32, FSDP's reduce dtype: 4), and
+at the last chunk reduce-scatters it: an fp32 input (4) and the new gradient shard (4 / shard
+degree). 14 bytes per vocabulary x hidden element on one GPU, what a
 CPU trace of the real step had measured; 3.42 GiB for the 1B recipe. All layers' activations
 are still alive then: the decoder's backward starts after the loss.
 
