@@ -37,19 +37,26 @@ RUNS = {
 }
 
 
-def _start(*args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "primus.cli", *args],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _start(
+    workspace: Path, name: str, *args: str, **env: str
+) -> tuple[subprocess.Popen[str], Path]:
+    """A Primus command and the log it writes: a pipe nobody reads until the runs before it
+    end would fill up and stall a worker (then JAX's shutdown barrier times out)."""
+    log = workspace / f"{name}.log"
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "primus.cli", *args],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    return run, log
 
 
-def _finish(run: subprocess.Popen[str]) -> None:
-    out, _ = run.communicate(timeout=600)
-    assert run.returncode == 0, f"{run.args} exited {run.returncode}:\n{out[-3000:]}"
+def _finish(run: subprocess.Popen[str], log: Path) -> None:
+    run.wait(timeout=600)
+    assert run.returncode == 0, f"{run.args} exited {run.returncode}:\n{log.read_text()[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +70,15 @@ def runs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dic
         parents[backend] = workspace / "local" / "local"
         env = {**slurm, "PRIMUS_WORKSPACE": str(workspace)}
         train = ("train", "pretrain", "--config", recipe, *overrides)
-        started.append(_start(*train, "--nproc-per-node", "2", "exp_name=reference", **env))
+        started.append(
+            _start(
+                workspace, "reference", *train, "--nproc-per-node", "2", "exp_name=reference", **env
+            )
+        )
         port = str(free_port())
         started += [
-            _start(*train, "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
-                   "127.0.0.1", "--master-port", port, "exp_name=nodes", **env)
+            _start(workspace, f"nodes-{rank}", *train, "--nnodes", "2", "--node-rank", str(rank),
+                   "--master-addr", "127.0.0.1", "--master-port", port, "exp_name=nodes", **env)
             for rank in (0, 1)
         ]  # fmt: skip
         submitted = primus(
@@ -76,8 +87,8 @@ def runs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dic
         )  # fmt: skip
         assert submitted.returncode == 0, submitted.stderr[-3000:]
         jobs[backend] = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
-    for run in started:
-        _finish(run)
+    for run, log in started:
+        _finish(run, log)
     for backend, job in jobs.items():
         wait_for(job, slurm)
         log = parents[backend] / "slurm" / "logs" / f"slurm-{job}.out"
