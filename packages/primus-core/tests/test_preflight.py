@@ -130,12 +130,13 @@ def test_a_node_with_slow_links_is_caught_by_its_bandwidth_within_the_node(tmp_p
                    "--node-rank", str(node), "--nproc-per-node", "2", "--master-addr",
                    "127.0.0.1", "--master-port", port, "--workspace", str(tmp_path / f"n{node}"),
                    "--json", "r.json", "--tolerance", "50"]  # fmt: skip
-        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        # node 1's output is not read: a pipe nobody reads could fill up and stall it
+        out = subprocess.PIPE if node == 0 else subprocess.DEVNULL
+        return subprocess.Popen(command, env=env, stdout=out, stderr=out, text=True)
 
     nodes = [launcher(0), launcher(1)]
     out, err = nodes[0].communicate(timeout=300)
-    nodes[1].communicate(timeout=60)
+    nodes[1].wait(timeout=60)
     assert nodes[0].returncode == 1, err[-3000:]
     report = json.loads((tmp_path / "n0" / "r.json").read_text())
     within = [r["node_busbw_gbs"] for r in report["ranks"]]

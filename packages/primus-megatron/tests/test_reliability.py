@@ -22,8 +22,8 @@ from primus.core.testing.runs import losses, primus, step_metrics, train_run
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "configs" / "megatron" / "tiny-cpu.yaml"
-STEPS = 44  # the crash test needs about 2 steps per kill
-KILLS = 20  # in CHAINS experiments side by side
+STEPS = 28  # the crash test needs about 2 steps per kill
+KILLS = 12  # in CHAINS experiments side by side
 CHAINS = 2
 pytestmark = pytest.mark.slow
 
