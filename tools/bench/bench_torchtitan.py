@@ -9,7 +9,8 @@ with the flags the resolved experiment stands for, alternating, `--rounds` times
 adds Primus with `turbo.enable=true`, primus-turbo-kernels installed; `--runs` picks any of the
 three). `--gpus N` runs each on N GPUs of the host; trailing `key=value` overrides go to every
 run (Primus's names; the peer gets them as TorchTitan flags, except the model's dimensions,
-which its CLI cannot set: those runs are Primus's alone). All are
+which its CLI cannot set: those runs are Primus's alone; `model.attn_backend=varlen` picks the
+peer's varlen config). All are
 measured by TorchTitan's own step line (tps, TFLOP/s, MFU, memory), which Primus keeps in its log:
 one clock, one formula. The first `--warmup` steps are dropped and the median is taken.
 """
@@ -59,18 +60,24 @@ def parse_log(text: str, warmup: int) -> dict[str, float]:
 
 # The peer's config (a function of torchtitan_plain.py) for each model preset of the recipes.
 PEER_CONFIGS = {"llama3.2_1B": "llama3_1b_synthetic", "llama3.1_8B": "llama3_8b_synthetic"}
+PEER_ATTENTION = {"flex": "", "varlen": "_varlen"}  # model.attn_backend -> the config's suffix
 RUNS = ("primus", "torchtitan", "primus-turbo")
 
 
 def peer_command(experiment: dict, opts: argparse.Namespace, flags: list[str], i: int) -> list[str]:
     """TorchTitan run directly on the experiment's model, with its flags."""
-    preset = module_params(experiment).get("model_name")
-    if preset not in PEER_CONFIGS or any(o.startswith("model.") for o in opts.overrides):
+    params = module_params(experiment)
+    preset, attention = params.get("model_name"), params.get("model", {}).get("attn_backend", "flex")
+    unsettable = [o for o in opts.overrides
+                  if o.startswith("model.") and not o.startswith("model.attn_backend=")]  # fmt: skip
+    if preset not in PEER_CONFIGS or attention not in PEER_ATTENTION or unsettable:
         raise SystemExit(f"no peer for model {preset} with {opts.overrides}: pass --runs without "
-                         f"torchtitan (the peer has {', '.join(PEER_CONFIGS)})")  # fmt: skip
+                         f"torchtitan (the peer has {', '.join(PEER_CONFIGS)}, attention "
+                         f"{' or '.join(PEER_ATTENTION)})")  # fmt: skip
+    config = PEER_CONFIGS[preset] + PEER_ATTENTION[attention]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.gpus),
             "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",
-            PEER_CONFIGS[preset], "--dump-folder", str(opts.out.parent / f"plain-{i}"), *flags]  # fmt: skip
+            config, "--dump-folder", str(opts.out.parent / f"plain-{i}"), *flags]  # fmt: skip
 
 
 def main() -> None:

@@ -5,9 +5,10 @@ A config_registry module for TorchTitan's own entry point:
     PYTHONPATH=tools/bench python -m torchtitan.train --module torchtitan_plain \
         --config llama3_1b_synthetic --training.steps 30 ...
 
-Llama 3.2 1B is TorchTitan's llama3 "1B" flavor, Llama 3.1 8B its "8B" (`llama3_8b_synthetic`);
-the data is a synthetic token stream (TorchTitan ships no dataset in its wheel), built here from
-TorchTitan's own dataloader base class.
+Llama 3.2 1B is TorchTitan's llama3 "1B" flavor, Llama 3.1 8B its "8B" (`llama3_8b_synthetic`),
+with FlexAttention, TorchTitan's default (`..._varlen`: its varlen attention); the data is a
+synthetic token stream (TorchTitan ships no dataset in its wheel), built here from TorchTitan's
+own dataloader base class.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ class SyntheticLoader(ParallelAwareDataloader):
                          dp_world_size=dp_world_size, batch_size=local_batch_size)  # fmt: skip
 
 
-def _synthetic(flavor: str) -> Trainer.Config:
-    spec = model_registry(flavor)
+def _synthetic(flavor: str, attn_backend: str = "flex") -> Trainer.Config:
+    spec = model_registry(flavor, attn_backend=attn_backend)
     vocab = decoder_vocab_size(spec)
     return Trainer.Config(
         model_spec=spec,
@@ -90,3 +91,13 @@ def llama3_1b_synthetic() -> Trainer.Config:
 def llama3_8b_synthetic() -> Trainer.Config:
     """Llama 3.1 8B (TorchTitan's "8B" flavor)."""
     return _synthetic("8B")
+
+
+def llama3_1b_synthetic_varlen() -> Trainer.Config:
+    """Llama 3.2 1B with TorchTitan's varlen attention."""
+    return _synthetic("1B", "varlen")
+
+
+def llama3_8b_synthetic_varlen() -> Trainer.Config:
+    """Llama 3.1 8B with TorchTitan's varlen attention."""
+    return _synthetic("8B", "varlen")
