@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 # The lr schedule spans 20 steps even when a run stops at 10, so a resumed run matches.
 SCHEDULE = ("lr_scheduler.total_steps=20", "metrics.log_freq=1")
+TOLERANCE_BF16_ATTENTION = 0.02
 
 
 def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
@@ -126,16 +127,34 @@ def test_trains_on_a_local_jsonl_dataset_with_a_local_tokenizer(tmp_path: Path) 
     assert patch_status(run_dir)["torchtitan.local_datasets"][0] == "applied"
 
 
+def test_varlen_attention_follows_the_flex_attention_curve(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    """`model.attn_backend: varlen` packs the batch's rows into one sequence of documents (on a
+    GPU cuDNN's or FlashAttention's kernel takes it; here `torchtitan.cpu`'s dense path): each
+    row attends to itself alone, as under FlexAttention, up to varlen's bf16 inputs."""
+    run_dir = train(tmp_path, "exp_name=varlen", "training.steps=20", "model.attn_backend=varlen")
+    whole, curve = losses(uninterrupted), losses(run_dir)
+    assert sorted(curve) == sorted(whole)
+    for step in curve:
+        assert curve[step] == pytest.approx(whole[step], rel=TOLERANCE_BF16_ATTENTION), step
+    assert "VarlenAttention" in (run_dir / "logs" / "rank-0.log").read_text()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_model", [False, True])
-def test_tiny_model_on_the_gpu(tmp_path: Path, compile_model: bool) -> None:
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("compile.enable=true",), ("model.attn_backend=varlen",)],
+    ids=["eager", "compiled", "varlen"],
+)
+def test_tiny_model_on_the_gpu(tmp_path: Path, overrides: tuple[str, ...]) -> None:
     run_dir = train(
         tmp_path,
-        f"exp_name=gpu{int(compile_model)}",
+        "exp_name=gpu",
         "device=cuda",
         "training.steps=30",
         "training.dtype=bfloat16",
-        f"compile.enable={str(compile_model).lower()}",
+        *overrides,
     )
     assert_loss_falls(losses(run_dir))
     last = step_metrics(run_dir)[-1]

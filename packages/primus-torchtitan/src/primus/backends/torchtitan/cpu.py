@@ -3,8 +3,9 @@
 1. The device type defaults to "cuda" (`torchtitan.tools.utils.device_type`, copied by value into
    the modules that import it): it becomes "cpu", with a small device module for the memory
    monitor (peak RSS stands in for device memory).
-2. FlexAttention has no CPU backward: attention runs through SDPA over the block mask made dense,
-   and the block mask is built without torch.compile.
+2. FlexAttention has no CPU backward, varlen attention no CPU kernel: attention runs through SDPA
+   over the mask made dense (the block mask, or the documents of varlen's packed sequence), and
+   the block mask is built without torch.compile.
 3. FSDP2 reduces gradients with PREMUL_SUM, which gloo lacks: FSDP modules force a sum.
 
 Each change goes through the patch engine (`ctx.replace` / `ctx.wrap`), which rebinds the
@@ -82,14 +83,62 @@ def _dense_flex_attention(
     return out, None
 
 
+def _dense_varlen_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seq_q: Any,
+    cu_seq_k: Any,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: Any = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    return_aux: Any = None,
+    **_: Any,
+) -> Any:
+    """`varlen_attn` on packed (tokens, heads, head_dim) documents: each query attends to the
+    keys of its own document within the window (left, right; -1: unlimited)."""
+    import torch
+    import torch.nn.functional as F
+
+    if return_aux is not None:
+        raise NotImplementedError("attention with a log-sum-exp output has no CPU path")
+
+    def document_positions(cu_seq: Any, tokens: int) -> tuple[Any, Any]:
+        index = torch.arange(tokens, device=cu_seq.device)
+        document = torch.searchsorted(cu_seq[1:], index, right=True)
+        return document, index - cu_seq[document]
+
+    doc_q, pos_q = document_positions(cu_seq_q, q.shape[0])
+    doc_k, pos_k = document_positions(cu_seq_k, k.shape[0])
+    offset = pos_k[None, :] - pos_q[:, None]  # key position - query position
+    left, right = window_size
+    mask = doc_q[:, None] == doc_k[None, :]
+    if left >= 0:
+        mask &= offset >= -left
+    if right >= 0:
+        mask &= offset <= right
+    out = F.scaled_dot_product_attention(
+        *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
+    return out.squeeze(0).transpose(0, 1)
+
+
 def use_dense_attention(ctx: PatchContext) -> None:
-    """FlexAttention -> SDPA over the dense mask; block masks built eagerly."""
+    """FlexAttention and varlen attention -> SDPA over the dense mask; block masks built
+    eagerly."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from torchtitan.models.common import attention
 
     ctx.replace(attention.FlexAttention, "compiled_flex_attn", staticmethod(_dense_flex_attention))
     ctx.replace(attention, "_compiled_create_block_mask", create_block_mask)
+    ctx.replace(attention, "varlen_attn", _dense_varlen_attention)
 
 
 def _sum_reduction(original: Any) -> Any:
