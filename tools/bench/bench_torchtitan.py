@@ -67,7 +67,8 @@ RUNS = ("primus", "torchtitan", "primus-turbo")
 def peer_command(experiment: dict, opts: argparse.Namespace, flags: list[str], i: int) -> list[str]:
     """TorchTitan run directly on the experiment's model, with its flags."""
     params = module_params(experiment)
-    preset, attention = params.get("model_name"), params.get("model", {}).get("attn_backend", "flex")
+    preset = params.get("model_name")
+    attention = params.get("model", {}).get("attn_backend", "flex")
     unsettable = [o for o in opts.overrides
                   if o.startswith("model.") and not o.startswith("model.attn_backend=")]  # fmt: skip
     if preset not in PEER_CONFIGS or attention not in PEER_ATTENTION or unsettable:

@@ -13,12 +13,14 @@ from primus.core.patches import TESTED, PatchContext, register_patch
     phase="setup",
     condition=wants_cpu,
     backend_versions=TESTED,
-    target="torchtitan.tools.utils.device_type, FlexAttention, fsdp.disable_fsdp_gradient_division",
+    target="torchtitan.tools.utils.device_type, FlexAttention, varlen_attn, "
+    "fsdp.disable_fsdp_gradient_division",
     tags=("device",),
 )
 def cpu(ctx: PatchContext) -> None:
     """Train on the CPU with gloo: device type cpu, attention through SDPA (FlexAttention has no
-    CPU backward), FSDP2 reducing with a plain sum (gloo has no PREMUL_SUM)."""
+    CPU backward, varlen attention no CPU kernel), FSDP2 reducing with a plain sum (gloo has no
+    PREMUL_SUM)."""
     from primus.backends.torchtitan import cpu as shims
 
     shims.enable_cpu(ctx)
