@@ -120,11 +120,9 @@ def _dense_varlen_attention(
         mask &= offset >= -left
     if right >= 0:
         mask &= offset <= right
+    batch = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # (1, heads, tokens, dim)
     out = F.scaled_dot_product_attention(
-        *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=enable_gqa,
+        batch[0], batch[1], batch[2], attn_mask=mask, scale=scale, enable_gqa=enable_gqa
     )
     return out.squeeze(0).transpose(0, 1)
 
