@@ -138,13 +138,17 @@ def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_pa
     assert_resumes_exactly(finetuned, experiment(tmp_path / "resumed", task), 500)
 
 
-def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("attention", ["flex", "varlen"])
+def test_packed_rows_attend_within_their_sample(
+    task: dict[str, Path], tmp_path: Path, attention: str
+) -> None:
     """Packing on, learning rate 0: the eval of the packed rows (several samples each, each
-    with positions from 0: TorchTitan's document mask) equals transformers' eval of the HF
-    model over the same samples one per row."""
+    with positions from 0: TorchTitan's document mask, or varlen's documents) equals
+    transformers' eval of the HF model over the same samples one per row."""
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
     run = posttrain(exp, "training.steps=2", "validator.freq=2", "metrics.log_freq=1",
-                    "optimizer.lr=0", "checkpoint.enable=false")  # fmt: skip
+                    "optimizer.lr=0", "checkpoint.enable=false",
+                    f"model.attn_backend={attention}")  # fmt: skip
     packed = eval_rows(exp)
     assert packed.num_samples > len(packed)  # several samples a row
     assert_evaluates_as(task["hf"], experiment(tmp_path / "unpacked", task), eval_lines(run)[2])
