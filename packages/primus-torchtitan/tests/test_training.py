@@ -141,6 +141,22 @@ def test_varlen_attention_follows_the_flex_attention_curve(
         assert curve[step] == pytest.approx(whole[step], rel=2e-5), step
 
 
+def test_flash_attention_kernels_are_activated_only_where_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream asks for FA3 on any Hopper GPU and the model build fails where its package is
+    missing; `torchtitan.flash_attention_impl` passes the request on only where the package
+    imports. (No GPU here: the wrapper is handed upstream's Hopper and Blackwell answers.)"""
+    from primus.backends.torchtitan.patches.devices import installed_only
+
+    assert installed_only(lambda: "FA3")() is None
+    assert installed_only(lambda: "FA4")() is None
+    (tmp_path / "flash_attn_interface.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert installed_only(lambda: "FA3")() == "FA3"
+    assert installed_only(lambda: None)() is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "overrides",

@@ -1,6 +1,10 @@
-"""Where TorchTitan runs: on the GPU as upstream intends, or on the CPU with gloo."""
+"""Where TorchTitan runs: on the GPU as upstream intends (with the attention kernels that are
+installed), or on the CPU with gloo."""
 
 from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
 
 from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
@@ -25,3 +29,45 @@ def cpu(ctx: PatchContext) -> None:
 
     shims.enable_cpu(ctx)
     log_rank_0("[torchtitan] cpu: device cpu, gloo, SDPA attention, FSDP sum reduction")
+
+
+FLASH_ATTENTION_MODULES = {"FA3": "flash_attn_interface", "FA4": "flash_attn.cute.interface"}
+
+
+@register_patch(
+    "torchtitan.flash_attention_impl",
+    backend="torchtitan",
+    phase="setup",
+    backend_versions=TESTED,
+    target="torchtitan.tools.utils.get_cuda_flash_attention_impl",
+    tags=("device",),
+)
+def flash_attention_impl(ctx: PatchContext) -> None:
+    """Varlen attention activates FA3 (Hopper) or FA4 (Blackwell) only where that kernel's
+    package is installed; otherwise torch's own kernels run it (cuDNN or FlashAttention 2)
+    instead of the model build failing on the missing import."""
+    ctx.wrap("torchtitan.tools.utils", "get_cuda_flash_attention_impl", installed_only)
+
+
+def installed_only(original: Callable[[], str | None]) -> Callable[[], str | None]:
+    """`original`, but None where the implementation it names is not importable."""
+
+    def impl_if_installed() -> str | None:
+        impl = original()
+        module = FLASH_ATTENTION_MODULES.get(impl or "")
+        if module is None or _importable(module):
+            return impl
+        log_rank_0(
+            f"[torchtitan] {impl} ({module}) is not installed: varlen attention runs on "
+            "torch's own kernels (cuDNN or FlashAttention 2)"
+        )
+        return None
+
+    return impl_if_installed
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
