@@ -3,6 +3,7 @@ installed), or on the CPU with gloo."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 
@@ -57,13 +58,19 @@ def installed_only(original: Callable[[], str | None]) -> Callable[[], str | Non
         module = FLASH_ATTENTION_MODULES.get(impl or "")
         if module is None or _importable(module):
             return impl
-        log_rank_0(
-            f"[torchtitan] {impl} ({module}) is not installed: varlen attention runs on "
-            "torch's own kernels (cuDNN or FlashAttention 2)"
-        )
+        _say_not_installed(impl, module)
         return None
 
     return impl_if_installed
+
+
+@functools.cache
+def _say_not_installed(impl: str, module: str) -> None:
+    """Once a process, not once per attention layer."""
+    log_rank_0(
+        f"[torchtitan] {impl} ({module}) is not installed: varlen attention runs on "
+        "torch's own kernels (cuDNN or FlashAttention 2)"
+    )
 
 
 def _importable(module: str) -> bool:
