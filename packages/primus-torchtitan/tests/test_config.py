@@ -10,6 +10,7 @@ import pytest
 
 from primus.backends.torchtitan.config_bridge import cli_args
 from primus.backends.torchtitan.torchtitan_adapter import owned_keys
+from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
 from primus.core.testing.runs import rejected
 
@@ -125,3 +126,10 @@ def test_torchtitans_own_rejections_are_config_errors_at_the_key(tmp_path: Path)
 def test_a_model_section_without_dimensions_says_what_is_missing(tmp_path: Path) -> None:
     err = validate(tmp_path, "model: {dim: null, n_layers: null}", train=True)
     assert "missing model.dim, model.n_layers" in err and "model preset" in err
+
+
+def test_float8_without_torchao_is_a_config_error_not_torchtitans_import_error() -> None:
+    """The workspace does not install torchao (float8's own dependency)."""
+    with pytest.raises(ConfigError, match=r"model\.float8 needs torchao") as raised:
+        trainer_config("model.float8=true")
+    assert "pip install torchao" in str(raised.value.hint)

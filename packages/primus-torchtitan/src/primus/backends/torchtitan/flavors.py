@@ -11,6 +11,7 @@ exactly as TorchTitan's own flavors are.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -158,6 +159,13 @@ def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
     getattr(module, f"{family}_configs")[name] = FAMILIES[family](model)
     converters = None
     if model.get("float8"):
+        if importlib.util.find_spec("torchao") is None:
+            raise config.error(
+                "model.float8",
+                "model.float8 needs torchao, which is not installed",
+                hint="pip install torchao (not a dependency of primus-torchtitan), "
+                "or set model.float8: false",
+            )
         from torchtitan.components.quantization import Float8LinearConverter
 
         converters = [Float8LinearConverter.Config(model_compile_enabled=compile_model)]
