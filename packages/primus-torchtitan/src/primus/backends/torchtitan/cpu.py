@@ -56,6 +56,11 @@ def use_cpu_device(ctx: PatchContext) -> None:
     ctx.replace("torchtitan.tools.utils", "device_module", _cpu_device_module())
 
 
+def _refuse_log_sum_exp(asked: bool) -> None:
+    if asked:
+        raise NotImplementedError("attention with a log-sum-exp output has no CPU path")
+
+
 def _dense_flex_attention(
     q: Any,
     k: Any,
@@ -70,8 +75,7 @@ def _dense_flex_attention(
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_mask
 
-    if return_aux is not None and getattr(return_aux, "lse", False):
-        raise NotImplementedError("attention with a log-sum-exp output has no CPU path")
+    _refuse_log_sum_exp(return_aux is not None and getattr(return_aux, "lse", False))
     mask = None
     if block_mask is not None:
         mask = create_mask(
@@ -103,8 +107,7 @@ def _dense_varlen_attention(
     import torch
     import torch.nn.functional as F
 
-    if return_aux is not None:
-        raise NotImplementedError("attention with a log-sum-exp output has no CPU path")
+    _refuse_log_sum_exp(return_aux is not None)
 
     def document_positions(cu_seq: Any, tokens: int) -> tuple[Any, Any]:
         index = torch.arange(tokens, device=cu_seq.device)
