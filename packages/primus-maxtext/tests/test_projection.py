@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,8 @@ import pytest
 from primus.backends.maxtext import hf_convert
 from primus.backends.maxtext.projection import layout_overrides, training_job
 from primus.core.patches import restore_all
-from primus.core.projection import GIB, Job
+from primus.core.performance import ProjectedRun, project_run, rates_for
+from primus.core.projection import GIB, Job, project
 from primus.core.runtime.primus_runtime import PrimusRuntime
 from primus.core.testing.runs import preset_args, primus
 
@@ -31,14 +32,20 @@ def _unpatched() -> Iterator[None]:
     restore_all()
 
 
-def recipe_args(*overrides: str) -> Any:
-    """The recipe's MaxText args (as a dry run builds them), the environment put back after."""
+def in_process[T](config: Path, overrides: list[str], use: Callable[[PrimusRuntime], T]) -> T:
+    """`use(PrimusRuntime(config, overrides))`, the environment (which a dry run sets for
+    MaxText) put back after."""
     saved = dict(os.environ)
     try:
-        return PrimusRuntime(RECIPE, list(overrides)).backend_args()
+        return use(PrimusRuntime(config, overrides))
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def recipe_args(*overrides: str) -> Any:
+    """The recipe's MaxText args, as a dry run builds them."""
+    return in_process(RECIPE, list(overrides), PrimusRuntime.backend_args)
 
 
 def maxtext_count(args: Any) -> int:
@@ -123,14 +130,11 @@ def measured(case: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def projections(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """`primus projection performance --json` (the step and the memory) of each run as it was
-    made, on its device, all at once."""
-    from concurrent.futures import ThreadPoolExecutor
+def projections() -> list[ProjectedRun]:
+    """What `primus projection performance` projects (in process) for each run as it was made,
+    on its device."""
 
-    folder = tmp_path_factory.mktemp("projections")
-
-    def project(case: int) -> dict[str, Any]:
+    def project_case(case: int) -> ProjectedRun:
         page, key, before = MEASURED_RUNS[case]
         run = measured(case)
         if key is None:  # the 1B recipe on one GPU
@@ -139,22 +143,18 @@ def projections(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
             config = (ROOT / "tools" / "bench" / run["config"]).resolve()
             gpus, overrides = run["gpus"], run.get("overrides", [])
         tokamax = ["attention=flash"] if page in TOKAMAX else []
-        out = folder / f"{case}.json"
-        result = primus("projection", "performance", "--config", str(config), "--gpus",
-                        str(gpus), "--device", run["device"], "--top", "0", "--json", str(out),
-                        *before, *overrides, *tokamax)  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        return json.loads(out.read_text())
+        rates = rates_for(run["device"], [])
+        return in_process(config, [*before, *overrides, *tokamax],
+                          lambda runtime: project_run(runtime, gpus, rates))  # fmt: skip
 
-    with ThreadPoolExecutor(2) as pool:  # two at a time: the suite runs beside it
-        return list(pool.map(project, range(len(MEASURED_RUNS))))
+    return [project_case(case) for case in range(len(MEASURED_RUNS))]
 
 
 @pytest.mark.parametrize("case", range(len(MEASURED_RUNS)), ids=IDS)
 def test_the_projection_is_within_10_percent_of_the_measured_peak(
-    projections: list[dict[str, Any]], case: int
+    projections: list[ProjectedRun], case: int
 ) -> None:
-    total = projections[case]["memory_bytes"]["total"] / GIB
+    total = project(projections[case].job).total / GIB
     run = measured(case)
     # the device's peak_bytes_in_use (Primus's step line) and XLA's compiled estimate (MaxText's
     # "Total estimated memory size", in GiB)
@@ -164,9 +164,9 @@ def test_the_projection_is_within_10_percent_of_the_measured_peak(
 
 @pytest.mark.parametrize("case", PACED, ids=[IDS[i] for i in PACED])
 def test_the_projected_throughput_is_within_15_percent_of_the_measured_one(
-    projections: list[dict[str, Any]], case: int
+    projections: list[ProjectedRun], case: int
 ) -> None:
-    tokens = projections[case]["step_ms"]["tokens_per_s_per_gpu"]
+    tokens = projections[case].step.tokens_per_s_per_gpu
     paced = measured(case)["primus"]["tokens_per_s_per_gpu"]
     assert tokens == pytest.approx(paced, rel=0.15), f"{tokens:,.0f} vs {paced:,.0f}"
 

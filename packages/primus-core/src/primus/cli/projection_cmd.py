@@ -161,16 +161,14 @@ def performance(
     from dataclasses import asdict
 
     from primus.core.errors import ConfigError
-    from primus.core.metrics import find_peak
-    from primus.core.performance import project_step, rank_layouts, rates_for
+    from primus.core.performance import project_run, rank_layouts, rates_for
     from primus.core.projection import project
     from primus.core.runtime import PrimusRuntime
 
     rates = rates_for(device, list(measured or []))
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
-    job = runtime.training_job(gpus)
-    peak = find_peak(runtime.module.params.get("peak_tflops"), rates.device)
-    step = project_step(job, rates, peak.tflops)
+    run = project_run(runtime, gpus, rates)
+    job, peak, step = run.job, run.peak, run.step
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
     typer.echo(_step(step, rates, peak))
     configured = runtime.adapter.layout_overrides(job) if top else {}

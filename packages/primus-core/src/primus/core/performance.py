@@ -36,12 +36,15 @@ import json
 from dataclasses import asdict, dataclass, replace
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primus.core.benchmark import job_attention, job_gemms
 from primus.core.errors import ConfigError
-from primus.core.metrics import peak_tflops
+from primus.core.metrics import Peak, find_peak, peak_tflops
 from primus.core.projection import RECOMPUTE, Job, project, unsaved_matmul_share
+
+if TYPE_CHECKING:
+    from primus.core.runtime import PrimusRuntime
 
 # bytes moved per element of the score matrix without a flash kernel: the scores written, scaled
 # and masked, upcast to fp32 for the softmax and back, read by PV; their gradients the same way
@@ -293,6 +296,22 @@ def project_step(job: Job, rates: Rates, peak: float | None = None) -> StepTime:
 # out (the CUDA context, the allocator's cache, communication buffers, workspaces)
 HEADROOM = 0.15
 MICRO_BATCHES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class ProjectedRun:
+    """An experiment's training job on some GPUs, the peak its MFU is taken against, its step."""
+
+    job: Job
+    peak: Peak
+    step: StepTime
+
+
+def project_run(runtime: PrimusRuntime, gpus: int, rates: Rates) -> ProjectedRun:
+    """The step of `runtime`'s experiment on `gpus` GPUs at `rates`."""
+    job = runtime.training_job(gpus)
+    peak = find_peak(runtime.module.params.get("peak_tflops"), rates.device)
+    return ProjectedRun(job, peak, project_step(job, rates, peak.tflops))
 
 
 @dataclass(frozen=True)
