@@ -33,7 +33,7 @@ def load_config_file(
         return own
     if isinstance(bases, str):
         bases = [bases]
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
         raise ConfigError("'extends' must be a path or a list of paths", extends_origin)
     tree = ConfigTree()
     for base in bases:

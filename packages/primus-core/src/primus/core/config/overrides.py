@@ -50,6 +50,7 @@ def parse_overrides(tokens: list[str]) -> list[tuple[KeyPath, Any, Origin]]:
                 f"cannot read override '{token}'",
                 hint="write overrides as key=value, --key value or --key=value",
             )
-        result.append((_key(raw, token), parse_scalar(value), Origin("cli", detail=token)))
+        where = Origin("cli", detail=token)
+        result.append((_key(raw, token), parse_scalar(value, where), where))
         i += 1
     return result

@@ -6,13 +6,14 @@ Paths are relative to the current directory, like every path in an experiment.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
 from primus.core.config.tree import ConfigTree, single_value_tree
-from primus.core.config.yaml_io import KeyPath
+from primus.core.config.yaml_io import KeyPath, read_text
 from primus.core.errors import ConfigError, Origin, did_you_mean
 
 POSTTRAIN_KEYS = ("sft", "peft")
@@ -124,8 +125,8 @@ def _section(
 
 
 def _existing(value: str, what: str, origin: Origin | None, hint: str) -> Path:
-    path = Path(value).expanduser()
-    if not path.exists():
+    path = Path(os.path.expanduser(value))  # os.path's: no OSError or RuntimeError, ever
+    if not os.path.exists(path):
         raise ConfigError(f"{what}: {path} does not exist", origin, hint)
     return path.resolve()
 
@@ -134,7 +135,7 @@ def _data_file(values: dict[str, Any], key: str, origins: dict[str, Origin]) -> 
     if values[key] is None:
         return None
     path = _existing(values[key], f"sft.{key}", origins.get(key), "a .jsonl or .parquet file")
-    if not path.is_file() or path.suffix not in DATA_SUFFIXES:
+    if not os.path.isfile(path) or path.suffix not in DATA_SUFFIXES:
         raise ConfigError(
             f"sft.{key}: {path} is not a .jsonl or .parquet file",
             origins.get(key),
@@ -153,7 +154,7 @@ def _tokenizer_dir(
         return init_from, origins.get("")
     origin = origins.get("tokenizer")
     folder = _existing(values["tokenizer"], "sft.tokenizer", origin, "an HF tokenizer directory")
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+    if not any(os.path.isfile(folder / f) for f in ("tokenizer.json", "tokenizer_config.json")):
         raise ConfigError(
             f"sft.tokenizer: {folder} is not a Hugging Face tokenizer directory",
             origin,
@@ -167,7 +168,11 @@ def _chat_template(value: str | None, origin: Origin | None) -> str | None:
     if value is None or "{{" in value or "{%" in value:
         return value
     path = _existing(value, "sft.chat_template", origin, "a Jinja template, or a file holding one")
-    return path.read_text()
+    try:
+        return read_text(path, "chat template")
+    except ConfigError as exc:
+        exc.origin = exc.origin or origin
+        raise
 
 
 def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTConfig | None:
