@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -52,13 +53,20 @@ def _command(stage: str) -> Callable[..., None]:
     ) -> None:
         from primus.core import preemption
         from primus.core.dist_env import under_torchrun
-        from primus.core.launcher import launch_workers
+        from primus.core.launcher import LAUNCHER_PID, launch_workers
         from primus.core.runtime import PrimusRuntime
 
         preemption.watch()  # a signal during set-up: no workers, or none that trains
+        launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run
+        if not launching and not dry_run:  # this process trains
+            from primus.core import helper_processes, reaper
+
+            helper_processes.shield()
+            if LAUNCHER_PID not in os.environ:  # else the launcher's discipline holds
+                reaper.start_descendant_reaper()
         overrides = list(ctx.args)
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
-        if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run:
+        if launching:
             launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
             runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
             runtime.check_temp_dir()

@@ -4,7 +4,6 @@ through Primus's own spawner for backends that declare `launcher = "spawn"` (no 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import hashlib
 import os
@@ -15,27 +14,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from primus.core import preemption
 from primus.core.errors import PrimusError
 from primus.core.preemption import EXIT_PREEMPTED, GRACE_S, SIGNALS
+from primus.core.reaper import die_with_parent, start_group_reaper
 
 LAUNCHERS = ("torchrun", "spawn")
 LAUNCHER_PID = "PRIMUS_LAUNCHER_PID"  # set in each worker's environment: the launcher's pid
 PORT_TRIES = 5  # auto-chosen rendezvous ports tried when another process took the port first
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int) -> bool:
-    """Ask Linux to send `sig` to this process when its parent exits (prctl PR_SET_PDEATHSIG).
-    False where there is no prctl (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return bool(libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0)
 
 
 def _reports(launcher: str | int) -> Path:
@@ -94,31 +86,8 @@ def bind_worker_to_launcher() -> None:
     if os.getppid() != int(launcher):  # the launcher died before the death signal was set
         os._exit(128 + signal.SIGKILL)
     if os.getpgrp() == os.getpid():  # this worker leads its process group (both launchers)
-        _start_group_reaper()
+        start_group_reaper()
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-
-
-_REAP = signal.SIGRTMIN + 3  # a signal nobody else sends: a worker's graceful SIGTERM is its own
-
-
-def _start_group_reaper() -> None:
-    """Fork a small process that waits for this worker to die, however it dies, and then
-    SIGKILLs the worker's process group: the children the worker started in any way
-    (multiprocessing's spawn and forkserver too, which no death signal reaches) die with it."""
-    if os.fork() != 0:
-        return
-    try:  # the reaper: never returns into the worker's code
-        worker = os.getppid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_IGN)
-        signal.signal(_REAP, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
-        die_with_parent(_REAP)
-        if os.getppid() != worker:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        while True:
-            signal.pause()
-    finally:
-        os._exit(0)
 
 
 def _parent_is_uv() -> bool:
@@ -218,6 +187,29 @@ def _port_taken(exc: BaseException) -> bool:
     return "EADDRINUSE" in str(exc)
 
 
+@contextlib.contextmanager
+def _first_signal_only() -> Iterator[None]:
+    """torchrun stops its workers on a signal (raising `SignalException` in its own handler)
+    and waits for them; a second signal would cut that wait short and kill workers in the middle
+    of their checkpoint. Here torchrun acts on the first stop signal only; a second SIGINT
+    (Ctrl-C twice) aborts: the workers die with this process."""
+    from torch.distributed.elastic.multiprocessing import SignalException, api
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if preemption.is_abort(signum):
+            preemption.abort()
+        if preemption.requested() is None:
+            preemption.note(signum)
+            raise SignalException(f"got signal {signum}", sigval=signal.Signals(signum))
+
+    handler = api._terminate_process_handler
+    api._terminate_process_handler = on_signal
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = handler
+
+
 def run_torchrun(args: list[str]) -> int:
     """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
     try:
@@ -232,7 +224,8 @@ def run_torchrun(args: list[str]) -> int:
     print(f"[primus] torchrun {' '.join(args)}", file=sys.stderr)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # torchrun passes it on to the workers
     try:
-        torchrun.main(args)
+        with _first_signal_only():
+            torchrun.main(args)
     except ChildFailedError as exc:  # each worker has reported its own error already
         for rank, failure in sorted(exc.failures.items()):
             print(
@@ -345,17 +338,22 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
     stopping: list[tuple[int, float]] = []  # the first preemption signal, and the deadline
 
     def pass_on(signum: int, _: Any) -> None:
+        if preemption.is_abort(signum):  # Ctrl-C twice
+            for worker in workers:
+                _signal_group(worker, signal.SIGKILL)
+            preemption.abort()
+        if stopping:  # the first signal only: a copy (uv passes on what the group got) is none
+            return
         preemption.note(signum)  # a worker not started yet finds it in its environment
         for worker in workers:  # the worker alone: its data loaders must live to the checkpoint
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signum)
-        if not stopping:
-            stopping.append((signum, time.monotonic() + GRACE_S))
-            print(
-                f"[primus] {signal.Signals(signum).name}: passed on to the workers; waiting up "
-                f"to {GRACE_S} s for their checkpoint",
-                file=sys.stderr,
-            )
+        stopping.append((signum, time.monotonic() + GRACE_S))
+        print(
+            f"[primus] {signal.Signals(signum).name}: passed on to the workers; waiting up "
+            f"to {GRACE_S} s for their checkpoint",
+            file=sys.stderr,
+        )
 
     previous = {sig: signal.signal(sig, pass_on) for sig in SIGNALS}
     try:

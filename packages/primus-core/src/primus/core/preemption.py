@@ -1,5 +1,6 @@
-"""Preemption: SIGTERM, or SIGUSR1 (Slurm's warning before the kill), ends a run at a step
-boundary with a checkpoint and exit code 75, "preempted, resumable" (docs/reliability.md).
+"""Preemption: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning before the kill) ends a run
+at a step boundary with a checkpoint and exit code 75, "preempted, resumable"
+(docs/reliability.md). A second SIGINT aborts at once (exit 130).
 
 `primus train` calls `watch()` first thing, in the launcher and in every worker. After each
 training step a backend asks `requested()` (and agrees across ranks: the signal may reach one rank
@@ -24,12 +25,15 @@ from primus.core.errors import PrimusError
 from primus.core.logging import get_logger
 
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, run the same command again
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+ABORT = signal.SIGINT  # received again after the first stop signal: abort, no checkpoint
+SAME_DELIVERY_S = 0.5  # a SIGINT this soon after the first is the same one passed on twice
 MARKER = "preempted.json"  # in the run dir: written by rank 0 once the checkpoint is complete
 GRACE_S = 120  # how long a launcher waits for its workers to save before it kills them
 ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after it
 
 _received: int | None = None
+_received_at = 0.0
 
 
 class Preempted(PrimusError):
@@ -42,25 +46,49 @@ class Preempted(PrimusError):
 
 def note(signum: int) -> None:
     """Record a preemption signal: `requested()` and the processes started from now on see it."""
-    global _received
+    global _received, _received_at
     if _received is None:
-        _received = signum
+        _received, _received_at = signum, time.monotonic()
         os.environ[ENV] = signal.Signals(signum).name
 
 
+def is_abort(signum: int) -> bool:
+    """True for a SIGINT after the first stop signal (Ctrl-C twice), except one that follows
+    it within SAME_DELIVERY_S: uv and the launchers pass on the SIGINT that a whole process
+    group got as well, and that copy is the same request."""
+    return (
+        signum == ABORT
+        and _received is not None
+        and time.monotonic() - _received_at > SAME_DELIVERY_S
+    )
+
+
+def abort() -> NoReturn:
+    """End this process at once, as SIGINT's default action does (exit 130 to its parent)."""
+    os.write(2, b"[primus] SIGINT again: aborting without a checkpoint\n")
+    signal.signal(ABORT, signal.SIG_DFL)
+    os.kill(os.getpid(), ABORT)
+    time.sleep(1)  # the signal arrives here; should it not, exit as it would
+    os._exit(128 + ABORT)
+
+
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    if is_abort(signum):
+        abort()
     if _received is None:
         note(signum)
+        again = " (Ctrl-C again to abort)" if signum == ABORT else ""
         message = (
             f"[primus] {signal.Signals(signum).name} received: stopping after this step "
-            "with a checkpoint\n"
+            f"with a checkpoint{again}\n"
         )
         os.write(2, message.encode())  # no logging lock inside a signal handler
 
 
 def watch() -> None:
-    """From now on SIGTERM and SIGUSR1 only ask the run to stop at the next step boundary; one
-    that reached the process which started this one (ENV) counts as received.
+    """From now on SIGTERM, SIGINT and SIGUSR1 only ask the run to stop at the next step
+    boundary (a second SIGINT aborts); one that reached the process which started this one
+    (ENV) counts as received.
     Call again where an upstream installs its own handlers (JAX's distributed runtime)."""
     if _received is None and (name := os.environ.get(ENV)) in {s.name for s in SIGNALS}:
         note(signal.Signals[name])
