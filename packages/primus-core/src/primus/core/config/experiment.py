@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import getpass
+import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from primus.core.config.posttrain import (
     section_tree,
     sft_config,
 )
+from primus.core.config.sanity import Rules
 from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
 from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath
@@ -71,15 +73,19 @@ class ModuleConfig:
         """A ConfigError pointing at where `dotted_key` was set (for adapters' own checks)."""
         return ConfigError(message, self.origin(dotted_key), hint)
 
-    def require_positive(self, dotted_keys: Iterable[str]) -> None:
-        """A ConfigError at the first of these size keys set to 0 or below (many upstreams take 0 or
-        a negative size on trust, and fail only when training, or train nothing)."""
-        for key in dotted_keys:
-            value = self.tree.get(tuple(key.split(".")))
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
-                raise self.error(
-                    key, f"{key} must be positive, got {value}", f"set {key} to a positive size"
-                )
+    def require(self, rules: Rules) -> None:
+        """A ConfigError at the first key set to a value its rule refuses (see
+        `primus.core.config.sanity`: many upstreams take a 0 or negative size, a negative
+        learning rate, junk where a pair of numbers belongs, on trust, and fail only when
+        training, or train nothing)."""
+        for key, rule in rules.items():
+            path = tuple(key.split("."))
+            parent = self.tree.get(path[:-1]) if len(path) > 1 else self.tree.data
+            if not isinstance(parent, dict) or path[-1] not in parent:
+                continue  # unset: the upstream's default
+            problem = rule.problem(key, parent[path[-1]])
+            if problem:
+                raise self.error(key, problem, f"set {key} to {rule.what}")
 
     def require_divisor(self, key: str, divisor_key: str, why: str) -> None:
         """A ConfigError at `divisor_key` unless it divides `key` (where both are integers)."""
@@ -127,7 +133,8 @@ def _find_preset(
     names = [name] if name.endswith((".yaml", ".yml")) else [f"{name}.yaml", name]
     naming_file = Path(origin.file).resolve() if origin and origin.file else None
     for candidate in (folder / n for folder in folders for n in names):
-        if candidate.is_file() and candidate.resolve() != naming_file:  # never itself
+        # os.path.isfile: False, not an OSError, for a name too long for the file system
+        if os.path.isfile(candidate) and candidate.resolve() != naming_file:  # never itself
             return candidate
     available = sorted({p.name for d in folders if d.is_dir() for p in d.glob("*.yaml")})
     raise ConfigError(
@@ -201,8 +208,8 @@ def _init_from(exp: ConfigTree, module: KeyPath) -> tuple[Path | None, Origin | 
     origin = exp.origin((*path, "hf"))
     if not isinstance(section["hf"], str) or not section["hf"]:
         raise ConfigError("'init_from.hf' must be a directory path", origin)
-    folder = Path(section["hf"]).expanduser()
-    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+    folder = Path(os.path.expanduser(section["hf"]))  # Path's raises for an unknown ~user
+    if not os.path.isfile(folder / "config.json") or not any(folder.glob("*.safetensors")):
         raise ConfigError(
             f"init_from.hf: {folder} is not a Hugging Face model directory",
             origin,
@@ -232,6 +239,7 @@ def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None
     )
 
 
+ENV_MAX = 32 * 4096  # bytes of one NAME=value string that a new process may be given
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -245,6 +253,54 @@ def _check_env(exp: ConfigTree) -> None:
             raise ConfigError(
                 f"env.{name}: must be a string, number or boolean, got {type(value).__name__}",
                 where,
+            )
+        if len(f"{name}={value}".encode()) > ENV_MAX:
+            raise ConfigError(
+                f"env.{name}: over {ENV_MAX} bytes, more than a process's environment variable "
+                "may hold (Linux's MAX_ARG_STRLEN)",
+                where,
+            )
+
+
+RUN_DIR_NAMES = ("work_group", "user_name", "exp_name")  # one folder each under the workspace
+NAME_MAX = 255  # bytes in one folder name (ext4, xfs, NFS)
+
+
+def _name_problem(name: Any) -> str | None:
+    """Why `name` cannot be one folder of the run directory, or None."""
+    if not isinstance(name, str) or not name:
+        return "it is empty" if name in ("", None) else None
+    if name.startswith(("/", "\\")):
+        return "it is an absolute path"
+    if "/" in name or "\\" in name:
+        return "it holds a path separator"
+    if name in (".", ".."):
+        return "'.' and '..' name the folder that would hold it and that folder's parent"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "it holds a control character"
+    if len(name.encode(errors="replace")) > NAME_MAX:
+        return f"it is longer than {NAME_MAX} bytes, the most a folder name may have"
+    return None
+
+
+def _check_run_dir(exp: ConfigTree) -> None:
+    """The run directory, workspace/work_group/user_name/exp_name, lies inside the workspace:
+    each of the three names is one folder name, and the workspace is set."""
+    workspace = exp.data.get("workspace")
+    if not isinstance(workspace, str) or not workspace:
+        raise ConfigError(
+            "workspace is empty", exp.origin(("workspace",)), hint="set workspace to a folder"
+        )
+    for key in RUN_DIR_NAMES:
+        name = exp.data.get(key)
+        problem = _name_problem(name)
+        if problem:
+            shown = "null" if name is None else repr(name if len(name) <= 60 else f"{name[:60]}...")
+            raise ConfigError(
+                f"{key} {shown} is not a folder name: {problem}",
+                exp.origin((key,)),
+                hint=f"{key} is one folder of the run directory "
+                "<workspace>/<work_group>/<user_name>/<exp_name>: write a plain name",
             )
 
 
@@ -297,6 +353,7 @@ def load_experiment(
     ):
         exp.data["log_level"] = level.upper()
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
+    _check_run_dir(exp)
     _check_env(exp)
     modules = exp.data.get("modules")
     if not isinstance(modules, dict) or not modules:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.sanity import FRACTION, LEARNING_RATE, NON_NEGATIVE, POSITIVE, Rules
 from primus.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -156,11 +157,23 @@ def _quiet() -> Iterator[None]:
         absl_logging.set_verbosity(verbosity)
 
 
-# Sizes MaxText takes on trust: 0 or a negative value fails only later (or trains nothing).
-POSITIVE = (
-    "per_device_batch_size", "max_target_length", "base_emb_dim", "base_num_query_heads",
-    "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size",
-)  # fmt: skip
+# What MaxText takes on trust and fails on later (or trains nothing): refused at validation.
+# (`steps` and `eval_interval` are MaxText's own: -1 means "the schedule's length" and "none".)
+RULES: Rules = {
+    **dict.fromkeys(
+        (
+            "per_device_batch_size", "max_target_length", "base_emb_dim", "base_num_query_heads",
+            "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers",
+            "vocab_size", "checkpoint_period", "log_period",
+        ),
+        POSITIVE,
+    ),
+    "learning_rate": LEARNING_RATE,
+    "adam_b1": FRACTION,
+    "adam_b2": FRACTION,
+    "adam_eps": NON_NEGATIVE,
+    "adam_weight_decay": NON_NEGATIVE,
+}  # fmt: skip
 
 
 def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:
@@ -169,7 +182,7 @@ def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxT
     from maxtext.configs import pyconfig
     from maxtext.utils import train_utils
 
-    config.require_positive(POSITIVE)
+    config.require(RULES)
     config.require_divisor(
         "base_num_query_heads", "base_num_kv_heads", "MaxText fails only when it builds the model"
     )

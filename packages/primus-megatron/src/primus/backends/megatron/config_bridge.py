@@ -18,6 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.sanity import (
+    FRACTION,
+    LEARNING_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+    Rule,
+    Rules,
+    is_number,
+)
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
 from primus.core.logging import get_logger
@@ -111,6 +120,9 @@ def coerce(action: argparse.Action, value: Any) -> Any:
         return value
     if action.nargs not in (None, "?"):
         items = value if isinstance(value, list | tuple) else [value]
+        for item in items:  # str() would make "[1, 2]" of a nested list, and pass it on
+            if isinstance(item, list | tuple | dict):
+                raise ValueError(f"expected a list of single values, got {value!r}")
         result: Any = [_coerce_one(action, v) for v in items]
     else:
         result = _coerce_one(action, value)
@@ -136,14 +148,40 @@ def _validation_error(exc: BaseException, config: ModuleConfig) -> ConfigError:
     )
 
 
-# Sizes Megatron takes on trust: 0 or a negative value fails only later (or trains nothing).
-POSITIVE = (
-    "micro_batch_size", "global_batch_size", "train_iters", "train_samples", "seq_length",
-    "max_position_embeddings", "num_layers", "hidden_size", "ffn_hidden_size",
-    "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-    "expert_model_parallel_size", "log_interval", "eval_interval", "save_interval",
-)  # fmt: skip
+def _is_blend(value: Any) -> bool:
+    """Megatron's dataset blend: a path, paths, or weight-path pairs (`[0.3, a, 0.7, b]`)."""
+    items = value if isinstance(value, list) else [value]
+    if all(isinstance(item, str) and item for item in items):
+        return bool(items)
+    return (
+        len(items) % 2 == 0
+        and all(is_number(w) and w >= 0 for w in items[::2])
+        and all(isinstance(p, str) and p for p in items[1::2])
+    )
+
+
+BLEND = Rule("a path, a list of paths, or weight-path pairs (0.3, a, 0.7, b)", _is_blend)
+# What Megatron takes on trust and fails on later (or trains nothing): refused at validation.
+RULES: Rules = {
+    **dict.fromkeys(
+        (
+            "micro_batch_size", "global_batch_size", "train_iters", "train_samples", "seq_length",
+            "max_position_embeddings", "num_layers", "hidden_size", "ffn_hidden_size",
+            "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+            "tensor_model_parallel_size", "pipeline_model_parallel_size",
+            "context_parallel_size", "expert_model_parallel_size", "log_interval",
+            "eval_interval", "save_interval",
+        ),
+        POSITIVE,
+    ),
+    "lr": LEARNING_RATE,
+    "min_lr": LEARNING_RATE,
+    "adam_beta1": FRACTION,
+    "adam_beta2": FRACTION,
+    "adam_eps": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    **dict.fromkeys(("data_path", "train_data_path", "valid_data_path", "test_data_path"), BLEND),
+}  # fmt: skip
 
 
 def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
@@ -174,6 +212,9 @@ def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
 def _check_lr_schedule(config: ModuleConfig, args: argparse.Namespace) -> None:
     """What Megatron's OptimizerParamScheduler asserts when training starts (and validate_args
     does not), found here."""
+    if args.lr is None:
+        raise config.error("lr", "lr is not set: Megatron has no default learning rate",
+                           hint="set lr: <learning rate>")  # fmt: skip
     if args.lr_warmup_init > args.lr:
         raise config.error("lr_warmup_init", f"lr_warmup_init {args.lr_warmup_init} is above "
                            f"lr {args.lr}", hint="set lr_warmup_init to at most lr")  # fmt: skip
@@ -212,11 +253,17 @@ def build_megatron_args(
     actions = megatron_actions()
     args = megatron_parser().parse_args([])
     for key, value in megatron_params.items():
+        default = actions[key].default
+        if value is None and default is not None:  # Megatron's command line cannot unset it
+            raise config.error(
+                key, f"{key} cannot be null: Megatron's default for it is {default!r}",
+                hint=f"remove {key} to keep Megatron's default, or set a value",
+            )  # fmt: skip
         try:
             setattr(args, key, coerce(actions[key], value))
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
             raise config.error(key, f"{key}: {exc}") from None
-    config.require_positive(POSITIVE)
+    config.require(RULES)
     env = get_torchrun_env()
     args.rank, args.world_size = env.rank, env.world_size
     if env.world_size == 1:  # one process (checkpoint conversion, dry run): the smallest world
@@ -226,7 +273,7 @@ def build_megatron_args(
     try:
         with contextlib.redirect_stdout(dump):  # validate_args prints every arg: keep it at DEBUG
             validate_args(args, {})
-    except (AssertionError, ValueError) as exc:
+    except (AssertionError, ValueError, TypeError) as exc:  # TypeError: a None it compares
         raise _validation_error(exc, config) from exc
     finally:
         get_logger("megatron").debug(dump.getvalue())

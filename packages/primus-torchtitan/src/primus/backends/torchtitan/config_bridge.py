@@ -19,6 +19,7 @@ from functools import cache
 from typing import Any
 
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.sanity import FRACTION_PAIR, LEARNING_RATE, NON_NEGATIVE, POSITIVE, Rules
 from primus.core.errors import ConfigError
 
 AC_MODE = "activation_checkpoint.mode"
@@ -235,19 +236,30 @@ def _rejected(config: ModuleConfig, message: str, schema: ParamSchema) -> Config
     return ConfigError(f"TorchTitan rejected the config: {message}")
 
 
-# Sizes TorchTitan takes on trust: 0 or a negative value fails only later (or trains nothing).
-POSITIVE = (
-    "training.local_batch_size", "training.global_batch_size", "training.seq_len",
-    "training.steps", "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads",
-    "model.ffn_hidden_dim", "model.vocab_size", "model.max_seq_len", "metrics.log_freq",
-)  # fmt: skip
+# What TorchTitan takes on trust and fails on later (or trains nothing): refused at validation.
+RULES: Rules = {
+    **dict.fromkeys(
+        (
+            "training.local_batch_size", "training.global_batch_size", "training.seq_len",
+            "training.steps", "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads",
+            "model.ffn_hidden_dim", "model.vocab_size", "model.max_seq_len", "metrics.log_freq",
+            "checkpoint.interval", "validator.freq", "training.gc_freq", "profiler.profile_freq",
+            "profiler.memory_snapshot_freq",
+        ),
+        POSITIVE,
+    ),
+    "optimizer.lr": LEARNING_RATE,
+    "optimizer.betas": FRACTION_PAIR,
+    "optimizer.eps": NON_NEGATIVE,
+    "optimizer.weight_decay": NON_NEGATIVE,
+}  # fmt: skip
 
 
 def build_trainer_config(config: ModuleConfig, owned: ParamSchema, mock_data: bool) -> Any:
     """Trainer.Config through ConfigManager (tyro), as `torchtitan.train` builds it."""
     from torchtitan.config import ConfigManager
 
-    config.require_positive(POSITIVE)
+    config.require(RULES)
     built = "TorchTitan refuses it only when it builds the model"
     config.require_divisor("model.n_heads", "model.n_kv_heads", built)
     for heads in ("model.n_heads", "model.n_kv_heads"):
