@@ -8,9 +8,11 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
-from typing import Annotated, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -27,6 +29,9 @@ from primus.cli import (
 )
 from primus.cli.common import DEBUG
 from primus.cli.plugins import COMMANDS_GROUP, PrimusGroup
+
+if TYPE_CHECKING:
+    from primus.core.errors import PrimusError
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -86,22 +91,73 @@ def _command() -> Callable[..., Any]:
     return typer.main.get_command(app)
 
 
+def _report(exc: PrimusError) -> NoReturn:
+    """The one `error:` message (once for all the ranks of a launch) and its exit code."""
+    if DEBUG.on:
+        traceback.print_exc()
+    from primus.core.launcher import report_once
+
+    if report_once(exc.report_key()):  # each rank of a launch reaches the same error
+        print(f"{exc.label}: {exc}", file=sys.stderr)
+    sys.exit(exc.exit_code)
+
+
+def _background_line(what: str, exc: BaseException | None, tb: TracebackType | None) -> None:
+    """`what` as one warning: the traceback goes to the rank's log file, not the console."""
+    from primus.core.logging import get_logger
+
+    logger = get_logger()
+    line = f"{what}: {type(exc).__name__}: {exc}"
+    if logger.handlers:
+        logger.warning(line, exc_info=(type(exc), exc, tb) if exc is not None else None)
+    else:
+        print(f"[primus] {line}", file=sys.stderr)
+
+
+@functools.cache
+def _quiet_background_errors() -> None:
+    """Without --debug, an exception that ends a background thread, or one Python can only
+    ignore (an upstream's coroutine or callback left behind by a failed save), is one line, not
+    a traceback: the run's own error is the message that counts."""
+    ignored, thread_ended = sys.unraisablehook, threading.excepthook
+
+    def unraisable(info: Any) -> None:
+        if DEBUG.on:
+            ignored(info)
+        elif not sys.is_finalizing():  # the interpreter's own teardown: nothing to say
+            _background_line(f"ignored in {info.object!r}", info.exc_value, info.exc_traceback)
+
+    def thread(args: threading.ExceptHookArgs) -> None:
+        if DEBUG.on or args.exc_type is SystemExit:
+            thread_ended(args)
+        else:
+            name = args.thread.name if args.thread else "a thread"
+            _background_line(f"{name} ended", args.exc_value, args.exc_traceback)
+
+    sys.unraisablehook, threading.excepthook = unraisable, thread
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug."""
+    """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug. A
+    write refused by a full, over-quota or read-only file system, however deep in a backend
+    and however wrapped, is one `error:` message naming the path and the free space."""
     DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
     if "PRIMUS_LAUNCHER_PID" in os.environ:  # a worker: die with the launcher that started it
         from primus.core.launcher import bind_worker_to_launcher
 
         bind_worker_to_launcher()
-    from primus.core.errors import PrimusError
+    from primus.core.errors import PrimusError, filesystem_error
 
+    if argv is None:  # this process is the command (not a test calling it in its own)
+        _quiet_background_errors()
     try:
         _command()(args=argv)  # exits; typer itself reports usage errors with exit code 2
     except PrimusError as exc:
-        if DEBUG.on:
-            traceback.print_exc()
-        from primus.core.launcher import report_once
-
-        if report_once(f"{exc.label}: {exc}"):  # each rank of a launch reaches the same error
-            print(f"{exc.label}: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        _report(exc)
+    except (SystemExit, KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:  # torch.distributed.checkpoint's failures are BaseExceptions
+        refused = filesystem_error(exc)
+        if refused is None:
+            raise
+        _report(refused)

@@ -341,6 +341,7 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
         if preemption.is_abort(signum):  # Ctrl-C twice
             for worker in workers:
                 _signal_group(worker, signal.SIGKILL)
+                worker.wait()
             preemption.abort()
         if stopping:  # the first signal only: a copy (uv passes on what the group got) is none
             return

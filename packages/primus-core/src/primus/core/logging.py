@@ -1,13 +1,22 @@
-"""Rank-aware logging on the standard library: a file per rank, the console on rank 0."""
+"""Rank-aware logging on the standard library: a file per rank, the console on rank 0.
+
+The console shows a logged exception's message without its traceback below DEBUG (`--debug`
+shows it); the rank's file always has it. Each record is appended to the file whole
+(`primus.core.atomic.append_record`): a full disk leaves no torn line, and a write the file
+system refuses is kept for `write_refused` instead of printing logging's own traceback.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from primus.core.atomic import append_record
 from primus.core.dist_env import get_torchrun_env
+from primus.core.errors import REFUSED
 
 LOGGER_NAME = "primus"
 _FORMAT = "%(asctime)s %(levelname)s [rank%(rank)s] %(name)s: %(message)s"
@@ -21,6 +30,63 @@ class _RankFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.rank = self.rank
         return True
+
+
+class _Console(logging.Formatter):
+    """A formatter without the tracebacks of logged exceptions (unless `tracebacks`)."""
+
+    def __init__(self, fmt: str, tracebacks: bool) -> None:
+        super().__init__(fmt)
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self.tracebacks or not (record.exc_info or record.exc_text or record.stack_info):
+            return super().format(record)
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+_refused: list[OSError] = []
+
+
+def write_refused() -> OSError | None:
+    """The first write to a log file that its file system refused (full, over quota,
+    read-only), or None. Logging cannot end the run where it fails (an upstream's thread, a
+    `finally`); the run checks this at each step's metrics and at its end."""
+    return _refused[0] if _refused else None
+
+
+class LineFileHandler(logging.Handler):
+    """Appends each record to `path` with one write; a full file system's refusal is kept
+    (`write_refused`) and the record dropped, whole."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            data = (self.format(record) + "\n").encode(errors="backslashreplace")
+            append_record(self.fd, data, self.path)
+        except OSError as exc:
+            if exc.errno not in REFUSED:
+                self.handleError(record)
+            elif not _refused:
+                _refused.append(exc)
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+        super().close()
 
 
 def get_logger(name: str | None = None) -> logging.Logger:
@@ -43,10 +109,11 @@ def setup_logging(
     if rank == 0 or console_all_ranks:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(
-            logging.Formatter(
+            _Console(
                 "[primus] %(message)s"
                 if rank == 0 and not console_all_ranks
-                else f"[primus rank{rank}] %(message)s"
+                else f"[primus rank{rank}] %(message)s",
+                tracebacks=logger.getEffectiveLevel() <= logging.DEBUG,
             )
         )
         console.addFilter(rank_filter)
@@ -55,7 +122,7 @@ def setup_logging(
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_file = log_dir / f"rank-{rank}.log"
-        handler = logging.FileHandler(log_file)
+        handler = LineFileHandler(log_file)
         handler.setFormatter(logging.Formatter(_FORMAT))
         handler.addFilter(rank_filter)
         logger.addHandler(handler)

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from primus.core.atomic import append_line, write_atomic
 from primus.core.config import ALL_BACKENDS, ParamSpec, register_params
 from primus.core.dist_env import get_torchrun_env
-from primus.core.logging import get_logger
+from primus.core.logging import get_logger, write_refused
 from primus.core.patches import PatchContext, get_param
 
 register_params(
@@ -92,7 +93,7 @@ def save_measured_peak(device: str, tflops: float, how: str) -> Path:
     path = measured_peaks_path()
     peaks = measured_peaks() | {device: {"tflops": round(tflops, 1), "how": how}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(peaks, indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(peaks, indent=2, sort_keys=True) + "\n")
     return path
 
 
@@ -218,10 +219,17 @@ def step_metrics(
 
 
 def append_metrics(path: Path, metrics: StepMetrics) -> None:
-    """Add one JSON line to `path` (metrics.jsonl in the run directory)."""
+    """Add one JSON line to `path` (metrics.jsonl in the run directory) with one write: a
+    full disk leaves the file as it was, never with a torn last line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
-        out.write(json.dumps(asdict(metrics)) + "\n")
+    append_line(path, json.dumps(asdict(metrics)))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, less a torn last line (a line without its newline: a
+    writer killed mid-write, or an older Primus on a full disk)."""
+    *complete, _torn = path.read_text().split("\n")  # `_torn` is "" after a whole last line
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 class ScalarWriter(Protocol):
@@ -253,6 +261,9 @@ class MetricsSink:
         metrics.jsonl and adds the scalars to `writer`; if it is not rank 0 it prints the line,
         since the console shows rank 0's log only."""
         self.logger.info(metrics.line())
+        refused = write_refused()  # a log file on a full disk: end the run here, at a step
+        if refused is not None:
+            raise refused
         if not primary:
             return
         if get_torchrun_env().rank != 0:

@@ -53,14 +53,12 @@ def note(signum: int) -> None:
 
 
 def is_abort(signum: int) -> bool:
-    """True for a SIGINT after the first stop signal (Ctrl-C twice), except one that follows
-    it within SAME_DELIVERY_S: uv and the launchers pass on the SIGINT that a whole process
-    group got as well, and that copy is the same request."""
-    return (
-        signum == ABORT
-        and _received is not None
-        and time.monotonic() - _received_at > SAME_DELIVERY_S
-    )
+    """True for a SIGINT after the first stop signal (Ctrl-C twice), except a SIGINT that
+    follows a SIGINT within SAME_DELIVERY_S: uv and the launchers pass on the SIGINT that a
+    whole process group got as well, and that copy is the same request."""
+    if signum != ABORT or _received is None:
+        return False
+    return _received != ABORT or time.monotonic() - _received_at > SAME_DELIVERY_S
 
 
 def abort() -> NoReturn:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from primus.core import __version__, preemption
+from primus.core.atomic import write_atomic
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
@@ -18,9 +19,9 @@ from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree
 from primus.core.dist_env import get_torchrun_env
-from primus.core.errors import ConfigError, Origin
+from primus.core.errors import ConfigError, Origin, filesystem_error
 from primus.core.folders import temp_dir_too_long, unwritable
-from primus.core.logging import get_logger, setup_logging
+from primus.core.logging import get_logger, setup_logging, write_refused
 from primus.core.patches.patch import PatchContext
 from primus.core.patches.runner import APPLIED, PatchRunner
 from primus.core.projection import Job
@@ -153,6 +154,7 @@ class PrimusRuntime:
             f"{upstream} | run dir {self.run_dir}"
         )
         ctx = self._context(version)
+        failed = False
         try:
             trainer_class = self._check(ctx)
             if self.rank == 0 and not dry_run:
@@ -174,12 +176,38 @@ class PrimusRuntime:
             trainer = trainer_class(backend_args=ctx.backend_args)
             ctx.extra["trainer"] = trainer
             self._drive(trainer, ctx)
+        except (SystemExit, KeyboardInterrupt, GeneratorExit):
+            failed = True
+            raise
+        except BaseException as exc:  # torch.distributed.checkpoint's failures are BaseExceptions
+            failed = True
+            refused = filesystem_error(exc, self.run_dir)
+            if refused is None:
+                raise
+            raise refused from exc
         finally:
             if not dry_run:
-                if self.rank == 0:
-                    self.run_dir.mkdir(parents=True, exist_ok=True)
-                    self.runner.write_report(self.run_dir / "patch_report.json")
-                self.log.info("patches:\n" + self.runner.table())
+                self._finish(failed)
+        if not dry_run and (refused_log := write_refused()) is not None:
+            raise filesystem_error(refused_log) or refused_log  # a log file on a full disk
+
+    def _finish(self, failed: bool) -> None:
+        """patch_report.json and the patch table, also after a failure. When the run failed
+        already, a report the disk refuses is a warning: the run's own error is the one told."""
+        try:
+            if self.rank == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.runner.write_report(self.run_dir / "patch_report.json")
+        except OSError as exc:
+            refused = filesystem_error(exc, self.run_dir)
+            if not failed:
+                if refused is None:
+                    raise
+                raise refused from exc
+            self.log.warning(
+                f"patch_report.json not written: {refused.message if refused else exc}"
+            )
+        self.log.info("patches:\n" + self.runner.table())
 
     def build_args(self, ctx: PatchContext) -> None:
         """patches[setup] -> prepare_backend -> convert_config -> patches[build_args]: after
@@ -239,9 +267,10 @@ class PrimusRuntime:
     def _write_resolved_config(self) -> None:
         """config.resolved.yaml, written after build_args so patch-set values show, with origin."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.resolved.yaml").write_text(
+        write_atomic(
+            self.run_dir / "config.resolved.yaml",
             f"# resolved by primus {__version__} from {self.experiment.path}\n"
-            + to_yaml(resolved_tree(self.experiment), provenance=True)
+            + to_yaml(resolved_tree(self.experiment), provenance=True),
         )
 
     def _drive(self, trainer: BaseTrainer, ctx: PatchContext) -> None:
