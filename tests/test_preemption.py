@@ -14,7 +14,7 @@ import pytest
 
 from primus.core import preemption
 from primus.core.preemption import ENV, EXIT_PREEMPTED, marked
-from primus.core.testing.faults import interrupt
+from primus.core.testing.faults import PYTHON, UV, UV_RUN, interrupt
 from primus.core.testing.runs import primus
 
 pytestmark = pytest.mark.slow
@@ -28,26 +28,46 @@ def training(run_dir: Path) -> int:
     return int(log.is_file() and "lifecycle: trainer.train" in log.read_text())
 
 
-@pytest.mark.parametrize(
-    ("sig", "nproc", "to_rank"),
-    [
-        (signal.SIGTERM, 1, None),
-        (signal.SIGUSR1, 1, None),
-        (signal.SIGTERM, 2, None),
-        (signal.SIGUSR1, 2, None),
-        (signal.SIGTERM, 2, 1),
-    ],
-    ids=["term-one-process", "usr1-one-process", "term-launcher", "usr1-launcher", "term-rank-1"],
-)
-def test_a_preemption_signal_ends_the_run_with_a_checkpoint_and_exit_75(
-    tmp_path: Path, sig: signal.Signals, nproc: int, to_rank: int | None
-) -> None:
-    run_dir = tmp_path / "local" / "local" / "quickstart"
-    command = [
+def endless(tmp_path: Path, nproc: int) -> list[str]:
+    return [
         "train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}",
         "--nproc-per-node", str(nproc), "train_iters=1000000000", "log_interval=1000000000",
     ]  # fmt: skip
-    run = interrupt(command, run_dir, sig, at_step=1, to_rank=to_rank, ready=training)
+
+
+@pytest.mark.parametrize(
+    ("sig", "nproc", "to_rank", "prefix"),
+    [
+        (signal.SIGTERM, 1, None, PYTHON),
+        (signal.SIGUSR1, 1, None, PYTHON),
+        (signal.SIGINT, 1, None, UV_RUN),
+        (signal.SIGTERM, 2, None, PYTHON),
+        (signal.SIGUSR1, 2, None, PYTHON),
+        (signal.SIGTERM, 2, 1, PYTHON),
+        (signal.SIGINT, 2, None, UV_RUN),
+        (signal.SIGTERM, 2, "everyone", UV_RUN),
+    ],
+    ids=[
+        "term-one-process",
+        "usr1-one-process",
+        "int-uv-run-one-process",
+        "term-launcher",
+        "usr1-launcher",
+        "term-rank-1",
+        "int-uv-run-launcher",
+        "term-every-process-under-uv-run",
+    ],
+)
+def test_a_preemption_signal_ends_the_run_with_a_checkpoint_and_exit_75(
+    tmp_path: Path, sig: signal.Signals, nproc: int, to_rank: int | str | None, prefix: list[str]
+) -> None:
+    if prefix is UV_RUN and UV is None:
+        pytest.skip("needs uv")
+    run_dir = tmp_path / "local" / "local" / "quickstart"
+    command = endless(tmp_path, nproc)
+    run = interrupt(
+        command, run_dir, sig, at_step=1, to_rank=to_rank, prefix=prefix, ready=training
+    )
     assert run.returncode == EXIT_PREEMPTED, run.stderr[-3000:]
     assert run.marker is not None and run.marker["signal"] == sig.name
     assert run.marker["step"] > 0

@@ -18,7 +18,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
 from primus.core.launcher import Launch, failed_launch_code, launch_workers, spawn, worker_env
-from primus.core.testing.processes import left_alive
+from primus.core.testing.processes import alive, left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -286,3 +286,39 @@ def test_a_failed_worker_decides_the_code_whatever_torchrun_recorded_first() -> 
     assert failed_launch_code([failure(0, 75, 1), failure(1, 1, 2)]) == 1
     assert failed_launch_code([failure(0, 75, 1), failure(1, 2, 1)]) == 2
     assert failed_launch_code([failure(0, 75, 2), failure(1, 75, 1)]) == 75
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
+def test_torchrun_waits_for_the_workers_through_more_signals_and_ctrl_c_twice_aborts(
+    tmp_path: Path,
+) -> None:
+    """Under torchrun, a second SIGTERM (Slurm signals the launcher, and uv passes it on again)
+    does not cut short the wait for the workers' checkpoint; a second SIGINT aborts, and the
+    workers die with the launcher."""
+    worker = tmp_path.parent / f"{tmp_path.name}-worker.py"
+    worker.write_text(
+        "import os, time\n"
+        "from primus.core import preemption\n"
+        "from primus.core.launcher import bind_worker_to_launcher\n"
+        "bind_worker_to_launcher()\n"
+        "preemption.watch()\n"
+        f"open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close()\n"
+        "time.sleep(120)  # a checkpoint that takes its time\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from primus.core.launcher import run_torchrun; "
+         "sys.exit(run_torchrun(['--nproc-per-node=2', '--master-port=0', "
+         f"'--signals-to-handle=SIGTERM,SIGINT,SIGUSR1', {str(worker)!r}]))"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    pids = wait_for_files(tmp_path, 2)
+    assert len(pids) == 2
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGUSR1):
+        launcher.send_signal(sig)
+        time.sleep(0.7)
+    assert launcher.poll() is None and all(alive(pid) for pid in pids)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=20) == -signal.SIGINT
+    assert "SIGINT again: aborting without a checkpoint" in launcher.communicate()[1]
+    assert left_alive(pids, timeout_s=5) == []

@@ -3,8 +3,10 @@ to its launcher or to one of its workers once the run has reached a given step."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,33 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primus.core.preemption import EXIT_PREEMPTED, marked
+from primus.core.reaper import Process, processes
+from primus.core.reaper import descendants as below
 
 
 def parent_pids() -> dict[int, int]:
     """Pid -> parent pid of every process, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, IndexError):
-                continue
-    return parents
+    return {pid: proc.ppid for pid, proc in processes().items()}
 
 
 def descendants(pid: int, parents: dict[int, int] | None = None) -> list[int]:
     """Every process below `pid` (children, grandchildren, ...)."""
-    children: dict[int, list[int]] = {}
-    for child, parent in (parents or parent_pids()).items():
-        children.setdefault(parent, []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
+    table = {
+        child: Process(child, parent, 0, 0) for child, parent in (parents or parent_pids()).items()
+    }
+    return sorted(below(table, {pid}))
 
 
 def worker_rank(pid: int) -> int | None:
@@ -77,6 +67,12 @@ def steps_logged(run_dir: Path) -> int:
         return 0
 
 
+def _send(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a helper that ended meanwhile
+            os.kill(pid, sig)
+
+
 @dataclass
 class Interrupted:
     """What a signalled run left: its exit code, output, the marker of `stop()`, and when
@@ -94,25 +90,40 @@ class Interrupted:
         return self.returncode == EXIT_PREEMPTED and self.marker is not None
 
 
+PYTHON = [sys.executable, "-m", "primus.cli"]  # how `interrupt` starts primus by default
+UV = shutil.which("uv")
+UV_RUN = [str(UV), "run", "--no-sync", "primus"]  # as users start it; needs uv (UV)
+
+
+def signal_targets(top: int, to: int | str | None) -> list[int]:
+    """Who gets the signal: the process started (`to` None), the worker of rank `to`, or, for
+    `to="everyone"`, every process of the run at once, as Slurm and systemd signal a job: the
+    process started, launcher, workers, their data loaders, savers and reapers."""
+    if to == "everyone":
+        return [top, *descendants(top)]
+    return [top if to is None else workers(top)[int(to)]]
+
+
 def interrupt(
     command: list[str],
     run_dir: Path,
     sig: signal.Signals,
     *,
     at_step: int,
-    to_rank: int | None = None,
+    to_rank: int | str | None = None,
+    again_after_s: float | None = None,
+    prefix: list[str] = PYTHON,
     ready: Callable[[Path], int] = steps_logged,
     env: dict[str, str] | None = None,
     timeout_s: float = 600,
 ) -> Interrupted:
-    """Run `python -m primus.cli COMMAND...`; once `ready(run_dir)` (the last logged step)
-    reaches `at_step`, send `sig` to the launcher (`to_rank` None) or to the worker of that rank;
-    wait for the run to end. `command` must keep the run going well past `at_step`."""
+    """Run `primus COMMAND...` (through `prefix`: python -m, or UV_RUN); once `ready(run_dir)`
+    (the last logged step) reaches `at_step`, send `sig` to `signal_targets(to_rank)`, and the
+    same again `again_after_s` later (Ctrl-C twice) if given; wait for the run to end.
+    `command` must keep the run going well past `at_step`."""
     environment = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"} | (env or {})
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "primus.cli", *command], env=environment, stdout=out, stderr=err
-        )
+        proc = subprocess.Popen([*prefix, *command], env=environment, stdout=out, stderr=err)
         try:
             deadline = time.monotonic() + timeout_s
             while ready(run_dir) < at_step and proc.poll() is None:
@@ -120,7 +131,11 @@ def interrupt(
                 time.sleep(0.05)
             signalled_at = time.time()
             if proc.poll() is None:
-                os.kill(proc.pid if to_rank is None else workers(proc.pid)[to_rank], sig)
+                targets = signal_targets(proc.pid, to_rank)
+                _send(targets, sig)
+                if again_after_s is not None:
+                    time.sleep(again_after_s)
+                    _send(targets[:1], sig)
             proc.wait(timeout=timeout_s)
             ended_at = time.time()
         finally:

@@ -1,0 +1,144 @@
+"""A training process's helpers and its end, with real processes and real signals: helpers
+ignore the stop signals that reach a whole job; Ctrl-C stops at a step and twice aborts; a run
+killed by SIGKILL leaves nothing it started behind, and nothing else is touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from primus.core.testing.faults import descendants
+from primus.core.testing.processes import alive, left_alive
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc and prctl"),
+]
+
+# A run-like process: Primus's handlers, shield and reaper as `primus train` sets them up, then
+# helpers of every kind, each writing its pid into the folder (argv[1]) once it runs.
+RUN = """
+import multiprocessing, os, subprocess, sys, time
+from pathlib import Path
+from primus.core import helper_processes, preemption, reaper
+
+folder = Path(sys.argv[1])
+
+
+def mark(kind):
+    (folder / f"{kind}-{os.getpid()}").touch()
+
+
+def helper(kind):
+    mark(kind)
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    preemption.watch()
+    helper_processes.shield()
+    reaper.start_descendant_reaper()
+    multiprocessing.get_context("spawn").Process(target=helper, args=("spawned",)).start()
+    multiprocessing.get_context("fork").Process(target=helper, args=("forked",)).start()
+    if "--loader" in sys.argv:  # PyTorch's data-loader workers set their own SIGTERM handler
+        import torch.utils.data
+
+        class Forever(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                mark("loader")
+                while True:
+                    time.sleep(0.1)
+                    yield 0
+
+        loader = iter(torch.utils.data.DataLoader(Forever(), num_workers=1, batch_size=None))
+        next(loader)
+    plain = subprocess.Popen(["sleep", "120"])
+    (folder / f"plain-{plain.pid}").touch()
+    mark("run")
+    while True:
+        time.sleep(0.1)
+        if preemption.requested():
+            print("requested", preemption.requested(), flush=True)
+"""
+
+KINDS = {"run", "spawned", "forked", "plain"}
+
+
+def start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], dict[str, int]]:
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    script = tmp_path / "run.py"
+    script.write_text(RUN)
+    run = subprocess.Popen(
+        [sys.executable, str(script), str(folder), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    kinds = KINDS | ({"loader"} if "--loader" in flags else set())
+    deadline = time.monotonic() + 60
+    while len(pids := by_kind(folder)) < len(kinds) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(pids) == kinds, pids
+    return run, pids
+
+
+def by_kind(folder: Path) -> dict[str, int]:
+    return {p.name.split("-")[0]: int(p.name.split("-")[1]) for p in folder.iterdir()}
+
+
+def test_helpers_ignore_the_stop_signal_that_reaches_every_process(tmp_path: Path) -> None:
+    """SIGTERM to every process at once (Slurm, systemd): the run notes it and goes on, its
+    helpers (forked, spawned, a PyTorch data-loader worker) ignore it; a plain subprocess
+    keeps its default and dies."""
+    run, pids = start(tmp_path, "--loader")
+    try:
+        for pid in [run.pid, *descendants(run.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(2)
+        assert not alive(pids["plain"])
+        assert [kind for kind in ("run", "spawned", "forked", "loader") if not alive(pids[kind])] == []  # fmt: skip
+    finally:
+        run.kill()
+    assert "SIGTERM received: stopping after this step with a checkpoint" in run.communicate()[1]
+    assert left_alive(list(pids.values()), timeout_s=5) == []
+
+
+def test_a_run_killed_by_sigkill_leaves_nothing_it_started(tmp_path: Path) -> None:
+    """Within 5 s of the SIGKILL: the spawned and forked helpers, the plain subprocess and
+    multiprocessing's resource tracker are gone; a process of the same group that the run did
+    not start (a sibling in a job script) is left alone."""
+    run, pids = start(tmp_path)
+    started = [p for p in descendants(run.pid) if p not in pids.values()]  # tracker, reaper
+    sibling = subprocess.Popen(["sleep", "60"])
+    try:
+        run.kill()
+        run.wait()
+        assert left_alive([*pids.values(), *started], timeout_s=5) == []
+        assert sibling.poll() is None
+    finally:
+        sibling.kill()
+        sibling.wait()
+
+
+def test_ctrl_c_stops_at_the_step_and_twice_aborts(tmp_path: Path) -> None:
+    """One SIGINT (and a copy of it within 0.5 s, as uv passes on what the group got) asks for
+    a stop at the step; another one a second later aborts: the process dies of SIGINT (130)."""
+    run, pids = start(tmp_path)
+    run.send_signal(signal.SIGINT)
+    run.send_signal(signal.SIGINT)  # the same Ctrl-C, passed on
+    assert run.stdout is not None and run.stdout.readline() == "requested SIGINT\n"
+    time.sleep(1.0)
+    assert run.poll() is None
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=10) == -signal.SIGINT
+    err = run.communicate()[1]
+    assert "SIGINT received: stopping after this step with a checkpoint (Ctrl-C again to abort)" in err  # fmt: skip
+    assert "SIGINT again: aborting without a checkpoint" in err
+    assert left_alive(list(pids.values()), timeout_s=5) == []
