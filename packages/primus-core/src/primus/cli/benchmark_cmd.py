@@ -3,7 +3,6 @@ delivers on a job's own shapes."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -83,9 +82,11 @@ def _run(
     device, timings = run_ops(ops, dtype, repeats, warmup)
     typer.echo(render(device, dtype, timings), nl=False)
     if json_path is not None:
+        from primus.core.atomic import write_json
+
         record: dict[str, Any] = {"device": device, "dtype": dtype, "repeats": repeats,
                                   "warmup": warmup, "ops": [t.as_dict() for t in timings]}  # fmt: skip
-        json_path.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(json_path, record)
     if plot_path is not None:
         from primus.core.benchmark_plot import plot_ops
 
@@ -256,8 +257,10 @@ def collectives(
     device, ranks, rows = result
     typer.echo(render_collectives(device, ranks, rows), nl=False)
     if json_path is not None:
+        from primus.core.atomic import write_json
+
         record = {"device": device, "ranks": ranks, "repeats": repeats, "rows": rows}
-        json_path.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(json_path, record)
     if plot_path is not None:
         from primus.core.benchmark_plot import plot_collectives
 

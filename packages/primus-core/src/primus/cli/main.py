@@ -99,7 +99,21 @@ def _report(exc: PrimusError) -> NoReturn:
 
     if report_once(exc.report_key()):  # each rank of a launch reaches the same error
         print(f"{exc.label}: {exc}", file=sys.stderr)
+    _release(exc)
     sys.exit(exc.exit_code)
+
+
+def _release(exc: BaseException) -> None:
+    """Free what the frames of `exc`'s tracebacks hold, before the interpreter exits: a data
+    loader still referenced there would be left to multiprocessing's exit, whose SIGTERM its
+    workers (watching for preemption) only note, and whose join then waits forever."""
+    import gc
+
+    from primus.core.errors import linked
+
+    for held in list(linked(exc)):
+        traceback.clear_frames(held.__traceback__)
+    gc.collect()
 
 
 def _background_line(what: str, exc: BaseException | None, tb: TracebackType | None) -> None:

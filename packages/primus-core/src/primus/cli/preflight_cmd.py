@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -74,6 +73,7 @@ def preflight(
     compared with the job's median; rank 0 prints one table for the job and names the outliers.
     Launched like `primus train` (torchrun options, or one task a rank under Slurm's srun).
     Exit code: 0 pass, 1 an outlier or a failed worker, 2 bad input."""
+    from primus.core.atomic import write_atomic, write_json
     from primus.core.dist_env import under_torchrun
     from primus.core.errors import ConfigError
     from primus.core.launcher import launch_workers
@@ -103,9 +103,9 @@ def preflight(
     report = verdict(*gathered, tolerance_pct=tolerance)
     typer.echo(render_table(report), nl=False)
     if json_path:
-        (workspace / json_path).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(workspace / json_path, report)
     if markdown_path:
-        (workspace / markdown_path).write_text(render_markdown(report))
+        write_atomic(workspace / markdown_path, render_markdown(report))
     raise typer.Exit(0 if report["passed"] else 1)
 
 
@@ -113,11 +113,12 @@ def _node_smoke(
     workspace: Path, json_path: Path | None, ok: Path | None, bad: Path | None, timeout_s: float
 ) -> int:
     """`--node-smoke`: this node's report printed (and written), its name listed; 0 or 1."""
+    from primus.core.atomic import write_json
     from primus.core.node_smoke import check_node, record, render
 
     report = check_node(timeout_s)
     typer.echo(render(report), nl=False)
     if json_path:
-        (workspace / json_path).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(workspace / json_path, report)
     record(report, ok and workspace / ok, bad and workspace / bad)
     return 0 if report["passed"] else 1

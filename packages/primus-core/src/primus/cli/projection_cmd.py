@@ -87,8 +87,10 @@ def memory(
     projection = project(job)
     typer.echo(_table(job, projection))
     if json_path is not None:
+        from primus.core.atomic import write_json
+
         record = {"job": asdict(job), "bytes": projection.as_dict()}
-        json_path.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(json_path, record)
 
 
 def _step(step: StepTime, rates: Rates, peak: Peak) -> str:
@@ -186,9 +188,11 @@ def performance(
         typer.echo(f"\nlayouts on {gpus} GPUs that fit {rates.memory_gib:.0f} GiB, fastest first:")
         typer.echo(_ranking(ranked, changes))
     if json_path is not None:
+        from primus.core.atomic import write_json
+
         record = {"job": asdict(job), "rates": asdict(rates), "peak": asdict(peak),
                   "step_ms": step.as_dict(),
                   "memory_bytes": project(job).as_dict(),
                   "ranked": [{"overrides": k, "memory_gib": c.memory_gib, "step_ms": c.step.as_dict()}
                              for c, k in zip(ranked, changes, strict=True)]}  # fmt: skip
-        json_path.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(json_path, record)

@@ -101,6 +101,7 @@ def _command(stage: str) -> Callable[..., None]:
         ] = False,
         debug: Debug = False,
     ) -> None:
+        from primus.core.atomic import write_atomic
         from primus.core.runtime import PrimusRuntime
         from primus.core.slurm import SlurmJob, render, submit
 
@@ -140,7 +141,7 @@ def _command(stage: str) -> Callable[..., None]:
         runtime.check_run_dir()  # an unwritable workspace: exit 2 before anything is submitted
         (runtime.run_dir / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's dir
         path = runtime.run_dir / f"slurm-{stage}.sbatch"
-        path.write_text(script)
+        write_atomic(path, script)
         job_id = submit(path)
         typer.echo(f"submitted job {job_id}: {path}")
         typer.echo(f"log: {runtime.run_dir / 'logs' / f'slurm-{job_id}.out'}")

@@ -143,7 +143,7 @@ class FileSystemError(PrimusError):
         return f"{self.label}: {REFUSED[self.code]} on {self.mount}"
 
 
-def _linked(exc: BaseException) -> Iterator[BaseException]:
+def linked(exc: BaseException) -> Iterator[BaseException]:
     """`exc` and every exception it holds: its cause and context, an exception group's members,
     and exceptions among its args (torch.distributed.checkpoint's CheckpointException holds
     each rank's failure there, as rank -> (exception, traceback))."""
@@ -213,10 +213,10 @@ def filesystem_error(exc: BaseException, folder: Path | None = None) -> FileSyst
         return exc
     if isinstance(exc, PrimusError):
         return None
-    for linked in _linked(exc):
-        if isinstance(linked, FileSystemError):
-            return linked
-        found = _refused_code(linked)
+    for held in linked(exc):
+        if isinstance(held, FileSystemError):
+            return held
+        found = _refused_code(held)
         if found is not None:
             return FileSystemError(found[0], found[1] or folder)
     refusing = _refused_now(folder) if folder is not None else None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.core import __version__
+from primus.core.atomic import write_json
 
 if TYPE_CHECKING:
     from primus.core.config.experiment import Experiment, ModuleConfig
@@ -91,7 +92,7 @@ def record(experiment: Experiment, module: ModuleConfig, init_from: Path | None)
 def write_provenance(
     path: Path, experiment: Experiment, module: ModuleConfig, init_from: Path | None
 ) -> None:
-    path.write_text(json.dumps(record(experiment, module, init_from), indent=2) + "\n")
+    write_json(path, record(experiment, module, init_from))
 
 
 def read_provenance(path: Path) -> dict[str, Any] | None:

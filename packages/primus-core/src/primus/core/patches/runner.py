@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus.core.atomic import write_json
 from primus.core.errors import ConfigError, PatchError
 from primus.core.logging import get_logger
 from primus.core.patches.patch import Patch, PatchContext, PatchEffects
@@ -174,7 +174,7 @@ class PatchRunner:
         }
 
     def write_report(self, path: Path) -> None:
-        path.write_text(json.dumps(self.report(), indent=2, default=str) + "\n")
+        write_json(path, self.report(), default=str)
 
     def table(self) -> str:
         rows = [

@@ -1,0 +1,128 @@
+"""Files Primus writes: whole or not at all.
+
+- `atomic_file(path)` / `write_atomic(path, data)` / `write_json(path, value)`: every file Primus writes in one piece
+  (reports, the resolved config, provenance, benchmark and projection records, the small files
+  of an HF export) goes to a temporary file in the same folder, is fsync'ed and renamed over
+  `path` (`os.replace`). Any failure (a full disk, a read-only file system, a kill) leaves the
+  old file as it was, or none, and no temporary file behind: never an empty or half-written one.
+- `append_line(path, line)` / `append_record(fd, data, path)`: one record onto an append-only
+  stream (metrics.jsonl, a log file) in one `os.write`. A write the file system cuts short is
+  taken back (the file truncated to where it was), so the stream never ends in a torn line.
+
+An OSError from either names `path` (`exc.filename`), so that a full disk is reported with it
+(`primus.core.errors.filesystem_error`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, Literal
+
+
+def _umask() -> int:
+    """The process's umask (read, not set: setting it would race other threads)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("Umask:"))[6:], 8)
+    return 0o022
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` with `path` as its file name (an OSError from a write names no file)."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    named = OSError(exc.errno, exc.strerror, str(path))  # the errno's subclass, as raised
+    named.__cause__ = exc
+    return named
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync `folder` itself, so that a rename or a new file in it is on disk (where the file
+    system allows opening a folder for that)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(
+    path: Path | str, mode: Literal["w", "wb"] = "w", encoding: str = "utf-8"
+) -> Iterator[IO[Any]]:
+    """A file to write `path`'s new content into: a temporary file beside `path`, fsync'ed and
+    renamed over `path` when the block ends without an error, removed when it raises. The file
+    gets the mode an ordinary new file would (an existing `path` keeps its own)."""
+    path = Path(path)
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _named(exc, path)  # noqa: B904 - the cause is set, the context is the same
+    try:
+        try:
+            os.fchmod(fd, path.stat().st_mode & 0o7777)
+        except FileNotFoundError:
+            os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, OSError):
+            raise _named(exc, path)  # noqa: B904
+        raise
+    sync_folder(path.parent)
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> None:
+    """Replace `path`'s content with `data` in one step (`atomic_file`): a reader, or the file
+    after any failure, has the old content or the new, never a part."""
+    if isinstance(data, str):
+        with atomic_file(path, "w") as out:
+            out.write(data)
+    else:
+        with atomic_file(path, "wb") as out:
+            out.write(data)
+
+
+def write_json(path: Path | str, value: Any, **dumps: Any) -> None:
+    """`value` as indented JSON with a final newline, written atomically (`write_atomic`)."""
+    write_atomic(path, json.dumps(value, indent=2, **dumps) + "\n")
+
+
+def append_record(fd: int, data: bytes, path: Path | str) -> None:
+    """Append `data` (one whole record, newline included) to the file open at `fd` (opened
+    with O_APPEND) in one write. A write cut short is finished, and where that fails, the
+    file is truncated to its size before: no torn record. The OSError names `path`. One
+    writer a file (a rank's log, rank 0's metrics): the truncation would take back another's."""
+    start = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            if not written:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[written:]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise _named(exc, Path(path))  # noqa: B904
+
+
+def append_line(path: Path | str, line: str) -> None:
+    """Append `line` (a newline added) to `path`, created if missing (`append_record`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        append_record(fd, (line + "\n").encode(), path)
+    finally:
+        os.close(fd)
