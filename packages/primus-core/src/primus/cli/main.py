@@ -116,12 +116,19 @@ def _release(exc: BaseException) -> None:
     gc.collect()
 
 
+_told: set[str] = set()
+
+
 def _background_line(what: str, exc: BaseException | None, tb: TracebackType | None) -> None:
-    """`what` as one warning: the traceback goes to the rank's log file, not the console."""
+    """`what` as one warning, once a process (a failed save's callbacks fail alike, many
+    times): the traceback goes to the rank's log file, not the console."""
     from primus.core.logging import get_logger
 
-    logger = get_logger()
     line = f"{what}: {type(exc).__name__}: {exc}"
+    if line in _told:
+        return
+    _told.add(line)
+    logger = get_logger()
     if logger.handlers:
         logger.warning(line, exc_info=(type(exc), exc, tb) if exc is not None else None)
     else:
@@ -139,7 +146,8 @@ def _quiet_background_errors() -> None:
         if DEBUG.on:
             ignored(info)
         elif not sys.is_finalizing():  # the interpreter's own teardown: nothing to say
-            _background_line(f"ignored in {info.object!r}", info.exc_value, info.exc_traceback)
+            where = f" in {info.object!r}" if info.object is not None else ""
+            _background_line(f"ignored{where}", info.exc_value, info.exc_traceback)
 
     def thread(args: threading.ExceptHookArgs) -> None:
         if DEBUG.on or args.exc_type is SystemExit:

@@ -103,19 +103,20 @@ def write_json(path: Path | str, value: Any, **dumps: Any) -> None:
 def append_record(fd: int, data: bytes, path: Path | str) -> None:
     """Append `data` (one whole record, newline included) to the file open at `fd` (opened
     with O_APPEND) in one write. A write cut short is finished, and where that fails, the
-    file is truncated to its size before: no torn record. The OSError names `path`. One
-    writer a file (a rank's log, rank 0's metrics): the truncation would take back another's."""
+    part written is taken back (the file truncated to its size before, unless another writer
+    appended since): no torn record. The OSError names `path`."""
     start = os.fstat(fd).st_size
+    done = 0
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
+        while done < len(data):
+            written = os.write(fd, data[done:])
             if not written:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            view = view[written:]
+            done += written
     except OSError as exc:
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, start)
+            if done and os.fstat(fd).st_size == start + done:
+                os.ftruncate(fd, start)
         raise _named(exc, Path(path))  # noqa: B904
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from primus.core.atomic import atomic_file
 from primus.core.benchmark import Timing
 from primus.core.errors import ConfigError
 
@@ -59,5 +60,6 @@ def plot_collectives(device: str, ranks: int, rows: list[dict[str, Any]], path: 
 
 def _save(figure: Any, path: Path) -> None:
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    with atomic_file(path, "wb") as out:  # a full disk leaves no half-written picture
+        figure.savefig(out, dpi=120, format=path.suffix.lstrip(".") or "png")
     figure.clf()

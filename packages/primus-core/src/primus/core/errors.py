@@ -207,7 +207,7 @@ def filesystem_error(exc: BaseException, folder: Path | None = None) -> FileSyst
     """The FileSystemError behind `exc`, or None. Found in `exc` or what it holds (a refused
     write's errno or its text), naming the file it names, else `folder`; else, when `folder`
     is given and its file system now refuses a write, that (an upstream that lost the error
-    on the way: Megatron's checkpoint writer keeps only the exception's type). A PrimusError
+    on the way: a checkpoint writer that passes on only the exception's type). A PrimusError
     other than a FileSystemError is its own report: None."""
     if isinstance(exc, FileSystemError):
         return exc

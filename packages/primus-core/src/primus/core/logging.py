@@ -103,6 +103,7 @@ def setup_logging(
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
+    _refused.clear()  # a new run's files (a process may run several: tests, conversions)
     logger.setLevel(level)
     logger.propagate = False
     rank_filter = _RankFilter(rank)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from primus.core.atomic import append_line
 from primus.core.preflight import GIB, host_info
 
 BAD_DEVICE = "PRIMUS_PREFLIGHT_BAD_DEVICE"
@@ -161,9 +162,8 @@ def render(report: dict[str, Any]) -> str:
 def record(report: dict[str, Any], passing: Path | None, failing: Path | None) -> None:
     """Append this node's name to the passing or the failing list (one line each)."""
     target = passing if report["passed"] else failing
-    if target is not None:
-        with open(target, "a") as names:
-            names.write(socket.gethostname() + "\n")
+    if target is not None:  # one write: nodes sharing the list never tear each other's lines
+        append_line(target, socket.gethostname())
 
 
 if __name__ == "__main__":  # one device's check, in a process of its own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from primus.core.atomic import write_atomic
 from primus.core.errors import ConfigError
 
 TEMPLATE = Path(__file__).parents[2] / "cli" / "templates" / "backend"
@@ -29,6 +30,6 @@ def scaffold_backend(name: str, folder: Path) -> list[Path]:
         target = folder / relative.replace("NAME", name)
         target.parent.mkdir(parents=True, exist_ok=True)
         text = template.read_text().replace("CLASS", class_prefix).replace("NAME", name)
-        target.write_text(text)
+        write_atomic(target, text)
         written.append(target)
     return written

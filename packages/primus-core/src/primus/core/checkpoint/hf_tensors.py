@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from primus.core.atomic import write_json
 from primus.core.checkpoint.hf import DTYPE_BYTES, INDEX, safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
 
@@ -118,7 +119,7 @@ class SafetensorsWriter:
         if len(files) > 1:
             weight_map = {n: f for f, shard in zip(files, shards, strict=True) for n in shard}
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            write_json(out / INDEX, index)
 
     def write(self, name: str, tensor: Any) -> None:
         """Tensor `name`'s bytes into its place (its shape and dtype as laid out)."""

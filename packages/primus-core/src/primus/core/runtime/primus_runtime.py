@@ -204,9 +204,7 @@ class PrimusRuntime:
                 if refused is None:
                     raise
                 raise refused from exc
-            self.log.warning(
-                f"patch_report.json not written: {refused.message if refused else exc}"
-            )
+            self.log.warning(f"patch_report.json not written: {exc.strerror or exc}")
         self.log.info("patches:\n" + self.runner.table())
 
     def build_args(self, ctx: PatchContext) -> None:

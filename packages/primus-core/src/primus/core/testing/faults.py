@@ -4,7 +4,6 @@ to its launcher or to one of its workers once the run has reached a given step."
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from primus.core.metrics import read_metrics
 from primus.core.preemption import EXIT_PREEMPTED, marked
 from primus.core.reaper import Process, processes
 from primus.core.reaper import descendants as below
@@ -59,10 +59,11 @@ def workers(launcher: int) -> dict[int, int]:
 
 
 def steps_logged(run_dir: Path) -> int:
-    """The last step in the run's metrics.jsonl (0 before the first)."""
+    """The last step in the run's metrics.jsonl (0 before the first; a torn last line, a
+    record being written, left out)."""
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        return json.loads(lines[-1])["step"] if lines else 0
+        records = read_metrics(run_dir / "metrics.jsonl")
+        return records[-1]["step"] if records else 0
     except (OSError, ValueError, KeyError):
         return 0
 

@@ -16,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from primus.core.atomic import write_json
+
 UPDATE_ENV = "PRIMUS_UPDATE_GOLDEN"
 
 
@@ -85,7 +87,7 @@ def load(path: Path) -> tuple[dict[int, float], dict[str, Any]]:
 def write(path: Path, curve: dict[int, float], record: dict[str, Any]) -> None:
     record = record | {"losses": {str(step): curve[step] for step in sorted(curve)}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(path, record)
 
 
 def assert_matches_golden(

@@ -95,8 +95,10 @@ def patch_status(run_dir: Path) -> dict[str, tuple[str, str]]:
 
 
 def step_metrics(run_dir: Path) -> list[dict]:
-    """Every line of the run's metrics.jsonl."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """Every record of the run's metrics.jsonl (a torn last line left out)."""
+    from primus.core.metrics import read_metrics
+
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 def losses(run_dir: Path) -> dict[int, float]:
