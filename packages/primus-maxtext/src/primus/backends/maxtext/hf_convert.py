@@ -24,6 +24,7 @@ import numpy as np
 
 from primus.backends.maxtext.checkpoints import DECODER_BLOCKS, IMPORT_FOLDER, LLAMA31_SCALING
 from primus.backends.maxtext.config_bridge import MaxTextArgs
+from primus.core.atomic import write_atomic
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.hf import read_config
@@ -413,7 +414,7 @@ def _name_items(step: Path) -> None:
     record = json.loads(metadata.read_text())
     handler = ocp.handlers.PyTreeHandler
     record["item_handlers"] = {"items": f"{handler.__module__}.{handler.__qualname__}"}
-    metadata.write_text(json.dumps(record))
+    write_atomic(metadata, json.dumps(record))
 
 
 def checkpoint_step(config: Any, iteration: int | None) -> Path:

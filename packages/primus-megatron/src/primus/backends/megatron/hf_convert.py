@@ -11,7 +11,6 @@ any parallel layout and writes it as one safetensors file.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from primus.backends.megatron.hf_mapping import (
     to_hf,
     to_megatron,
 )
+from primus.core.atomic import write_atomic, write_json
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
@@ -96,7 +96,7 @@ def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
     with _one_process_group():
         dist_checkpointing.save(state, str(folder), _save_strategy(),
                                 content_metadata=dict(CONTENT_METADATA))  # fmt: skip
-    (out / TRACKER).write_text("0")
+    write_atomic(out / TRACKER, "0")
 
 
 # -- export ----------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
         del whole
     writer.close()
     config = hf_config(layout, saved, dtype)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_json(out / "config.json", config)
     tokenizer = Path(saved.tokenizer_model or "")
     if saved.tokenizer_type == "HuggingFaceTokenizer" and tokenizer.is_dir():
         copy_tokenizer(tokenizer, out)

@@ -14,12 +14,12 @@ without building the model.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from primus.core.atomic import write_json
 from primus.core.checkpoint.hf import safetensors_files, safetensors_header
 from primus.core.checkpoint.hf_tensors import FLOAT_DTYPES, SafetensorsWriter
 from primus.core.errors import ConfigError
@@ -283,7 +283,7 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
         writer.write(name, load(name))
     writer.close()
     hf_dtype = str(dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(hf_config(config, hf_dtype), indent=2) + "\n")
+    write_json(out / "config.json", hf_config(config, hf_dtype))
     return source
 
 
