@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,20 @@ def test_bad_files_as_real_processes(tmp_path, name) -> None:
         messages.append(outcome.message)
     assert messages[0] == messages[1] and re.match(r"error: exp\.yaml:\d+: ", messages[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == [EXPERIMENT]
+
+
+def test_a_fifo_as_the_experiment_is_refused_unopened_as_real_processes(tmp_path) -> None:
+    """`--config` naming a FIFO: refused from its stat, not read (a read would block forever)."""
+    case = CASES["the experiment is a FIFO"]
+    write_case(case, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
+    for argv in (["config", "validate", "-c", EXPERIMENT], ["train", "pretrain", "-c", EXPERIMENT, "--dry-run"]):  # fmt: skip
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "-m", "primus.cli", *argv], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        outcome = Outcome(result.returncode, result.stderr, time.perf_counter() - start)
+        assert outcome.problems(case) == [], result.stderr
+        assert "is a FIFO (named pipe), not a regular file" in outcome.message
 
 
 def test_validate_checks_what_a_dry_run_checks_and_writes_nothing(tmp_path) -> None:

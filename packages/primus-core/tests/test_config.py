@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-from primus.core.config.experiment import load_experiment, resolved_tree
+from primus.core.config import yaml_io
+from primus.core.config.experiment import ModuleConfig, load_experiment, resolved_tree
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
 from primus.core.config.render import to_json, to_yaml
+from primus.core.config.sanity import (
+    FRACTION,
+    FRACTION_PAIR,
+    LEARNING_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+)
 from primus.core.config.schema import ParamSpec
+from primus.core.config.tree import ConfigTree
 from primus.core.config.yaml_io import load_yaml_file, parse_scalar
 from primus.core.errors import ConfigError
 from primus.core.runtime import resolution
@@ -275,3 +286,93 @@ def test_a_bare_flag_before_an_assignment_is_true() -> None:
 def test_log_level_is_case_insensitive(write) -> None:
     exp = load_experiment(write("e.yaml", "log_level: debug\nmodules: {m: {framework: x}}\n"))
     assert exp.log_level == "DEBUG"
+
+
+def test_only_regular_files_are_read_and_never_opened_otherwise(tmp_path, monkeypatch) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opening it for reading would block: it is refused from its stat
+    for path, kind in ((fifo, "a FIFO"), (tmp_path, "a folder"), (Path("/dev/zero"), "a character device")):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"is {kind}.*, not a regular file"):
+            load_yaml_file(path)
+    monkeypatch.setattr(yaml_io, "MAX_BYTES", 64)
+    (tmp_path / "big.yaml").write_text("#" * 65)
+    with pytest.raises(ConfigError, match=r"big.yaml is 0.0 MiB, over the limit"):
+        load_yaml_file(tmp_path / "big.yaml")
+
+
+def test_composition_stops_past_the_value_limit(write, monkeypatch) -> None:
+    monkeypatch.setattr(yaml_io, "MAX_VALUES", 50)
+    with pytest.raises(ConfigError, match=r"holds more than 50 values") as err:
+        load_yaml_file(write("a.yaml", "a: 1\nb:\n" + "  - 1\n" * 100))
+    assert err.value.origin.line < 60  # stopped where the 51st node is, not at the end
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("!!int abc", "'abc' is not an integer"),
+        ("!!float ...", "'...' is not a number"),
+        ("!!bool maybe", "'maybe' is not a boolean"),
+        ("!!timestamp 2020-99-99", "YAML tag !!timestamp is not allowed"),
+        ("!!binary aGk=", "YAML tag !!binary is not allowed"),
+        ("!!set {a, b}", "YAML tag !!set is not allowed"),
+        ("1" * 5000, "an integer of 5000 digits is out of range"),
+        ("&a [*a]", "an alias (*name) refers to the list or mapping that holds it"),
+        ('"a\\0b"', "a NUL character"),
+        ('"\\ud800"', "is not a character (a lone surrogate)"),
+    ],
+)
+def test_tags_and_characters_no_value_may_hold_are_errors_at_their_line(
+    write, monkeypatch, value, message
+) -> None:
+    path = write("a.yaml", f"a: 1\nb: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_yaml_file(path)
+    assert message in err.value.message and err.value.origin.line == 2
+    monkeypatch.setenv("PRIMUS_TEST_VALUE", value)  # the same from ${VAR}, at the line using it
+    if not value.startswith('"'):  # a quoted value stays a string: an escape is not read
+        with pytest.raises(ConfigError) as err:
+            load_yaml_file(write("b.yaml", "a: 1\nb: ${PRIMUS_TEST_VALUE}\n"))
+        assert message in err.value.message
+        assert str(err.value.origin).startswith("env PRIMUS_TEST_VALUE (at ")
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        parse_overrides([f"b={value}"])  # and from the command line, at its token
+    assert str(err.value.origin) == f"cli (b={value})"
+
+
+def test_dates_stay_strings() -> None:
+    assert parse_scalar("2020-01-02") == "2020-01-02" and parse_scalar("2020-99-99") == "2020-99-99"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("exp_name: ../../../../tmp/escape", "exp_name '../../../../tmp/escape' is not a folder name: it holds a path separator"),
+        ("exp_name: /tmp/escape", "it is an absolute path"),
+        ("exp_name: ''", "exp_name '' is not a folder name: it is empty"),
+        ("work_group: ..", "work_group '..' is not a folder name"),
+        ("user_name: .", "user_name '.' is not a folder name"),
+        ("user_name: " + "u" * 256, "longer than 255 bytes"),
+        ("workspace: ''", "workspace is empty"),
+    ],
+)  # fmt: skip
+def test_run_dir_names_are_one_folder_each(write, line, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write("e.yaml", f"modules: {{m: {{framework: x}}}}\n{line}\n"))
+    assert message in err.value.message and err.value.origin.line == 2
+
+
+def test_sanity_rules_refuse_set_values_and_leave_unset_keys_to_the_upstream() -> None:
+    tree = ConfigTree({"lr": None, "opt": {"betas": [0.9, 1.5]}, "steps": 0, "eps": -1})
+    config = ModuleConfig("m", "x", tree.data, tree)
+    for rules, message in (
+        ({"lr": LEARNING_RATE}, "lr must be a finite number of 0 or more, got null"),
+        ({"opt.betas": FRACTION_PAIR}, "opt.betas must be two numbers in [0, 1), got [0.9, 1.5]"),
+        ({"steps": POSITIVE}, "steps must be a positive number, got 0"),
+        ({"eps": NON_NEGATIVE}, "eps must be a finite number of 0 or more, got -1"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            config.require(rules)
+    config.require({"unset": LEARNING_RATE, "opt.unset": POSITIVE, "lr_min": FRACTION})
+    for rule in (POSITIVE, NON_NEGATIVE, LEARNING_RATE, FRACTION, FRACTION_PAIR):
+        assert all(rule.problem("k", value) for value in rule.refuses)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from primus.backends.maxtext.config_bridge import RULES
 from primus.core.testing.fuzz import check_backend, refusal_problems
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
@@ -21,7 +22,7 @@ MODEL_BUILD = {
 
 
 def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
-    report = check_backend(RECIPE, SIZES, MODEL_BUILD, tmp_path)
+    report = check_backend(RECIPE, SIZES, MODEL_BUILD, tmp_path, RULES)
     record_property("fuzz", str(report).splitlines()[0])
     print(f"\nmaxtext fuzz: {report}")
     assert not report.failures, str(report)

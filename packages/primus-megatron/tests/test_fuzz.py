@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.backends.megatron.config_bridge import RULES
 from primus.core.testing.fuzz import check_backend, refusal_problems
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
@@ -48,7 +49,7 @@ def no_cpu_mode_left_behind() -> Iterator[None]:
 
 
 def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
-    report = check_backend(RECIPE, SIZES, MODEL_BUILD, tmp_path)
+    report = check_backend(RECIPE, SIZES, MODEL_BUILD, tmp_path, RULES)
     record_property("fuzz", str(report).splitlines()[0])
     print(f"\nmegatron fuzz: {report}")
     assert not report.failures, str(report)

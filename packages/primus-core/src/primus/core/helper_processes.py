@@ -81,8 +81,13 @@ def shield() -> None:
     global _shielded
     if _shielded or not sys.platform.startswith("linux"):
         return
+    import multiprocessing.popen_fork
     import multiprocessing.util
 
     _shielded = True
     os.register_at_fork(after_in_child=_after_fork_in_child)
     multiprocessing.util.spawnv_passfds = _spawn_shielded(multiprocessing.util.spawnv_passfds)
+    # Its helpers ignore SIGTERM, so the process's own `terminate()` of one (multiprocessing's
+    # exit joins its daemonic children after it; a data loader ends a stuck worker so) kills it.
+    popen = multiprocessing.popen_fork.Popen  # spawn's and forkserver's derive from it
+    popen.terminate = popen.kill  # type: ignore[method-assign]

@@ -18,11 +18,13 @@ from typing import Any
 @dataclass(frozen=True)
 class Rule:
     """What a key's value must be: `what` completes "KEY must be ..."; `null` is accepted
-    only where `nullable` (it means the upstream's default)."""
+    only where `nullable` (it means the upstream's default). `refuses` gives values it refuses
+    (the bad-input corpus, `primus.core.testing.fuzz`, sets each key to them)."""
 
     what: str
     accepts: Callable[[Any], bool]
     nullable: bool = True
+    refuses: tuple[Any, ...] = ()
 
     def problem(self, key: str, value: Any) -> str | None:
         """Why `value` breaks this rule for `key`, or None."""
@@ -42,22 +44,25 @@ def _fraction(value: Any) -> bool:
     return is_number(value) and 0 <= value < 1
 
 
-POSITIVE = Rule("a positive number", lambda v: is_number(v) and v > 0)
+POSITIVE = Rule("a positive number", lambda v: is_number(v) and v > 0, refuses=(0,))
 """Sizes, counts, steps and intervals: 0 or a negative value fails only later, or trains
 nothing (a batch, a sequence length, train steps, a log or save interval)."""
 
-NON_NEGATIVE = Rule("a finite number of 0 or more", lambda v: is_number(v) and v >= 0)
+NON_NEGATIVE = Rule(
+    "a finite number of 0 or more", lambda v: is_number(v) and v >= 0, refuses=(-1,)
+)
 """An epsilon, a weight decay: 0 turns it off, a negative value makes no sense."""
 
-LEARNING_RATE = Rule(NON_NEGATIVE.what, NON_NEGATIVE.accepts, nullable=False)
+LEARNING_RATE = Rule(NON_NEGATIVE.what, NON_NEGATIVE.accepts, nullable=False, refuses=(-4.0, None))
 """A learning rate: never negative, never null (no upstream trains without one)."""
 
-FRACTION = Rule("a number in [0, 1)", _fraction)
+FRACTION = Rule("a number in [0, 1)", _fraction, refuses=(1.0,))
 """A decay factor such as one of Adam's betas."""
 
 FRACTION_PAIR = Rule(
     "two numbers in [0, 1)",
     lambda v: isinstance(v, list | tuple) and len(v) == 2 and all(map(_fraction, v)),
+    refuses=([0.9, 1.5], [[1], "fuzz", 3]),
 )
 """A pair of decay factors, such as Adam's betas in one list."""
 

@@ -15,12 +15,15 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from primus.core.config.sanity import Rule
+from primus.core.config.yaml_io import MAX_BYTES
 
 EXPERIMENT = "exp.yaml"
 LIMIT_S = 10.0  # the most one case may take (the first pays for the upstream's import)
@@ -35,13 +38,15 @@ Pairs = list[tuple[str, Any]]  # (dotted param, value) set together under the mo
 @dataclass(frozen=True)
 class Case:
     """One bad input: files to write (name -> bytes), overrides, environment changes (None
-    unsets), and a regex the error message must match (the file:line or the token at fault)."""
+    unsets), a regex the error message must match (the file:line or the token at fault), and
+    names to create as FIFOs (named pipes: a read would block)."""
 
     name: str
     files: dict[str, bytes]
     overrides: tuple[str, ...] = ()
     env: dict[str, str | None] = field(default_factory=dict)
     at: str = _FILE_LINE.format(name=re.escape(EXPERIMENT))
+    fifos: tuple[str, ...] = ()
 
 
 @dataclass
@@ -154,6 +159,7 @@ def _file_cases(tree: dict[str, Any], recipe: Path) -> list[Case]:
         ),
         "bad env interpolation": good.replace(b"workspace: ws", b"workspace: [${1BAD}x}", 1),
         **bombs,
+        **_tag_cases(tree),
     }
     cases = [Case(name, {EXPERIMENT: text}) for name, text in files.items()]
     parent = {**tree, "extends": "base.yaml"}
@@ -168,17 +174,64 @@ def _file_cases(tree: dict[str, Any], recipe: Path) -> list[Case]:
         "extends a cycle": ({"base.yaml": b"extends: exp.yaml\n"}, "base.yaml"),
         "extends a broken file": ({"base.yaml": b"a: [\n"}, "base.yaml"),
         "extends an empty name": ({}, ""),
+        "extends a NUL in its path": ({}, "base\0.yaml"),
+        "extends a device": ({}, "/dev/zero"),
+        "extends a file over the size limit": ({"base.yaml": b"#" * (MAX_BYTES + 1)}, "base.yaml"),
+        "extends a FIFO": ({}, "fifo.yaml"),
     }
     for name, (extra, target) in extends.items():
         at = "base.yaml" if "base.yaml" in extra and "cycle" not in name else EXPERIMENT
         text = _dump({**parent, "extends": target})
-        cases.append(Case(name, {EXPERIMENT: text, **extra}, at=re.escape(at) + r"(:\d+)?"))
+        fifos = ("fifo.yaml",) if target == "fifo.yaml" else ()
+        cases.append(
+            Case(name, {EXPERIMENT: text, **extra}, at=re.escape(at) + r"(:\d+)?", fifos=fifos)
+        )
     for name, value in (("a preset", "fuzz_no_such_preset"), ("a model", "no_such_model")):
         key = "config" if name == "a preset" else "model"
         bad = _with(tree, ("modules", "pre_trainer", key), value)
         cases.append(Case(f"missing {name}", {EXPERIMENT: _dump(bad)}))
     cases.append(Case("missing experiment file", {}, at=re.escape(EXPERIMENT)))
+    cases.append(
+        Case("the experiment is a FIFO", {}, at=re.escape(EXPERIMENT), fifos=(EXPERIMENT,))
+    )
     return cases
+
+
+def _raw(tree: dict[str, Any], key: str, raw: str) -> bytes:
+    """`tree` with top-level `key` written as the YAML text `raw` (a tag, an escape)."""
+    return _dump({k: v for k, v in tree.items() if k != key}) + f"{key}: {raw}\n".encode()
+
+
+def _tag_cases(tree: dict[str, Any]) -> dict[str, bytes]:
+    """Tags no config value may carry, values their tag cannot hold, and characters no value
+    may hold (a NUL, a lone surrogate), written as YAML escapes."""
+    raw = {
+        "!!int that is not one": "!!int abc",
+        "!!float that is not one": "!!float ...",
+        "!!timestamp of no date": "!!timestamp 2020-99-99",
+        "!!bool that is not one": "!!bool maybe",
+        "!!binary": "!!binary aGVsbG8=",
+        "!!set": "!!set {a, b}",
+        "an integer of 5000 digits": "1" * 5000,
+        "an alias inside itself": "&a [*a]",
+        "a NUL in a name": '"fuzz\\0"',
+        "a lone surrogate in a name": '"fuzz\\ud800"',
+    }
+    cases = {name: _raw(tree, "exp_name", text) for name, text in raw.items()}
+    cases["a NUL in an env value"] = _raw(tree, "env", '{FUZZ: "a\\0b"}')
+    cases["a tagged key"] = _raw(tree, "env", "{!!binary aGk=: 1}")
+    return cases
+
+
+def _run_dir_cases(tree: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Names that would put the run directory outside the workspace, or nowhere."""
+    bad: dict[str, list[str | None]] = {
+        "exp_name": ["../../../../tmp/escape", "/tmp/escape", "", "..", "x" * 300, "a\nb"],
+        "work_group": ["a/b", "."],
+        "user_name": ["..", "/abs"],
+        "workspace": ["", None],
+    }
+    return [(f"{key} = {v!r:.30}", _with(tree, (key,), v)) for key, vs in bad.items() for v in vs]
 
 
 def _override_cases(good: bytes, leaves: list[KeyPath]) -> list[Case]:
@@ -189,7 +242,9 @@ def _override_cases(good: bytes, leaves: list[KeyPath]) -> list[Case]:
         "modules.pre_trainer=3", "modules.pre_trainer.framework=nope", "exp_name=[1, 2]",
         "log_level=LOUD", "log_level=[1]", "patches.select=3", "patches.on_error=maybe",
         "patches.select=no_such_patch", "env=3", "workspace={a: 1}", "init_from.hf=/nope",
-        "sft=3", "peft=[1]",
+        "sft=3", "peft=[1]", "exp_name=..", "user_name=a/b", "work_group=/tmp",
+        "exp_name=!!int abc", "exp_name=!!timestamp 2020-99-99", "fuzz=&a [*a]",
+        'exp_name="a\\0b"',
     ]  # fmt: skip
     for path in leaves:
         dotted = ".".join(path)
@@ -202,12 +257,15 @@ def corpus(
     sizes: list[str],
     extra: dict[str, Pairs] | None = None,
     seed: int = 0,
+    rules: Mapping[str, Rule] | None = None,
 ) -> list[Case]:
     """The bad experiments for one backend, mutated from `recipe` (its tiny CPU experiment).
 
     `sizes` are the dotted param keys (under the module's overrides) that hold sizes: each
     gets 0, a negative and a huge value. `extra` adds named combinations (name -> [(dotted
-    param, value)]) that the backend must reject. Deterministic for a given `seed`.
+    param, value)]) that the backend must reject. `rules` are the backend's sanity rules
+    (`primus.core.config.sanity`): each key not in `sizes` gets each value its rule refuses.
+    Deterministic for a given `seed`.
     """
     rng = random.Random(seed)
     tree = yaml.safe_load(recipe.read_text())
@@ -239,6 +297,13 @@ def corpus(
     cases.append(case("module without framework", _drop(tree, ("modules", module, "framework"))))
     cases.append(case("unknown framework", _with(tree, ("modules", module, "framework"), "fuzz")))
     cases.append(case("a second module", _with(tree, ("modules", "fuzz"), {"framework": 3})))
+    cases += [case(name, bad) for name, bad in _run_dir_cases(tree)]
+    for key, rule in (rules or {}).items():
+        for value in rule.refuses if key not in sizes else ():
+            assert rule.problem(key, value), f"{key}: its rule does not refuse {value!r}"
+            cases.append(
+                case(f"{key} = {value!r:.20}", _with(tree, (*params, *key.split(".")), value))
+            )
     for key in sizes:
         path = (*params, *key.split("."))
         for value in (0, -1, -(2**31), 2**64, 10**400, -(10**30), "fuzz", [1]):
@@ -261,6 +326,10 @@ def corpus(
     cases += _override_cases(_dump(tree), leaves)
     listed = _with(tree, ("workspace",), "${FUZZ_LIST}")
     cases.append(Case("workspace from an env list", {EXPERIMENT: _dump(listed)}, env=_LIST))
+    for name, value in (("a tag", "!!int abc"), ("a path", "../../escape")):
+        named = _dump(_with(tree, ("exp_name",), "${FUZZ_VALUE}"))
+        cases.append(Case(f"exp_name from an env value with {name}", {EXPERIMENT: named},
+                          env={"FUZZ_VALUE": value}))  # fmt: skip
     for leaf in leaves[:8]:
         from_env = _with(tree, (*params, *leaf), "${FUZZ_BAD_VALUE}")
         cases.append(
@@ -292,6 +361,9 @@ def write_case(case: Case, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in case.files.items():
         (folder / name).write_bytes(data)
+    for name in case.fifos:
+        if not (folder / name).exists():
+            os.mkfifo(folder / name)
 
 
 def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) -> Outcome:
@@ -381,11 +453,16 @@ def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
 
 
 def check_backend(
-    recipe: Path, sizes: list[str], refusals: dict[str, tuple[str, Pairs]], folder: Path
+    recipe: Path,
+    sizes: list[str],
+    refusals: dict[str, tuple[str, Pairs]],
+    folder: Path,
+    rules: Mapping[str, Rule] | None = None,
 ) -> Report:
-    """A backend's corpus: `recipe` mutated (its `sizes` keys too, and the model-build
-    `refusals`' params), at least 300 cases, checked by `check_corpus`."""
-    cases = corpus(recipe, sizes, {name: pairs for name, (_, pairs) in refusals.items()})
+    """A backend's corpus: `recipe` mutated (its `sizes` keys too, its sanity `rules`' keys,
+    and the model-build `refusals`' params), at least 300 cases, checked by `check_corpus`."""
+    extra = {name: pairs for name, (_, pairs) in refusals.items()}
+    cases = corpus(recipe, sizes, extra, rules=rules)
     assert len(cases) >= 300, f"only {len(cases)} cases"
     return check_corpus(cases, recipe, folder)
 
