@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 from primus.backends.torchtitan.testing import write_corpus
 from primus.core.preemption import EXIT_PREEMPTED
 from primus.core.testing.checkpoints import dcp_state
-from primus.core.testing.faults import Interrupted, interrupt
+from primus.core.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt
 from primus.core.testing.runs import losses, primus, step_metrics, train_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -122,28 +122,41 @@ def batch_hashes(run: Path, rank: int = 0) -> list[tuple[int, str]]:
 # -- Promise 1: preemption ----------------------------------------------------------------------
 
 
+LOADERS = ("dataloader.num_workers=2",)  # data-loader worker processes, as real jobs have
+# (signal, to whom, how primus starts, the step after which it is sent, the marker's name)
+STOPS = [
+    (signal.SIGTERM, 1, PYTHON, 4, "a preemption signal"),  # rank 0 did not get it
+    (signal.SIGTERM, "everyone", UV_RUN, 9, "SIGTERM"),  # as Slurm and systemd do
+    (signal.SIGINT, None, UV_RUN, 14, "SIGINT"),  # Ctrl-C
+]
+
+
 @pytest.fixture(scope="module")
-def whole_dp2(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """The uninterrupted run: 2 processes, FSDP over both, 20 steps."""
+def whole_dp2(tmp_path_factory: pytest.TempPathFactory, data: Corpus) -> dict[int, float]:
+    """The uninterrupted run: 2 processes, FSDP over both, 20 steps on the jsonl data."""
     workspace = tmp_path_factory.mktemp("whole")
-    run = train_run(RECIPE, workspace, *SCHEDULE, *DP2, "exp_name=whole", "training.steps=20",
-                    nproc=2)  # fmt: skip
+    run = train_run(RECIPE, workspace, *SCHEDULE, *DP2, *data.overrides, *LOADERS,
+                    "exp_name=whole", "training.steps=20", nproc=2)  # fmt: skip
     return losses(run)
 
 
 @pytest.fixture(scope="module")
-def preempted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Interrupted]]:
-    """The same run preempted twice and resumed each time by the same command: SIGTERM to the
-    worker of rank 1 only (after step 4), then SIGUSR1 (Slurm's warning) to the launcher
-    (after step 10); then the run to its end."""
+def preempted(
+    tmp_path_factory: pytest.TempPathFactory, data: Corpus
+) -> tuple[Path, list[Interrupted]]:
+    """The same run (its data loaders in worker processes) preempted three times (STOPS) and
+    resumed each time by the same command; then the run to its end."""
+    if UV is None:
+        pytest.skip("needs uv")
     workspace = tmp_path_factory.mktemp("preempt")
-    overrides = (*DP2, *CHECKPOINTS, "checkpoint.interval=5", "training.steps=20")
+    overrides = (*DP2, *data.overrides, *LOADERS, *CHECKPOINTS, "checkpoint.interval=5",
+                 "training.steps=20")  # fmt: skip
     cmd = command("preempt", *overrides, nproc=2)
     run = run_dir(workspace, "preempt")
     env = {"PRIMUS_WORKSPACE": str(workspace)}
     stops = [
-        interrupt(cmd, run, signal.SIGTERM, at_step=4, to_rank=1, env=env),
-        interrupt(cmd, run, signal.SIGUSR1, at_step=10, env=env),
+        interrupt(cmd, run, sig, at_step=at, to_rank=to, prefix=prefix, env=env)
+        for sig, to, prefix, at, _ in STOPS
     ]
     train_run(RECIPE, workspace, *SCHEDULE, "exp_name=preempt", *overrides, nproc=2)
     return run, stops
@@ -153,18 +166,20 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_exit_75(
     preempted: tuple[Path, list[Interrupted]],
 ) -> None:
     run, stops = preempted
-    for stop, signal_name in zip(stops, ("a preemption signal", "SIGUSR1"), strict=True):
+    for stop, (_, _, _, at, signal_name) in zip(stops, STOPS, strict=True):
         assert stop.returncode == EXIT_PREEMPTED and stop.preempted, stop.stderr[-3000:]
         step = stop.marker["step"]
+        assert at < step < at + 4
         checkpoint = run / "checkpoint" / f"step-{step}"
         assert stop.marker["checkpoint"] == str(checkpoint)
         assert (checkpoint / ".metadata").is_file()
-        assert stop.marker["signal"] == signal_name  # rank 0 writes it; SIGTERM reached rank 1
+        assert stop.marker["signal"] == signal_name  # rank 0 writes it
         assert f"at step {step}: checkpoint {checkpoint} written" in stop.stderr
         assert f"run the same command again to resume from step {step}" in stop.stderr
-    first, second = (s.marker["step"] for s in stops)
-    assert 5 <= first < 10 <= second < 20
-    # only rank 1 got the SIGTERM; rank 0 stopped at the same step (the ranks agree)
+        assert "Traceback" not in stop.stderr and "Unable to shutdown" not in stop.stderr
+        assert stop.ended_at - stop.signalled_at < 60  # no worker waited for torchrun's kill
+    # only rank 1 got the first SIGTERM; rank 0 stopped at the same step (the ranks agree)
+    first = stops[0].marker["step"]
     assert stops[0].stderr.count("SIGTERM received") == 1
     assert f"preempted: SIGTERM at step {first}" in stops[0].stderr  # rank 1's line
     log = (run / "logs" / "rank-0.log").read_text()
