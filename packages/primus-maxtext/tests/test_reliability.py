@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from primus.core.preemption import EXIT_PREEMPTED
-from primus.core.testing.faults import Interrupted, interrupt, steps_logged
+from primus.core.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt, steps_logged
 from primus.core.testing.golden import CPU_FP32
 from primus.core.testing.runs import losses, patch_status, primus, step_metrics
 
@@ -68,7 +68,8 @@ def assert_matches(curve: dict[int, float], expected: dict[int, float]) -> None:
 # ---- promise 1: preemption -----------------------------------------------------------------
 
 
-Hit = tuple[signal.Signals, int, int | None]  # the signal, the step it waits for, the rank
+# the signal, the step it waits for, to whom (the launcher, a rank, everyone), how primus starts
+Hit = tuple[signal.Signals, int, int | str | None, list[str]]
 
 
 def preempt(
@@ -82,8 +83,8 @@ def preempt(
            "PRIMUS_TEST_STEP_SECONDS": "0.3"}  # fmt: skip
     cmd = command(exp, *keys, nproc=nproc)
     stops = [
-        interrupt(cmd, run_dir, sig, at_step=step, to_rank=rank, env=env)
-        for sig, step, rank in hits
+        interrupt(cmd, run_dir, sig, at_step=step, to_rank=to, prefix=prefix, env=env)
+        for sig, step, to, prefix in hits
     ]
     if nproc > 1:
         return run_dir, stops, None
@@ -96,18 +97,27 @@ def preempt(
 def one_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, list[Interrupted], Done | None]:
-    """SIGTERM to a one-process run (its only process) at step 5, then resumed to step 20."""
-    return preempt(tmp_path_factory.mktemp("ws"), "one", [(signal.SIGTERM, 5, None)], "steps=20")
+    """Ctrl-C (SIGINT to `uv run`) in a one-process run at step 5, then resumed to step 20."""
+    if UV is None:
+        pytest.skip("needs uv")
+    hits: list[Hit] = [(signal.SIGINT, 5, None, UV_RUN)]
+    return preempt(tmp_path_factory.mktemp("ws"), "one", hits, "steps=20")
 
 
 @pytest.fixture(scope="module")
 def two_processes(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, list[Interrupted], Done | None]:
-    """Two processes (Primus's spawner): SIGUSR1 to the worker of rank 1 only at step 3; the
-    rerun resumes and gets SIGTERM to the launcher at step 8."""
-    hits = [(signal.SIGUSR1, 3, 1), (signal.SIGTERM, 8, None)]
-    return preempt(tmp_path_factory.mktemp("ws"), "two", hits, "steps=12", nproc=2)
+    """Two processes (Primus's spawner) on grain data with a worker process each: SIGUSR1 to
+    the worker of rank 1 only at step 3; the rerun resumes and gets SIGTERM at step 8 in every
+    process under `uv run` (uv, the spawner, the workers, grain's workers, the reapers)."""
+    if UV is None:
+        pytest.skip("needs uv")
+    workspace = tmp_path_factory.mktemp("ws")
+    data = [key.replace("grain_worker_count=0", "grain_worker_count=1")
+            for key in write_corpus(workspace / "data")]  # fmt: skip
+    hits: list[Hit] = [(signal.SIGUSR1, 3, 1, PYTHON), (signal.SIGTERM, 8, "everyone", UV_RUN)]
+    return preempt(workspace, "two", hits, "steps=12", *data, nproc=2)
 
 
 def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
@@ -125,13 +135,13 @@ def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
     return step
 
 
-def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
     one_process: tuple[Path, list[Interrupted], Done | None],
 ) -> None:
     run_dir, [hit], _ = one_process
-    step = assert_preempted(run_dir, hit, "SIGTERM")
+    step = assert_preempted(run_dir, hit, "SIGINT")
     assert 5 <= step < 20
-    assert "[primus] SIGTERM received: stopping after this step with a checkpoint" in hit.stderr
+    assert "[primus] SIGINT received: stopping after this step with a checkpoint" in hit.stderr
     assert patch_status(run_dir)["maxtext.preemption"][0] == "applied"
     assert f"restoring from this run's directory step {step - 1}" in log(run_dir)
     # every step once: the preempted run's 1..step, then the rerun's step+1..20

@@ -2,6 +2,7 @@
 `primus.patches`); maxtext and JAX are imported only inside the handlers."""
 
 from primus.backends.maxtext.patches import (
+    absl_flags,
     config_errors,
     cudnn_attention,
     data_position,
@@ -18,6 +19,7 @@ from primus.backends.maxtext.patches import (
 )
 
 __all__ = [
+    "absl_flags",
     "config_errors",
     "cudnn_attention",
     "data_position",
