@@ -208,16 +208,16 @@ def kill_during_a_save(
     run: list[str], run_dir: Path, environment: dict[str, str], delay: float
 ) -> int:
     """Start the run; once it logs a step of its own (with save_interval 1 the save of that
-    step starts right after), wait `delay` seconds and SIGKILL it with every process it started
-    (as a scheduler kills a job: Megatron's checkpoint workers, started by multiprocessing's
-    spawn, would otherwise outlive it). The step it logged."""
+    step starts right after), wait `delay` seconds and SIGKILL its process alone (kill -9):
+    within 5 s nothing it started is left (Megatron's checkpoint worker and the resource
+    tracker, started by multiprocessing's spawn, data-loader workers). The step it logged."""
     import os
-    import signal
     import subprocess
     import sys
     import time
 
-    from primus.core.testing.faults import steps_logged
+    from primus.core.testing.faults import descendants, steps_logged
+    from primus.core.testing.processes import left_alive
 
     logged = steps_logged(run_dir)
     proc = subprocess.Popen(
@@ -230,8 +230,10 @@ def kill_during_a_save(
             time.sleep(0.002)
         time.sleep(delay)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        started = descendants(proc.pid)
+        proc.kill()
         proc.wait()
+    assert left_alive(started, timeout_s=5) == []
     return steps_logged(run_dir)
 
 
