@@ -132,6 +132,7 @@ def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
         f"{signal_name} at step {step}: checkpoint {hit.marker['checkpoint']} written" in hit.stderr
     )
     assert "run the same command again to resume" in hit.stderr
+    assert hit.left == []  # the spawner, workers, grain's workers and reapers all ended
     return step
 
 
@@ -295,6 +296,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
            "PRIMUS_TEST_STEP_SECONDS": "0.1"}  # fmt: skip
     hit = interrupt(cmd, run_dir, signal.SIGKILL, at_step=1, ready=saving, env=env)
     assert hit.returncode == -signal.SIGKILL
+    assert hit.left == []  # kill -9: nothing the run started outlives it by 5 s
     folder = run_dir / "checkpoints"
     complete, cut = complete_steps(folder), unfinished(folder)
     again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))

@@ -94,6 +94,7 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_the_same_curve(
         at = stopped_at[-1] + 4 if stopped_at else 4
         stopped = interrupt(run, run_dir, sig, at_step=at, to_rank=to, prefix=prefix, env=env(tmp_path))  # fmt: skip
         assert stopped.preempted, stopped.stderr[-4000:]
+        assert stopped.left == []  # every process the run started ended with it
         step = stopped.marker["step"]
         assert at <= step < STEPS - 2
         assert isinstance(to, int) or stopped.marker["signal"] == sig.name  # rank 0 got it

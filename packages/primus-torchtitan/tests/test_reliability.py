@@ -178,6 +178,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_exit_75(
         assert f"run the same command again to resume from step {step}" in stop.stderr
         assert "Traceback" not in stop.stderr and "Unable to shutdown" not in stop.stderr
         assert stop.ended_at - stop.signalled_at < 60  # no worker waited for torchrun's kill
+        assert stop.left == []  # workers, loader workers, reapers: all ended with the run
     # only rank 1 got the first SIGTERM; rank 0 stopped at the same step (the ranks agree)
     first = stops[0].marker["step"]
     assert stops[0].stderr.count("SIGTERM received") == 1

@@ -19,6 +19,7 @@ from primus.core.metrics import read_metrics
 from primus.core.preemption import EXIT_PREEMPTED, marked
 from primus.core.reaper import Process, processes
 from primus.core.reaper import descendants as below
+from primus.core.testing.processes import left_alive
 
 
 def parent_pids() -> dict[int, int]:
@@ -85,6 +86,7 @@ class Interrupted:
     marker: dict | None
     signalled_at: float
     ended_at: float
+    left: list[int]  # of the processes the run had started at the signal, those alive 5 s on
 
     @property
     def preempted(self) -> bool:
@@ -131,6 +133,7 @@ def interrupt(
                 assert time.monotonic() < deadline, f"step {at_step} not reached in {timeout_s} s"
                 time.sleep(0.05)
             signalled_at = time.time()
+            started = descendants(proc.pid)
             if proc.poll() is None:
                 targets = signal_targets(proc.pid, to_rank)
                 _send(targets, sig)
@@ -146,4 +149,7 @@ def interrupt(
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     assert ready(run_dir) >= at_step, f"the run ended before step {at_step}:\n{stderr[-4000:]}"
-    return Interrupted(proc.returncode, stdout, stderr, marked(run_dir), signalled_at, ended_at)
+    left = left_alive(started, timeout_s=5)
+    return Interrupted(
+        proc.returncode, stdout, stderr, marked(run_dir), signalled_at, ended_at, left
+    )
