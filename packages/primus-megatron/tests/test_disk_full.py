@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.disk import (
-    assert_nothing_half_written,
-    assert_one_disk_full_message,
-    grow,
-    small_disk,
-)
-from primus.core.testing.runs import losses, primus
+from primus.core.testing.disk import filled_then_grown
+from primus.core.testing.runs import losses
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 pytestmark = pytest.mark.slow
@@ -26,17 +21,8 @@ def test_a_full_disk_ends_the_run_with_one_message_and_the_same_command_resumes(
 ) -> None:
     run = ["train", "pretrain", "--config", str(RECIPE), "exp_name=full", "train_iters=5",
            "save_interval=1"]  # fmt: skip
-    with small_disk(tmp_path / "disk", "6m") as disk:
-        full = primus(*run, PRIMUS_WORKSPACE=str(disk))
-        named = assert_one_disk_full_message(full, disk)
-        run_dir = disk / "local" / "local" / "full"
-        ckpt = run_dir / "checkpoints"
-        complete = max(int(p.parent.name[5:]) for p in ckpt.glob("iter_*/metadata.json"))
-        assert named == ckpt / f"iter_{complete + 1:07d}"  # the save that filled the disk
-        assert_nothing_half_written(disk)
-        grow(disk, "64m")
-        resumed = primus(*run, PRIMUS_WORKSPACE=str(disk))
-        assert resumed.returncode == 0, resumed.stderr[-4000:]
-        log = (run_dir / "logs" / "rank-0.log").read_text()
-        assert f"resumed from {ckpt / f'iter_{complete:07d}'} (iteration {complete})" in log
-        assert max(losses(run_dir)) == 5
+    with filled_then_grown(tmp_path, run, "6m", "checkpoints/iter_*/metadata.json") as filled:
+        ckpt, last = filled.run_dir / "checkpoints", filled.complete
+        assert filled.named == ckpt / f"iter_{last + 1:07d}"  # the save that filled the disk
+        assert f"resumed from {ckpt / f'iter_{last:07d}'} (iteration {last})" in filled.log
+        assert max(losses(filled.run_dir)) == 5

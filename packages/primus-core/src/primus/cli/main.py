@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -97,8 +98,15 @@ def _report(exc: PrimusError) -> NoReturn:
         traceback.print_exc()
     from primus.core.launcher import report_once
 
-    if report_once(exc.report_key()):  # each rank of a launch reaches the same error
-        print(f"{exc.label}: {exc}", file=sys.stderr)
+    # Taking the report and printing it are one step: the launcher stops the other workers
+    # with SIGTERM once one fails, and a worker stopped in between would take it unprinted.
+    stop = {signal.SIGTERM, signal.SIGINT}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        if report_once(exc.report_key()):  # each rank of a launch reaches the same error
+            print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     _release(exc)
     sys.exit(exc.exit_code)
 
@@ -137,9 +145,15 @@ def _background_line(what: str, exc: BaseException | None, tb: TracebackType | N
 
 @functools.cache
 def _quiet_background_errors() -> None:
-    """Without --debug, an exception that ends a background thread, or one Python can only
-    ignore (an upstream's coroutine or callback left behind by a failed save), is one line, not
-    a traceback: the run's own error is the message that counts."""
+    """Without --debug, an exception that ends a background thread, one Python can only ignore
+    (an upstream's coroutine or callback left behind by a failed save), or one asyncio finds
+    never retrieved (a failed save's future collected) is one line, not a traceback: the run's
+    own error is the message that counts. The rank's log file has the tracebacks."""
+    import logging
+
+    from primus.core.logging import LogRouter
+
+    LogRouter("asyncio", level=logging.WARNING).attach("asyncio")
     ignored, thread_ended = sys.unraisablehook, threading.excepthook
 
     def unraisable(info: Any) -> None:

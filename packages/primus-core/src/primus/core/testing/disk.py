@@ -1,5 +1,6 @@
-"""Disk-full tests: a small tmpfs for a workspace (grown later, as an operator frees space), and
-what a run that filled it must have left (docs/reliability.md, "Disk full")."""
+"""Disk-full tests: a small tmpfs for a workspace (grown later, as an operator frees space),
+what a run that filled it must have left, and the same command run again (docs/reliability.md,
+"Disk full")."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from primus.core.testing.runs import primus
 
 # error: no space left on device writing <path> (<N> MiB free of <M> MiB on <mount>)
 MESSAGE = re.compile(
@@ -19,6 +23,7 @@ MESSAGE = re.compile(
     r"\((?P<free>[\d.]+) MiB free of (?P<total>[\d.]+) MiB on (?P<mount>/\S*)\)$"
 )
 PRIMUS_JSON = ("patch_report.json", "primus_provenance.json", "preempted.json")
+_STEP = re.compile(r"(?:iter_|step-)?(\d+)")
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:
@@ -78,3 +83,41 @@ def assert_nothing_half_written(disk: Path) -> None:
             assert text.endswith("\n"), f"{path} ends in a torn line: {text[-200:]!r}"
             if path.name == "metrics.jsonl":
                 assert all(json.loads(line) for line in text.splitlines())
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A run that filled its disk, and the same command run again once the disk grew."""
+
+    run_dir: Path
+    named: Path  # the path the message named
+    complete: int  # the latest complete checkpoint the full disk left
+    log: str  # the resumed run's rank-0 log
+
+
+def latest_complete(run_dir: Path, marker: str) -> int:
+    """The highest step of the checkpoint folders (`iter_N`, `step-N`, `N`) holding `marker`
+    (a glob under `run_dir` of the file a backend writes last into a complete one)."""
+    steps = [_STEP.fullmatch(p.parent.name) for p in run_dir.glob(marker)]
+    return max(int(m[1]) for m in steps if m)
+
+
+@contextmanager
+def filled_then_grown(
+    tmp_path: Path, args: list[str], size: str, marker: str, **env: str
+) -> Iterator[Filled]:
+    """`primus ARGS` (exp_name=full among them) in a workspace on a `size` tmpfs that it
+    fills: one message, nothing half-written (asserted); the latest complete checkpoint
+    (`latest_complete(run_dir, marker)`) is kept. Grown to 64 MiB, the same command must
+    finish (exit 0). The disk stays mounted for the block."""
+    with small_disk(tmp_path / "disk", size) as disk:
+        env = {**env, "PRIMUS_WORKSPACE": str(disk)}
+        full = primus(*args, cwd=None, **env)
+        named = assert_one_disk_full_message(full, disk)
+        assert_nothing_half_written(disk)
+        run_dir = disk / "local" / "local" / "full"
+        last = latest_complete(run_dir, marker)
+        grow(disk, "64m")
+        resumed = primus(*args, cwd=None, **env)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        yield Filled(run_dir, named, last, (run_dir / "logs" / "rank-0.log").read_text())
