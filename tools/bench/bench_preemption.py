@@ -1,4 +1,5 @@
-"""Preemption on a GPU: SIGTERM to a real `primus train` in the middle of a run, timed, then the
+"""Preemption on a GPU: a stop signal (SIGTERM by default) to a real `primus train` (the process
+started, every process of the run, or one rank) in the middle of a run, timed, then the
 resume by running the same command again (issue 17's GPU proof).
 
     python tools/bench/bench_preemption.py --config configs/megatron/llama3.2_1B-pretrain.yaml \
@@ -36,13 +37,19 @@ def main() -> None:
     parser.add_argument("--at-step", type=int, default=20)
     parser.add_argument("--work", type=Path, default=Path("/tmp/primus-preemption"))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--signal", default="SIGTERM", help="SIGTERM, SIGINT or SIGUSR1")
+    parser.add_argument(
+        "--to", default="launcher", help="launcher (the process started), everyone, or a rank"
+    )
     args, overrides = parser.parse_known_args()
+    sig = signal.Signals[args.signal]
+    to = None if args.to == "launcher" else args.to if args.to == "everyone" else int(args.to)
     command = ["train", "pretrain", "--config", str(args.config), "exp_name=preempt", *overrides]
     env = {"PRIMUS_WORKSPACE": str(args.work)}
     run_dir = args.work / "local" / "local" / "preempt"
 
     start = time.monotonic()
-    stopped = interrupt(command, run_dir, signal.SIGTERM, at_step=args.at_step, env=env)
+    stopped = interrupt(command, run_dir, sig, at_step=args.at_step, to_rank=to, env=env)
     signalled, marker = stopped.signalled_at, stopped.marker
     if not stopped.preempted or marker is None:
         sys.exit(f"not preempted (exit {stopped.returncode}):\n{stopped.stderr[-3000:]}")
@@ -63,7 +70,10 @@ def main() -> None:
     report = {
         **environment(("primus-core", "torch", "megatron-core", "torchtitan", "maxtext", "jax")),
         "command": ["primus", *command],
+        "signal": sig.name,
+        "signal_to": args.to,
         "signal_after_step": args.at_step,
+        "processes_left_after_5_s": len(stopped.left),
         "preempted_at_step": marker["step"],
         "signal_to_checkpoint_s": round(to_marker, 2),
         "signal_to_exit_s": round(stopped.ended_at - signalled, 2),
