@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from primus.core.atomic import write_atomic
 from primus.core.errors import PrimusError
 from primus.core.logging import get_logger
 
@@ -124,7 +125,7 @@ def stop(run_dir: Path, step: int | None, checkpoint: Path | str | None, rank: i
             "checkpoint": None if checkpoint is None else str(checkpoint),
             "time": time.time(),
         }
-        (run_dir / MARKER).write_text(json.dumps(record) + "\n")
+        write_atomic(run_dir / MARKER, json.dumps(record) + "\n")
     if step is None:
         get_logger().info(f"preempted by {name} before the first step")
         raise Preempted(
