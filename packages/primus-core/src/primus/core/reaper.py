@@ -25,7 +25,7 @@ from dataclasses import dataclass
 _PR_SET_PDEATHSIG = 1
 REAP = signal.SIGRTMIN + 3  # the reaper's death signal: one nobody else sends
 POLL_S = 0.25  # how often the descendant reaper looks at the run's descendants
-GRACE_S = 2.0  # how long descendants get to end by themselves (the resource tracker cleans up)
+GRACE_S = 1.0  # how long descendants get to end by themselves (the resource tracker cleans up)
 _IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
