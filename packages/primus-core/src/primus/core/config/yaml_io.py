@@ -128,11 +128,16 @@ def _shown(text: str) -> str:
 
 class _Builder:
     """Turns a composed YAML node tree into plain values plus an origin per mapping key; every
-    error is at the node's line in `file`, or at `at` (a command-line token, an env value)."""
+    error is at the node's line in `file`, or at `at` (a command-line token, an env value).
+    `${VAR}`s are substituted only where `interpolating` (a file's own scalars): never in a
+    value that came from a variable, nor in an override."""
 
-    def __init__(self, file: str | None, at: Origin | None = None) -> None:
+    def __init__(
+        self, file: str | None, at: Origin | None = None, interpolating: bool = False
+    ) -> None:
         self.file = file
         self.at = at
+        self.interpolating = interpolating
         self.origins: dict[KeyPath, Origin] = {}
         self.values = 0
         self.building: set[int] = set()  # the collections being built: an alias to one recurses
@@ -223,7 +228,7 @@ class _Builder:
     ) -> tuple[Any, Origin]:
         if not isinstance(node, yaml.ScalarNode):
             return self.build(loader, node, keypath), origin
-        if "${" not in node.value:
+        if "${" not in node.value or not self.interpolating:
             return self.scalar(loader, node, origin), origin
         text, env_var = interpolate(node.value, origin)
         if env_var:
@@ -323,7 +328,7 @@ def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]]:
     """Load one YAML file (no `extends` handling) into a mapping and the origin of every key."""
     text = read_text(path)
     last_line = max(1, len(text.splitlines()))
-    builder = _Builder(str(path))
+    builder = _Builder(str(path), interpolating=True)
     try:
         data = builder.load(text, ())
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, ...)
