@@ -492,10 +492,12 @@ def refusal_problems(
     that sets it."""
     found = []
     extra = {name: pairs for name, (_, pairs) in refusals.items()}
-    for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
-        problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
-        key = re.escape(refusals[case.name][0])
-        if not re.search(rf"{key}.*\n  hint: .*set {key}", outcomes["validate"].message, re.S):
-            problems.append(f"no key {key} and fix in: {outcomes['validate'].message}")
-        found += [f"{case.name}: {p}" for p in problems]
+    with _frozen_heap():
+        for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
+            problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
+            key = re.escape(refusals[case.name][0])
+            message = outcomes["validate"].message
+            if not re.search(rf"{key}.*\n  hint: .*set {key}", message, re.S):
+                problems.append(f"no key {key} and fix in: {message}")
+            found += [f"{case.name}: {p}" for p in problems]
     return found
