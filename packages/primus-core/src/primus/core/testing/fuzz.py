@@ -458,7 +458,7 @@ def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
 def _frozen_heap() -> Iterator[None]:
     """The objects alive now (the upstream, imported by the warm-up) left out of garbage
     collections until the end: the CLI collects once before a failed command exits, which
-    otherwise walks the whole upstream's heap for each case (0.4 s with MaxText loaded)."""
+    otherwise walks the whole upstream's heap for each case (0.3-0.4 s a case)."""
     gc.collect()
     gc.freeze()
     try:
