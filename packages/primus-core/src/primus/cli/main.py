@@ -107,21 +107,7 @@ def _report(exc: PrimusError) -> NoReturn:
             print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    _release(exc)
     sys.exit(exc.exit_code)
-
-
-def _release(exc: BaseException) -> None:
-    """Free what the frames of `exc`'s tracebacks hold, before the interpreter exits: a data
-    loader still referenced there would be left to multiprocessing's exit, whose SIGTERM its
-    workers (watching for preemption) only note, and whose join then waits forever."""
-    import gc
-
-    from primus.core.errors import linked
-
-    for held in list(linked(exc)):
-        traceback.clear_frames(held.__traceback__)
-    gc.collect()
 
 
 _told: set[str] = set()

@@ -10,7 +10,6 @@ this process (the upstream is imported once); `Outcome.problems` lists what is w
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import os
 import random
@@ -446,25 +445,11 @@ def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
     assert not any(folder.iterdir()), "validate wrote into the workspace"
     start = time.perf_counter()
     failures = {}
-    with _frozen_heap():
-        for i, case in enumerate(cases):
-            problems, _ = run_case(case, folder / f"case-{i}")
-            if problems:
-                failures[case.name] = problems
+    for i, case in enumerate(cases):
+        problems, _ = run_case(case, folder / f"case-{i}")
+        if problems:
+            failures[case.name] = problems
     return Report(len(cases), time.perf_counter() - start, failures)
-
-
-@contextlib.contextmanager
-def _frozen_heap() -> Iterator[None]:
-    """The objects alive now (the upstream, imported by the warm-up) left out of garbage
-    collections until the end: the CLI collects once before a failed command exits, which
-    otherwise walks the whole upstream's heap for each case (0.3-0.4 s a case)."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def check_backend(
@@ -492,12 +477,11 @@ def refusal_problems(
     that sets it."""
     found = []
     extra = {name: pairs for name, (_, pairs) in refusals.items()}
-    with _frozen_heap():
-        for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
-            problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
-            key = re.escape(refusals[case.name][0])
-            message = outcomes["validate"].message
-            if not re.search(rf"{key}.*\n  hint: .*set {key}", message, re.S):
-                problems.append(f"no key {key} and fix in: {message}")
-            found += [f"{case.name}: {p}" for p in problems]
+    for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
+        problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
+        key = re.escape(refusals[case.name][0])
+        message = outcomes["validate"].message
+        if not re.search(rf"{key}.*\n  hint: .*set {key}", message, re.S):
+            problems.append(f"no key {key} and fix in: {message}")
+        found += [f"{case.name}: {p}" for p in problems]
     return found
