@@ -1,6 +1,6 @@
 """Preemption on a GPU: a stop signal (SIGTERM by default) to a real `primus train` (the process
 started, every process of the run, or one rank) in the middle of a run, timed, then the
-resume by running the same command again (issue 17's GPU proof).
+resume by running the same command again.
 
     python tools/bench/bench_preemption.py --config configs/megatron/llama3.2_1B-pretrain.yaml \
         --at-step 20 train_iters=40 log_interval=1 save_interval=1000 --out preemption.json

@@ -142,3 +142,30 @@ def test_ctrl_c_stops_at_the_step_and_twice_aborts(tmp_path: Path) -> None:
     assert "SIGINT received: stopping after this step with a checkpoint (Ctrl-C again to abort)" in err  # fmt: skip
     assert "SIGINT again: aborting without a checkpoint" in err
     assert left_alive(list(pids.values()), timeout_s=5) == []
+
+
+def test_a_run_that_exits_with_its_data_loader_running_exits_cleanly(tmp_path: Path) -> None:
+    """A failed run exits with a PyTorch data loader still held (by its error's traceback, say):
+    multiprocessing's exit ends the SIGTERM-deaf workers with SIGKILL, and PyTorch's worker
+    watch must not take that for a failure (a `RuntimeError: DataLoader worker ... is killed`
+    traceback after the run's own message)."""
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import sys, time, torch.utils.data\n"
+        "from primus.core import helper_processes, preemption\n"
+        "preemption.watch()\n"
+        "helper_processes.shield()\n"
+        "class Forever(torch.utils.data.IterableDataset):\n"
+        "    def __iter__(self):\n"
+        "        while True:\n"
+        "            time.sleep(0.01)\n"
+        "            yield 0\n"
+        "held = iter(torch.utils.data.DataLoader(Forever(), num_workers=2, batch_size=None))\n"
+        "next(held)\n"
+        "print(*[w.pid for w in held._workers], flush=True)\n"
+        "sys.exit(3)\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "DataLoader worker" not in run.stderr, run.stderr
+    assert left_alive([int(pid) for pid in run.stdout.split()], timeout_s=5) == []

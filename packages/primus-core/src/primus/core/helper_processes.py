@@ -12,6 +12,7 @@ whose command line ignores them before anything else runs. Plain `subprocess` ch
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import signal
@@ -91,3 +92,10 @@ def shield() -> None:
     # exit joins its daemonic children after it; a data loader ends a stuck worker so) kills it.
     popen = multiprocessing.popen_fork.Popen  # spawn's and forkserver's derive from it
     popen.terminate = popen.kill  # type: ignore[method-assign]
+    atexit.register(_helper_deaths_unwatched)  # runs before multiprocessing's own exit handler
+
+
+def _helper_deaths_unwatched() -> None:
+    """At exit, before multiprocessing kills the helpers still running: PyTorch's SIGCHLD
+    handler would take a data-loader worker killed so for a failure and raise it."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
