@@ -7,7 +7,8 @@ rank's last step and checkpoint with it. The rank ends its helpers itself, and t
 `shield()` covers helpers forked from Python (`os.fork`, multiprocessing's fork), including
 PyTorch's data-loader workers, which install their own SIGTERM handler after the fork, and
 helpers multiprocessing starts as new interpreters (spawn, forkserver, the resource tracker),
-whose command line ignores them before anything else runs. Plain `subprocess` children keep their signals.
+whose command line ignores them before anything else runs. Plain `subprocess` children keep their
+signals.
 """
 
 from __future__ import annotations

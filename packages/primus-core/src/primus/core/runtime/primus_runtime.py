@@ -273,7 +273,7 @@ class PrimusRuntime:
 
     def _drive(self, trainer: BaseTrainer, ctx: PatchContext) -> None:
         start = time.perf_counter()
-        preemption.watch()  # SIGTERM/SIGUSR1 from here on: stop at a step, with a checkpoint
+        preemption.watch()  # SIGTERM/SIGINT/SIGUSR1 from here on: stop at a step, with a checkpoint
         try:
             trainer.setup()
             trainer.init()

@@ -1,5 +1,5 @@
-"""Preemption: SIGTERM/SIGUSR1 ends a MaxText run after the current step with a checkpoint
-(exit 75); running the same command again resumes from it (primus.core.preemption)."""
+"""Preemption: SIGTERM, SIGINT or SIGUSR1 ends a MaxText run after the current step with a
+checkpoint (exit 75); running the same command again resumes from it (primus.core.preemption)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from primus.core.patches import PatchContext, register_patch
     tags=("reliability",),
 )
 def stop_on_preemption(ctx: PatchContext) -> None:
-    """After each training step, a SIGTERM/SIGUSR1 that reached any process saves that step
-    through MaxText's orbax checkpointing (the grain position with it), waits until it is
-    complete and stops the run with exit code 75; the same command resumes from it."""
+    """After each training step, a stop signal (SIGTERM/SIGINT/SIGUSR1) that reached any
+    process saves that step through MaxText's orbax checkpointing (the grain position with it),
+    waits until it is complete and stops the run with exit code 75; the same command resumes from
+    it."""
     assert ctx.run_dir is not None, "the runtime always sets the run directory"
     run_dir = ctx.run_dir
 

@@ -1,5 +1,6 @@
-"""Preemption: SIGTERM or SIGUSR1 ends the run after the current step with Megatron's checkpoint
-of that step and exit code 75 (primus.core.preemption); the same command resumes from it."""
+"""Preemption: SIGTERM, SIGINT or SIGUSR1 ends the run after the current step with Megatron's
+checkpoint of that step and exit code 75 (primus.core.preemption); the same command resumes from
+it."""
 
 from __future__ import annotations
 
@@ -66,6 +67,6 @@ def _stop_on_signal(ctx: PatchContext) -> Callable[[Callable], Callable]:
     tags=("reliability",),
 )
 def stop_on_preemption(ctx: PatchContext) -> None:
-    """After each step, when any rank got SIGTERM/SIGUSR1 (all ranks agree): Megatron's
+    """After each step, when any rank got SIGTERM/SIGINT/SIGUSR1 (all ranks agree): Megatron's
     checkpoint of the step, then exit 75 with how to resume (the next run loads it)."""
     ctx.wrap("megatron.training.training", "checkpoint_and_decide_exit", _stop_on_signal(ctx))

@@ -1,5 +1,6 @@
-"""Preemption: a SIGTERM/SIGUSR1 ends the run after the current step with a full checkpoint of
-that step and exit code 75 (primus.core.preemption); running the same command resumes."""
+"""Preemption: a SIGTERM, SIGINT or SIGUSR1 ends the run after the current step with a full
+checkpoint of that step and exit code 75 (primus.core.preemption); running the same command
+resumes."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from primus.core.patches import TESTED, PatchContext, register_patch
 )
 def stop_on_preemption(ctx: PatchContext) -> None:
     """After each step's checkpoint decision, the ranks agree on a preemption signal (any rank
-    got one: all-reduce MAX, over gloo); then every rank writes a full checkpoint of the step (unless the
-    step's own save was one), waits for async saves, and the run stops with exit 75."""
+    got one: all-reduce MAX, over gloo); then every rank writes a full checkpoint of the step
+    (unless the step's own save was one), waits for async saves, and the run stops with exit 75."""
     from primus.backends.torchtitan.resilience import across_ranks, host_group, rank, save_full
 
     run_dir = ctx.run_dir
