@@ -1,4 +1,4 @@
-"""Promise 8 of issue 17, files: a workspace that cannot hold the run directory is one clear
+"""The files promise, files: a workspace that cannot hold the run directory is one clear
 error (exit 2, where it was set, a hint) before any work, and nothing is written outside the
 run directory and the declared caches (docs/reliability.md, "Files: only the run directory")."""
 

@@ -1,4 +1,4 @@
-"""Promise 5 in core, through the dummy backend: bad files and overrides are one config error
+"""Bad input in core, through the dummy backend: bad files and overrides are one config error
 (exit 2, file:line, no traceback) in bounded time, in-process and as real `primus` processes;
 `config validate` runs what `train --dry-run` runs and writes nothing."""
 

@@ -1,4 +1,4 @@
-"""Promise 6 of the reliability issue, with real signals to real processes: a launcher killed by
+"""No orphans, with real signals to real processes: a launcher killed by
 SIGKILL (started directly or through `uv run`) leaves no worker behind, and a worker that dies
 under torchrun stops the others in bounded time, named by rank and exit code."""
 

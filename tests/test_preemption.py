@@ -1,4 +1,4 @@
-"""Promise 1 of the reliability issue, as core keeps it for every backend, with the dummy backend
+"""Preemption, as core keeps it for every backend, with the dummy backend
 (whose `dummy.preemption` patch is the reference): SIGTERM or SIGUSR1 to the launcher, to one
 worker, or to a single-process run ends it with a checkpoint, exit code 75, the run dir's
 preempted.json and a resume hint. Real signals to real `primus train` processes."""

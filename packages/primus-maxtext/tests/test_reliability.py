@@ -1,4 +1,4 @@
-"""Issue 17's reliability promises on MaxText (CPU): real `primus train` subprocesses, real
+"""The reliability promises on MaxText (CPU): real `primus train` subprocesses, real
 signals, real non-finite numbers.
 
 The uninterrupted run these runs are compared with is the golden curve of the tiny recipe
@@ -65,7 +65,7 @@ def assert_matches(curve: dict[int, float], expected: dict[int, float]) -> None:
         assert curve[step] == pytest.approx(loss, rel=CPU_FP32.rtol), (step, curve[step], loss)
 
 
-# ---- promise 1: preemption -----------------------------------------------------------------
+# ---- preemption -----------------------------------------------------------------
 
 
 # the signal, the step it waits for, to whom (the launcher, a rank, everyone), how primus starts
@@ -168,7 +168,7 @@ def test_two_workers_stop_at_the_same_step_on_a_signal_to_one_or_to_the_launcher
     assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, second + 1))
 
 
-# ---- promise 4: non-finite numbers ---------------------------------------------------------
+# ---- non-finite numbers ---------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +220,7 @@ def test_persistent_nonfinite_steps_stop_the_run_with_the_last_good_state(
     assert_matches(curve, {9: GOLDEN[6], 10: GOLDEN[7], 11: GOLDEN[8], 12: GOLDEN[9]})
 
 
-# ---- promise 2: crash-safe checkpoints -----------------------------------------------------
+# ---- crash-safe checkpoints -----------------------------------------------------
 
 KILLS = 20
 TMP = ".orbax-checkpoint-tmp"  # orbax writes a step there, then renames it to the step number
@@ -313,7 +313,7 @@ def test_a_run_killed_during_a_save_resumes_from_the_last_complete_one(
     assert_matches(losses(run_dir), GOLDEN)
 
 
-# ---- promise 3: data position --------------------------------------------------------------
+# ---- data position --------------------------------------------------------------
 
 
 def write_corpus(folder: Path, records: int = 200) -> list[str]:

@@ -1,4 +1,4 @@
-"""Promise 5 on Megatron: over 300 bad experiments and override lists, mutated from the tiny CPU
+"""Bad input on Megatron: over 300 bad experiments and override lists, mutated from the tiny CPU
 recipe, each one config error (exit 2, file:line, no traceback) on which `config validate`
 and `train --dry-run` agree; Megatron's model-build-time refusals are found at validation."""
 

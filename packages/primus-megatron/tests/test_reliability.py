@@ -1,4 +1,4 @@
-"""Reliability of `primus train` on Megatron (issue 17), on CPU: real signals to real
+"""Reliability of `primus train` on Megatron, on CPU: real signals to real
 processes, real NaN/Inf in real training steps.
 
 Every run is a `primus train pretrain` subprocess on the tiny recipe (gloo for 2 processes).
@@ -65,7 +65,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-# Promise 1: preemption.
+# preemption.
 
 
 Stop = tuple[signal.Signals, int | str | None, list[str]]  # signal, to whom, how primus starts
@@ -144,7 +144,7 @@ def test_megatrons_own_sigterm_handler_is_left_to_primus(tmp_path: Path) -> None
     assert "check_for_nan_in_loss_and_grad: false  # patch megatron.nonfinite_args" in shown.stdout
 
 
-# Promise 4: non-finite numbers.
+# non-finite numbers.
 
 
 def test_a_transient_nan_loss_skips_the_steps_and_keeps_the_weights(tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def test_non_finite_gradients_in_a_row_stop_with_exit_1_and_the_last_good_state(
     assert sorted(losses(run_dir)) == [*range(2, 8), 9, 10]
 
 
-# Promise 2: crash-safe checkpoints.
+# crash-safe checkpoints.
 
 
 def kill_during_a_save(
@@ -292,7 +292,7 @@ def test_kills_during_saves_resume_from_the_latest_complete_checkpoint(
         assert max(losses(run_dir)) == STEPS
 
 
-# Promise 3: the data position.
+# the data position.
 
 
 def indexed_dataset(prefix: Path, documents: int = 300) -> Path:

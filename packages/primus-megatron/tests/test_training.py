@@ -142,7 +142,7 @@ def test_the_readme_quickstart_trains_as_shipped(tmp_path: Path) -> None:
 
 
 def test_a_run_writes_only_its_run_directory_and_declared_caches(tmp_path: Path) -> None:
-    """Promise 8 of issue 17: HOME and TMPDIR point at fresh folders (run_writes), the
+    """Files: HOME and TMPDIR point at fresh folders (run_writes), the
     repository and its environment are snapshotted too; __pycache__ is a declared cache."""
     # Mock data (the recipe's): no dataset index cache is built.
     run_dir, new = run_writes(RECIPE, tmp_path, ROOT, "exp_name=files", "train_iters=3")

@@ -1,4 +1,4 @@
-"""Issue 17's reliability promises on TorchTitan (docs/reliability.md), on the tiny CPU recipe:
+"""The reliability promises on TorchTitan (docs/reliability.md), on the tiny CPU recipe:
 real training steps in real `primus train` processes, real signals.
 
 Faults that no signal makes come from faulty.py: test-only patches that put NaN in the model's
@@ -119,7 +119,7 @@ def batch_hashes(run: Path, rank: int = 0) -> list[tuple[int, str]]:
     return [(int(step), sha) for step, sha in (line.split() for line in lines if line)]
 
 
-# -- Promise 1: preemption ----------------------------------------------------------------------
+# -- preemption ----------------------------------------------------------------------
 
 
 LOADERS = ("dataloader.num_workers=2",)  # data-loader worker processes, as real jobs have
@@ -213,7 +213,7 @@ def test_without_checkpoints_a_signal_stops_the_run_saying_it_cannot_resume(
     assert max(losses(run)) < 20
 
 
-# -- Promise 4: non-finite numbers (the runs from here on train on a local jsonl dataset) -------
+# -- non-finite numbers (the runs from here on train on a local jsonl dataset) -------
 
 
 @dataclass
@@ -337,7 +337,7 @@ def test_the_last_good_state_is_what_the_next_run_resumes_from(
     assert [m["step"] for m in step_metrics(run)] == [1, 2, 3, 4, 7, 8, 9, 10]
 
 
-# -- Promise 2: crash-safe checkpoints ----------------------------------------------------------
+# -- crash-safe checkpoints ----------------------------------------------------------
 
 
 def kill_points(ops: int, randoms: int = 20, seed: int = 17) -> list[tuple[int, int]]:
@@ -393,7 +393,7 @@ def test_a_sigkill_during_a_save_never_leaves_the_resume_on_a_partial_checkpoint
 def test_each_resume_trains_on_the_batches_of_the_uninterrupted_run(
     killed: tuple[Path, Path, list[tuple[int, int]]], whole: Whole
 ) -> None:
-    """Promise 3 on one rank: every batch of every attempt (the steps an attempt redid after
+    """The data position on one rank: every batch of every attempt (the steps an attempt redid after
     its resume too) is the uninterrupted run's batch of that step, row for row."""
     trained = batch_hashes(killed[0])
     assert {step for step, _ in trained} == set(range(1, 21))
@@ -422,7 +422,7 @@ def test_a_save_over_a_complete_checkpoint_is_incomplete_until_it_is_done(
     assert "step-20 incomplete" in output
 
 
-# -- Promise 3: data position when the data-parallel size changes -------------------------------
+# -- data position when the data-parallel size changes -------------------------------
 
 BATCH_TOKENS = 4 * 128  # the recipe's training.local_batch_size x training.seq_len
 

@@ -179,7 +179,7 @@ def test_tiny_model_on_the_gpu(tmp_path: Path, overrides: tuple[str, ...]) -> No
 
 
 def test_a_run_writes_only_its_run_directory_and_declared_caches(tmp_path: Path) -> None:
-    """Promise 8 of issue 17: HOME and TMPDIR point at fresh folders (run_writes), the
+    """Files: HOME and TMPDIR point at fresh folders (run_writes), the
     repository and its environment are snapshotted too; __pycache__ is a declared cache."""
     run_dir, new = run_writes(
         RECIPE, tmp_path, ROOT, "exp_name=files", *SCHEDULE, "training.steps=3"

@@ -35,7 +35,7 @@ CPU_FP32 = Tolerance(
     rtol=1e-5,
     atol=0.0,
     why="fp32 on CPU, one process: two runs on the CI machine gave bit-identical losses; 1e-5"
-    " relative (issue 17's CPU fp32 figure for a resumed run) leaves room for reduction-order"
+    " relative (the CPU fp32 tolerance of a resumed run) leaves room for reduction-order"
     " noise, not for a real change",
 )
 
