@@ -135,3 +135,19 @@ def test_the_signal_handler_tells_the_processes_started_after_it(
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         os.environ.pop(ENV, None)
+
+
+def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "local" / "local" / "quickstart"
+    run = interrupt(
+        endless(tmp_path, 2), run_dir, signal.SIGKILL, at_step=1, to_rank=1, ready=training
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    last = run.stderr.rstrip().splitlines()[-2:]  # the launcher's verdict, no "preempted"
+    assert last == [
+        "[primus] rank 0 stopped with a checkpoint (exit 75)",  # torchrun stopped it
+        "[primus] a worker failed: rank 1 exited with code -9",
+    ]
+    assert run.left == []

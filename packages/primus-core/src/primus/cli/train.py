@@ -88,7 +88,9 @@ def _command(stage: str) -> Callable[..., None]:
                 )
                 raise typer.Exit(preemption.EXIT_PREEMPTED)
             code = launch_workers(runtime.adapter.launcher, worker, launch)
-            if code != 0 and (mark := preemption.marked(runtime.run_dir)):
+            # A worker stopped because another failed marks the run too: that is no preemption.
+            preempted = code == preemption.EXIT_PREEMPTED or preemption.requested()
+            if code != 0 and preempted and (mark := preemption.marked(runtime.run_dir)):
                 where = (
                     "before the first step"
                     if mark["step"] is None

@@ -229,7 +229,9 @@ def run_torchrun(args: list[str]) -> int:
     except ChildFailedError as exc:  # each worker has reported its own error already
         for rank, failure in sorted(exc.failures.items()):
             print(
-                f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
+                f"[primus] rank {rank} stopped with a checkpoint (exit 75)"
+                if failure.exitcode == EXIT_PREEMPTED
+                else f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
                 file=sys.stderr,
             )
         return failed_launch_code(list(exc.failures.values()))
