@@ -1,7 +1,7 @@
-"""Seed 001's backend guide works as written, and so does `primus backends new`.
+"""The original backend guide works as written, and so does `primus backends new`.
 
-The guide's dummy backend is built from the guide itself (tests/fixtures/seed001, a verbatim
-copy of the seed): every `**File**:` block becomes that file of a wheel, which adds only what
+The guide's dummy backend is built from the guide itself (tests/fixtures/backend-guide, a verbatim
+copy of the original): every `**File**:` block becomes that file of a wheel, which adds only what
 the guide leaves to the author (pyproject.toml with the entry point, and the optional
 `trainer_base.yaml` its module preset extends). It is installed with the primus-core wheel into
 a fresh venv, and its section 7.1 experiment trains there.
@@ -19,7 +19,7 @@ from .conftest import FIXTURES, Venv, check, make_venv, run, uv_path
 
 pytestmark = pytest.mark.slow
 
-GUIDE = FIXTURES / "seed001" / "backend-extension-guide.md"
+GUIDE = FIXTURES / "backend-guide" / "backend-extension-guide.md"
 EXPERIMENT = "examples/dummy/configs/dummy_8B-pretrain.yaml"
 PYPROJECT = """\
 [project]
@@ -38,7 +38,7 @@ build-backend = "hatchling.build"
 [tool.hatch.build.targets.wheel]
 packages = ["src/primus"]
 """
-# Seed 001's lifecycle (section 1), as its dummy backend and the runtime log it.
+# The guide's lifecycle (its section 1), as its dummy backend and the runtime log it.
 SEED_ORDER = [
     "[Primus:DummyAdapter] setup_backend_path: no-op",
     "BackendRegistry.run_setup('dummy') does nothing",
@@ -98,7 +98,10 @@ def test_the_guides_experiment_validates_and_trains_in_the_seeds_order(
         "backend dummy (primus-backend-guide-dummy 0.0.1) | no upstream, version dummy-0.0.1" in err
     )
     assert "returned 'dummy-0.0.1', which is not a PEP 440 version" in err
-    assert "stderr_sink_level is seed 001's name for the experiment's log_level" in err
+    assert (
+        "stderr_sink_level is the original backend guide's name for the experiment's log_level"
+        in err
+    )
     run_dir = tmp_path / "local" / "local" / "dummy_8B-pretrain"
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "DEBUG [rank0] primus: log level DEBUG, set by examples/dummy/configs" in log

@@ -1,4 +1,4 @@
-"""End to end through real wheels (issue 2, section 7: proof with a third-party backend).
+"""End to end through real wheels (the proof with a third-party backend).
 
 `primus-core`, the toy upstream `dummytrain`, the third-party `primus-backend-dummy` and two
 deliberately faulty plugins (`primus-backend-broken`: its adapter raises on import;
@@ -34,7 +34,7 @@ DUMMY_PATCHES = {
     "dummy.preemption": "before_train",
     "dummy.summary": "after_train",
 }
-# DESIGN.md's lifecycle, as the dummy backend logs it.
+# The runtime's lifecycle (docs/architecture.md), as the dummy backend logs it.
 LIFECYCLE = [
     "patch setup",
     "prepare_backend",

@@ -5,8 +5,8 @@
 
 Writes a random bf16 HF checkpoint of the published config's shape (one safetensors file per
 layer, as published checkpoints are sharded), derives each backend's preset from it, then
-times `primus checkpoint import` and `primus checkpoint export` as whole processes. Goals
-(issue 15): peak RSS <= 1.3x the model's bytes (one process holds the whole model here),
+times `primus checkpoint import` and `primus checkpoint export` as whole processes. Goals:
+peak RSS <= 1.3x the model's bytes (one process holds the whole model here),
 time <= 2x transformers' load. Results: docs/benchmarks/checkpoints.md.
 """
 

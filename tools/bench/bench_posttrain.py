@@ -9,7 +9,7 @@ a random HF model of Llama-3.2-1B's published shape (with the tests' tiny tokeni
 trains on chats of 20 to 400 words (the reverse task, about 60 to 1,000 tokens each), packed.
 Both are measured by Primus's own step metrics (metrics.jsonl: tokens/s/GPU counts every
 position of a row, padding included; peak GPU memory): the median after `--warmup` steps.
-Goal (issue 16): fine-tuning tokens/s >= 0.95x pretraining's. With `--lora BACKEND...`, a
+Goal: fine-tuning tokens/s >= 0.95x pretraining's. With `--lora BACKEND...`, a
 LoRA fine-tune (rank 16, every projection) is measured too, for its step time and memory against
 full fine-tuning. Results: docs/benchmarks/posttrain.md.
 """

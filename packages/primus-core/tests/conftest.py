@@ -69,7 +69,7 @@ class ToyAdapter(BackendAdapter):
         return dict(config.params)
 
     def load_trainer_class(self, stage: str = "pretrain") -> type[BaseTrainer]:
-        EVENTS.append("load_trainer_class")  # seed 001's way: it ignores `stage`
+        EVENTS.append("load_trainer_class")  # the original guide's way: it ignores `stage`
         return RecordingTrainer
 
     def param_schema(self) -> ParamSchema:

@@ -158,7 +158,7 @@ def test_a_plugin_that_fails_to_import_gets_a_hint_fitted_to_the_cause(
 def test_a_backend_registered_in_process_is_found_the_seeds_way(
     tmp_path, monkeypatch, caplog
 ) -> None:
-    """Seed 001, section 5: get_adapter imports primus.backends.<name>, which registers."""
+    """The original backend guide's way: get_adapter imports primus.backends.<name>, which registers."""
     _plugin(
         tmp_path,
         "seedstyle",

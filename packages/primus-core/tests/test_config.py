@@ -250,11 +250,11 @@ def test_defaults_when_fields_are_absent(write) -> None:
 
 def test_presets_resolve_next_to_the_file_that_names_them(toy_backend, write) -> None:
     write(
-        "shared/base.yaml",
+        "common/base.yaml",
         "modules:\n  trainer:\n    framework: toy\n    model: local_model.yaml\n",
     )
-    write("shared/local_model.yaml", "layers: 5\n")
-    exp = resolution.load(write("exp.yaml", "extends: shared/base.yaml\n"))
+    write("common/local_model.yaml", "layers: 5\n")
+    exp = resolution.load(write("exp.yaml", "extends: common/base.yaml\n"))
     assert exp.modules["trainer"].params == {"layers": 5}
 
 

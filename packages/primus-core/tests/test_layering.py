@@ -1,4 +1,4 @@
-"""DESIGN.md's layering rule, checked on the source: core never names a backend."""
+"""The layering rule of docs/architecture.md, checked on the source: core never names a backend."""
 
 import re
 from pathlib import Path

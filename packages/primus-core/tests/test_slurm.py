@@ -11,8 +11,8 @@ import pytest
 
 from primus.core.slurm import SlurmJob, render
 
-RUN_DIR = Path("/shared/runs/team/me/llama")
-ARGS = ["--config", "/shared/exp.yaml", "lr=1e-4", "--name", "two words"]
+RUN_DIR = Path("/nfs/runs/team/me/llama")
+ARGS = ["--config", "/nfs/exp.yaml", "lr=1e-4", "--name", "two words"]
 
 
 def script(**job: Any) -> str:
@@ -48,7 +48,7 @@ def test_one_launcher_per_node_with_its_gpus_and_a_warning_before_the_time_limit
     )
     assert 'bash -c \'exec "$@" --node-rank="$SLURM_NODEID"\' primus' in text
     assert "/venv/bin/python -m primus.cli train pretrain --nnodes=4 --nproc-per-node=8" in text
-    assert "--config /shared/exp.yaml lr=1e-4 --name 'two words'" in text  # quoted for the shell
+    assert "--config /nfs/exp.yaml lr=1e-4 --name 'two words'" in text  # quoted for the shell
     assert "scontrol requeue" not in text
 
 

@@ -131,7 +131,7 @@ def setup_logging(
 
 
 def log_rank_0(message: str, level: int = logging.INFO) -> None:
-    """Log on rank 0 only (seed 001's `log_rank_0`)."""
+    """Log on rank 0 only (the original backend guide's `log_rank_0`)."""
     if get_torchrun_env().rank == 0:
         get_logger().log(level, message)
 

@@ -1,4 +1,4 @@
-"""Seed 001 compatibility: the logging helpers the backend guide imports from here.
+"""Compatibility: the logging helpers the backend guide imports from here.
 
 `from primus.modules.module_utils import log_rank_0` keeps working; new code should use
 `primus.core.logging` (`log_rank_0`, `get_logger`), where these names live.

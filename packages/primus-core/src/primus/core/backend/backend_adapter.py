@@ -1,4 +1,4 @@
-"""BackendAdapter: how a training framework plugs into Primus (seed 001's contract)."""
+"""BackendAdapter: how a training framework plugs into Primus (the contract of the original backend guide, extended)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class BackendAdapter(ABC):
 
     `trainers` maps each stage the backend runs to its trainer class, as "module:Class"
     (imported only when that stage runs): `trainers = {"pretrain": "pkg.trainer:MyTrainer"}`.
-    An adapter may override `load_trainer_class` instead (seed 001's way).
+    An adapter may override `load_trainer_class` instead (the original backend guide's way).
 
     `upstream_requirement` (PEP 508, e.g. "someframework>=0.17,<0.20") defaults to the
     `upstream` extra of the distribution that ships the adapter; set it here for adapters

@@ -36,7 +36,7 @@ class BackendRegistry:
 
     @classmethod
     def register_adapter(cls, name: str, adapter_cls: type[BackendAdapter]) -> None:
-        """Register `adapter_cls` as backend `name` in this process (seed 001, section 5).
+        """Register `adapter_cls` as backend `name` in this process (the original backend guide's way).
 
         Registering the class an entry point or an earlier call already gave that name is a
         no-op (a guide-style package registers itself when its entry point is loaded); any
@@ -56,7 +56,7 @@ class BackendRegistry:
 
     @classmethod
     def run_setup(cls, framework: str) -> None:
-        """Seed 001's call to run a backend's setup hooks. The runtime runs the setup-phase
+        """The original backend guide's call to run a backend's setup hooks. The runtime runs the setup-phase
         patches itself, before `prepare_backend`, so this only warns that it is not needed."""
         get_logger().warning(
             f"BackendRegistry.run_setup('{framework}') does nothing: the runtime already ran "
@@ -86,7 +86,7 @@ class BackendRegistry:
 
     @classmethod
     def _find_in_process(cls, name: str) -> None:
-        """Seed 001's lookup for a name no entry point declares: import `primus.backends.<name>`,
+        """The original backend guide's lookup for a name no entry point declares: import `primus.backends.<name>`,
         which may call `register_adapter`."""
         if name not in cls._registered and name.isidentifier():
             module = f"primus.backends.{name}"

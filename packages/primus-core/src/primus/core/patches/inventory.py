@@ -1,4 +1,4 @@
-"""Seed 002 as a live feature: the patch inventory and the deep-dive, read from the registry."""
+"""The patch inventory and the deep-dive, read from the registry."""
 
 from __future__ import annotations
 

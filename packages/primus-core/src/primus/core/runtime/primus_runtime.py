@@ -1,4 +1,4 @@
-"""PrimusRuntime: the one owner of the training lifecycle (DESIGN.md, "One runtime")."""
+"""PrimusRuntime: the one owner of the training lifecycle (docs/architecture.md, "Lifecycle")."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def preset_folders(framework: str, kind: str) -> list[Path]:
     """Where `kind` ("modules" or "models") presets of `framework` are looked for, in order.
 
     $PRIMUS_CONFIG_PATH folders first (users may shadow presets), each as <dir>/<kind>/<framework>
-    and <dir>/<kind>; then the adapter's own (`preset_dirs()`, <dir>/<kind>); then seed 001's
+    and <dir>/<kind>; then the adapter's own (`preset_dirs()`, <dir>/<kind>); then the original Primus
     layout, primus/configs/<kind>/<framework> in any installed distribution.
     """
     user = [Path(p) for p in os.environ.get("PRIMUS_CONFIG_PATH", "").split(os.pathsep) if p]
@@ -40,7 +40,7 @@ def preset_folders(framework: str, kind: str) -> list[Path]:
 
 def adapter_class(framework: str) -> type[BackendAdapter]:
     """The framework's adapter class, ready or not. The patch modules are imported first: one
-    may register its backend in-process (seed 001). An unknown name whose patches are
+    may register its backend in-process (the original backend guide's way). An unknown name whose patches are
     installed says so."""
     load_patch_modules()
     try:

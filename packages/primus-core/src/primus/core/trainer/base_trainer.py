@@ -1,4 +1,4 @@
-"""BaseTrainer: the lifecycle every backend's trainer follows (seed 001)."""
+"""BaseTrainer: the lifecycle every backend's trainer follows (the original backend guide's)."""
 
 from __future__ import annotations
 
