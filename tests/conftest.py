@@ -19,8 +19,10 @@ FIXTURES = REPO / "tests" / "fixtures"
 PROJECTS = {
     "primus-core": REPO / "packages" / "primus-core",
     "primus-megatron": REPO / "packages" / "primus-megatron",  # built and inspected, not installed
+    "primus-torchtitan": REPO / "packages" / "primus-torchtitan",  # built and inspected
     "primus-maxtext": REPO / "packages" / "primus-maxtext",  # installed alone, without torch
     "primus-turbo-kernels": REPO / "packages" / "primus-turbo-kernels",  # patches, no torch
+    "primus-testing": REPO / "packages" / "primus-testing",  # the scaffold's conformance suite
     "dummytrain": FIXTURES / "dummytrain",
     "primus-backend-dummy": FIXTURES / "primus-backend-dummy",
     "primus-backend-broken": FIXTURES / "primus-backend-broken",
@@ -140,7 +142,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A real Slurm on this host (two nodes on 127.0.0.1): the environment for its commands.
     Skipped only where slurm-wlm is not installed."""
-    from primus.core.testing.slurm import local_cluster, missing
+    from primus.testing.slurm import local_cluster, missing
 
     if reason := missing():
         pytest.skip(reason)

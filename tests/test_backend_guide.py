@@ -144,7 +144,7 @@ def test_the_scaffold_trains_and_passes_its_conformance_suite(
     project = tmp_path / "primus-backend-sample"
     check(run([str(guide_venv.primus_exe), "backends", "new", "sample", "--dir", str(project)],
               tmp_path, guide_venv.env()))  # fmt: skip
-    guide_venv.pip("install", str(project), "pytest")
+    guide_venv.install(f"{project}[test]")  # primus-testing from the wheels, pytest with it
     listed = json.loads(check(guide_venv.primus("backends", "list", "--json")).stdout)
     assert {b["name"]: b["status"] for b in listed} == {"dummy": "ready", "sample": "ready"}
     example = str(project / "examples" / "sample_tiny-pretrain.yaml")

@@ -8,7 +8,7 @@ import pytest
 from primus.core.checkpoint.hf import HFArchitecture, read_config
 from primus.core.checkpoint.inspect import inspect_checkpoint
 from primus.core.errors import ConfigError
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 
 @pytest.fixture(scope="module")

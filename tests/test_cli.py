@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_help_and_core_import_no_framework() -> None:
     probe = textwrap.dedent("""
         import sys
         import primus.core, primus.core.config, primus.core.patches, primus.core.runtime
-        import primus.core.backend.backend_registry, primus.core.testing
+        import primus.core.backend.backend_registry, primus.testing
         from primus.cli.main import main
         try:
             main(["--help"])

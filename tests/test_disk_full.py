@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.disk import assert_one_disk_full_message, small_disk
-from primus.core.testing.runs import primus
+from primus.testing.disk import assert_one_disk_full_message, small_disk
+from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
 

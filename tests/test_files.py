@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.files import run_writes, snapshot, written_outside
-from primus.core.testing.runs import primus
+from primus.testing.files import run_writes, snapshot, written_outside
+from primus.testing.runs import primus
 
 ROOT = Path(__file__).resolve().parents[1]
 DUMMY_QUICKSTART = ROOT / "tests" / "fixtures" / "dummy-quickstart.yaml"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.fuzz import EXPERIMENT, Outcome, check_corpus, corpus, write_case
-from primus.core.testing.runs import primus
+from primus.testing.fuzz import EXPERIMENT, Outcome, check_corpus, corpus, write_case
+from primus.testing.runs import primus
 
 DUMMY = Path(__file__).resolve().parent / "fixtures" / "dummy-quickstart.yaml"
 CASES = {c.name: c for c in corpus(DUMMY, [])}

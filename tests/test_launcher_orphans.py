@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from primus.core.launcher import run_torchrun
-from primus.core.testing.faults import descendants
-from primus.core.testing.processes import left_alive
+from primus.testing.faults import descendants
+from primus.testing.processes import left_alive
 
 pytestmark = [
     pytest.mark.slow,

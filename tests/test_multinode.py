@@ -16,8 +16,8 @@ import pytest
 
 from primus.core.launcher import free_port
 from primus.core.preemption import EXIT_PREEMPTED
-from primus.core.testing.runs import losses, primus
-from primus.core.testing.slurm import exit_code, wait_for
+from primus.testing.runs import losses, primus
+from primus.testing.slurm import exit_code, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.sft_runs import eval_lines, make_task, posttrain, sft_experiment
+from primus.testing.sft_runs import eval_lines, make_task, posttrain, sft_experiment
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).parents[1] / "configs"

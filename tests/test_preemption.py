@@ -14,8 +14,8 @@ import pytest
 
 from primus.core import preemption
 from primus.core.preemption import ENV, EXIT_PREEMPTED, marked
-from primus.core.testing.faults import PYTHON, UV, UV_RUN, interrupt
-from primus.core.testing.runs import primus
+from primus.testing.faults import PYTHON, UV, UV_RUN, interrupt
+from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
 

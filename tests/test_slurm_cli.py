@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
 

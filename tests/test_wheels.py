@@ -116,10 +116,45 @@ def test_megatron_wheel_ships_presets_entry_points_and_its_upstream(wheels: Path
     entry_points = wheel.read(f"{info}/entry_points.txt").decode()
     assert "[primus.backends]\nmegatron = primus.backends.megatron:MegatronAdapter" in entry_points
     assert "[primus.patches]\nmegatron = primus.backends.megatron.patches" in entry_points
-    assert "[primus.commands]\ndata = primus.backends.megatron.data_cli:app" in entry_points
+    assert "[primus.commands]\ndata = primus.backends.megatron.data.cli:app" in entry_points
     metadata = wheel.read(f"{info}/METADATA").decode()
     assert "Provides-Extra: upstream" in metadata
     assert "Requires-Dist: megatron-core<0.20,>=0.17; extra == 'upstream'" in metadata
+
+
+PRODUCTS = (
+    "primus-core",
+    "primus-megatron",
+    "primus-torchtitan",
+    "primus-maxtext",
+    "primus-turbo-kernels",
+)
+
+
+def test_product_wheels_carry_no_test_kit(wheels: Path) -> None:
+    """Test helpers and test-only patches ship in primus-testing, which no product requires."""
+    import zipfile
+
+    for dist in PRODUCTS:
+        wheel = zipfile.ZipFile(next(wheels.glob(f"{dist.replace('-', '_')}-*.whl")))
+        names = wheel.namelist()
+        testing = [n for n in names if {"testing", "testing.py"} & set(n.split("/"))]
+        assert testing == [], f"{dist}: {testing}"
+        metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        assert "primus-testing" not in wheel.read(metadata).decode(), dist
+
+
+def test_testing_wheel_ships_the_conformance_suite_and_test_only_patches(wheels: Path) -> None:
+    import zipfile
+
+    wheel = zipfile.ZipFile(next(wheels.glob("primus_testing-*.whl")))
+    names = wheel.namelist()
+    for module in ("__init__", "conformance", "runs", "faults", "patches/megatron", "torchtitan"):
+        assert f"primus/testing/{module}.py" in names, module
+    info = next(n for n in names if n.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
+    entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+    assert "[primus.patches]\nmegatron-testing = primus.testing.patches.megatron" in entry_points
+    assert "Requires-Dist: primus-core" in wheel.read(f"{info}/METADATA").decode()
 
 
 def test_maxtext_wheel_alone_trains_through_maxtext_without_torch(
@@ -218,6 +253,23 @@ def test_turbo_wheel_adds_its_patches_without_importing_torch(venv: Venv) -> Non
         )
     finally:
         venv.uninstall("primus-turbo-kernels")
+
+
+def test_testing_wheel_adds_test_only_patches_without_megatron(venv: Venv) -> None:
+    """primus-testing without Megatron: its Megatron patches are listed, nothing is imported."""
+    venv.pip("install", "--no-deps", str(next(venv.wheels.glob("primus_testing-*.whl"))))
+    try:
+        proc = check(venv.primus("patches", "list", "--format", "json"))
+        rows = {row["id"]: row for row in json.loads(proc.stdout)}
+        assert "warning" not in proc.stderr, proc.stderr
+        testing = {i for i, row in rows.items() if "testing" in row["tags"]}
+        assert testing == {"megatron.fault_nonfinite", "megatron.log_samples"}
+        assert set(rows) - testing == set(DUMMY_PATCHES)
+        assert rows["megatron.fault_nonfinite"]["code location"].startswith(
+            "primus/testing/patches/megatron.py:"
+        )
+    finally:
+        venv.uninstall("primus-testing")
 
 
 def test_version(venv: Venv) -> None:

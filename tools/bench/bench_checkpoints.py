@@ -70,7 +70,7 @@ def make_model(hf: Path, model: str) -> Path:
     """A random bf16 HF model of `model`'s published shape in `hf`, made by a child process: a
     child's peak RSS (wait4) starts at this process's own peak (fork and exec carry the
     high-water mark over), so this process never holds tensors."""
-    make = ("import sys; from pathlib import Path; from primus.core.testing.hf_models import "
+    make = ("import sys; from pathlib import Path; from primus.testing.hf_models import "
             "make_published_model; make_published_model(Path(sys.argv[1]), sys.argv[2])")  # fmt: skip
     subprocess.run([sys.executable, "-c", make, str(hf), model], check=True, cwd=ROOT)
     return hf

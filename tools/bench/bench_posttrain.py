@@ -48,8 +48,8 @@ def make_inputs(work: Path, model: str, samples: int, words: int) -> tuple[Path,
     make = f"""
 import json, sys
 from pathlib import Path
-from primus.core.testing.hf_models import make_hf_model, make_published_model
-from primus.core.testing.sft_data import reverse_task, write_tokenizer
+from primus.testing.hf_models import make_hf_model, make_published_model
+from primus.testing.sft_data import reverse_task, write_tokenizer
 hf, data = Path({str(hf)!r}), Path({str(data)!r})
 if {model!r} == "tiny":
     make_hf_model(hf, "llama3")

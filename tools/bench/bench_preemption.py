@@ -23,8 +23,8 @@ from pathlib import Path
 
 from common import environment
 
-from primus.core.testing.faults import interrupt, steps_logged
-from primus.core.testing.runs import primus, step_metrics
+from primus.testing.faults import interrupt, steps_logged
+from primus.testing.runs import primus, step_metrics
 
 
 def folder_bytes(path: Path) -> int:

@@ -16,7 +16,7 @@ import pytest
 from primus.core.atomic import append_line, atomic_file, write_atomic
 from primus.core.errors import ConfigError, FileSystemError, filesystem_error, refused_writes
 from primus.core.metrics import read_metrics
-from primus.core.testing.disk import small_disk
+from primus.testing.disk import small_disk
 
 ROOM = re.compile(r"\((\d+\.\d) MiB free of 0\.1 MiB on (/\S+)\)")
 

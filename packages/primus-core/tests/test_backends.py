@@ -202,7 +202,7 @@ def test_conformance_takes_own_version_detection_and_backends_without_upstream()
     import yaml
     from packaging.version import InvalidVersion
 
-    from primus.core.testing import BackendConformance
+    from primus.testing import BackendConformance
 
     def suite(name: str, adapter: type, **attrs: object) -> BackendConformance:
         BackendRegistry.register_adapter(name, adapter)

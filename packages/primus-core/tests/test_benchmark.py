@@ -22,7 +22,7 @@ from primus.core.benchmark import (
 )
 from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model, project
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 PNG = b"\x89PNG\r\n\x1a\n"
 MODEL = Model(layers=2, hidden=8, heads=4, kv_heads=2, head_dim=2, ffn=16, vocab=32)

@@ -16,7 +16,7 @@ from primus.core.errors import FileSystemError
 from primus.core.logging import get_logger, write_refused
 from primus.core.metrics import MetricsSink, step_metrics
 from primus.core.runtime import PrimusRuntime
-from primus.core.testing.disk import assert_nothing_half_written, small_disk
+from primus.testing.disk import assert_nothing_half_written, small_disk
 
 from .conftest import RecordingTrainer
 

@@ -1,4 +1,4 @@
-"""Golden loss curves (primus.core.testing.golden): the comparison fails on a moved curve."""
+"""Golden loss curves (primus.testing.golden): the comparison fails on a moved curve."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.golden import UPDATE_ENV, Tolerance, assert_matches_golden, curve_diff
+from primus.testing.golden import UPDATE_ENV, Tolerance, assert_matches_golden, curve_diff
 
 CURVE = {step: 10.0 - 0.25 * step for step in range(1, 21)}
 TOLERANCE = Tolerance(rtol=1e-5, atol=0.0, why="test")

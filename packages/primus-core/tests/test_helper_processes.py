@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.faults import descendants
-from primus.core.testing.processes import alive, left_alive
+from primus.testing.faults import descendants
+from primus.testing.processes import alive, left_alive
 
 pytestmark = [
     pytest.mark.slow,

@@ -18,7 +18,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
 from primus.core.launcher import Launch, failed_launch_code, launch_workers, spawn, worker_env
-from primus.core.testing.processes import alive, left_alive
+from primus.testing.processes import alive, left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -14,3 +14,14 @@ def test_core_names_no_backend() -> None:
         if re.search(r"megatron|torchtitan|maxtext", line, re.IGNORECASE)
     ]
     assert hits == []
+
+
+def test_core_names_no_test_kit() -> None:
+    """primus.testing (the primus-testing distribution) serves tests: core works without it."""
+    hits = [
+        f"{p.relative_to(SRC)}:{n}"
+        for p in SRC.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"primus\.(core\.)?testing", line)
+    ]
+    assert hits == []

@@ -17,8 +17,8 @@ from primus.core.config.experiment import resolved_tree
 from primus.core.config.posttrain import LORA_TARGETS
 from primus.core.config.render import to_yaml
 from primus.core.errors import ConfigError
-from primus.core.testing.runs import primus
-from primus.core.testing.sft_data import LLAMA3_TEMPLATE, write_reverse_task, write_tokenizer
+from primus.testing.runs import primus
+from primus.testing.sft_data import LLAMA3_TEMPLATE, write_reverse_task, write_tokenizer
 
 # the sft section's first key is on line 6, peft's on line 10
 EXPERIMENT = """\
@@ -144,7 +144,7 @@ def test_cli_validate_and_show_name_the_line_and_the_command_line(files, tmp_pat
 def test_importing_posttrain_imports_no_framework() -> None:
     probe = textwrap.dedent("""
         import sys
-        import primus.core.posttrain, primus.core.testing.sft_data, primus.core.config
+        import primus.core.posttrain, primus.testing.sft_data, primus.core.config
         heavy = {"torch", "jax", "numpy", "transformers", "pyarrow", "tokenizers"}
         print("HEAVY", sorted(heavy & {m.split(".")[0] for m in sys.modules}))
     """)

@@ -16,8 +16,8 @@ from primus.core.config.tree import ConfigTree
 from primus.core.errors import ConfigError
 from primus.core.posttrain import SFTDataset, build_sft_data
 from primus.core.posttrain.encode import load_tokenizer
-from primus.core.testing.hf_models import make_hf_model
-from primus.core.testing.sft_data import EOT, hf_eval_stats, write_reverse_task, write_tokenizer
+from primus.testing.hf_models import make_hf_model
+from primus.testing.sft_data import EOT, hf_eval_stats, write_reverse_task, write_tokenizer
 
 # LLAMA3_TEMPLATE with the assistant's content and end of turn marked as `{% generation %}`:
 # it renders the same text, and transformers' return_assistant_tokens_mask then gives the

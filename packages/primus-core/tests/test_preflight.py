@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from primus.core.preflight_report import outliers, render_markdown, render_table, verdict
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 
 @pytest.mark.parametrize(

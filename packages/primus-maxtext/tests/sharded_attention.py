@@ -30,7 +30,7 @@ def main(workspace: Path) -> None:
     from maxtext.utils.maxtext_utils import create_device_mesh
 
     from primus.backends.maxtext.patches import gpu_attention_sharding as patch
-    from primus.core.testing.runs import preset_args
+    from primus.testing.runs import preset_args
 
     args = preset_args(
         workspace, "maxtext", "maxtext_pretrain", "tiny", "maxtext.config_errors",

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
-from primus.core.testing.hf_models import HF_CONFIGS, hf_loss, make_hf_model
-from primus.core.testing.runs import losses, primus, train_run
+from primus.testing.checkpoints import derived_preset, inspect_json, resolved_model
+from primus.testing.hf_models import HF_CONFIGS, hf_loss, make_hf_model
+from primus.testing.runs import losses, primus, train_run
 
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
 ARCHITECTURE = (

@@ -14,7 +14,7 @@ from primus.core.config import ParamSchema, ParamSpec
 from primus.core.config.loader import load_config_file
 from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
-from primus.core.testing.runs import primus, rejected
+from primus.testing.runs import primus, rejected
 
 RECIPES = Path(__file__).resolve().parents[3] / "configs" / "maxtext"
 RECIPE = RECIPES / "tiny-cpu.yaml"

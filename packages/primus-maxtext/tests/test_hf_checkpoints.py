@@ -25,8 +25,8 @@ from primus.backends.maxtext import hf_convert
 from primus.core.checkpoint import hf_tensors
 from primus.core.checkpoint.hf import HFArchitecture, read_config
 from primus.core.errors import ConfigError
-from primus.core.testing.hf_models import hf_logits, make_hf_model
-from primus.core.testing.runs import primus
+from primus.testing.hf_models import hf_logits, make_hf_model
+from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
 TOKENS = np.random.default_rng(0).integers(0, 256, (2, 24))

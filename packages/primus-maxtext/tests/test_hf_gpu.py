@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from primus.core.testing.hf_models import make_published_model
-from primus.core.testing.runs import losses, primus, train_run
+from primus.testing.hf_models import make_published_model
+from primus.testing.runs import losses, primus, train_run
 
 pytestmark = pytest.mark.gpu
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "llama3.2_1B-pretrain.yaml"

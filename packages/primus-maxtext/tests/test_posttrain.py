@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from primus.core.testing import sft_runs
-from primus.core.testing.runs import primus, step_metrics
+from primus.testing import sft_runs
+from primus.testing.runs import primus, step_metrics
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "maxtext" / "sft-tiny-cpu.yaml"
@@ -123,7 +123,7 @@ def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path:
     """Packing on, learning rate 0: MaxText's eval of the packed rows (several samples each,
     kept apart by their segment ids) equals transformers' eval of the HF model over the same
     samples one per row."""
-    from primus.core.testing.sft_data import hf_eval_stats
+    from primus.testing.sft_data import hf_eval_stats
 
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
     run = sft_runs.posttrain(exp, "steps=2", "eval_interval=1", "learning_rate=0",

@@ -19,7 +19,7 @@ from primus.core.patches import restore_all
 from primus.core.performance import ProjectedRun, project_run, rates_for
 from primus.core.projection import GIB, Job, project
 from primus.core.runtime.primus_runtime import PrimusRuntime
-from primus.core.testing.runs import preset_args, primus
+from primus.testing.runs import preset_args, primus
 
 ROOT = Path(__file__).parents[3]
 RECIPE = ROOT / "configs" / "maxtext" / "llama3.2_1B-pretrain.yaml"

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from primus.core.preemption import EXIT_PREEMPTED
-from primus.core.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt, steps_logged
-from primus.core.testing.golden import CPU_FP32
-from primus.core.testing.runs import losses, patch_status, primus, step_metrics
+from primus.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt, steps_logged
+from primus.testing.golden import CPU_FP32
+from primus.testing.runs import losses, patch_status, primus, step_metrics
 
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE.parents[2] / "configs" / "maxtext" / "tiny-cpu.yaml"
@@ -324,7 +324,7 @@ def write_corpus(folder: Path, records: int = 200) -> list[str]:
     from array_record.python.array_record_module import ArrayRecordWriter
     from maxtext.input_pipeline.protos import example_pb2
 
-    from primus.core.testing.sft_data import write_tokenizer
+    from primus.testing.sft_data import write_tokenizer
 
     folder.mkdir()
     writer = ArrayRecordWriter(str(folder / "corpus.arrayrecord"), "group_size:1")

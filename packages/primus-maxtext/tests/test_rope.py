@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from primus.core.patches import restore_all
-from primus.core.testing.hf_models import HF_CONFIGS, hf_inv_freq
-from primus.core.testing.runs import preset_args
+from primus.testing.hf_models import HF_CONFIGS, hf_inv_freq
+from primus.testing.runs import preset_args
 
 PRESETS = Path(__file__).parents[1] / "src/primus/backends/maxtext/configs/models"
 TOYS = ("tiny", "tiny_llama3")  # test models: not in HF_CONFIGS

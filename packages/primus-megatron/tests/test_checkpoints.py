@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.checkpoints import derived_preset, resolved_model
-from primus.core.testing.hf_models import HF_CONFIGS
+from primus.testing.checkpoints import derived_preset, resolved_model
+from primus.testing.hf_models import HF_CONFIGS
 
 ARCHITECTURE = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.disk import filled_then_grown
-from primus.core.testing.runs import losses
+from primus.testing.disk import filled_then_grown
+from primus.testing.runs import losses
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 pytestmark = pytest.mark.slow

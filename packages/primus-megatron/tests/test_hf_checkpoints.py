@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from primus.core.testing.checkpoints import inspect_json
-from primus.core.testing.hf_models import hf_logits, make_hf_model
-from primus.core.testing.runs import losses, primus, train_run
+from primus.testing.checkpoints import inspect_json
+from primus.testing.hf_models import hf_logits, make_hf_model
+from primus.testing.runs import losses, primus, train_run
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"

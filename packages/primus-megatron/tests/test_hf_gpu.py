@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from primus.core.testing.hf_models import make_published_model
-from primus.core.testing.runs import losses, primus
+from primus.testing.hf_models import make_published_model
+from primus.testing.runs import losses, primus
 
 pytestmark = pytest.mark.gpu
 RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "llama3.2_1B-pretrain.yaml"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from primus.core.testing import BackendConformance
+from primus.testing import BackendConformance
 
 RECIPES = Path(__file__).resolve().parents[3] / "configs" / "megatron"
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from primus.core.testing.runs import primus, step_metrics
-from primus.core.testing.sft_runs import (
+from primus.testing.runs import primus, step_metrics
+from primus.testing.sft_runs import (
     assert_adapters_learned,
     assert_continues,
     assert_evaluates_as,
@@ -204,7 +204,7 @@ def test_the_merged_export_gives_the_adapted_models_logits(
 ) -> None:
     """Megatron's forward of the adapted model (frozen weights from the import, adapters from
     the last checkpoint) against transformers' forward of the merged export, in fp32."""
-    from primus.core.testing.hf_models import hf_logits
+    from primus.testing.hf_models import hf_logits
 
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     torch.save(tokens, tmp_path / "tokens.pt")

@@ -19,7 +19,7 @@ from primus.core.performance import device_rates, project_step
 from primus.core.posttrain import PeftConfig
 from primus.core.projection import GIB, Job, project
 from primus.core.runtime import PrimusRuntime
-from primus.core.testing.runs import preset_args, primus
+from primus.testing.runs import preset_args, primus
 
 ROOT = Path(__file__).parents[3]
 RECIPE = ROOT / "configs" / "megatron" / "llama3.2_1B-pretrain.yaml"

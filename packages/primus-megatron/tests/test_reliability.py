@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.checkpoints import dcp_state
-from primus.core.testing.faults import PYTHON, UV, UV_RUN, interrupt
-from primus.core.testing.runs import losses, primus, step_metrics, train_run
+from primus.testing.checkpoints import dcp_state
+from primus.testing.faults import PYTHON, UV, UV_RUN, interrupt
+from primus.testing.runs import losses, primus, step_metrics, train_run
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "configs" / "megatron" / "tiny-cpu.yaml"
@@ -217,8 +217,8 @@ def kill_during_a_save(
     import sys
     import time
 
-    from primus.core.testing.faults import descendants, steps_logged
-    from primus.core.testing.processes import left_alive
+    from primus.testing.faults import descendants, steps_logged
+    from primus.testing.processes import left_alive
 
     logged = steps_logged(run_dir)
     proc = subprocess.Popen(

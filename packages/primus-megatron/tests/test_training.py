@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.testing.files import run_writes, written_outside
-from primus.core.testing.golden import CPU_FP32, assert_matches_golden
-from primus.core.testing.runs import assert_loss_falls, losses, primus, train_run
+from primus.testing.files import run_writes, written_outside
+from primus.testing.golden import CPU_FP32, assert_matches_golden
+from primus.testing.runs import assert_loss_falls, losses, primus, train_run
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"

@@ -25,7 +25,7 @@ import yaml
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from primus.core.testing.runs import preset_args
+from primus.testing.runs import preset_args
 
 
 def nested(pairs: list[str]) -> dict[str, Any]:

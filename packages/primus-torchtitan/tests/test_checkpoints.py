@@ -14,11 +14,11 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from primus.backends.torchtitan.testing import first_batch, runtime
 from primus.core.errors import ConfigError
-from primus.core.testing.checkpoints import derived_preset, inspect_json, resolved_model
-from primus.core.testing.hf_models import HF_CONFIGS, hf_config, hf_logits, hf_loss, make_hf_model
-from primus.core.testing.runs import losses, primus, train_run
+from primus.testing.checkpoints import derived_preset, inspect_json, resolved_model
+from primus.testing.hf_models import HF_CONFIGS, hf_config, hf_logits, hf_loss, make_hf_model
+from primus.testing.runs import losses, primus, train_run
+from primus.testing.torchtitan import first_batch, runtime
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"

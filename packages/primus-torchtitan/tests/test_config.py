@@ -12,7 +12,7 @@ from primus.backends.torchtitan.config_bridge import cli_args
 from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
-from primus.core.testing.runs import rejected
+from primus.testing.runs import rejected
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
 

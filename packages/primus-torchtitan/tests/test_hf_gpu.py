@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 
-from primus.backends.torchtitan.testing import first_batch
-from primus.core.testing.hf_models import make_published_model
-from primus.core.testing.runs import losses, train_run
+from primus.testing.hf_models import make_published_model
+from primus.testing.runs import losses, train_run
+from primus.testing.torchtitan import first_batch
 
 pytestmark = pytest.mark.gpu
 RECIPE = Path(__file__).parents[3] / "configs" / "torchtitan" / "llama3.2_1B-pretrain.yaml"

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from primus.core.testing.runs import primus
-from primus.core.testing.sft_runs import (
+from primus.testing.runs import primus
+from primus.testing.sft_runs import (
     assert_adapters_learned,
     assert_continues,
     assert_evaluates_as,
@@ -62,8 +62,8 @@ def test_the_rows_torchtitan_reads_train_on_the_assistant_tokens(
     template writes them; positions count from 0."""
     from transformers import AutoTokenizer
 
-    from primus.backends.torchtitan.testing import runtime
     from primus.core.posttrain import build_sft_data
+    from primus.testing.torchtitan import runtime
 
     exp = experiment(tmp_path, task)
     data = build_sft_data(module_of(exp).sft)
@@ -231,7 +231,7 @@ def titan_lora_logits(run: Path, tokens: torch.Tensor) -> torch.Tensor:
     import torch.distributed.checkpoint as dcp
 
     from primus.backends.torchtitan.lora import is_adapter
-    from primus.backends.torchtitan.testing import runtime
+    from primus.testing.torchtitan import runtime
 
     with runtime(run.parents[3] / "exp.yaml", *TRAIN) as rt:
         model = rt.backend_args().model_spec.model.build()
@@ -249,7 +249,7 @@ def titan_lora_logits(run: Path, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_merged_export_gives_the_adapted_models_logits(lora_run: Path, exported: Path) -> None:
-    from primus.core.testing.hf_models import hf_logits
+    from primus.testing.hf_models import hf_logits
 
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     ours = titan_lora_logits(lora_run, tokens)

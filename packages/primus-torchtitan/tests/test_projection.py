@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from primus.backends.torchtitan.projection import training_job
-from primus.backends.torchtitan.testing import runtime
 from primus.core.patches import restore_all
 from primus.core.projection import GIB, project
-from primus.core.testing.runs import preset_args, primus
-from primus.core.testing.sft_runs import make_task, sft_experiment
+from primus.testing.runs import preset_args, primus
+from primus.testing.sft_runs import make_task, sft_experiment
+from primus.testing.torchtitan import runtime
 
 ROOT = Path(__file__).parents[3]
 RECIPE = ROOT / "configs" / "torchtitan" / "llama3.2_1B-pretrain.yaml"

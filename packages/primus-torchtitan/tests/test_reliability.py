@@ -24,11 +24,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from primus.backends.torchtitan.testing import write_corpus
 from primus.core.preemption import EXIT_PREEMPTED
-from primus.core.testing.checkpoints import dcp_state
-from primus.core.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt
-from primus.core.testing.runs import losses, primus, step_metrics, train_run
+from primus.testing.checkpoints import dcp_state
+from primus.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt
+from primus.testing.runs import losses, primus, step_metrics, train_run
+from primus.testing.torchtitan import write_corpus
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "configs" / "torchtitan" / "tiny-cpu.yaml"

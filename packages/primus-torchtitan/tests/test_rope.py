@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from primus.core.testing.hf_models import HF_CONFIGS, hf_inv_freq
-from primus.core.testing.runs import preset_args
+from primus.testing.hf_models import HF_CONFIGS, hf_inv_freq
+from primus.testing.runs import preset_args
 
 PRESETS = Path(__file__).parents[1] / "src/primus/backends/torchtitan/configs/models"
 TOYS = ("tiny", "tiny_llama3", "llama3_debug")  # test models: not in HF_CONFIGS

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.torchtitan.testing import write_corpus
-from primus.core.testing.files import run_writes, written_outside
-from primus.core.testing.golden import CPU_FP32, assert_matches_golden
-from primus.core.testing.runs import (
+from primus.testing.files import run_writes, written_outside
+from primus.testing.golden import CPU_FP32, assert_matches_golden
+from primus.testing.runs import (
     assert_loss_falls,
     losses,
     patch_status,
@@ -20,6 +19,7 @@ from primus.core.testing.runs import (
     step_metrics,
     train_run,
 )
+from primus.testing.torchtitan import write_corpus
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 RECIPE = CONFIGS / "torchtitan" / "tiny-cpu.yaml"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from primus.core.testing.checkpoints import dcp_state
-from primus.core.testing.runs import losses, patch_status, primus, train_run
-from primus.core.testing.sft_runs import make_task, published_dry_run
+from primus.testing.checkpoints import dcp_state
+from primus.testing.runs import losses, patch_status, primus, train_run
+from primus.testing.sft_runs import make_task, published_dry_run
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "megatron"
 RECIPE = CONFIGS / "tiny-cpu.yaml"

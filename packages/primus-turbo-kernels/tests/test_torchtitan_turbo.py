@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from primus.core.testing.runs import losses, patch_status, primus
+from primus.testing.runs import losses, patch_status, primus
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
 FEATURES = ("rms_norm", "swiglu", "cross_entropy")

@@ -63,6 +63,6 @@ def new_backend(
     target = folder or Path(f"primus-backend-{name}")
     files = scaffold_backend(name, target)
     typer.echo(f"wrote {len(files)} files into {target}/; next:")
-    typer.echo(f"  pip install -e {target}")
+    typer.echo(f"  pip install -e '{target}[test]'  # the test extra: primus-testing")
     typer.echo(f"  primus train pretrain --config {target}/examples/{name}_tiny-pretrain.yaml")
     typer.echo(f"  pytest {target}/tests")

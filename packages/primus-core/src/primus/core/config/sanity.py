@@ -19,7 +19,7 @@ from typing import Any
 class Rule:
     """What a key's value must be: `what` completes "KEY must be ..."; `null` is accepted
     only where `nullable` (it means the upstream's default). `refuses` gives values it refuses
-    (the bad-input corpus, `primus.core.testing.fuzz`, sets each key to them)."""
+    (the tests' bad-input corpus sets each key to them)."""
 
     what: str
     accepts: Callable[[Any], bool]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 
 def resolved_model(framework: str, module: str, model: str, folder: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from primus.core.metrics import read_metrics
 from primus.core.preemption import EXIT_PREEMPTED, marked
 from primus.core.reaper import Process, processes
 from primus.core.reaper import descendants as below
-from primus.core.testing.processes import left_alive
+from primus.testing.processes import left_alive
 
 
 def parent_pids() -> dict[int, int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 # error: no space left on device writing <path> (<N> MiB free of <M> MiB on <mount>)
 MESSAGE = re.compile(

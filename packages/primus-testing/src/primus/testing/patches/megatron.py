@@ -1,6 +1,7 @@
-"""Instruments for the reliability tests, each off unless a test sets its environment
+"""Megatron instruments for the reliability tests, each off unless a test sets its environment
 variable: non-finite steps (PRIMUS_FAULT_NONFINITE), the samples each step trains on
-(PRIMUS_LOG_SAMPLES)."""
+(PRIMUS_LOG_SAMPLES). Loading this module imports neither megatron nor torch: the handlers do,
+and they run only in a Megatron run."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ def _requested(ctx: PatchContext) -> bool:
 
 def _faulty(original: Callable, kind: str, steps: set[int]) -> Callable:
     import torch
-
     from megatron.training import get_args
 
     def loss_func(*args: Any) -> Any:

@@ -1,7 +1,7 @@
 """Helpers for a backend's tests of `primus train posttrain`: the tiny HF model and reverse
 task, an experiment over a CPU SFT recipe, its run, its eval rows and evals, its export.
 
-Test-only; needs what `primus.core.testing.sft_data` and `hf_models` need.
+Test-only; needs what `primus.testing.sft_data` and `hf_models` need.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import Any
 
 import yaml
 
-from primus.core.testing.runs import primus, step_metrics
+from primus.testing.runs import primus, step_metrics
 
 
 def make_task(root: Path) -> dict[str, Path]:
     """The tiny Llama-3 HF model with the tiny tokenizer in its folder (`hf`), and the reverse
     task's files in `root/data` (write_reverse_task's keys, 4096 train and 64 eval samples)."""
-    from primus.core.testing.hf_models import make_hf_model
-    from primus.core.testing.sft_data import write_reverse_task, write_tokenizer
+    from primus.testing.hf_models import make_hf_model
+    from primus.testing.sft_data import write_reverse_task, write_tokenizer
 
     hf = make_hf_model(root / "hf", "llama3")
     write_tokenizer(hf)
@@ -125,7 +125,7 @@ def assert_evaluates_as(hf_dir: Path, exp: Path, metrics: dict[str, Any]) -> Non
     eval (a metrics.jsonl record)."""
     import pytest
 
-    from primus.core.testing.sft_data import hf_eval_stats
+    from primus.testing.sft_data import hf_eval_stats
 
     stats = hf_eval_stats(hf_dir, eval_rows(exp))
     assert stats.loss == pytest.approx(metrics["eval_loss"], rel=1e-4)
@@ -162,7 +162,7 @@ def assert_continues(run: Path, resumed_run: Path, step: int) -> None:
 def assert_adapters_learned(run: Path, hf_dir: Path, step: int) -> None:
     """The run's eval loss at `step` is well below the base model's (transformers' eval of
     the HF source `hf_dir`: the adapted model before training)."""
-    from primus.core.testing.sft_data import hf_eval_stats
+    from primus.testing.sft_data import hf_eval_stats
 
     base = hf_eval_stats(hf_dir, eval_rows(experiment_of(run))).loss
     assert eval_lines(run)[step]["eval_loss"] < base - 0.3, base
@@ -205,7 +205,7 @@ def published_dry_run(
     """`primus train posttrain --dry-run` of a GPU recipe (with `overrides`) with Llama-3.2-1B's
     published config.json as its HF model (no weights) and `task`'s data: (the HF folder,
     stdout)."""
-    from primus.core.testing.hf_models import hf_config
+    from primus.testing.hf_models import hf_config
 
     hf = folder / "hf"
     hf_config("llama3.2_1B").save_pretrained(hf)

@@ -54,7 +54,7 @@ def run_writes(
     multiprocessing's sockets need; folders.temp_dir_too_long); the workspace is `tmp_path`/ws.
     Asserts it succeeded; returns its run directory and every file it wrote in HOME, TMPDIR,
     `tmp_path` and `repo` (the environment under it included)."""
-    from primus.core.testing.runs import primus
+    from primus.testing.runs import primus
 
     home, workspace = tmp_path / "home", tmp_path / "ws"
     home.mkdir()

@@ -21,7 +21,7 @@ from primus.core.errors import ConfigError
 from primus.core.patches.patch import PHASES
 from primus.core.patches.registry import all_patches, load_patch_modules
 from primus.core.runtime import resolution
-from primus.core.testing.runs import primus
+from primus.testing.runs import primus
 
 _IMPORT_PROBE = """
 import importlib.abc, json, sys
@@ -44,7 +44,7 @@ print(json.dumps({"loaded": info.adapter_class is not None, "reason": info.reaso
 class BackendConformance:
     """Set the class attributes in a subclass named `Test...`; pytest collects the tests.
 
-    A backend with no upstream framework (pure Python, like seed 001's `dummy`) sets
+    A backend with no upstream framework (pure Python, like the example `dummy` backend) sets
     `has_upstream = False` and names no `upstream_modules`.
     """
 
