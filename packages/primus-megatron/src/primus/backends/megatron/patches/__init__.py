@@ -11,7 +11,6 @@ from primus.backends.megatron.patches import (
     posttrain,
     preemption,
     run_dir,
-    testing,
     throughput,
 )
 
@@ -25,6 +24,5 @@ __all__ = [
     "posttrain",
     "preemption",
     "run_dir",
-    "testing",
     "throughput",
 ]
