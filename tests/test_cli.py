@@ -38,7 +38,8 @@ def test_help_and_core_import_no_framework() -> None:
     probe = textwrap.dedent("""
         import sys
         import primus.core, primus.core.config, primus.core.patches, primus.core.runtime
-        import primus.core.backend.backend_registry, primus.testing
+        import primus.core.backend.backend_registry, primus.testing.conformance
+        import primus.testing.patches.megatron  # test-only patches: no megatron, no torch
         from primus.cli.main import main
         try:
             main(["--help"])
