@@ -1,4 +1,4 @@
-"""The core conformance suite against the maxtext backend (real maxtext, on CPU)."""
+"""primus-testing's conformance suite against the maxtext backend (real maxtext, on CPU)."""
 
 from pathlib import Path
 

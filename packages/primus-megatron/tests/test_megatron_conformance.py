@@ -1,4 +1,4 @@
-"""The core conformance suite against the megatron backend (real megatron-core, on CPU)."""
+"""primus-testing's conformance suite against the megatron backend (real megatron-core, on CPU)."""
 
 from pathlib import Path
 

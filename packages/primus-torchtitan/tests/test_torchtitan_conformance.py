@@ -1,4 +1,4 @@
-"""The core conformance suite against the torchtitan backend (real torchtitan, on CPU)."""
+"""primus-testing's conformance suite against the torchtitan backend (real torchtitan, on CPU)."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""BackendConformance: the contract tests, written once in core and run by every backend."""
+"""BackendConformance: the contract tests, written once and run by every backend."""
 
 from __future__ import annotations
 
