@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.backend.capabilities import CAPABILITIES
 from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
@@ -288,6 +289,13 @@ def test_inventory_commands() -> None:
     assert re.search(
         r"dummy\s+primus-backend-dummy 0.1.0\s+dummytrain<2,>=1.0\s+1.0.0\s+ready", backends.stdout
     )
+    provides = backends.stdout.split("what each provides")[1].splitlines()
+    header = provides[1].split()
+    assert header == ["backend", "pretrain", "posttrain", *CAPABILITIES]
+    dummy = next(line.split() for line in provides if line.startswith("dummy "))
+    assert dict(zip(header, dummy, strict=True)) == {
+        "backend": "dummy", "pretrain": "yes", **{c: "-" for c in header[2:]}
+    }  # fmt: skip
     versions = primus("--version").stdout.split("\n")
     assert "primus-core 0.1.0" in versions and "primus-backend-dummy 0.1.0" in versions
 
@@ -295,4 +303,4 @@ def test_inventory_commands() -> None:
 def test_a_backend_without_a_memory_projection_says_so() -> None:
     result = primus("projection", "memory", "--config", str(DUMMY_QUICKSTART))
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "the dummy backend has no memory projection" in result.stderr
+    assert "the dummy backend does not provide memory-projection" in result.stderr

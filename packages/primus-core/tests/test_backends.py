@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from primus.core.backend.backend_adapter import BackendAdapter
@@ -40,6 +42,41 @@ def test_register_adapter_checks_the_contract_at_once() -> None:
         BackendRegistry.register_adapter("bad", Incomplete)
     with pytest.raises(TypeError, match=r"not a BackendAdapter subclass"):
         BackendRegistry.register_adapter("bad", dict)
+
+
+class Exporting(ToyAdapter):
+    def export_hf(self, backend_args, iteration, out) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("declared", "base", "problem"),
+    [
+        ({"hf-export"}, ToyAdapter, " declares 'hf-export' but does not implement export_hf"),
+        (set(), Exporting, " implements export_hf but does not declare 'hf-export'"),
+        ({"hf-exports"}, Exporting, " declares an unknown capability 'hf-exports' (known: hf-"),
+        ({"lora"}, ToyAdapter, " declares 'lora', which needs a posttrain stage"),
+        ("lora", ToyAdapter, ".capabilities must be a set of names (hf-import, "),
+    ],
+)
+def test_declared_capabilities_are_verified_at_registration(declared, base, problem) -> None:
+    adapter = type("Declaring", (base,), {"capabilities": declared})
+    with pytest.raises(TypeError, match=re.escape(f"backend 'bad': Declaring{problem}")):
+        BackendRegistry.register_adapter("bad", adapter)
+
+
+def test_a_capability_hook_is_checked_for_the_arguments_the_runtime_passes() -> None:
+    class ExportingBadly(ToyAdapter):
+        capabilities = frozenset({"hf-export"})
+
+        def export_hf(self, backend_args) -> None:
+            pass
+
+    with pytest.raises(TypeError, match=r"cannot be called as export_hf\(self, backend_args, "):
+        BackendRegistry.register_adapter("bad", ExportingBadly)
+    declared = type("Good", (Exporting,), {"capabilities": frozenset({"hf-export"})})
+    BackendRegistry.register_adapter("exporting", declared)
+    assert BackendRegistry.backends()["exporting"].capabilities == ["hf-export"]
 
 
 @pytest.mark.parametrize(

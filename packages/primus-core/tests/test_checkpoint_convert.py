@@ -27,6 +27,7 @@ from .conftest import EVENTS, ToyAdapter
 class ConvertingToy(ToyAdapter):
     """Its native checkpoint is `weights.bin` (the safetensors file, copied) in `ckpt`."""
 
+    capabilities = frozenset({"hf-import", "hf-export"})
     fail_import = False
 
     def param_schema(self) -> ParamSchema:
@@ -134,8 +135,9 @@ def test_bad_init_from_is_refused_where_it_is_written(exp, value, message) -> No
 def test_a_backend_without_import_refuses_init_from(exp, toy_backend, tmp_path) -> None:
     text = exp.read_text().replace("framework: ctoy", "framework: toy")
     exp.write_text(text[: text.index("      ckpt:")])
-    with pytest.raises(ConfigError, match="the toy backend cannot import HF checkpoints"):
+    with pytest.raises(ConfigError, match="the toy backend does not provide hf-import") as err:
         PrimusRuntime(exp)
+    assert "backends that do: ctoy, maxtext, megatron, torchtitan;" in str(err.value.hint)
 
 
 def test_failed_import_leaves_nothing_and_import_refuses_a_full_folder(exp, tmp_path) -> None:

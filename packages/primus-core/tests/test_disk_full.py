@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from primus.core.errors import FileSystemError
-from primus.core.logging import get_logger, write_refused
+from primus.core.logging import get_logger, setup_logging, write_refused
 from primus.core.metrics import MetricsSink, step_metrics
 from primus.core.runtime import PrimusRuntime
 from primus.testing.disk import assert_nothing_half_written, small_disk
@@ -35,6 +35,7 @@ EXP = """
 def disk(tmp_path: Path) -> Iterator[Path]:
     with small_disk(tmp_path / "ws", "64k") as folder:
         yield folder
+        setup_logging()  # off the run's log file, its refused write forgotten: later tests log
 
 
 def _fill(disk: Path) -> None:

@@ -138,11 +138,13 @@ def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path:
 
 
 def test_peft_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
-    """MaxText's LoRA lives in its Tunix trainer only: `peft:` is one error at its line."""
+    """MaxText does not declare the lora capability (its LoRA lives in its Tunix trainer only):
+    `peft:` is one error at its line, naming the backends that have it."""
     exp = experiment(tmp_path / "lora", task, peft={"type": "lora", "rank": 4})
     done = primus("train", "posttrain", "--config", str(exp), "--dry-run")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "maxtext: peft: (LoRA) is not supported on MaxText" in done.stderr
+    assert "the maxtext backend does not provide lora" in done.stderr
+    assert "backends that do: megatron, torchtitan" in done.stderr
     line = next(n for n, text in enumerate(exp.read_text().splitlines(), 1) if "type: lora" in text)
     assert f"error: {exp}:{line}:" in done.stderr
 

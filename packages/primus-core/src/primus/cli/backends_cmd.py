@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -17,8 +18,10 @@ app = typer.Typer(
 def list_backends(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Each installed backend, its upstream requirement and status. Imports no upstream."""
+    """Each installed backend, its upstream requirement and status, then the stages and optional
+    capabilities each provides. Imports no upstream."""
     from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.backend.capabilities import CAPABILITIES
 
     infos = sorted(BackendRegistry.backends().values(), key=lambda i: i.name)
     if as_json:
@@ -41,11 +44,24 @@ def list_backends(
                 status,
             )
         )
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    _table(rows)
+    features = ["pretrain", "posttrain", *CAPABILITIES]
+    provided = {i.name: {*(i.stages or ()), *(i.capabilities or ())} for i in infos if i.stages}
+    if provided:
+        typer.echo("\nwhat each provides (primus backends list --json lists the same):")
+        marks = [
+            (name, *("yes" if f in has else "-" for f in features))
+            for name, has in provided.items()
+        ]
+        _table([("backend", *features), *marks])
+
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    """`rows` in columns, the last one unpadded."""
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
     for row in rows:
-        typer.echo(
-            "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[4]
-        )
+        cells = [f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)]
+        typer.echo("  ".join([*cells, row[-1]]).rstrip())
 
 
 @app.command("new")

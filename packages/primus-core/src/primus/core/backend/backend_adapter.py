@@ -1,4 +1,5 @@
-"""BackendAdapter: how a training framework plugs into Primus (the contract of the original backend guide, extended)."""
+"""BackendAdapter: how a training framework plugs into Primus (the original backend guide's
+contract, extended with optional capabilities)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class BackendAdapter(ABC):
     """
 
     trainers: ClassVar[dict[str, str]] = {}
+    # The optional capabilities this backend provides (names of `capabilities.CAPABILITIES`:
+    # "hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"); each needs
+    # its hooks implemented, and a hook implemented needs its capability declared.
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     upstream_requirement: ClassVar[str | None] = None
     # The upstream versions Primus's patches were tested on (PEP 440 specifier set): the gate

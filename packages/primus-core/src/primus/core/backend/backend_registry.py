@@ -36,7 +36,7 @@ class BackendRegistry:
 
     @classmethod
     def register_adapter(cls, name: str, adapter_cls: type[BackendAdapter]) -> None:
-        """Register `adapter_cls` as backend `name` in this process (the original backend guide's way).
+        """Register `adapter_cls` as backend `name` in this process (the original guide's way).
 
         Registering the class an entry point or an earlier call already gave that name is a
         no-op (a guide-style package registers itself when its entry point is loaded); any
@@ -56,8 +56,8 @@ class BackendRegistry:
 
     @classmethod
     def run_setup(cls, framework: str) -> None:
-        """The original backend guide's call to run a backend's setup hooks. The runtime runs the setup-phase
-        patches itself, before `prepare_backend`, so this only warns that it is not needed."""
+        """The original backend guide's call to run a backend's setup hooks. The runtime runs
+        the setup-phase patches itself, before `prepare_backend`, so this only warns."""
         get_logger().warning(
             f"BackendRegistry.run_setup('{framework}') does nothing: the runtime already ran "
             f"the setup-phase patches of '{framework}' before prepare_backend; remove the call"
@@ -86,8 +86,8 @@ class BackendRegistry:
 
     @classmethod
     def _find_in_process(cls, name: str) -> None:
-        """The original backend guide's lookup for a name no entry point declares: import `primus.backends.<name>`,
-        which may call `register_adapter`."""
+        """The original backend guide's lookup for a name no entry point declares: import
+        `primus.backends.<name>`, which may call `register_adapter`."""
         if name not in cls._registered and name.isidentifier():
             module = f"primus.backends.{name}"
             try:

@@ -1,5 +1,6 @@
 """The adapter contract, checked when an adapter is registered or discovered (pluggy's habit):
-a broken adapter is reported then, not at the first call of the hook it gets wrong."""
+a broken adapter is reported then, not at the first call of the hook it gets wrong. The
+required hooks are here; the optional ones come with the capabilities that declare them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import inspect
 from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.backend.capabilities import CAPABILITIES, capability_problem
 from primus.core.launcher import LAUNCHERS
 
-# How the runtime (and `primus checkpoint`) calls each hook: the positional arguments it passes (self aside).
+# How the runtime calls each hook every adapter has: the positional arguments (self aside).
 HOOK_ARGS = {
     "__init__": ("framework",),
     "setup_backend_path": (),
@@ -18,9 +20,18 @@ HOOK_ARGS = {
     "load_trainer_class": ("stage",),
     "detect_backend_version": (),
     "param_schema": (),
-    "model_preset_from_hf": ("hf_config",),
-    "inspect_checkpoint": ("path",),
 }
+
+
+def implements(adapter_cls: type[BackendAdapter], hook: str) -> bool:
+    """Whether the adapter class defines `hook` itself (or a class it derives from does),
+    rather than inheriting BackendAdapter's default."""
+    for klass in adapter_cls.__mro__:
+        if klass is BackendAdapter:
+            return False
+        if hook in vars(klass):
+            return True
+    return False
 
 
 def _hook_problem(
@@ -40,8 +51,7 @@ def _hook_problem(
 
 def _trainers_problem(adapter_cls: type[BackendAdapter]) -> str | None:
     trainers = adapter_cls.trainers
-    overridden = adapter_cls.load_trainer_class is not BackendAdapter.load_trainer_class
-    if not trainers and not overridden:
+    if not trainers and not implements(adapter_cls, "load_trainer_class"):
         return (
             f"{adapter_cls.__name__} declares no stages: set trainers = "
             '{"pretrain": "module:TrainerClass"} (or override load_trainer_class)'
@@ -61,8 +71,16 @@ def contract_problem(adapter_cls: Any) -> str | None:
         return f"{adapter_cls.__name__} does not implement {missing}"
     if adapter_cls.launcher not in LAUNCHERS:
         return f"{adapter_cls.__name__}.launcher must be one of {', '.join(LAUNCHERS)}"
-    for hook, args in HOOK_ARGS.items():
+    problem = _trainers_problem(adapter_cls) or capability_problem(
+        adapter_cls, lambda hook: implements(adapter_cls, hook)
+    )
+    if problem:
+        return problem
+    hooks = dict(HOOK_ARGS)
+    for capability in adapter_cls.capabilities:
+        hooks.update(CAPABILITIES[capability].hooks)
+    for hook, args in hooks.items():
         problem = _hook_problem(adapter_cls, hook, args)
         if problem:
             return problem
-    return _trainers_problem(adapter_cls)
+    return None

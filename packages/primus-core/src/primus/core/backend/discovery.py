@@ -14,6 +14,7 @@ from typing import Any
 import importlib_metadata
 from packaging.requirements import InvalidRequirement, Requirement
 
+from primus.core.backend.capabilities import CAPABILITIES
 from primus.core.backend.contract import contract_problem
 
 BACKENDS_GROUP = "primus.backends"
@@ -41,6 +42,18 @@ class BackendInfo:
     load_error: BaseException | None = field(default=None, repr=False)
     hint: str | None = None  # what to do about a failure to load, fitted to its cause
 
+    @property
+    def stages(self) -> list[str] | None:
+        """The stages the adapter declares (None: it did not load)."""
+        return None if self.adapter_class is None else list(self.adapter_class.trainers)
+
+    @property
+    def capabilities(self) -> list[str] | None:
+        """The optional capabilities the adapter declares, in their canonical order."""
+        if self.adapter_class is None:
+            return None
+        return [name for name in CAPABILITIES if name in self.adapter_class.capabilities]
+
     def as_dict(self) -> dict[str, Any]:
         keys = (
             "name",
@@ -51,6 +64,8 @@ class BackendInfo:
             "status",
             "reason",
             "entry_point",
+            "stages",
+            "capabilities",
         )
         return {k: getattr(self, k) for k in keys}
 

@@ -16,6 +16,7 @@ RUN_CONFIG = "config.resolved.yaml"  # what every Primus run writes into its run
 def inspect_checkpoint(path: Path) -> dict[str, Any]:
     """The description of the checkpoint at `path`; ConfigError if nothing recognises it."""
     from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.backend.capabilities import provides
     from primus.core.backend.discovery import READY
 
     if not path.exists():
@@ -24,7 +25,11 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
     if is_hf_directory(path):
         found = inspect_hf_directory(path)
     else:
-        ready = sorted(n for n, i in BackendRegistry.backends().items() if i.status == READY)
+        ready = sorted(
+            name
+            for name, info in BackendRegistry.backends().items()
+            if info.status == READY and provides(info.adapter_class, "checkpoint-inspect")
+        )
         native = (BackendRegistry.get_adapter(n).inspect_checkpoint(path) for n in ready)
         found = next((r for r in native if r is not None), None)
         if found is None:

@@ -29,9 +29,12 @@ def pick_framework(framework: str | None) -> str:
 def derive_preset(hf_dir: Path, framework: str) -> str:
     """The YAML text of `framework`'s model preset for the HF model in `hf_dir`."""
     from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.backend.capabilities import require
 
     config = read_config(hf_dir)
-    preset = BackendRegistry.get_adapter(framework).model_preset_from_hf(config)
+    adapter = BackendRegistry.get_adapter(framework)
+    require(adapter, "hf-import")
+    preset = adapter.model_preset_from_hf(config)
     source = config.get("_name_or_path") or str(hf_dir.resolve())
     header = (
         f"# {framework} model preset derived from the Hugging Face config.json of {source}\n"

@@ -47,7 +47,8 @@ EXPERIMENT_SCHEMA = ParamSchema(
     }
 )
 MODULE_KEYS = ("framework", "config", "model", "overrides", "init_from", *POSTTRAIN_KEYS)
-# The original backend guide's module key for the console log level; Primus's is the experiment's `log_level`.
+# The original backend guide's module key for the console log level; Primus's is the
+# experiment's `log_level`.
 LEGACY_LOG_LEVEL = "stderr_sink_level"
 
 
@@ -233,7 +234,8 @@ def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None
     if used:
         exp.merge(single_value_tree(("log_level",), level.upper(), origin or Origin("default")))
     return (
-        f"{origin}: {LEGACY_LOG_LEVEL} is the original backend guide's name for the experiment's log_level; "
+        f"{origin}: {LEGACY_LOG_LEVEL} is the original backend guide's name for the "
+        "experiment's log_level; "
         + ("used as log_level" if used else f"ignored, log_level is set at {log_level}")
         + "; write log_level at the top of the experiment instead"
     )

@@ -13,6 +13,7 @@ import yaml
 from primus.core import __version__, preemption
 from primus.core.atomic import write_atomic
 from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.backend.capabilities import require
 from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.experiment import Experiment, resolved_tree
@@ -244,6 +245,7 @@ class PrimusRuntime:
 
     def export_hf(self, iteration: int | None, out: Path, force: bool = False) -> Path:
         """`primus checkpoint export`: the run's checkpoint as an HF directory at `out`."""
+        require(self.adapter, "hf-export")
         self.adapter.host_only = True
         args = self.backend_args()
         return export_hf(self.adapter, self.experiment, self.module, args, iteration, out, force)
@@ -251,6 +253,7 @@ class PrimusRuntime:
     def training_job(self, gpus: int) -> Job:
         """The job on `gpus` GPUs as the projection and the benchmarks see it (the backend
         args built as a dry run builds them, its patches included)."""
+        require(self.adapter, "memory-projection")
         self.adapter.host_only = True
         args = self.backend_args()
         applied = frozenset(o.id for o in self.runner.outcomes.values() if o.status == APPLIED)

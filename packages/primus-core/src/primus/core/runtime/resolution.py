@@ -12,6 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegistry
+from primus.core.backend.capabilities import require
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
 from primus.core.errors import BackendError, ConfigError
@@ -25,8 +26,8 @@ def preset_folders(framework: str, kind: str) -> list[Path]:
     """Where `kind` ("modules" or "models") presets of `framework` are looked for, in order.
 
     $PRIMUS_CONFIG_PATH folders first (users may shadow presets), each as <dir>/<kind>/<framework>
-    and <dir>/<kind>; then the adapter's own (`preset_dirs()`, <dir>/<kind>); then the original Primus
-    layout, primus/configs/<kind>/<framework> in any installed distribution.
+    and <dir>/<kind>; then the adapter's own (`preset_dirs()`, <dir>/<kind>); then the original
+    Primus layout, primus/configs/<kind>/<framework> in any installed distribution.
     """
     user = [Path(p) for p in os.environ.get("PRIMUS_CONFIG_PATH", "").split(os.pathsep) if p]
     adapter = adapter_class(framework)
@@ -40,8 +41,8 @@ def preset_folders(framework: str, kind: str) -> list[Path]:
 
 def adapter_class(framework: str) -> type[BackendAdapter]:
     """The framework's adapter class, ready or not. The patch modules are imported first: one
-    may register its backend in-process (the original backend guide's way). An unknown name whose patches are
-    installed says so."""
+    may register its backend in-process (the original backend guide's way). An unknown name
+    whose patches are installed says so."""
     load_patch_modules()
     try:
         return BackendRegistry.get_adapter_class(framework, require_ready=False)
@@ -129,6 +130,8 @@ def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
     raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
     if module.init_from is not None:
         check_init_from(module, adapter)
+    if module.peft is not None:
+        require(adapter, "lora", module.peft.origins.get("type") or module.peft.origins.get(""))
 
 
 def check_init_from(module: ModuleConfig, adapter: BackendAdapter) -> None:
@@ -136,11 +139,7 @@ def check_init_from(module: ModuleConfig, adapter: BackendAdapter) -> None:
     from primus.core.checkpoint.convert import check_architecture
 
     assert module.init_from is not None
-    if type(adapter).import_hf is BackendAdapter.import_hf:
-        raise ConfigError(
-            f"init_from: the {module.framework} backend cannot import HF checkpoints",
-            module.init_from_origin,
-        )
+    require(adapter, "hf-import", module.init_from_origin)
     check_architecture(adapter, module, module.init_from)
 
 

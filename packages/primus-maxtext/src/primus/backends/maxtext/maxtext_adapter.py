@@ -39,6 +39,7 @@ class MaxTextAdapter(BackendAdapter):
         "pretrain": "primus.backends.maxtext.pretrain_trainer:MaxTextPretrainTrainer",
         "posttrain": "primus.backends.maxtext.posttrain_trainer:MaxTextPosttrainTrainer",
     }
+    capabilities = frozenset({"hf-import", "hf-export", "checkpoint-inspect", "memory-projection"})
 
     tested_versions = TESTED
     launcher = "spawn"

@@ -45,6 +45,9 @@ class TorchTitanAdapter(BackendAdapter):
         "pretrain": "primus.backends.torchtitan.pretrain_trainer:TorchTitanPretrainTrainer",
         "posttrain": "primus.backends.torchtitan.posttrain_trainer:TorchTitanPosttrainTrainer",
     }
+    capabilities = frozenset(
+        {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"}
+    )
     tested_versions = TESTED
 
     def prepare_backend(self, config: ModuleConfig) -> None:

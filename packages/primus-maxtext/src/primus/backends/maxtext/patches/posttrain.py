@@ -1,7 +1,7 @@
 """Fine-tuning (`primus train posttrain`) through MaxText's own training loop.
 
-`maxtext.posttrain` (setup) sets the MaxText keys the module's `sft:` implies and refuses
-what MaxText's loop does not do (`peft:`); `maxtext.sft_data` (before_train) feeds core's SFT
+`maxtext.posttrain` (setup) sets the MaxText keys the module's `sft:` implies (core refuses
+`peft:`: MaxText does not declare the lora capability); `maxtext.sft_data` (before_train) feeds core's SFT
 rows to the loop and evaluates with core's token sums (primus.backends.maxtext.posttrain).
 """
 
@@ -13,12 +13,6 @@ from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, get_param, register_patch
-
-LORA_HINT = (
-    "MaxText 0.2's LoRA (maxtext.utils.lora_utils, through qwix) is applied only by its Tunix "
-    "SFT trainer, which Primus cannot install (docs/posttrain.md, MaxText); fine-tune in full, "
-    "or use the megatron backend for LoRA"
-)
 
 
 def _fine_tuning(ctx: PatchContext) -> bool:
@@ -39,12 +33,7 @@ def _fine_tuning(ctx: PatchContext) -> bool:
 def posttrain(ctx: PatchContext) -> None:
     """Fine-tune on the module's `sft:` rows: their sequence length and tokenizer (which an
     export copies), MaxText's data pipeline off, evals after every eval_interval-th step."""
-    module = ctx.extra["module"]
-    if module.peft is not None:
-        raise module.peft.error(
-            "type", "maxtext: peft: (LoRA) is not supported on MaxText", hint=LORA_HINT
-        )
-    sft = module.sft
+    sft = ctx.extra["module"].sft
     if sft is None:
         raise ConfigError(
             "maxtext: the posttrain stage needs the module's sft: section (the data)",
