@@ -14,6 +14,8 @@ from packaging.version import Version
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
+from primus.core.backend.capabilities import CAPABILITIES
+from primus.core.backend.contract import contract_problem, implements
 from primus.core.backend.discovery import READY
 from primus.core.config.loader import load_config_file
 from primus.core.config.schema import registered_params
@@ -85,8 +87,18 @@ class BackendConformance:
         assert req.specifier.contains(info.upstream_version, prereleases=True)
         detected = version if version is not None else info.upstream_version
         assert req.specifier.contains(detected, prereleases=True), detected
-        if type(self.adapter()).detect_backend_version is BackendAdapter.detect_backend_version:
+        if not implements(type(self.adapter()), "detect_backend_version"):
             assert version == info.upstream_version
+
+    def test_contract_and_declared_capabilities(self) -> None:
+        """The hooks every adapter has, and those of each capability it declares, take the
+        runtime's arguments; a capability's hook is implemented only with it declared."""
+        adapter_cls = type(self.adapter())
+        assert contract_problem(adapter_cls) is None, contract_problem(adapter_cls)
+        declared = BackendRegistry.backends()[self.backend].capabilities or []
+        assert set(declared) == set(adapter_cls.capabilities) <= set(CAPABILITIES)
+        for name in declared:
+            assert all(implements(adapter_cls, hook) for hook in CAPABILITIES[name].hooks)
 
     @pytest.mark.slow
     def test_adapter_and_patches_import_without_upstream(self) -> None:
