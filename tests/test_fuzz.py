@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.testing.fuzz import EXPERIMENT, Outcome, check_corpus, corpus, write_case
+from primus.testing.fuzz import EXPERIMENT, corpus
+from primus.testing.fuzz_runs import Outcome, check_corpus, write_case
 from primus.testing.runs import primus
 
 DUMMY = Path(__file__).resolve().parent / "fixtures" / "dummy-quickstart.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from primus.backends.maxtext.config_bridge import RULES
 from primus.backends.maxtext.maxtext_adapter import MaxTextAdapter
-from primus.testing.fuzz import check_backend, refusal_problems
+from primus.testing.fuzz_runs import check_backend, refusal_problems
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
 SIZES = [

@@ -11,7 +11,7 @@ import pytest
 
 from primus.backends.megatron.config_bridge import RULES
 from primus.backends.megatron.megatron_adapter import MegatronAdapter
-from primus.testing.fuzz import check_backend, refusal_problems
+from primus.testing.fuzz_runs import check_backend, refusal_problems
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 SIZES = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from primus.backends.torchtitan.config_bridge import RULES
 from primus.backends.torchtitan.torchtitan_adapter import TorchTitanAdapter
-from primus.testing.fuzz import check_backend, refusal_problems
+from primus.testing.fuzz_runs import check_backend, refusal_problems
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
 SIZES = [

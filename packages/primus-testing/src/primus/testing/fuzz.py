@@ -1,20 +1,16 @@
-"""A deterministic corpus of bad experiments, mutated from a backend's recipe, and an in-process
-runner: every case must fail as bad config (exit 2, one `error:` message, no traceback, the
-file and line at fault), in bounded time, and `config validate` must agree with `train
---dry-run`.
+"""A deterministic corpus of bad experiments, mutated from a backend's recipe: every case must
+fail as bad config (exit 2, one `error:` message, no traceback, the file and line at fault), in
+bounded time, and `config validate` must agree with `train --dry-run`.
 
-A test builds the corpus with `corpus(recipe, ...)` and runs each case with `run_case`, in
-this process (the upstream is imported once); `Outcome.problems` lists what is wrong.
+A test builds the corpus with `corpus(recipe, ...)` and runs each case with
+`primus.testing.fuzz_runs.run_case`, in this process (the upstream is imported once);
+its `Outcome.problems` lists what is wrong.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import random
 import re
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +22,6 @@ from primus.core.config.sanity import Rule
 from primus.core.config.yaml_io import MAX_BYTES
 
 EXPERIMENT = "exp.yaml"
-LIMIT_S = 10.0  # the most one case may take (the first pays for the upstream's import)
 _FILE_LINE = r"{name}:\d+"
 _LIST: dict[str, str | None] = {"FUZZ_LIST": "[1, 2]"}
 _ANY_FILE_LINE = r"[\w.-]+\.yaml:\d+"
@@ -47,36 +42,6 @@ class Case:
     env: dict[str, str | None] = field(default_factory=dict)
     at: str = _FILE_LINE.format(name=re.escape(EXPERIMENT))
     fifos: tuple[str, ...] = ()
-
-
-@dataclass
-class Outcome:
-    """What one command gave: exit code, stderr, seconds."""
-
-    code: int
-    stderr: str
-    seconds: float
-
-    @property
-    def message(self) -> str:
-        """The `error:` message (its first line onwards), or ''."""
-        start = self.stderr.find("error: ")
-        return self.stderr[start:] if start >= 0 else ""
-
-    def problems(self, case: Case) -> list[str]:
-        """How this outcome breaks the promise for `case` (empty when it keeps it)."""
-        found = []
-        if self.code != 2:
-            found.append(f"exit {self.code}, not 2")
-        if "Traceback" in self.stderr:
-            found.append("a traceback")
-        if len(re.findall(r"^error: ", self.stderr, re.M)) != 1:
-            found.append("not exactly one 'error:' message")
-        elif not re.search(case.at, self.message):
-            found.append(f"the message does not match {case.at!r}")
-        if self.seconds > LIMIT_S:
-            found.append(f"{self.seconds:.1f} s, over {LIMIT_S} s")
-        return found
 
 
 def _dump(tree: dict[str, Any]) -> bytes:
@@ -346,142 +311,3 @@ def _drop(tree: dict[str, Any], path: KeyPath) -> dict[str, Any]:
         node = node[key]
     del node[path[-1]]
     return copy
-
-
-def command_lines(case: Case, folder: Path) -> dict[str, list[str]]:
-    """The two commands that must agree on `case`: validate and a dry run."""
-    exp = str(folder / EXPERIMENT)
-    return {
-        "validate": ["config", "validate", exp, *case.overrides],
-        "dry-run": ["train", "pretrain", "--config", exp, "--dry-run", *case.overrides],
-    }
-
-
-def write_case(case: Case, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in case.files.items():
-        (folder / name).write_bytes(data)
-    for name in case.fifos:
-        if not (folder / name).exists():
-            os.mkfifo(folder / name)
-
-
-def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) -> Outcome:
-    """`primus ARGV` through `primus.cli.main.main`, in `folder`, with `env` applied, stdout
-    and stderr captured; the environment, the working directory, the CLI's debug switch and
-    every patched upstream name are put back afterwards."""
-    from primus.cli.common import DEBUG
-    from primus.cli.main import main
-    from primus.core.patches import restore_all
-
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    os.environ.pop("PRIMUS_PATCHES", None)
-    os.environ["PRIMUS_WORKSPACE"] = str(folder / "ws")
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    err, out = io.StringIO(), io.StringIO()
-    start = time.perf_counter()
-    code: int | str | None = 0
-    try:
-        os.chdir(folder)
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            try:
-                main(argv)
-            except SystemExit as exc:
-                code = exc.code
-            except BaseException:  # what the CLI would show: a traceback
-                import traceback
-
-                traceback.print_exc(file=err)
-                code = 1
-    finally:
-        seconds = time.perf_counter() - start
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
-        DEBUG.on = False
-        restore_all()
-    return Outcome(code if isinstance(code, int) else 1, err.getvalue(), seconds)
-
-
-def run_case(case: Case, folder: Path) -> tuple[list[str], dict[str, Outcome]]:
-    """Run `case` as validate and as a dry run, in this process; what breaks the promise."""
-    write_case(case, folder)
-    outcomes = {
-        what: run_in_process(argv, folder, case.env)
-        for what, argv in command_lines(case, folder).items()
-    }
-    problems = [f"{what}: {p}" for what, o in outcomes.items() for p in o.problems(case)]
-    validate, dry_run = outcomes["validate"].message, outcomes["dry-run"].message
-    if validate != dry_run:
-        problems.append(f"validate and dry-run differ:\n  {validate}\n  {dry_run}")
-    return problems, outcomes
-
-
-@dataclass
-class Report:
-    """A corpus run: cases, the seconds it took, and each failing case with its problems."""
-
-    cases: int
-    seconds: float
-    failures: dict[str, list[str]]
-
-    def __str__(self) -> str:
-        lines = [f"{self.cases} cases in {self.seconds:.1f} s, {len(self.failures)} failing"]
-        lines += [f"  {name}: {'; '.join(p)}" for name, p in self.failures.items()]
-        return "\n".join(lines)
-
-
-def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
-    """Run every case in this process after a warm-up that validates the unmutated `recipe`
-    (it must pass, writing nothing: the corpus's failures are the mutations'), which imports
-    the upstream."""
-    folder.mkdir(parents=True, exist_ok=True)
-    warm = run_in_process(["config", "validate", str(recipe)], folder, {})
-    assert warm.code == 0, f"the recipe itself does not validate:\n{warm.stderr[-3000:]}"
-    assert not any(folder.iterdir()), "validate wrote into the workspace"
-    start = time.perf_counter()
-    failures = {}
-    for i, case in enumerate(cases):
-        problems, _ = run_case(case, folder / f"case-{i}")
-        if problems:
-            failures[case.name] = problems
-    return Report(len(cases), time.perf_counter() - start, failures)
-
-
-def check_backend(
-    recipe: Path,
-    sizes: list[str],
-    refusals: dict[str, tuple[str, Pairs]],
-    folder: Path,
-    rules: Mapping[str, Rule] | None = None,
-    extra: dict[str, Pairs] | None = None,
-) -> Report:
-    """A backend's corpus: `recipe` mutated (its `sizes` keys too, its sanity `rules`' keys,
-    the model-build `refusals`' params and the `extra` combinations it must refuse), at least
-    300 cases, checked by `check_corpus`."""
-    combinations = {name: pairs for name, (_, pairs) in refusals.items()} | (extra or {})
-    cases = corpus(recipe, sizes, combinations, rules=rules)
-    assert len(cases) >= 300, f"only {len(cases)} cases"
-    return check_corpus(cases, recipe, folder)
-
-
-def refusal_problems(
-    recipe: Path, refusals: dict[str, tuple[str, Pairs]], folder: Path
-) -> list[str]:
-    """Combinations an upstream refuses only when it builds the model (name -> (the key the
-    error must name, the params)): how validate fails to refuse one with that key and a hint
-    that sets it."""
-    found = []
-    extra = {name: pairs for name, (_, pairs) in refusals.items()}
-    for case in (c for c in corpus(recipe, [], extra) if c.name in refusals):
-        problems, outcomes = run_case(case, folder / re.sub(r"\W", "_", case.name))
-        key = re.escape(refusals[case.name][0])
-        message = outcomes["validate"].message
-        if not re.search(rf"{key}.*\n  hint: .*set {key}", message, re.S):
-            problems.append(f"no key {key} and fix in: {message}")
-        found += [f"{case.name}: {p}" for p in problems]
-    return found
