@@ -50,7 +50,7 @@ RUNS = ("primus", "plain", "primus-turbo")  # Primus without and with turbo kern
 
 def megatron_flags(params: dict[str, Any]) -> list[str]:
     """The Megatron command line for `params` (dest names) through Megatron's own parser."""
-    from primus.backends.megatron.config_bridge import megatron_actions
+    from primus.backends.megatron.config.bridge import megatron_actions
 
     actions, flags = megatron_actions(), []
     for key, value in params.items():

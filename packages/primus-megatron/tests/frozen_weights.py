@@ -18,7 +18,7 @@ from primus.core.patches import PatchContext, register_patch
 
 def frozen(model: list[Any]) -> dict[str, torch.Tensor]:
     """The model's tensors but the adapters, copied."""
-    from primus.backends.megatron.lora import ADAPTER
+    from primus.backends.megatron.posttrain.lora import ADAPTER
 
     (chunk,) = model
     return {k: v.detach().clone() for k, v in chunk.state_dict().items()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.megatron.config_bridge import coerce, megatron_actions, megatron_schema
+from primus.backends.megatron.config.bridge import coerce, megatron_actions, megatron_schema
 from primus.testing.runs import primus
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from primus.backends.megatron.data_prepare import find_eod, load_tokenizer, read_documents
+from primus.backends.megatron.data.prepare import find_eod, load_tokenizer, read_documents
 from primus.core.errors import ConfigError
 
 WORDS = ["alpha", "beta", "gamma", "delta", "layer", "token", "model", "rope", "über", "数据"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.megatron.config_bridge import RULES
+from primus.backends.megatron.config.bridge import RULES
 from primus.backends.megatron.megatron_adapter import MegatronAdapter
 from primus.testing.fuzz_runs import check_backend, refusal_problems
 

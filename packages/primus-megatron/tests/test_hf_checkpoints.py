@@ -36,7 +36,7 @@ TRAIN = ("train_iters=4", "save_interval=2")
 
 def experiment(folder: Path, hf: Path, init_from: bool = False) -> Path:
     """An experiment on the tiny CPU recipe whose model preset is derived from `hf`."""
-    from primus.backends.megatron.checkpoints import preset_from_hf
+    from primus.backends.megatron.checkpoint.native import preset_from_hf
     from primus.core.checkpoint.hf import read_config
 
     (folder / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf))))

@@ -24,7 +24,7 @@ FORWARD = Path(__file__).with_name("megatron_forward.py")
 
 
 def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(tmp_path: Path) -> None:
-    from primus.backends.megatron.checkpoints import preset_from_hf
+    from primus.backends.megatron.checkpoint.native import preset_from_hf
     from primus.core.checkpoint.hf import read_config
 
     hf = tmp_path / "hf"

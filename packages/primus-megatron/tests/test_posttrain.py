@@ -67,7 +67,7 @@ def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
 
     from transformers import AutoTokenizer
 
-    from primus.backends.megatron.posttrain import SFTSamples
+    from primus.backends.megatron.posttrain.sft import SFTSamples
     from primus.core.posttrain import build_sft_data
 
     data = build_sft_data(module_of(experiment(tmp_path, task)).sft)

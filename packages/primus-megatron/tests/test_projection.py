@@ -94,7 +94,7 @@ def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state(tmp_path
     adapters are the parameters add_lora adds to the model's linears (one pair per HF
     projection); the bf16 weights include them, the fp32 gradients and the master copy and
     Adam's moments are theirs alone."""
-    from primus.backends.megatron.lora import add_lora
+    from primus.backends.megatron.posttrain.lora import add_lora
 
     try:
         args = preset_args(tmp_path, "megatron", "megatron_pretrain", "llama3.2_1B", GPU_BUILD,

@@ -42,7 +42,7 @@ class MegatronAdapter(BackendAdapter):
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util
 
-        from primus.backends.megatron.config_bridge import silence_import_notices
+        from primus.backends.megatron.config.bridge import silence_import_notices
 
         silence_import_notices()
         get_torchrun_env().export()  # Megatron reads RANK & co.; env:// needs MASTER_ADDR/PORT
@@ -58,12 +58,12 @@ class MegatronAdapter(BackendAdapter):
             log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")
 
     def param_schema(self) -> ParamSchema:
-        from primus.backends.megatron.config_bridge import megatron_schema
+        from primus.backends.megatron.config.bridge import megatron_schema
 
         return megatron_schema().merged(PRIMUS_KEYS)
 
     def convert_config(self, config: ModuleConfig) -> argparse.Namespace:
-        from primus.backends.megatron.config_bridge import build_megatron_args, megatron_actions
+        from primus.backends.megatron.config.bridge import build_megatron_args, megatron_actions
 
         actions = megatron_actions()
         args = build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
@@ -72,7 +72,7 @@ class MegatronAdapter(BackendAdapter):
         return args
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from primus.backends.megatron.checkpoints import preset_from_hf
+        from primus.backends.megatron.checkpoint.native import preset_from_hf
 
         return preset_from_hf(hf_config)
 
@@ -86,12 +86,12 @@ class MegatronAdapter(BackendAdapter):
         return Path(folder)
 
     def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
-        from primus.backends.megatron.hf_convert import import_hf
+        from primus.backends.megatron.checkpoint.hf import import_hf
 
         import_hf(hf_dir, backend_args, out)
 
     def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
-        from primus.backends.megatron.hf_convert import export_hf
+        from primus.backends.megatron.checkpoint.hf import export_hf
 
         export_hf(backend_args, iteration, out)
 
@@ -106,6 +106,6 @@ class MegatronAdapter(BackendAdapter):
         return layout_overrides(job)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
-        from primus.backends.megatron.checkpoints import inspect_checkpoint
+        from primus.backends.megatron.checkpoint.native import inspect_checkpoint
 
         return inspect_checkpoint(path)

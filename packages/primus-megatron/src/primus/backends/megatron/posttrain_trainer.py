@@ -12,14 +12,14 @@ from primus.core.logging import log_rank_0
 class MegatronPosttrainTrainer(MegatronPretrainTrainer):
     """Fine-tunes from the `init_from` import (or the run's latest checkpoint) on
     `build_sft_data(module.sft)`, evaluating every `eval_interval` steps; with `peft:`, only
-    the LoRA adapters train (primus.backends.megatron.lora)."""
+    the LoRA adapters train (primus.backends.megatron.posttrain.lora)."""
 
     stages = ("posttrain",)
 
     def setup(self) -> None:
-        from primus.backends.megatron import lora, posttrain
-        from primus.backends.megatron.checkpoints import is_imported
-        from primus.backends.megatron.hf_mapping import padded_vocab_size
+        from primus.backends.megatron.checkpoint.hf_mapping import padded_vocab_size
+        from primus.backends.megatron.checkpoint.native import is_imported
+        from primus.backends.megatron.posttrain import lora, sft
         from primus.core.posttrain import build_sft_data
 
         args = self.backend_args
@@ -35,7 +35,7 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
                     f"log_interval {args.log_interval}",
                     hint="the eval is reported on the step line of the step it follows",
                 )
-            args.eval_iters = posttrain.eval_batches(self.data.eval, args.global_batch_size)
+            args.eval_iters = sft.eval_batches(self.data.eval, args.global_batch_size)
         if args.primus_peft is not None:
             load = Path(args.load or "")
             if not (load / "iter_0000000").is_dir():
@@ -52,16 +52,17 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
     def train(self) -> None:
         from megatron.core.enums import ModelType
         from megatron.training import pretrain
-        from primus.backends.megatron import posttrain, providers
+        from primus.backends.megatron import providers
+        from primus.backends.megatron.posttrain import sft
 
         args = self.backend_args
         log_rank_0(f"[megatron] posttrain: {args.train_iters} iterations")
         pretrain(
             self.cfg,
-            posttrain.datasets_provider(
+            sft.datasets_provider(
                 self.data.train, self.data.eval, args.primus_sft.packing, args.global_batch_size
             ),
             ModelType.encoder_or_decoder,
-            posttrain.forward_step,
+            sft.forward_step,
             model_provider=providers.model_provider,
         )

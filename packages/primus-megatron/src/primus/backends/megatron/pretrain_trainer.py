@@ -14,7 +14,7 @@ class MegatronPretrainTrainer(BaseTrainer):
 
     def setup(self) -> None:
         from megatron.training.global_vars import set_global_variables
-        from primus.backends.megatron.checkpoints import is_imported
+        from primus.backends.megatron.checkpoint.native import is_imported
         from primus.core.dist_env import get_torchrun_env
         from primus.core.errors import ConfigError
 

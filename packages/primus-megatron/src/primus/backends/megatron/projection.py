@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from primus.core.projection import Job, Model, check_recompute, data_parallel
 
 if TYPE_CHECKING:
-    from primus.backends.megatron.hf_mapping import Layout
+    from primus.backends.megatron.checkpoint.hf_mapping import Layout
 
 # what the loss keeps per logit: Megatron's vocab-parallel cross-entropy an fp32 softmax and,
 # in the backward, its bf16 gradient; turbo's cross-entropy the bf16 logits and their gradient
@@ -24,7 +24,7 @@ HOST_MS_PER_TP_LAYER = 1.0
 def layout(args: Any) -> Layout:
     """The shapes of the model Megatron's args build (the vocabulary padded as Megatron pads
     it)."""
-    from primus.backends.megatron.hf_mapping import Layout, padded_vocab_size
+    from primus.backends.megatron.checkpoint.hf_mapping import Layout, padded_vocab_size
 
     return Layout.of(args, padded_vocab_size(args, "for the projection"))
 
@@ -49,11 +49,11 @@ def model(args: Any, shape: Layout) -> Model:
 
 
 def adapter_parameters(args: Any, shape: Layout) -> int:
-    """The parameters of the LoRA adapters `peft:` adds (primus.backends.megatron.lora) to a
-    model of `shape`: A (rank x in) and B (out x rank) for each targeted HF projection of each
-    layer."""
-    from primus.backends.megatron.hf_mapping import params
-    from primus.backends.megatron.lora import FUSED, target
+    """The parameters of the LoRA adapters `peft:` adds (primus.backends.megatron.posttrain.lora)
+    to a model of `shape`: A (rank x in) and B (out x rank) for each targeted HF projection of
+    each layer."""
+    from primus.backends.megatron.checkpoint.hf_mapping import params
+    from primus.backends.megatron.posttrain.lora import FUSED, target
 
     peft = getattr(args, "primus_peft", None)
     if peft is None:

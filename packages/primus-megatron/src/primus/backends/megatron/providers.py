@@ -86,7 +86,7 @@ def model_provider(
         pg_collection=pg_collection,
     )
     if args.primus_peft is not None:  # `peft:` (fine-tuning): adapters on the frozen model
-        from primus.backends.megatron.lora import add_lora
+        from primus.backends.megatron.posttrain.lora import add_lora
 
         add_lora(model, args)
     return model

@@ -1,28 +1,23 @@
-"""The megatron backend's patches. Importing this package registers them (entry point
-`primus.patches`); megatron and torch are imported only inside the handlers."""
+"""The megatron backend's patches, registered on import (entry point `primus.patches`).
 
-from primus.backends.megatron.patches import (
-    checkpoints,
-    data,
-    devices,
-    disk_full,
-    fallbacks,
-    nonfinite,
-    posttrain,
-    preemption,
-    run_dir,
-    throughput,
+Each feature folder holds its own patches; this list imports them in the order they register
+(patches of one phase and priority run in that order). Megatron and torch are imported only
+inside the handlers."""
+
+from importlib import import_module
+
+MODULES = (
+    "primus.backends.megatron.checkpoint.patches",
+    "primus.backends.megatron.data.patches",
+    "primus.backends.megatron.devices.patches",
+    "primus.backends.megatron.reliability.disk_full",
+    "primus.backends.megatron.devices.fallbacks",
+    "primus.backends.megatron.reliability.nonfinite",
+    "primus.backends.megatron.posttrain.patches",
+    "primus.backends.megatron.reliability.preemption",
+    "primus.backends.megatron.observability.run_dir",
+    "primus.backends.megatron.observability.throughput",
 )
 
-__all__ = [
-    "checkpoints",
-    "data",
-    "devices",
-    "disk_full",
-    "fallbacks",
-    "nonfinite",
-    "posttrain",
-    "preemption",
-    "run_dir",
-    "throughput",
-]
+for _module in MODULES:
+    import_module(_module)

@@ -151,7 +151,7 @@ def _import_builder() -> tuple[Any, Any]:
     import logging
     import warnings
 
-    from primus.backends.megatron.config_bridge import silence_import_notices
+    from primus.backends.megatron.config.bridge import silence_import_notices
 
     silence_import_notices()
     warnings.filterwarnings("ignore", category=SyntaxWarning)  # megatron-core's, at compile time

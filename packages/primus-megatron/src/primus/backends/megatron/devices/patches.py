@@ -18,7 +18,7 @@ from primus.core.patches import TESTED, PatchContext, get_args, get_param, regis
 )
 def cpu(ctx: PatchContext) -> None:
     """Answer megatron.training's CUDA calls on the CPU and use gloo (tests, laptops, CI)."""
-    from primus.backends.megatron import cpu as shims
+    from primus.backends.megatron.devices import cpu as shims
 
     for change in shims.enable(ctx):
         log_rank_0(f"[megatron] cpu: {change}")
@@ -64,7 +64,7 @@ def build_without_gpu(ctx: PatchContext) -> None:
 )
 def cpu_args(ctx: PatchContext) -> None:
     """CPU initialization, gloo, CUDA-only fusions off, the RNG tracker on the CPU generator."""
-    from primus.backends.megatron import cpu as shims
+    from primus.backends.megatron.devices import cpu as shims
 
     for change in shims.cpu_args(ctx, get_args(ctx)):
         log_rank_0(f"[megatron] cpu: {change}")

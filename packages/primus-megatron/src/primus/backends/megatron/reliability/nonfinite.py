@@ -106,7 +106,7 @@ def _stop_when_exhausted(ctx: PatchContext, guard: SkippedSteps) -> Callable[[Ca
 
     def wrapper(original: Callable) -> Callable:
         def checkpoint_and_decide_exit(*save_args: Any) -> bool:
-            from primus.backends.megatron.stopping import save_now
+            from primus.backends.megatron.reliability.stopping import save_now
 
             if guard.exhausted:  # the weights are the last good step's: the skipped kept them
                 raise guard.error(str(save_now(run_dir, save_args)))  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from primus.backends.megatron.hf_mapping import Layout, Param, params, to_megatron
+from primus.backends.megatron.checkpoint.hf_mapping import Layout, Param, params, to_megatron
 from primus.core.posttrain import PeftConfig
 
 # The fused Megatron linear (under decoder.layers.) holding each HF projection.
@@ -93,7 +93,7 @@ def add_lora(model: Any, args: Any) -> None:
     """Freeze `model` (a GPTModel of one pipeline stage), add the adapters `args.primus_peft`
     asks for, load the frozen weights from `args.primus_lora_base` when set (the HF import),
     and make the model's sharded state dict the adapters only."""
-    from primus.backends.megatron.hf_mapping import padded_vocab_size
+    from primus.backends.megatron.checkpoint.hf_mapping import padded_vocab_size
 
     peft: PeftConfig = args.primus_peft
     layout = Layout.from_args(args, padded_vocab_size(args))

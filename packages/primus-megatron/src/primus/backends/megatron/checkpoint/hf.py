@@ -19,9 +19,7 @@ from typing import Any
 
 import torch
 
-from primus.backends.megatron import lora
-from primus.backends.megatron.checkpoints import TRACKER, iteration_dir
-from primus.backends.megatron.hf_mapping import (
+from primus.backends.megatron.checkpoint.hf_mapping import (
     Layout,
     Param,
     extra_state_keys,
@@ -32,6 +30,8 @@ from primus.backends.megatron.hf_mapping import (
     to_hf,
     to_megatron,
 )
+from primus.backends.megatron.checkpoint.native import TRACKER, iteration_dir
+from primus.backends.megatron.posttrain import lora
 from primus.core.atomic import write_atomic, write_json
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter

@@ -13,7 +13,7 @@ from primus.core.patches import TESTED, PatchContext, get_param, register_patch
 
 def _latest_complete(original: Callable) -> Callable:
     def read_metadata(tracker_filename: str) -> tuple[int, bool]:
-        from primus.backends.megatron.checkpoints import complete_iterations
+        from primus.backends.megatron.checkpoint.native import complete_iterations
 
         tracker = Path(tracker_filename)
         named = tracker.read_text().strip()

@@ -44,7 +44,7 @@ def _stop_on_signal(ctx: PatchContext) -> Callable[[Callable], Callable]:
         def checkpoint_and_decide_exit(*save_args: Any) -> bool:
             import torch
 
-            from primus.backends.megatron.stopping import agreed_max, save_now
+            from primus.backends.megatron.reliability.stopping import agreed_max, save_now
 
             name = preemption.requested()
             (signum,) = agreed_max(signal.Signals[name].value if name else 0)

@@ -26,7 +26,7 @@ from rich.text import Text
 from primus.cli.common import Debug
 
 if TYPE_CHECKING:
-    from primus.backends.megatron.data_prepare import Eod, Prepared
+    from primus.backends.megatron.data.prepare import Eod, Prepared
 
 app = typer.Typer(
     help="Prepare training data for the Megatron backend.",
@@ -133,7 +133,7 @@ def prepare(
     debug: Debug = False,
 ) -> None:
     """Tokenize a JSONL corpus into Megatron's indexed dataset (PREFIX.bin, PREFIX.idx)."""
-    from primus.backends.megatron.data_prepare import prepare as run_prepare
+    from primus.backends.megatron.data.prepare import prepare as run_prepare
 
     console = Console(stderr=True)
     columns = (

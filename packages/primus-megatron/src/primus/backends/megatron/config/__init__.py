@@ -1,0 +1,1 @@
+"""Megatron's args from Primus params (`bridge`)."""

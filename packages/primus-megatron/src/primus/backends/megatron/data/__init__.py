@@ -1,0 +1,1 @@
+"""Data: `primus data prepare` (tokenizing into indexed datasets) and the data patches."""

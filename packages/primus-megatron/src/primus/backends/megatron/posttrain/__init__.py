@@ -1,0 +1,1 @@
+"""Fine-tuning: SFT rows as Megatron samples, LoRA, and the posttrain patches."""
