@@ -35,7 +35,7 @@ STEP = re.compile(
 
 def torchtitan_flags(params: dict) -> list[str]:
     """TorchTitan's CLI flags for the experiment, through the same function Primus uses."""
-    from primus.backends.torchtitan.config_bridge import cli_args
+    from primus.backends.torchtitan.config.bridge import cli_args
     from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 
     optimizer = params.get("optimizer", {})

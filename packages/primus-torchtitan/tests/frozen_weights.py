@@ -16,7 +16,7 @@ from primus.core.patches import PatchContext, register_patch
 
 
 def main(exp: str, out: str, *overrides: str) -> None:
-    from primus.backends.torchtitan.lora import is_adapter
+    from primus.backends.torchtitan.posttrain.lora import is_adapter
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
     @register_patch("test.frozen_weights", backend="torchtitan", phase="after_train")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.torchtitan.config_bridge import cli_args
+from primus.backends.torchtitan.config.bridge import cli_args
 from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
@@ -44,7 +44,7 @@ def test_params_become_torchtitans_own_flags() -> None:
 
 
 def test_the_recipe_builds_torchtitans_config() -> None:
-    from primus.backends.torchtitan.data import MockDataLoader, MockTokenizer
+    from primus.backends.torchtitan.data.datasets import MockDataLoader, MockTokenizer
 
     config = trainer_config("training.steps=7", "optimizer.lr=0.01", "optimizer.betas=[0.8,0.9]")
     assert config.training.steps == 7 and config.training.local_batch_size == 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from primus.backends.torchtitan.config_bridge import RULES
+from primus.backends.torchtitan.config.bridge import RULES
 from primus.backends.torchtitan.torchtitan_adapter import TorchTitanAdapter
 from primus.testing.fuzz_runs import check_backend, refusal_problems
 

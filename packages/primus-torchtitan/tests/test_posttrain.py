@@ -89,7 +89,7 @@ def test_the_rows_torchtitan_reads_train_on_the_assistant_tokens(
 def test_data_parallel_ranks_split_each_global_batch(task: dict[str, Path], tmp_path: Path) -> None:
     """Two ranks, two micro-batches a step: together they read each step's global batch,
     the rows one rank would read (the loss is one sum over the global batch)."""
-    from primus.backends.torchtitan.posttrain import SFTRows
+    from primus.backends.torchtitan.posttrain.sft import SFTRows
     from primus.core.posttrain import build_sft_data
 
     rows = build_sft_data(module_of(experiment(tmp_path, task)).sft).train
@@ -230,7 +230,7 @@ def titan_lora_logits(run: Path, tokens: torch.Tensor) -> torch.Tensor:
     import, the adapters from its last checkpoint."""
     import torch.distributed.checkpoint as dcp
 
-    from primus.backends.torchtitan.lora import is_adapter
+    from primus.backends.torchtitan.posttrain.lora import is_adapter
     from primus.testing.torchtitan import runtime
 
     with runtime(run.parents[3] / "exp.yaml", *TRAIN) as rt:

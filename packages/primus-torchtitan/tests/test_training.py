@@ -147,7 +147,7 @@ def test_flash_attention_kernels_are_activated_only_where_installed(
     """Upstream asks for FA3 on any Hopper GPU and the model build fails where its package is
     missing; `torchtitan.flash_attention_impl` passes the request on only where the package
     imports. (No GPU here: the wrapper is handed upstream's Hopper and Blackwell answers.)"""
-    from primus.backends.torchtitan.patches.devices import installed_only
+    from primus.backends.torchtitan.devices.patches import installed_only
 
     assert installed_only(lambda: "FA3")() is None
     assert installed_only(lambda: "FA4")() is None

@@ -9,14 +9,14 @@ from primus.core.logging import log_rank_0
 
 class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
     """Fine-tunes from the `init_from` import (or the run's latest step-N checkpoint) on
-    `build_sft_data(module.sft)` (primus.backends.torchtitan.posttrain), evaluating every
+    `build_sft_data(module.sft)` (primus.backends.torchtitan.posttrain.sft), evaluating every
     `validator.freq` steps; with `peft:`, only TorchTitan's LoRA adapters train."""
 
     stages = ("posttrain",)
 
     def init(self) -> None:
-        from primus.backends.torchtitan import lora
-        from primus.backends.torchtitan.hf_convert import import_dir
+        from primus.backends.torchtitan.checkpoint.hf import import_dir
+        from primus.backends.torchtitan.posttrain import lora
         from primus.core.posttrain import build_sft_data
 
         config = self.backend_args

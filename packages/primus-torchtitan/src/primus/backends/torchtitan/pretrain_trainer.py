@@ -15,7 +15,7 @@ class TorchTitanPretrainTrainer(BaseTrainer):
     trainer: Any = None
 
     def init(self) -> None:
-        from primus.backends.torchtitan.hf_convert import start_from_import
+        from primus.backends.torchtitan.checkpoint.hf import start_from_import
 
         imported = start_from_import(self.backend_args)
         if imported:

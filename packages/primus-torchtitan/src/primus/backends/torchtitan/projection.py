@@ -118,7 +118,7 @@ def _data_parallel(parallelism: Any, gpus: int, tp: int, pp: int, cp: int) -> tu
 def adapter_parameters(config: Any) -> int:
     """The LoRA adapters' parameters (`peft:`): A (rank x in) and B (out x rank) of each
     adapted Linear, as TorchTitan's LoRAConverter builds them."""
-    from primus.backends.torchtitan.lora import adapted_linears
+    from primus.backends.torchtitan.posttrain.lora import adapted_linears
 
     linears = adapted_linears(config).values()
     return sum(c.rank * (c.in_features + c.out_features) for c in linears)

@@ -29,8 +29,8 @@ PRIMUS_KEYS = ParamSchema(
 
 def owned_keys() -> ParamSchema:
     """Keys Primus consumes itself; every other param becomes a TorchTitan CLI flag."""
-    from primus.backends.torchtitan.config_bridge import AC_MODE, OPTIMIZER_KEYS
-    from primus.backends.torchtitan.flavors import MODEL_KEYS
+    from primus.backends.torchtitan.config.bridge import AC_MODE, OPTIMIZER_KEYS
+    from primus.backends.torchtitan.model.flavors import MODEL_KEYS
 
     return PRIMUS_KEYS.merged(
         ParamSchema({**MODEL_KEYS, **OPTIMIZER_KEYS, AC_MODE: ParamSpec(str)}),
@@ -57,33 +57,33 @@ class TorchTitanAdapter(BackendAdapter):
             log_rank_0(f"[torchtitan] model: {model}")
 
     def param_schema(self) -> ParamSchema:
-        from primus.backends.torchtitan.config_bridge import torchtitan_schema
-        from primus.backends.torchtitan.flavors import MODEL_KEYS
+        from primus.backends.torchtitan.config.bridge import torchtitan_schema
+        from primus.backends.torchtitan.model.flavors import MODEL_KEYS
 
         return torchtitan_schema().merged(PRIMUS_KEYS, ParamSchema(MODEL_KEYS))
 
     def convert_config(self, config: ModuleConfig) -> Any:
-        from primus.backends.torchtitan.config_bridge import build_trainer_config
+        from primus.backends.torchtitan.config.bridge import build_trainer_config
 
         return build_trainer_config(config, owned_keys(), bool(config.params.get("mock_data")))
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from primus.backends.torchtitan.checkpoints import preset_from_hf
+        from primus.backends.torchtitan.checkpoint.native import preset_from_hf
 
         return preset_from_hf(hf_config)
 
     def hf_import_dir(self, backend_args: Any) -> Path:
-        from primus.backends.torchtitan.hf_convert import import_dir
+        from primus.backends.torchtitan.checkpoint.hf import import_dir
 
         return import_dir(backend_args)
 
     def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
-        from primus.backends.torchtitan.hf_convert import import_hf
+        from primus.backends.torchtitan.checkpoint.hf import import_hf
 
         import_hf(hf_dir, backend_args, out)
 
     def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
-        from primus.backends.torchtitan.hf_convert import export_hf, tokenizer_dir
+        from primus.backends.torchtitan.checkpoint.hf import export_hf, tokenizer_dir
         from primus.core.checkpoint.convert import copy_tokenizer
 
         source = export_hf(backend_args, iteration, out)
@@ -104,6 +104,6 @@ class TorchTitanAdapter(BackendAdapter):
         return layout_overrides(job)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
-        from primus.backends.torchtitan.checkpoints import inspect_checkpoint
+        from primus.backends.torchtitan.checkpoint.native import inspect_checkpoint
 
         return inspect_checkpoint(path)

@@ -166,8 +166,8 @@ def cli_args(params: dict[str, Any], owned: ParamSchema) -> list[str]:
 
 def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     """Trainer.Config with what TorchTitan's CLI cannot set: model, loss, optimizer, data."""
-    from primus.backends.torchtitan.data import MockDataLoader, MockTokenizer
-    from primus.backends.torchtitan.flavors import register_flavor
+    from primus.backends.torchtitan.data.datasets import MockDataLoader, MockTokenizer
+    from primus.backends.torchtitan.model.flavors import register_flavor
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -196,7 +196,7 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
         extra = {"tokenizer": MockTokenizer.Config(vocab_size=vocab), "hf_assets_path": "."}
     dataloader = MockDataLoader.Config() if mock_data else HuggingFaceTextDataLoader.Config()
     if config.sft is not None:  # fine-tuning: core's SFT rows, evaluated by Primus's validator
-        from primus.backends.torchtitan.posttrain import SFTDataLoader, SFTValidator
+        from primus.backends.torchtitan.posttrain.sft import SFTDataLoader, SFTValidator
 
         dataloader, extra["validator"] = (
             SFTDataLoader.Config(_sft=config.sft),

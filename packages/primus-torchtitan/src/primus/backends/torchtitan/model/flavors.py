@@ -170,7 +170,7 @@ def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
 
         converters = [Float8LinearConverter.Config(model_compile_enabled=compile_model)]
     if config.peft is not None:  # `peft:` (fine-tuning): TorchTitan's LoRAConverter
-        from primus.backends.torchtitan.lora import converter
+        from primus.backends.torchtitan.posttrain.lora import converter
 
         converters = [*(converters or []), converter(config.peft)]
     return module.model_registry(

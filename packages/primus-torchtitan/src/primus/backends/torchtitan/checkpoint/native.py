@@ -1,5 +1,5 @@
-"""TorchTitan checkpoints: model presets (the `model:` section of flavors.py) from HF configs,
-and what a DCP checkpoint (`step-N` folders) holds."""
+"""TorchTitan checkpoints: model presets (the `model:` section of model/flavors.py) from HF
+configs, and what a DCP checkpoint (`step-N` folders) holds."""
 
 from __future__ import annotations
 

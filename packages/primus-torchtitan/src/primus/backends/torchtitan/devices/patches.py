@@ -26,7 +26,7 @@ def cpu(ctx: PatchContext) -> None:
     """Train on the CPU with gloo: device type cpu, attention through SDPA (FlexAttention has no
     CPU backward, varlen attention no CPU kernel), FSDP2 reducing with a plain sum (gloo has no
     PREMUL_SUM)."""
-    from primus.backends.torchtitan import cpu as shims
+    from primus.backends.torchtitan.devices import cpu as shims
 
     shims.enable_cpu(ctx)
     log_rank_0("[torchtitan] cpu: device cpu, gloo, SDPA attention, FSDP sum reduction")

@@ -123,7 +123,7 @@ def step_metrics_patch(ctx: PatchContext) -> None:
 
     def with_eval(original: Any) -> Any:
         def log_validation(self: Any, loss: float, step: int, extra_metrics: Any = None) -> None:
-            from primus.backends.torchtitan.posttrain import ACCURACY
+            from primus.backends.torchtitan.posttrain.sft import ACCURACY
 
             original(self, loss, step, extra_metrics)
             metrics, meter.pending = meter.pending, None

@@ -77,7 +77,7 @@ def _lora(ctx: PatchContext) -> bool:
 def lora_checkpoint(ctx: PatchContext) -> None:
     """The model's part of TorchTitan's checkpoints is the LoRA adapters only: the frozen
     weights stay the HF import's (Primus loads them from there, also on resume)."""
-    from primus.backends.torchtitan.lora import is_adapter
+    from primus.backends.torchtitan.posttrain.lora import is_adapter
 
     def adapters_only(original: Any) -> Any:
         def state(self: Any) -> dict[str, Any]:

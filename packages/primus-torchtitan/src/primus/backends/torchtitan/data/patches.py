@@ -31,7 +31,7 @@ def mock_data(ctx: PatchContext) -> None:
 
 def _local_dataset(ctx: PatchContext) -> bool:
     """dataloader.dataset is jsonl or parquet"""
-    from primus.backends.torchtitan.data import LOCAL_FORMATS
+    from primus.backends.torchtitan.data.datasets import LOCAL_FORMATS
 
     return get_param(ctx, "dataloader.dataset") in LOCAL_FORMATS
 
@@ -48,7 +48,7 @@ def _local_dataset(ctx: PatchContext) -> bool:
 def local_datasets(ctx: PatchContext) -> None:
     """Add `jsonl` and `parquet` datasets: a local file or glob in dataloader.dataset_path whose
     records have a `text` field, tokenized by the tokenizer in hf_assets_path."""
-    from primus.backends.torchtitan.data import register_local_datasets
+    from primus.backends.torchtitan.data.datasets import register_local_datasets
 
     register_local_datasets()
     path = get_param(ctx, "dataloader.dataset_path")
@@ -68,10 +68,10 @@ def local_datasets(ctx: PatchContext) -> None:
 )
 def data_reshard(ctx: PatchContext) -> None:
     """Resuming with another data-parallel size: instead of TorchTitan's assertion, the text
-    dataset's saved positions are re-sharded (primus.backends.torchtitan.reshard), so that
+    dataset's saved positions are re-sharded (primus.backends.torchtitan.data.position), so that
     the resumed run reads each row left in the epoch exactly once; other datasets: a config
     error that says so."""
-    from primus.backends.torchtitan import reshard
+    from primus.backends.torchtitan.data import position
 
     text = "torchtitan.hf_datasets.text_datasets"
     dataset = f"{text}.HuggingFaceTextDataset"
@@ -87,14 +87,14 @@ def data_reshard(ctx: PatchContext) -> None:
     def save_order(original: Callable[..., dict]) -> Callable[..., dict]:
         def state_dict(self: Any) -> dict:
             order = getattr(self, "_primus_order", None)
-            return original(self) | ({reshard.ORDER: order} if order is not None else {})
+            return original(self) | ({position.ORDER: order} if order is not None else {})
 
         return state_dict
 
     def load_order(original: Callable[..., None]) -> Callable[..., None]:
         def load_state_dict(self: Any, state: dict) -> None:
             original(self, state)
-            self._primus_order = state.get(reshard.ORDER)
+            self._primus_order = state.get(position.ORDER)
             if self._primus_order is not None:
                 self._data = self._original_data._primus_full.select(self._primus_order)
 
@@ -111,13 +111,13 @@ def data_reshard(ctx: PatchContext) -> None:
         def dcp_load(self: Any, state_dict: dict, checkpoint_id: str, **kwargs: Any) -> None:
             loader = state_dict.get("dataloader")
             if loader is not None and not kwargs.get("from_hf"):
-                saved = reshard.saved_ranks(checkpoint_id)
+                saved = position.saved_ranks(checkpoint_id)
                 if saved and saved != loader.dp_world_size:
-                    reshard.check_reshardable(loader, saved)
+                    position.check_reshardable(loader, saved)
                     log_rank_0(f"[torchtitan] data position: saved by {saved} data-parallel "
                                f"ranks, resumed on {loader.dp_world_size}: the rows left in "
                                "the epoch and the buffered tokens are re-sharded")  # fmt: skip
-                    state_dict = state_dict | {"dataloader": reshard.Resharded(loader, saved)}
+                    state_dict = state_dict | {"dataloader": position.Resharded(loader, saved)}
             original(self, state_dict, checkpoint_id, **kwargs)
 
         return dcp_load

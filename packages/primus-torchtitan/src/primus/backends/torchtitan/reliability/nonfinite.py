@@ -64,7 +64,7 @@ class StepCheck:
     def update_allowed(self, grad_norm: Any) -> bool:
         """Whether the step's loss and gradient norm are finite on every rank (a sum over the
         ranks is non-finite when any term is); logs a skip. A host sync."""
-        from primus.backends.torchtitan.resilience import across_ranks
+        from primus.backends.torchtitan.reliability.stopping import across_ranks
 
         assert self.step is not None
         total_loss, total_norm = across_ranks([self.loss, grad_norm.detach().float()], "sum")
@@ -110,7 +110,7 @@ def skip_nonfinite(ctx: PatchContext) -> None:
     module). The `max_skipped_steps`-th in a row writes a full checkpoint of the last good
     state (as `step-N` of the current step, so a resume goes on with the data after the skipped
     steps) and stops the run with exit 1."""
-    from primus.backends.torchtitan.resilience import save_full
+    from primus.backends.torchtitan.reliability.stopping import save_full
 
     check = StepCheck(SkippedSteps.from_params(ctx))
     titan = ctx.extra["trainer"].trainer

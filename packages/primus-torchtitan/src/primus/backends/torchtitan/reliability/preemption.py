@@ -25,7 +25,12 @@ def stop_on_preemption(ctx: PatchContext) -> None:
     """After each step's checkpoint decision, the ranks agree on a preemption signal (any rank
     got one: all-reduce MAX, over gloo); then every rank writes a full checkpoint of the step
     (unless the step's own save was one), waits for async saves, and the run stops with exit 75."""
-    from primus.backends.torchtitan.resilience import across_ranks, host_group, rank, save_full
+    from primus.backends.torchtitan.reliability.stopping import (
+        across_ranks,
+        host_group,
+        rank,
+        save_full,
+    )
 
     run_dir = ctx.run_dir
     assert run_dir is not None, "the runtime always sets the run directory"

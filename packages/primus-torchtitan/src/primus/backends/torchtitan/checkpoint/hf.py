@@ -72,7 +72,7 @@ def expected_state(config: Any) -> dict[str, Any]:
 
 def base_state(config: Any) -> dict[str, Any]:
     """`expected_state` without LoRA adapters: what an HF model holds."""
-    from primus.backends.torchtitan.lora import is_adapter
+    from primus.backends.torchtitan.posttrain.lora import is_adapter
 
     return {k: v for k, v in expected_state(config).items() if not is_adapter(k)}
 
@@ -252,7 +252,7 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from primus.backends.torchtitan import lora
+    from primus.backends.torchtitan.posttrain import lora
     from torchtitan.config import TORCH_DTYPE_MAP
 
     source = _source(config, iteration)
@@ -292,7 +292,7 @@ def _adapters(source: Path, config: Any) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from primus.backends.torchtitan import lora
+    from primus.backends.torchtitan.posttrain import lora
 
     if source == import_dir(config):
         raise ConfigError(f"{source}: the HF import holds no LoRA adapters",
@@ -305,7 +305,7 @@ def _adapters(source: Path, config: Any) -> dict[str, Any]:
 
 def tokenizer_dir(config: Any) -> Path | None:
     """The experiment's tokenizer folder (`hf_assets_path`), None when it trains on mock data."""
-    from primus.backends.torchtitan.data import MockTokenizer
+    from primus.backends.torchtitan.data.datasets import MockTokenizer
 
     if isinstance(config.tokenizer, MockTokenizer.Config):
         return None

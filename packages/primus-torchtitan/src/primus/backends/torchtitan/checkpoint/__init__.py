@@ -1,0 +1,1 @@
+"""TorchTitan checkpoints: the native (DCP) format and its patches, HF conversion."""

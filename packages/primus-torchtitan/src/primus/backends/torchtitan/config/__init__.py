@@ -1,0 +1,1 @@
+"""TorchTitan's Trainer.Config from Primus params (`bridge`)."""

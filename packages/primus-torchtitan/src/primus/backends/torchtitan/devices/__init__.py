@@ -1,0 +1,1 @@
+"""Where TorchTitan runs: CPU shims and the device patches."""

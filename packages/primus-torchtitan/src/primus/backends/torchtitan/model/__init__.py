@@ -1,0 +1,1 @@
+"""Model definitions: Primus presets as TorchTitan flavors."""

@@ -1,0 +1,1 @@
+"""Fine-tuning: SFT rows through a TorchTitan dataloader, LoRA, and the posttrain patches."""
