@@ -32,6 +32,9 @@ class MegatronAdapter(BackendAdapter):
         "pretrain": "primus.backends.megatron.pretrain_trainer:MegatronPretrainTrainer",
         "posttrain": "primus.backends.megatron.posttrain_trainer:MegatronPosttrainTrainer",
     }
+    capabilities = frozenset(
+        {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"}
+    )
     tested_versions = TESTED
     # Training choices in `model_preset_from_hf`'s result, not architecture (with RoPE,
     # max_position_embeddings only bounds seq_length: no weight or frequency depends on it).
