@@ -46,8 +46,8 @@ PEAK = re.compile(r"\| peak mem ([\d.]+) GiB")
 
 def maxtext_command(params: dict, out: Path, run_name: str) -> list[str]:
     """MaxText's own command line for the experiment, through the function Primus uses."""
-    from primus.backends.maxtext.config_bridge import maxtext_argv
-    from primus.backends.maxtext.patches.cudnn_attention import autoselected_on_nvidia
+    from primus.backends.maxtext.config.bridge import maxtext_argv
+    from primus.backends.maxtext.devices.cudnn_attention import autoselected_on_nvidia
     from primus.core.config.schema import registered_params
     from primus.core.patches import PatchContext
     from primus.core.patches.registry import load_patch_modules

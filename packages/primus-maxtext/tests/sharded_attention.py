@@ -29,7 +29,7 @@ def main(workspace: Path) -> None:
     from maxtext.layers.attention_op import AttentionOp
     from maxtext.utils.maxtext_utils import create_device_mesh
 
-    from primus.backends.maxtext.patches import gpu_attention_sharding as patch
+    from primus.backends.maxtext.devices import gpu_attention_sharding as patch
     from primus.testing.runs import preset_args
 
     args = preset_args(

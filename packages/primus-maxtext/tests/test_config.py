@@ -9,7 +9,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from primus.backends.maxtext.config_bridge import base_config, maxtext_argv
+from primus.backends.maxtext.config.bridge import base_config, maxtext_argv
 from primus.core.config import ParamSchema, ParamSpec
 from primus.core.config.loader import load_config_file
 from primus.core.errors import ConfigError
@@ -51,7 +51,7 @@ def test_params_become_maxtexts_command_line() -> None:
 def test_the_schema_is_maxtexts_config_model() -> None:
     from maxtext.configs.types import MaxTextConfig
 
-    from primus.backends.maxtext.config_bridge import maxtext_schema
+    from primus.backends.maxtext.config.bridge import maxtext_schema
 
     specs = maxtext_schema().specs
     assert set(specs) == set(MaxTextConfig.model_fields)
@@ -97,7 +97,7 @@ def test_the_1b_preset_has_the_8b_presets_keys() -> None:
 @pytest.fixture(scope="module")
 def convert():
     """The adapter's convert_config on the tiny recipe plus overrides, in this process."""
-    from primus.backends.maxtext.patches.config_errors import config_errors
+    from primus.backends.maxtext.config.errors import config_errors
     from primus.core.patches import PatchContext, restore_all
 
     ctx = PatchContext("maxtext", "setup", None, "0", {})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.maxtext.patches import cudnn_attention
+from primus.backends.maxtext.devices import cudnn_attention
 from primus.core.patches.rebind import restore_all
 from primus.core.runtime.primus_runtime import PrimusRuntime
 

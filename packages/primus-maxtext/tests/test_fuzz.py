@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from primus.backends.maxtext.config_bridge import RULES
+from primus.backends.maxtext.config.bridge import RULES
 from primus.backends.maxtext.maxtext_adapter import MaxTextAdapter
 from primus.testing.fuzz_runs import check_backend, refusal_problems
 

@@ -32,7 +32,7 @@ def test_each_device_attends_its_own_sequences_with_the_same_result(tmp_path: Pa
      ("gpu", "dot_product", False), ("cpu", "autoselected", False)],
 )  # fmt: skip
 def test_the_patch_is_for_gpu_flash_attention(hardware: str, attention: str, applies: bool) -> None:
-    from primus.backends.maxtext.patches.gpu_attention_sharding import _gpu_flash
+    from primus.backends.maxtext.devices.gpu_attention_sharding import _gpu_flash
     from primus.core.patches import PatchContext
 
     params = {"hardware": hardware, "attention": attention}

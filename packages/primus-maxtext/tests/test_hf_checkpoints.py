@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import yaml
 
-from primus.backends.maxtext import hf_convert
+from primus.backends.maxtext.checkpoint import hf, hf_mapping
 from primus.core.checkpoint import hf_tensors
 from primus.core.checkpoint.hf import HFArchitecture, read_config
 from primus.core.errors import ConfigError
@@ -48,7 +48,7 @@ def experiment(folder: Path, hf: Path, tokenizer: Path | None = None,
                extra: dict[str, Any] | None = None, **changes: Any) -> Path:  # fmt: skip
     """A one-module MaxText experiment whose model preset is derived from `hf`'s config
     (with `changes`), with OVERRIDES and `extra`."""
-    from primus.backends.maxtext.checkpoints import preset_from_hf
+    from primus.backends.maxtext.checkpoint.native import preset_from_hf
 
     (folder / "preset.yaml").write_text(yaml.safe_dump(preset_from_hf(read_config(hf)) | changes))
     overrides = (
@@ -83,10 +83,10 @@ def maxtext_logits(run: Any) -> np.ndarray:
     the run starts from (its import)."""
     import jax
 
-    config = hf_convert.maxtext_config(run.backend_args().argv)
-    model, params, treedef = hf_convert.abstract_model(config)
+    config = hf_mapping.maxtext_config(run.backend_args().argv)
+    model, params, treedef = hf_mapping.abstract_model(config)
     start = Path(config.load_parameters_path).parent
-    loaded = hf_convert.load_params(config, params, start)
+    loaded = hf.load_params(config, params, start)
     tree = jax.tree_util.tree_unflatten(treedef, [loaded[key] for key in params])
     positions = np.broadcast_to(np.arange(TOKENS.shape[1]), TOKENS.shape)
     logits = model.apply(tree, TOKENS, positions, decoder_segment_ids=np.ones_like(TOKENS),
@@ -266,10 +266,10 @@ def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_p
             tmp_path / f"run-{name}", tmp_path / name, extra={"export_dtype": dtypes[name]}
         )
         with runtime(exp) as run:
-            step = run.import_hf(tmp_path / name) / hf_convert.IMPORT_STEP
-            config = hf_convert.maxtext_config(run.backend_args().argv)
-            _, params, _ = hf_convert.abstract_model(config)
-            loaded[name] = hf_convert.load_params(config, params, step)
+            step = run.import_hf(tmp_path / name) / hf.IMPORT_STEP
+            config = hf_mapping.maxtext_config(run.backend_args().argv)
+            _, params, _ = hf_mapping.abstract_model(config)
+            loaded[name] = hf.load_params(config, params, step)
             if name == "bf16":
                 exported = run.export_hf(None, tmp_path / "bf16-again")
         tree = ocp.metadata(step, checkpointable_name="items").metadata["params"]

@@ -27,7 +27,7 @@ def test_a_llama32_1b_shaped_hf_model_trains_from_its_weights(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from primus.backends.maxtext.checkpoints import preset_from_hf
+    from primus.backends.maxtext.checkpoint.native import preset_from_hf
     from primus.core.checkpoint.hf import read_config
 
     hf = tmp_path / "hf"

@@ -42,7 +42,7 @@ def test_the_batches_maxtext_reads_train_on_the_assistant_tokens(
     """A global batch as MaxText's loader gets it: per row, the targets in the loss
     (targets_segmentation != 0) are the assistant's answer and <|eot_id|>, as the tokenizer's
     own chat template writes them; each of two processes loads its half of the batch."""
-    from primus.backends.maxtext.posttrain import TrainRows
+    from primus.backends.maxtext.posttrain.sft import TrainRows
     from primus.core.posttrain import build_sft_data
 
     data = build_sft_data(sft_runs.module_of(experiment(tmp_path, task)).sft)

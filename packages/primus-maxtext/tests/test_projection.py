@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from primus.backends.maxtext import hf_convert
+from primus.backends.maxtext.checkpoint import hf_mapping
 from primus.backends.maxtext.projection import layout_overrides, training_job
 from primus.core.patches import restore_all
 from primus.core.performance import ProjectedRun, project_run, rates_for
@@ -52,7 +52,7 @@ def maxtext_count(args: Any) -> int:
     """MaxText's parameter count of the model its trainer builds from `args` (abstract)."""
     from maxtext.utils.max_utils import calculate_num_params_from_pytree
 
-    _, params, _ = hf_convert.abstract_model(hf_convert.maxtext_config(args.argv))
+    _, params, _ = hf_mapping.abstract_model(hf_mapping.maxtext_config(args.argv))
     return int(calculate_num_params_from_pytree(params))
 
 

@@ -55,7 +55,7 @@ if FAULT or PAUSE or SAMPLES:
     def stepping(original):
         import jax
 
-        from primus.backends.maxtext.patches.nonfinite import is_step_counter
+        from primus.backends.maxtext.reliability.nonfinite import is_step_counter
 
         def train_step(model, config, sms, ps, state, data, *rng):
             paths = jax.tree_util.tree_flatten_with_path(state)[0]

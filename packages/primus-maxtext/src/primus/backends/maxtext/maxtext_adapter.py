@@ -48,7 +48,7 @@ class MaxTextAdapter(BackendAdapter):
     conversion_hidden_modules = ("torch", "torchvision", "torchaudio")
 
     def param_schema(self) -> ParamSchema:
-        from primus.backends.maxtext.config_bridge import maxtext_schema
+        from primus.backends.maxtext.config.bridge import maxtext_schema
 
         return maxtext_schema()
 
@@ -59,8 +59,8 @@ class MaxTextAdapter(BackendAdapter):
         """MaxText's config; a run with `init_from` (or an import folder already there)
         starts from the import through `load_parameters_path`, which MaxText reads only
         while the run's own checkpoint folder has no step."""
-        from primus.backends.maxtext.config_bridge import build_config
-        from primus.backends.maxtext.hf_convert import import_dir, params_path
+        from primus.backends.maxtext.checkpoint.hf import import_dir, params_path
+        from primus.backends.maxtext.config.bridge import build_config
 
         if self.host_only:  # a conversion: JAX's CPU backend, no CUDA start-up or libraries
             import jax
@@ -79,22 +79,22 @@ class MaxTextAdapter(BackendAdapter):
         return build_config(config, owned, load_parameters_path=str(params_path(folder)))
 
     def hf_import_dir(self, backend_args: Any) -> Path | None:
-        from primus.backends.maxtext.hf_convert import import_dir
+        from primus.backends.maxtext.checkpoint.hf import import_dir
 
         return import_dir(backend_args.config)
 
     def import_hf(self, hf_dir: Path, backend_args: Any, out: Path) -> None:
-        from primus.backends.maxtext.hf_convert import import_hf
+        from primus.backends.maxtext.checkpoint.hf import import_hf
 
         import_hf(hf_dir, backend_args.argv, out)
 
     def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
-        from primus.backends.maxtext.hf_convert import export_hf
+        from primus.backends.maxtext.checkpoint.hf import export_hf
 
         export_hf(backend_args, iteration, out)
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
-        from primus.backends.maxtext.checkpoints import preset_from_hf
+        from primus.backends.maxtext.checkpoint.native import preset_from_hf
 
         return preset_from_hf(hf_config)
 
@@ -109,6 +109,6 @@ class MaxTextAdapter(BackendAdapter):
         return layout_overrides(job)
 
     def inspect_checkpoint(self, path: Path) -> dict[str, Any] | None:
-        from primus.backends.maxtext.checkpoints import inspect_checkpoint
+        from primus.backends.maxtext.checkpoint.native import inspect_checkpoint
 
         return inspect_checkpoint(path)

@@ -1,36 +1,27 @@
-"""The maxtext backend's patches. Importing this package registers them (entry point
-`primus.patches`); maxtext and JAX are imported only inside the handlers."""
+"""The maxtext backend's patches, registered on import (entry point `primus.patches`).
 
-from primus.backends.maxtext.patches import (
-    absl_flags,
-    config_errors,
-    cudnn_attention,
-    data_position,
-    devices,
-    gpu_attention_sharding,
-    log_routing,
-    nonfinite,
-    posttrain,
-    preemption,
-    rope,
-    run_dir,
-    throughput,
-    tied_logits,
+Each feature folder holds its own patches; this list imports them in the order they register
+(patches of one phase and priority run in that order). MaxText and JAX are imported only inside
+the handlers."""
+
+from importlib import import_module
+
+MODULES = (
+    "primus.backends.maxtext.config.absl_flags",
+    "primus.backends.maxtext.config.errors",
+    "primus.backends.maxtext.devices.cudnn_attention",
+    "primus.backends.maxtext.data.position",
+    "primus.backends.maxtext.devices.patches",
+    "primus.backends.maxtext.devices.gpu_attention_sharding",
+    "primus.backends.maxtext.observability.log_routing",
+    "primus.backends.maxtext.reliability.nonfinite",
+    "primus.backends.maxtext.posttrain.patches",
+    "primus.backends.maxtext.reliability.preemption",
+    "primus.backends.maxtext.model.rope",
+    "primus.backends.maxtext.observability.run_dir",
+    "primus.backends.maxtext.observability.throughput",
+    "primus.backends.maxtext.model.tied_logits",
 )
 
-__all__ = [
-    "absl_flags",
-    "config_errors",
-    "cudnn_attention",
-    "data_position",
-    "devices",
-    "gpu_attention_sharding",
-    "log_routing",
-    "nonfinite",
-    "posttrain",
-    "preemption",
-    "rope",
-    "run_dir",
-    "throughput",
-    "tied_logits",
-]
+for _module in MODULES:
+    import_module(_module)

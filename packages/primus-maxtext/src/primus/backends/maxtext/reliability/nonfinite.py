@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from primus.backends.maxtext.maxtext_adapter import TESTED
-from primus.backends.maxtext.step_end import TRAIN, save_step
+from primus.backends.maxtext.reliability.stopping import TRAIN, save_step
 from primus.core.nonfinite import SkippedSteps
 from primus.core.patches import PatchContext, register_patch
 

@@ -13,7 +13,7 @@ from typing import Any
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
 
-# the folder of a run directory an HF import fills (hf_convert.import_dir)
+# the folder of a run directory an HF import fills (checkpoint.hf.import_dir)
 IMPORT_FOLDER = "hf_import"
 # Primus family -> MaxText decoder_block
 DECODER_BLOCKS = {"llama3": "llama2", "qwen2.5": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}

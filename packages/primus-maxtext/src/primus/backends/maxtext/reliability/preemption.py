@@ -7,7 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from primus.backends.maxtext.maxtext_adapter import TESTED
-from primus.backends.maxtext.step_end import NO_CHECKPOINT, TRAIN, any_process, save_step
+from primus.backends.maxtext.reliability.stopping import (
+    NO_CHECKPOINT,
+    TRAIN,
+    any_process,
+    save_step,
+)
 from primus.core import preemption
 from primus.core.errors import PrimusError
 from primus.core.patches import PatchContext, register_patch

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from primus.backends.maxtext.checkpoints import IMPORT_FOLDER
+from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError

@@ -1,8 +1,9 @@
 """Fine-tuning (`primus train posttrain`) through MaxText's own training loop.
 
 `maxtext.posttrain` (setup) sets the MaxText keys the module's `sft:` implies (core refuses
-`peft:`: MaxText does not declare the lora capability); `maxtext.sft_data` (before_train) feeds core's SFT
-rows to the loop and evaluates with core's token sums (primus.backends.maxtext.posttrain).
+`peft:`: MaxText does not declare the lora capability); `maxtext.sft_data` (before_train) feeds
+core's SFT rows to the loop and evaluates with core's token sums
+(primus.backends.maxtext.posttrain.sft).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def sft_data(ctx: PatchContext) -> None:
     rows with core's token sums (loss and token accuracy)."""
     import jax
 
-    from primus.backends.maxtext import posttrain
+    from primus.backends.maxtext.posttrain import sft
     from primus.core.posttrain import build_sft_data
 
     trainer = ctx.extra["trainer"]
@@ -124,11 +125,11 @@ def sft_data(ctx: PatchContext) -> None:
     data = build_sft_data(ctx.extra["module"].sft)
     log_rank_0(f"[maxtext] sft train: {data.train.describe()}")
     where = (jax.process_index(), jax.process_count())
-    train = posttrain.TrainRows(data.train, config.global_batch_size_to_load, *where)
+    train = sft.TrainRows(data.train, config.global_batch_size_to_load, *where)
     evaluation = None
     if data.eval is not None and config.eval_interval > 0:
         log_rank_0(f"[maxtext] sft eval: {data.eval.describe()}")
-        evaluation = posttrain.EvalRows(data.eval, config.global_batch_size_to_load_eval, *where)
+        evaluation = sft.EvalRows(data.eval, config.global_batch_size_to_load_eval, *where)
 
     def create_data_iterator(config: Any, mesh: Any) -> tuple[Any, Any]:
         from maxtext.input_pipeline.multihost_dataloading import MultiHostDataLoadIterator
@@ -142,6 +143,6 @@ def sft_data(ctx: PatchContext) -> None:
         create_data_iterator,
     )
     ctx.wrap("maxtext.trainers.pre_train.train", "get_first_step", SFTStart(train))
-    ctx.replace("maxtext.trainers.pre_train.train", "eval_step", posttrain.eval_step)
+    ctx.replace("maxtext.trainers.pre_train.train", "eval_step", sft.eval_step)
     ctx.wrap("maxtext.common.metric_logger.MetricLogger", "_accumulate_eval_metrics", _eval_sums)
     trainer.sft_rows = train

@@ -57,7 +57,7 @@ class StepMeter:
 
 def eval_stats(metric_logger: Any) -> dict[str, float]:
     """eval_loss and eval_token_accuracy of the eval MaxText ran after the step being
-    written, when a fine-tune's eval step (primus.backends.maxtext.posttrain) counted its
+    written, when a fine-tune's eval step (primus.backends.maxtext.posttrain.sft) counted its
     correct predictions; MaxText writes the step before it closes that eval."""
     sums = metric_logger.cumulative_eval_metrics["scalar"]
     if not metric_logger._pending_eval_step_count or "eval/primus_correct" not in sums:

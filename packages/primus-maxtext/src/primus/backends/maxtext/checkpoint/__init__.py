@@ -1,0 +1,1 @@
+"""MaxText checkpoints: the native (orbax) format, HF conversion."""

@@ -1,0 +1,1 @@
+"""Where MaxText runs: JAX's platform and distributed runtime, GPU attention kernels."""

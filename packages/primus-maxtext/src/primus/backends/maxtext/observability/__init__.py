@@ -1,0 +1,1 @@
+"""What a run leaves to read: outputs in the run directory, log routing, step metrics."""

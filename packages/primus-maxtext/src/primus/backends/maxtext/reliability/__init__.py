@@ -1,0 +1,1 @@
+"""Stopping a run at a step with a checkpoint: preemption, non-finite steps."""
