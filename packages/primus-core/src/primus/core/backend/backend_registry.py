@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
+from primus.core.backend.capabilities import CAPABILITIES, provides
 from primus.core.backend.contract import contract_problem
 from primus.core.backend.discovery import (
     READY,
@@ -13,7 +15,7 @@ from primus.core.backend.discovery import (
     discover_entry_points,
     load_failure_hint,
 )
-from primus.core.errors import BackendError, did_you_mean
+from primus.core.errors import BackendError, ConfigError, Origin, did_you_mean
 from primus.core.logging import get_logger
 
 ENTRY_POINT_HINT = (
@@ -137,3 +139,22 @@ class BackendRegistry:
     def get_adapter(cls, name: str) -> BackendAdapter:
         """A fresh adapter instance for a ready backend."""
         return cls.get_adapter_class(name)(name)
+
+
+def require(adapter: Any, capability: str, origin: Origin | None = None) -> None:
+    """A ConfigError (at `origin`) unless the adapter declares `capability`: what the backend
+    lacks, what it provides, and which ready backends have it."""
+    if provides(adapter, capability):
+        return
+    others = sorted(
+        name
+        for name, info in BackendRegistry.backends().items()
+        if info.adapter_class is not None and provides(info.adapter_class, capability)
+    )
+    spec = CAPABILITIES[capability]
+    raise ConfigError(
+        f"the {adapter.framework} backend does not provide {capability}: {spec.summary}",
+        origin,
+        hint=f"backends that do: {', '.join(others) or 'none installed'}; "
+        "primus backends list shows what each provides",
+    )

@@ -2,14 +2,12 @@
 (pluggy's habit): the hooks it needs and how the runtime calls them. An adapter lists what it
 provides in `capabilities`; `contract.contract_problem` verifies the declaration against the
 class when the backend is registered or discovered, and core asks `provides()`, never whether
-a hook is overridden."""
+a hook is overridden (`backend_registry.require` for an error naming who has it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-from primus.core.errors import ConfigError, Origin
 
 
 @dataclass(frozen=True)
@@ -59,27 +57,6 @@ CAPABILITIES = {
 def provides(adapter: Any, capability: str) -> bool:
     """Whether the adapter (class or instance) declares `capability`."""
     return capability in getattr(adapter, "capabilities", ())
-
-
-def require(adapter: Any, capability: str, origin: Origin | None = None) -> None:
-    """A ConfigError (at `origin`) unless the adapter declares `capability`: what the backend
-    lacks, what it provides, and which ready backends have it."""
-    if provides(adapter, capability):
-        return
-    from primus.core.backend.backend_registry import BackendRegistry
-
-    others = sorted(
-        name
-        for name, info in BackendRegistry.backends().items()
-        if info.adapter_class is not None and provides(info.adapter_class, capability)
-    )
-    spec = CAPABILITIES[capability]
-    raise ConfigError(
-        f"the {adapter.framework} backend does not provide {capability}: {spec.summary}",
-        origin,
-        hint=f"backends that do: {', '.join(others) or 'none installed'}; "
-        "primus backends list shows what each provides",
-    )
 
 
 def capability_problem(adapter_cls: Any, implements: Any) -> str | None:

@@ -28,8 +28,7 @@ def pick_framework(framework: str | None) -> str:
 
 def derive_preset(hf_dir: Path, framework: str) -> str:
     """The YAML text of `framework`'s model preset for the HF model in `hf_dir`."""
-    from primus.core.backend.backend_registry import BackendRegistry
-    from primus.core.backend.capabilities import require
+    from primus.core.backend.backend_registry import BackendRegistry, require
 
     config = read_config(hf_dir)
     adapter = BackendRegistry.get_adapter(framework)

@@ -12,8 +12,7 @@ import yaml
 
 from primus.core import __version__, preemption
 from primus.core.atomic import write_atomic
-from primus.core.backend.backend_registry import BackendRegistry
-from primus.core.backend.capabilities import require
+from primus.core.backend.backend_registry import BackendRegistry, require
 from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.experiment import Experiment, resolved_tree

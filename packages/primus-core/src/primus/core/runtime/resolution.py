@@ -11,8 +11,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from primus.core.backend.backend_adapter import BackendAdapter
-from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegistry
-from primus.core.backend.capabilities import require
+from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegistry, require
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.schema import raise_all, registered_params
 from primus.core.errors import BackendError, ConfigError
