@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.launcher import free_port
-from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.launch.launcher import free_port
+from primus.core.reliability.preemption import EXIT_PREEMPTED
 from primus.testing.runs import losses, primus
 from primus.testing.slurm import exit_code, wait_for
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from primus.core import preemption
-from primus.core.preemption import ENV, EXIT_PREEMPTED, marked
+from primus.core.reliability import preemption
+from primus.core.reliability.preemption import ENV, EXIT_PREEMPTED, marked
 from primus.testing.faults import PYTHON, UV, UV_RUN, interrupt
 from primus.testing.runs import primus
 

@@ -1,4 +1,4 @@
-"""Files written whole or not at all (primus.core.atomic), and a refused write as one message
+"""Files written whole or not at all (primus.core.reliability.atomic), and a refused write as one message
 (primus.core.errors.FileSystemError), on a real 64 KiB tmpfs that fills."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.atomic import append_line, atomic_file, write_atomic
 from primus.core.errors import ConfigError, FileSystemError, filesystem_error, refused_writes
 from primus.core.metrics import read_metrics
+from primus.core.reliability.atomic import append_line, atomic_file, write_atomic
 from primus.testing.disk import small_disk
 
 ROOM = re.compile(r"\((\d+\.\d) MiB free of 0\.1 MiB on (/\S+)\)")

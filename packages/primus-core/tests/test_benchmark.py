@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.benchmark import (
+from primus.core.diagnostics.benchmark import (
     Attention,
     Gemm,
     bus_factor,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from primus.core.dist_env import DistEnv, first_slurm_host, get_torchrun_env
-from primus.core.launcher import Launch, torchrun_args
+from primus.core.launch.dist_env import DistEnv, first_slurm_host, get_torchrun_env
+from primus.core.launch.launcher import Launch, torchrun_args
 
 ALL = (
     "RANK",
@@ -96,7 +96,7 @@ def test_an_older_torchrun_gets_no_shutdown_timeout(monkeypatch) -> None:
     """torch 2.11 (the GPU machines' image) has no --shutdown-timeout, and every launch there
     failed on it. The lock's torch has the option, so its parser is narrowed here: a mock,
     because an older torch cannot be installed beside the lock's."""
-    from primus.core import launcher
+    from primus.core.launch import launcher
 
     older = launcher.torchrun_options() - {"--shutdown-timeout"}
     monkeypatch.setattr(launcher, "torchrun_options", lambda: older)

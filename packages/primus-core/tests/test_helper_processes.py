@@ -26,7 +26,8 @@ pytestmark = [
 RUN = """
 import multiprocessing, os, subprocess, sys, time
 from pathlib import Path
-from primus.core import helper_processes, preemption, reaper
+from primus.core.launch import helper_processes, reaper
+from primus.core.reliability import preemption
 
 folder = Path(sys.argv[1])
 
@@ -152,7 +153,8 @@ def test_a_run_that_exits_with_its_data_loader_running_exits_cleanly(tmp_path: P
     script = tmp_path / "exits.py"
     script.write_text(
         "import sys, time, torch.utils.data\n"
-        "from primus.core import helper_processes, preemption\n"
+        "from primus.core.launch import helper_processes\n"
+        "from primus.core.reliability import preemption\n"
         "preemption.watch()\n"
         "helper_processes.shield()\n"
         "class Forever(torch.utils.data.IterableDataset):\n"

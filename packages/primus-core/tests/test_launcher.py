@@ -17,7 +17,13 @@ import pytest
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
-from primus.core.launcher import Launch, failed_launch_code, launch_workers, spawn, worker_env
+from primus.core.launch.launcher import (
+    Launch,
+    failed_launch_code,
+    launch_workers,
+    spawn,
+    worker_env,
+)
 from primus.testing.processes import alive, left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -118,7 +124,7 @@ def test_signals_while_stopping_leave_no_worker_behind(tmp_path: Path) -> None:
     )
     launcher = (  # SIGINT as in a foreground process: a background shell job inherits it ignored
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from primus.core.launcher import Launch, spawn; "
+        "from primus.core.launch.launcher import Launch, spawn; "
         f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
@@ -174,7 +180,7 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_nor_what_it_forked(tmp_pa
         "    mark()\n"
         "    time.sleep(120)\n"
         "if __name__ == '__main__':\n"
-        "    from primus.core.launcher import bind_worker_to_launcher\n"
+        "    from primus.core.launch.launcher import bind_worker_to_launcher\n"
         "    bind_worker_to_launcher()\n"
         "    multiprocessing.get_context('spawn').Process(target=wait).start()\n"
         "    os.fork()\n"
@@ -183,7 +189,7 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_nor_what_it_forked(tmp_pa
     script = tmp_path.parent / f"{tmp_path.name}-worker.py"
     script.write_text(worker)
     launcher = (
-        "import sys; from primus.core.launcher import Launch, spawn; "
+        "import sys; from primus.core.launch.launcher import Launch, spawn; "
         f"sys.exit(spawn([sys.executable, {str(script)!r}], Launch(2)))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
@@ -201,7 +207,7 @@ def test_a_taken_rendezvous_port_is_replaced(
     torchrun fails with EADDRINUSE, and the launch tries again on another free port."""
     import socket
 
-    from primus.core import launcher
+    from primus.core.launch import launcher
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -233,7 +239,7 @@ def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them
     )
     launcher = (  # SIGINT as in a foreground process: a background shell job inherits it ignored
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from primus.core.launcher import Launch, spawn; "
+        "from primus.core.launch.launcher import Launch, spawn; "
         f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
@@ -299,15 +305,15 @@ def test_torchrun_waits_for_the_workers_through_more_signals_and_ctrl_c_twice_ab
     worker = tmp_path.parent / f"{tmp_path.name}-worker.py"
     worker.write_text(
         "import os, time\n"
-        "from primus.core import preemption\n"
-        "from primus.core.launcher import bind_worker_to_launcher\n"
+        "from primus.core.reliability import preemption\n"
+        "from primus.core.launch.launcher import bind_worker_to_launcher\n"
         "bind_worker_to_launcher()\n"
         "preemption.watch()\n"
         f"open({str(tmp_path)!r} + '/' + str(os.getpid()), 'w').close()\n"
         "time.sleep(120)  # a checkpoint that takes its time\n"
     )
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from primus.core.launcher import run_torchrun; "
+        [sys.executable, "-c", "import sys; from primus.core.launch.launcher import run_torchrun; "
          "sys.exit(run_torchrun(['--nproc-per-node=2', '--master-port=0', "
          f"'--signals-to-handle=SIGTERM,SIGINT,SIGUSR1', {str(worker)!r}]))"],
         stderr=subprocess.PIPE, text=True,

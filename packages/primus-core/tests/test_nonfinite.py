@@ -8,8 +8,8 @@ import math
 import pytest
 
 from primus.core.errors import ConfigError
-from primus.core.nonfinite import DEFAULT_MAX_SKIPPED, NonFiniteError, SkippedSteps
 from primus.core.patches import PatchContext
+from primus.core.reliability.nonfinite import DEFAULT_MAX_SKIPPED, NonFiniteError, SkippedSteps
 
 
 def test_a_non_finite_step_is_skipped_and_logged_with_its_number(

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from primus.core.errors import ConfigError
-from primus.core.performance import (
+from primus.core.projection import GIB, Job, Model, project
+from primus.core.projection.performance import (
     HEADROOM,
     device_rates,
     micro_batches,
@@ -19,7 +20,6 @@ from primus.core.performance import (
     rank_layouts,
     rates_for,
 )
-from primus.core.projection import GIB, Job, Model, project
 
 MODEL = Model(layers=4, hidden=1024, heads=16, kv_heads=4, head_dim=64, ffn=4096, vocab=32000)
 JOB = Job(model=MODEL, micro_batch=2, seq_len=2048, global_batch=16, fused_kernels=True)

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.preflight_report import outliers, render_markdown, render_table, verdict
+from primus.core.diagnostics.preflight_report import (
+    outliers,
+    render_markdown,
+    render_table,
+    verdict,
+)
 from primus.testing.runs import primus
 
 
@@ -161,7 +166,7 @@ def test_bad_input_is_one_error_line(tmp_path: Path, case: str) -> None:
 
 def test_preflight_help_imports_no_torch() -> None:
     probe = (
-        "import sys, primus.core.preflight, primus.core.preflight_report\n"
+        "import sys, primus.core.diagnostics.preflight, primus.core.diagnostics.preflight_report\n"
         "from primus.cli.main import main\n"
         "try:\n    main(['preflight', '--help'])\nexcept SystemExit as exc:\n"
         "    assert exc.code == 0\n"

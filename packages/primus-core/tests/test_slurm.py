@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from primus.core.slurm import SlurmJob, render
+from primus.core.launch.slurm import SlurmJob, render
 
 RUN_DIR = Path("/nfs/runs/team/me/llama")
 ARGS = ["--config", "/nfs/exp.yaml", "lr=1e-4", "--name", "two words"]

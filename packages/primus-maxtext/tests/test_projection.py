@@ -16,8 +16,8 @@ import pytest
 from primus.backends.maxtext.checkpoint import hf_mapping
 from primus.backends.maxtext.projection import layout_overrides, training_job
 from primus.core.patches import restore_all
-from primus.core.performance import ProjectedRun, project_run, rates_for
 from primus.core.projection import GIB, Job, project
+from primus.core.projection.performance import ProjectedRun, project_run, rates_for
 from primus.core.runtime.primus_runtime import PrimusRuntime
 from primus.testing.runs import preset_args, primus
 

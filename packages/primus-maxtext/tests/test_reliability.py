@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.reliability.preemption import EXIT_PREEMPTED
 from primus.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt, steps_logged
 from primus.testing.golden import CPU_FP32
 from primus.testing.runs import losses, patch_status, primus, step_metrics

@@ -15,9 +15,9 @@ import torch
 
 from primus.backends.megatron.projection import training_job
 from primus.core.patches import restore_all
-from primus.core.performance import device_rates, project_step
 from primus.core.posttrain import PeftConfig
 from primus.core.projection import GIB, Job, project
+from primus.core.projection.performance import device_rates, project_step
 from primus.core.runtime import PrimusRuntime
 from primus.testing.runs import preset_args, primus
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from primus.core.preemption import EXIT_PREEMPTED
+from primus.core.reliability.preemption import EXIT_PREEMPTED
 from primus.testing.checkpoints import dcp_state
 from primus.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt
 from primus.testing.runs import losses, primus, step_metrics, train_run

@@ -23,7 +23,7 @@ from primus.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from primus.core.benchmark import Op, Timing
+    from primus.core.diagnostics.benchmark import Op, Timing
     from primus.core.projection import Job
 
 app = typer.Typer(
@@ -64,7 +64,7 @@ def _run(
     module: str | None,
 ) -> tuple[str, list[Timing]]:
     """The job's ops (from `config`) and the given ones, timed, printed and written."""
-    from primus.core.benchmark import DTYPES, render, run_ops
+    from primus.core.diagnostics.benchmark import DTYPES, render, run_ops
     from primus.core.errors import ConfigError
 
     if dtype not in DTYPES:
@@ -82,13 +82,13 @@ def _run(
     device, timings = run_ops(ops, dtype, repeats, warmup)
     typer.echo(render(device, dtype, timings), nl=False)
     if json_path is not None:
-        from primus.core.atomic import write_json
+        from primus.core.reliability.atomic import write_json
 
         record: dict[str, Any] = {"device": device, "dtype": dtype, "repeats": repeats,
                                   "warmup": warmup, "ops": [t.as_dict() for t in timings]}  # fmt: skip
         write_json(json_path, record)
     if plot_path is not None:
-        from primus.core.benchmark_plot import plot_ops
+        from primus.core.diagnostics.benchmark_plot import plot_ops
 
         plot_ops(device, dtype, timings, plot_path)
     return device, timings
@@ -122,7 +122,7 @@ def gemm(
     experiment's job runs for a micro batch (QKV, attention output, MLP up and down, logits),
     and any `--shape`. Median of the repeats, their spread, TFLOP/s and % of the device's
     dense peak (docs/operations.md). Overrides may follow the options."""
-    from primus.core.benchmark import parse_shape
+    from primus.core.diagnostics.benchmark import parse_shape
     from primus.core.errors import ConfigError
 
     if save_peak and dtype == "fp32":
@@ -158,7 +158,7 @@ def attention(
     """Time causal attention on this device (torch's SDPA, the kernel it picks): one GPU's
     heads of the experiment's job for a micro batch, and any `--shape`. Forward only; FLOPs
     count half the score matrix (the causal mask). Overrides may follow the options."""
-    from primus.core.benchmark import job_attention, parse_attention
+    from primus.core.diagnostics.benchmark import job_attention, parse_attention
 
     given: list[Op] = [parse_attention(shape) for shape in shapes or []]
     _run(ctx, config, given, lambda job: [job_attention(job)], gpus, dtype, repeats, warmup,
@@ -166,7 +166,7 @@ def attention(
 
 
 def _gemms(job: Job) -> list[Op]:
-    from primus.core.benchmark import job_gemms
+    from primus.core.diagnostics.benchmark import job_gemms
 
     return list(job_gemms(job))
 
@@ -219,9 +219,9 @@ def collectives(
     activations that tensor parallelism all-reduces, one GPU's gradients that data
     parallelism reduces) and any `--size`. Median time, algorithm and bus bandwidth
     (nccl-tests' formulas); rank 0 prints the table. Overrides may follow the options."""
-    from primus.core.benchmark import parse_size, render_collectives, run_collectives
-    from primus.core.dist_env import under_torchrun
-    from primus.core.launcher import launch_workers
+    from primus.core.diagnostics.benchmark import parse_size, render_collectives, run_collectives
+    from primus.core.launch.dist_env import under_torchrun
+    from primus.core.launch.launcher import launch_workers
 
     # decided before the experiment's build, which may set a rank's environment variables
     launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
@@ -230,7 +230,7 @@ def collectives(
         name, _, size = text.rpartition("=")
         messages[name or size] = parse_size(size)
     if config is not None:
-        from primus.core.benchmark import job_collective_sizes
+        from primus.core.diagnostics.benchmark import job_collective_sizes
         from primus.core.patches import restore_all
         from primus.core.runtime import PrimusRuntime
 
@@ -257,11 +257,11 @@ def collectives(
     device, ranks, rows = result
     typer.echo(render_collectives(device, ranks, rows), nl=False)
     if json_path is not None:
-        from primus.core.atomic import write_json
+        from primus.core.reliability.atomic import write_json
 
         record = {"device": device, "ranks": ranks, "repeats": repeats, "rows": rows}
         write_json(json_path, record)
     if plot_path is not None:
-        from primus.core.benchmark_plot import plot_collectives
+        from primus.core.diagnostics.benchmark_plot import plot_collectives
 
         plot_collectives(device, ranks, rows, plot_path)

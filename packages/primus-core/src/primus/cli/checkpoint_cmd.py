@@ -77,8 +77,8 @@ def preset(
 ) -> None:
     """Derive a backend's model preset from an HF config.json (shapes, norms, RoPE, MoE), so
     architecture numbers are never copied by hand. Unsupported fields are named (exit 2)."""
-    from primus.core.atomic import write_atomic
     from primus.core.checkpoint.preset import derive_preset, pick_framework
+    from primus.core.reliability.atomic import write_atomic
 
     text = derive_preset(hf, pick_framework(framework))
     if out is None:

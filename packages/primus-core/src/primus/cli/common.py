@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from primus.core.launcher import Launch
+    from primus.core.launch.launcher import Launch
 
 
 class _Debug:
@@ -65,7 +65,7 @@ def checked_launch(
 ) -> Launch:  # fmt: skip
     """The launch the options describe; usage errors for a node rank past the nodes, or
     several nodes without node 0's address."""
-    from primus.core.launcher import Launch
+    from primus.core.launch.launcher import Launch
 
     if nnodes > 1 and not master_addr:
         raise typer.BadParameter(

@@ -96,7 +96,7 @@ def _report(exc: PrimusError) -> NoReturn:
     """The one `error:` message (once for all the ranks of a launch) and its exit code."""
     if DEBUG.on:
         traceback.print_exc()
-    from primus.core.launcher import report_once
+    from primus.core.launch.launcher import report_once
 
     # Taking the report and printing it are one step: the launcher stops the other workers
     # with SIGTERM once one fails, and a worker stopped in between would take it unprinted.
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     and however wrapped, is one `error:` message naming the path and the free space."""
     DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
     if "PRIMUS_LAUNCHER_PID" in os.environ:  # a worker: die with the launcher that started it
-        from primus.core.launcher import bind_worker_to_launcher
+        from primus.core.launch.launcher import bind_worker_to_launcher
 
         bind_worker_to_launcher()
     from primus.core.errors import PrimusError, filesystem_error

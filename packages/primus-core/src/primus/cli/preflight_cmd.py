@@ -73,12 +73,12 @@ def preflight(
     compared with the job's median; rank 0 prints one table for the job and names the outliers.
     Launched like `primus train` (torchrun options, or one task a rank under Slurm's srun).
     Exit code: 0 pass, 1 an outlier or a failed worker, 2 bad input."""
-    from primus.core.atomic import write_atomic, write_json
-    from primus.core.dist_env import under_torchrun
+    from primus.core.diagnostics.preflight import check_workspace, run
+    from primus.core.diagnostics.preflight_report import render_markdown, render_table, verdict
     from primus.core.errors import ConfigError
-    from primus.core.launcher import launch_workers
-    from primus.core.preflight import check_workspace, run
-    from primus.core.preflight_report import render_markdown, render_table, verdict
+    from primus.core.launch.dist_env import under_torchrun
+    from primus.core.launch.launcher import launch_workers
+    from primus.core.reliability.atomic import write_atomic, write_json
 
     if tolerance < 0 or tolerance >= 100:
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
@@ -113,8 +113,8 @@ def _node_smoke(
     workspace: Path, json_path: Path | None, ok: Path | None, bad: Path | None, timeout_s: float
 ) -> int:
     """`--node-smoke`: this node's report printed (and written), its name listed; 0 or 1."""
-    from primus.core.atomic import write_json
-    from primus.core.node_smoke import check_node, record, render
+    from primus.core.diagnostics.node_smoke import check_node, record, render
+    from primus.core.reliability.atomic import write_json
 
     report = check_node(timeout_s)
     typer.echo(render(report), nl=False)

@@ -13,8 +13,8 @@ from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
 
 if TYPE_CHECKING:
     from primus.core.metrics import Peak
-    from primus.core.performance import Candidate, Rates, StepTime
     from primus.core.projection import Job, Projection
+    from primus.core.projection.performance import Candidate, Rates, StepTime
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -87,7 +87,7 @@ def memory(
     projection = project(job)
     typer.echo(_table(job, projection))
     if json_path is not None:
-        from primus.core.atomic import write_json
+        from primus.core.reliability.atomic import write_json
 
         record = {"job": asdict(job), "bytes": projection.as_dict()}
         write_json(json_path, record)
@@ -163,8 +163,8 @@ def performance(
     from dataclasses import asdict
 
     from primus.core.errors import ConfigError
-    from primus.core.performance import project_run, rank_layouts, rates_for
     from primus.core.projection import project
+    from primus.core.projection.performance import project_run, rank_layouts, rates_for
     from primus.core.runtime import PrimusRuntime
 
     rates = rates_for(device, list(measured or []))
@@ -188,7 +188,7 @@ def performance(
         typer.echo(f"\nlayouts on {gpus} GPUs that fit {rates.memory_gib:.0f} GiB, fastest first:")
         typer.echo(_ranking(ranked, changes))
     if json_path is not None:
-        from primus.core.atomic import write_json
+        from primus.core.reliability.atomic import write_json
 
         record = {"job": asdict(job), "rates": asdict(rates), "peak": asdict(peak),
                   "step_ms": step.as_dict(),

@@ -101,9 +101,9 @@ def _command(stage: str) -> Callable[..., None]:
         ] = False,
         debug: Debug = False,
     ) -> None:
-        from primus.core.atomic import write_atomic
+        from primus.core.launch.slurm import SlurmJob, render, submit
+        from primus.core.reliability.atomic import write_atomic
         from primus.core.runtime import PrimusRuntime
-        from primus.core.slurm import SlurmJob, render, submit
 
         if time is not None and not re.fullmatch(_TIME, time):
             raise typer.BadParameter(f"{time!r} is not a Slurm time limit", param_hint="--time")

@@ -51,15 +51,15 @@ def _command(stage: str) -> Callable[..., None]:
         master_port: MasterPort = None,
         debug: Debug = False,
     ) -> None:
-        from primus.core import preemption
-        from primus.core.dist_env import under_torchrun
-        from primus.core.launcher import LAUNCHER_PID, launch_workers
+        from primus.core.launch.dist_env import under_torchrun
+        from primus.core.launch.launcher import LAUNCHER_PID, launch_workers
+        from primus.core.reliability import preemption
         from primus.core.runtime import PrimusRuntime
 
         preemption.watch()  # a signal during set-up: no workers, or none that trains
         launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run
         if not launching and not dry_run:  # this process trains
-            from primus.core import helper_processes, reaper
+            from primus.core.launch import helper_processes, reaper
 
             helper_processes.shield()
             if LAUNCHER_PID not in os.environ:  # else the launcher's discipline holds

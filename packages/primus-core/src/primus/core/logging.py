@@ -2,7 +2,7 @@
 
 The console shows a logged exception's message without its traceback below DEBUG (`--debug`
 shows it); the rank's file always has it. Each record is appended to the file whole
-(`primus.core.atomic.append_record`): a full disk leaves no torn line, and a write the file
+(`primus.core.reliability.atomic.append_record`): a full disk leaves no torn line, and a write the file
 system refuses is kept for `write_refused` instead of printing logging's own traceback.
 """
 
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from primus.core.atomic import append_record
-from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import REFUSED
+from primus.core.launch.dist_env import get_torchrun_env
+from primus.core.reliability.atomic import append_record
 
 LOGGER_NAME = "primus"
 _FORMAT = "%(asctime)s %(levelname)s [rank%(rank)s] %(name)s: %(message)s"

@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from primus.core.atomic import append_line, write_atomic
 from primus.core.config import ALL_BACKENDS, ParamSpec, register_params
-from primus.core.dist_env import get_torchrun_env
+from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import get_logger, write_refused
 from primus.core.patches import PatchContext, get_param
+from primus.core.reliability.atomic import append_line, write_atomic
 
 register_params(
     ALL_BACKENDS,

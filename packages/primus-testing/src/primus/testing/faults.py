@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from primus.core.launch.reaper import Process, processes
+from primus.core.launch.reaper import descendants as below
 from primus.core.metrics import read_metrics
-from primus.core.preemption import EXIT_PREEMPTED, marked
-from primus.core.reaper import Process, processes
-from primus.core.reaper import descendants as below
+from primus.core.reliability.preemption import EXIT_PREEMPTED, marked
 from primus.testing.processes import left_alive
 
 

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from primus.core.atomic import write_json
+from primus.core.reliability.atomic import write_json
 
 UPDATE_ENV = "PRIMUS_UPDATE_GOLDEN"
 

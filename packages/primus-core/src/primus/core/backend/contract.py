@@ -9,7 +9,7 @@ from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.capabilities import CAPABILITIES, capability_problem
-from primus.core.launcher import LAUNCHERS
+from primus.core.launch.launcher import LAUNCHERS
 
 # How the runtime calls each hook every adapter has: the positional arguments (self aside).
 HOOK_ARGS = {

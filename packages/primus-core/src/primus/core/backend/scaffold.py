@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from primus.core.atomic import write_atomic
 from primus.core.errors import ConfigError
+from primus.core.reliability.atomic import write_atomic
 
 TEMPLATE = Path(__file__).parents[2] / "cli" / "templates" / "backend"
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from primus.core.atomic import write_json
 from primus.core.checkpoint.hf import DTYPE_BYTES, INDEX, safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
+from primus.core.reliability.atomic import write_json
 
 SHARD_BYTES = 4 << 30  # the most an export puts in one safetensors file
 # safetensors' names of the dtypes a model's weights have

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.core import __version__
-from primus.core.atomic import write_json
+from primus.core.reliability.atomic import write_json
 
 if TYPE_CHECKING:
     from primus.core.config.experiment import Experiment, ModuleConfig

@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus.core.atomic import write_json
 from primus.core.errors import ConfigError, PatchError
 from primus.core.logging import get_logger
 from primus.core.patches.patch import Patch, PatchContext, PatchEffects
 from primus.core.patches.registry import all_patches
 from primus.core.patches.selection import PatchSelection
+from primus.core.reliability.atomic import write_json
 
 APPLIED, SKIPPED, FAILED, NOT_RUN = "applied", "skipped", "failed", "not run"
 

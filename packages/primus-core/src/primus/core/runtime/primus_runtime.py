@@ -10,21 +10,22 @@ from typing import Any
 
 import yaml
 
-from primus.core import __version__, preemption
-from primus.core.atomic import write_atomic
+from primus.core import __version__
 from primus.core.backend.backend_registry import BackendRegistry, require
 from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import to_yaml
 from primus.core.config.tree import ConfigTree
-from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError, Origin, filesystem_error
 from primus.core.folders import temp_dir_too_long, unwritable
+from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import get_logger, setup_logging, write_refused
 from primus.core.patches.patch import PatchContext
 from primus.core.patches.runner import APPLIED, PatchRunner
 from primus.core.projection import Job
+from primus.core.reliability import preemption
+from primus.core.reliability.atomic import write_atomic
 from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from primus.core.dist_env import get_torchrun_env
+from primus.core.launch.dist_env import get_torchrun_env
 
 
 class BaseTrainer(ABC):

@@ -9,8 +9,8 @@ from typing import Any
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.devices import DEVICE_PARAM
-from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
+from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
 from primus.core.projection import Job
 

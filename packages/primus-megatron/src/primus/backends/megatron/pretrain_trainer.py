@@ -15,8 +15,8 @@ class MegatronPretrainTrainer(BaseTrainer):
     def setup(self) -> None:
         from megatron.training.global_vars import set_global_variables
         from primus.backends.megatron.checkpoint.native import is_imported
-        from primus.core.dist_env import get_torchrun_env
         from primus.core.errors import ConfigError
+        from primus.core.launch.dist_env import get_torchrun_env
 
         args, running = self.backend_args, get_torchrun_env().world_size
         if args.world_size != running:  # args validated for one process: see build_megatron_args

@@ -9,7 +9,7 @@ from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.config.schema import registered_params
 from primus.core.devices import DEVICE_PARAM
-from primus.core.dist_env import get_torchrun_env
+from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
 from primus.core.projection import Job
 

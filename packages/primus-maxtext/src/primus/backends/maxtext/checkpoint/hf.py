@@ -33,13 +33,13 @@ from primus.backends.maxtext.checkpoint.hf_mapping import (
 )
 from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
 from primus.backends.maxtext.config.bridge import MaxTextArgs
-from primus.core.atomic import write_atomic
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.hf import read_config
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
+from primus.core.reliability.atomic import write_atomic
 
 # zarr chunks an import writes: each is compressed in a buffer of its own, by as many threads
 # as the host has cores; 16 MiB measured 2.8 GiB less peak than 64 MiB at 3B on 16 cores, no

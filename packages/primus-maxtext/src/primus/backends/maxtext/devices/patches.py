@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
 from primus.backends.maxtext.maxtext_adapter import TESTED
-from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
+from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, get_param, register_patch
 

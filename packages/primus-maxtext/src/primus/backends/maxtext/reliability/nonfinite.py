@@ -1,6 +1,6 @@
 """Non-finite numbers: a step whose loss or gradient norm is NaN/Inf keeps the weights and the
 optimizer state it started from, and `max_skipped_steps` of them in a row stop the run with a
-checkpoint of that state (primus.core.nonfinite)."""
+checkpoint of that state (primus.core.reliability.nonfinite)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.backends.maxtext.reliability.stopping import TRAIN, save_step
-from primus.core.nonfinite import SkippedSteps
 from primus.core.patches import PatchContext, register_patch
+from primus.core.reliability.nonfinite import SkippedSteps
 
 LOSS, GRAD_NORM = "learning/loss", "learning/raw_grad_norm"  # the train step's scalars
 

@@ -1,5 +1,5 @@
 """Preemption: SIGTERM, SIGINT or SIGUSR1 ends a MaxText run after the current step with a
-checkpoint (exit 75); running the same command again resumes from it (primus.core.preemption)."""
+checkpoint (exit 75); running the same command again resumes from it (primus.core.reliability.preemption)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from primus.backends.maxtext.reliability.stopping import (
     any_process,
     save_step,
 )
-from primus.core import preemption
 from primus.core.errors import PrimusError
 from primus.core.patches import PatchContext, register_patch
+from primus.core.reliability import preemption
 
 
 @register_patch(

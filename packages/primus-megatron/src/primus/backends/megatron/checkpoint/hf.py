@@ -32,10 +32,10 @@ from primus.backends.megatron.checkpoint.hf_mapping import (
 )
 from primus.backends.megatron.checkpoint.native import TRACKER, iteration_dir
 from primus.backends.megatron.posttrain import lora
-from primus.core.atomic import write_atomic, write_json
 from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
+from primus.core.reliability.atomic import write_atomic, write_json
 
 CHECKPOINT_VERSION = 3.0  # what megatron.training writes
 # The model's part of the content metadata megatron.training saves (sharded_state_dict layout).

@@ -27,8 +27,8 @@ from primus.core.config.sanity import (
     Rules,
     is_number,
 )
-from primus.core.dist_env import get_torchrun_env
 from primus.core.errors import ConfigError
+from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import get_logger
 
 _BOOL_ACTIONS = (

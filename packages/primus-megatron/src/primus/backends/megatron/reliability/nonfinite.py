@@ -1,7 +1,7 @@
 """Non-finite numbers: a step whose loss or gradient norm is NaN/Inf skips Megatron's optimizer
 step (weights, optimizer state and learning-rate schedule keep their values; Megatron counts it
 as a skipped iteration); `max_skipped_steps` such steps in a row save the last good state and
-stop the run with exit code 1 (primus.core.nonfinite)."""
+stop the run with exit code 1 (primus.core.reliability.nonfinite)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from primus.core.nonfinite import SkippedSteps
 from primus.core.patches import TESTED, PatchContext, register_patch
+from primus.core.reliability.nonfinite import SkippedSteps
 
 
 @register_patch(

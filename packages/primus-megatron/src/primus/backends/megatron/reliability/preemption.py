@@ -1,5 +1,5 @@
 """Preemption: SIGTERM, SIGINT or SIGUSR1 ends the run after the current step with Megatron's
-checkpoint of that step and exit code 75 (primus.core.preemption); the same command resumes from
+checkpoint of that step and exit code 75 (primus.core.reliability.preemption); the same command resumes from
 it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from primus.core import preemption
 from primus.core.patches import TESTED, PatchContext, get_param, register_patch
+from primus.core.reliability import preemption
 
 
 def _megatron_handler_on(ctx: PatchContext) -> bool:

@@ -19,10 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from primus.core.atomic import write_json
 from primus.core.checkpoint.hf import safetensors_files, safetensors_header
 from primus.core.checkpoint.hf_tensors import FLOAT_DTYPES, SafetensorsWriter
 from primus.core.errors import ConfigError
+from primus.core.reliability.atomic import write_json
 
 IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
 WRITER_THREADS = min(4, os.cpu_count() or 1)  # import: 1B on 2 cores, 40 s -> 29 s with 2

@@ -1,6 +1,6 @@
 """Non-finite numbers: a step whose loss or gradient norm is NaN/Inf on any rank makes no
 optimizer or lr scheduler update; `max_skipped_steps` in a row stop the run
-(primus.core.nonfinite).
+(primus.core.reliability.nonfinite).
 
 Two ways to decide, the same outcome:
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus.core.logging import get_logger
-from primus.core.nonfinite import SkippedSteps
 from primus.core.patches import TESTED, PatchContext, register_patch
+from primus.core.reliability.nonfinite import SkippedSteps
 
 
 class _Skip(Exception):

@@ -1,5 +1,5 @@
 """Preemption: a SIGTERM, SIGINT or SIGUSR1 ends the run after the current step with a full
-checkpoint of that step and exit code 75 (primus.core.preemption); running the same command
+checkpoint of that step and exit code 75 (primus.core.reliability.preemption); running the same command
 resumes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from primus.core import preemption
 from primus.core.errors import PrimusError
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, register_patch
+from primus.core.reliability import preemption
 
 
 @register_patch(

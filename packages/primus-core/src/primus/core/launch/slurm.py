@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from primus.core.errors import ConfigError, PrimusError
-from primus.core.preemption import EXIT_PREEMPTED, MARKER
+from primus.core.reliability.preemption import EXIT_PREEMPTED, MARKER
 
 PORT_BASE = 20000  # MASTER_PORT = PORT_BASE + job id % PORT_SPAN: same on every node, no probe
 PORT_SPAN = 20000

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from primus.core.atomic import append_line
-from primus.core.preflight import GIB, host_info
+from primus.core.diagnostics.preflight import GIB, host_info
+from primus.core.reliability.atomic import append_line
 
 BAD_DEVICE = "PRIMUS_PREFLIGHT_BAD_DEVICE"
 HANG_DEVICE = "PRIMUS_PREFLIGHT_HANG_DEVICE"
@@ -117,7 +117,7 @@ def check_node(timeout_s: float) -> dict[str, Any]:
     for name in names:
         env = os.environ | ({} if name == "cpu" else {"CUDA_VISIBLE_DEVICES": name})
         children[name] = subprocess.Popen(
-            [sys.executable, "-m", "primus.core.node_smoke", name],
+            [sys.executable, "-m", "primus.core.diagnostics.node_smoke", name],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
     deadline = time.monotonic() + timeout_s

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
-from primus.core.dist_env import DistEnv, get_torchrun_env
 from primus.core.errors import ConfigError
+from primus.core.launch.dist_env import DistEnv, get_torchrun_env
 from primus.core.metrics import peak_tflops
 from primus.core.projection import Job
 

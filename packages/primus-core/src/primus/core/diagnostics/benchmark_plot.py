@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from primus.core.atomic import atomic_file
-from primus.core.benchmark import Timing
+from primus.core.diagnostics.benchmark import Timing
 from primus.core.errors import ConfigError
+from primus.core.reliability.atomic import atomic_file
 
 
 def _pyplot() -> Any:

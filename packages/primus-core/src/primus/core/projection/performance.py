@@ -38,7 +38,7 @@ from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from primus.core.benchmark import job_attention, job_gemms
+from primus.core.diagnostics.benchmark import job_attention, job_gemms
 from primus.core.errors import ConfigError
 from primus.core.metrics import Peak, find_peak, peak_tflops
 from primus.core.projection import RECOMPUTE, Job, project, unsaved_matmul_share

@@ -134,7 +134,7 @@ class Job:
     # the gradients live through the forward (kept, zeroed, between steps); false: freed after
     # each step, so the peak holds the larger of activations and loss, and gradients
     gradients_kept: bool = True
-    # what the performance projection also needs (`primus.core.performance`)
+    # what the performance projection also needs (`primus.core.projection.performance`)
     global_batch: int = 0  # sequences per step; 0: one micro batch per data-parallel rank
     fused_kernels: bool = False  # norms, RoPE, SwiGLU and the loss fused (turbo, a compiler)
     # passes the memory-bound kernels make over a layer's activations, against fully fused

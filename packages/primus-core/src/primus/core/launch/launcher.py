@@ -20,10 +20,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from primus.core import preemption
 from primus.core.errors import PrimusError
-from primus.core.preemption import EXIT_PREEMPTED, GRACE_S, SIGNALS
-from primus.core.reaper import die_with_parent, start_group_reaper
+from primus.core.launch.reaper import die_with_parent, start_group_reaper
+from primus.core.reliability import preemption
+from primus.core.reliability.preemption import EXIT_PREEMPTED, GRACE_S, SIGNALS
 
 LAUNCHERS = ("torchrun", "spawn")
 LAUNCHER_PID = "PRIMUS_LAUNCHER_PID"  # set in each worker's environment: the launcher's pid

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from primus.core.benchmark import bus_gbs, process_group, time_collective, timed
+from primus.core.diagnostics.benchmark import bus_gbs, process_group, time_collective, timed
+from primus.core.diagnostics.gpu_health import gpu_health
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
-from primus.core.gpu_health import gpu_health
 
 SLOW_RANK = "PRIMUS_PREFLIGHT_SLOW_RANK"
 SLOW_NODE = "PRIMUS_PREFLIGHT_SLOW_NODE"

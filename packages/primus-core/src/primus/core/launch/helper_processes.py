@@ -2,7 +2,7 @@
 tracker, grain's workers) ignore the stop signals: Slurm, systemd and torchrun signal every
 process of a job or a process group at once, and a helper that died of it would take its
 rank's last step and checkpoint with it. The rank ends its helpers itself, and the reapers
-(`primus.core.reaper`) end them if the rank dies.
+(`primus.core.launch.reaper`) end them if the rank dies.
 
 `shield()` covers helpers forked from Python (`os.fork`, multiprocessing's fork), including
 PyTorch's data-loader workers, which install their own SIGTERM handler after the fork, and
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from primus.core.preemption import SIGNALS
+from primus.core.reliability.preemption import SIGNALS
 
 # PyTorch's data-loader workers call this first thing, to install their C signal handlers
 # (SIGTERM among them, which kills a worker that its parent did not signal)

@@ -21,9 +21,9 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from primus.core.atomic import write_atomic
 from primus.core.errors import PrimusError
 from primus.core.logging import get_logger
+from primus.core.reliability.atomic import write_atomic
 
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, run the same command again
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)

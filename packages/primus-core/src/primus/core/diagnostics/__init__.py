@@ -1,0 +1,2 @@
+"""Diagnostics: preflight, the node smoke test, GPU health and the GEMM/attention/collective
+benchmarks."""
