@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.launch.launcher import run_torchrun
+from primus.core.launch.torchrun import run_torchrun
 from primus.testing.faults import descendants
 from primus.testing.processes import left_alive
 

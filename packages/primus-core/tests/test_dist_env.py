@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from primus.core.launch.dist_env import DistEnv, first_slurm_host, get_torchrun_env
-from primus.core.launch.launcher import Launch, torchrun_args
+from primus.core.launch.launcher import Launch
+from primus.core.launch.torchrun import torchrun_args
 
 ALL = (
     "RANK",
@@ -96,10 +97,10 @@ def test_an_older_torchrun_gets_no_shutdown_timeout(monkeypatch) -> None:
     """torch 2.11 (the GPU machines' image) has no --shutdown-timeout, and every launch there
     failed on it. The lock's torch has the option, so its parser is narrowed here: a mock,
     because an older torch cannot be installed beside the lock's."""
-    from primus.core.launch import launcher
+    from primus.core.launch import torchrun
 
-    older = launcher.torchrun_options() - {"--shutdown-timeout"}
-    monkeypatch.setattr(launcher, "torchrun_options", lambda: older)
+    older = torchrun.torchrun_options() - {"--shutdown-timeout"}
+    monkeypatch.setattr(torchrun, "torchrun_options", lambda: older)
     args = torchrun_args(["train"], Launch(2))
     assert not [a for a in args if a.startswith("--shutdown-timeout")]
     assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args

@@ -17,13 +17,10 @@ import pytest
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
-from primus.core.launch.launcher import (
-    Launch,
-    failed_launch_code,
-    launch_workers,
-    spawn,
-    worker_env,
-)
+from primus.core.launch.launcher import Launch
+from primus.core.launch.spawner import spawn, worker_env
+from primus.core.launch.torchrun import failed_launch_code
+from primus.core.launch.workers import launch_workers
 from primus.testing.processes import alive, left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -124,7 +121,7 @@ def test_signals_while_stopping_leave_no_worker_behind(tmp_path: Path) -> None:
     )
     launcher = (  # SIGINT as in a foreground process: a background shell job inherits it ignored
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from primus.core.launch.launcher import Launch, spawn; "
+        "from primus.core.launch.launcher import Launch; from primus.core.launch.spawner import spawn; "
         f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
@@ -189,7 +186,7 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_nor_what_it_forked(tmp_pa
     script = tmp_path.parent / f"{tmp_path.name}-worker.py"
     script.write_text(worker)
     launcher = (
-        "import sys; from primus.core.launch.launcher import Launch, spawn; "
+        "import sys; from primus.core.launch.launcher import Launch; from primus.core.launch.spawner import spawn; "
         f"sys.exit(spawn([sys.executable, {str(script)!r}], Launch(2)))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
@@ -239,7 +236,7 @@ def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them
     )
     launcher = (  # SIGINT as in a foreground process: a background shell job inherits it ignored
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from primus.core.launch.launcher import Launch, spawn; "
+        "from primus.core.launch.launcher import Launch; from primus.core.launch.spawner import spawn; "
         f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
@@ -313,7 +310,7 @@ def test_torchrun_waits_for_the_workers_through_more_signals_and_ctrl_c_twice_ab
         "time.sleep(120)  # a checkpoint that takes its time\n"
     )
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from primus.core.launch.launcher import run_torchrun; "
+        [sys.executable, "-c", "import sys; from primus.core.launch.torchrun import run_torchrun; "
          "sys.exit(run_torchrun(['--nproc-per-node=2', '--master-port=0', "
          f"'--signals-to-handle=SIGTERM,SIGINT,SIGUSR1', {str(worker)!r}]))"],
         stderr=subprocess.PIPE, text=True,

@@ -221,7 +221,7 @@ def collectives(
     (nccl-tests' formulas); rank 0 prints the table. Overrides may follow the options."""
     from primus.core.diagnostics.benchmark import parse_size, render_collectives, run_collectives
     from primus.core.launch.dist_env import under_torchrun
-    from primus.core.launch.launcher import launch_workers
+    from primus.core.launch.workers import launch_workers
 
     # decided before the experiment's build, which may set a rank's environment variables
     launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()

@@ -77,7 +77,7 @@ def preflight(
     from primus.core.diagnostics.preflight_report import render_markdown, render_table, verdict
     from primus.core.errors import ConfigError
     from primus.core.launch.dist_env import under_torchrun
-    from primus.core.launch.launcher import launch_workers
+    from primus.core.launch.workers import launch_workers
     from primus.core.reliability.atomic import write_atomic, write_json
 
     if tolerance < 0 or tolerance >= 100:

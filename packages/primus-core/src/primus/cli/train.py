@@ -52,7 +52,8 @@ def _command(stage: str) -> Callable[..., None]:
         debug: Debug = False,
     ) -> None:
         from primus.core.launch.dist_env import under_torchrun
-        from primus.core.launch.launcher import LAUNCHER_PID, launch_workers
+        from primus.core.launch.launcher import LAUNCHER_PID
+        from primus.core.launch.workers import launch_workers
         from primus.core.reliability import preemption
         from primus.core.runtime import PrimusRuntime
 
