@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus.core.config.limits import check_env, check_run_dir
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
 from primus.core.config.posttrain import (
@@ -241,71 +241,6 @@ def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None
     )
 
 
-ENV_MAX = 32 * 4096  # bytes of one NAME=value string that a new process may be given
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _check_env(exp: ConfigTree) -> None:
-    """`env:` names are variable names; values are strings, numbers or booleans."""
-    for name, value in (exp.data.get("env") or {}).items():
-        where = exp.origin(("env", name))
-        if not _ENV_NAME.fullmatch(name):
-            raise ConfigError(f"env: '{name}' is not an environment variable name", where)
-        if isinstance(value, dict | list):
-            raise ConfigError(
-                f"env.{name}: must be a string, number or boolean, got {type(value).__name__}",
-                where,
-            )
-        if len(f"{name}={value}".encode()) > ENV_MAX:
-            raise ConfigError(
-                f"env.{name}: over {ENV_MAX} bytes, more than a process's environment variable "
-                "may hold (Linux's MAX_ARG_STRLEN)",
-                where,
-            )
-
-
-RUN_DIR_NAMES = ("work_group", "user_name", "exp_name")  # one folder each under the workspace
-NAME_MAX = 255  # bytes in one folder name (ext4, xfs, NFS)
-
-
-def _name_problem(name: Any) -> str | None:
-    """Why `name` cannot be one folder of the run directory, or None."""
-    if not isinstance(name, str) or not name:
-        return "it is empty" if name in ("", None) else None
-    if name.startswith(("/", "\\")):
-        return "it is an absolute path"
-    if "/" in name or "\\" in name:
-        return "it holds a path separator"
-    if name in (".", ".."):
-        return "'.' and '..' name the folder that would hold it and that folder's parent"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return "it holds a control character"
-    if len(name.encode(errors="replace")) > NAME_MAX:
-        return f"it is longer than {NAME_MAX} bytes, the most a folder name may have"
-    return None
-
-
-def _check_run_dir(exp: ConfigTree) -> None:
-    """The run directory, workspace/work_group/user_name/exp_name, lies inside the workspace:
-    each of the three names is one folder name, and the workspace is set."""
-    workspace = exp.data.get("workspace")
-    if not isinstance(workspace, str) or not workspace:
-        raise ConfigError(
-            "workspace is empty", exp.origin(("workspace",)), hint="set workspace to a folder"
-        )
-    for key in RUN_DIR_NAMES:
-        name = exp.data.get(key)
-        problem = _name_problem(name)
-        if problem:
-            shown = "null" if name is None else repr(name if len(name) <= 60 else f"{name[:60]}...")
-            raise ConfigError(
-                f"{key} {shown} is not a folder name: {problem}",
-                exp.origin((key,)),
-                hint=f"{key} is one folder of the run directory "
-                "<workspace>/<work_group>/<user_name>/<exp_name>: write a plain name",
-            )
-
-
 def _defaults(path: Path) -> dict[str, str]:
     try:
         user = getpass.getuser()
@@ -355,8 +290,8 @@ def load_experiment(
     ):
         exp.data["log_level"] = level.upper()
     raise_all(EXPERIMENT_SCHEMA.check(exp, what="experiment key"))
-    _check_run_dir(exp)
-    _check_env(exp)
+    check_run_dir(exp)
+    check_env(exp)
     modules = exp.data.get("modules")
     if not isinstance(modules, dict) or not modules:
         raise ConfigError(
