@@ -278,7 +278,8 @@ open({str(tmp_path)!r} + "/verdict", "w").write(verdict)
 
 def test_a_failed_worker_decides_the_code_whatever_torchrun_recorded_first() -> None:
     """torchrun's own failure records: the worker it stopped (exit 75) timed before the one
-    that failed (the CI rehearsal's flake), then all stopped by a preemption signal."""
+    that failed (the CI rehearsal's flake), then all stopped by a preemption signal, then one
+    preempted rank (a signal to it alone) and another torchrun stopped with SIGTERM."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     def failure(rank: int, code: int, at: int) -> ProcessFailure:
@@ -289,6 +290,9 @@ def test_a_failed_worker_decides_the_code_whatever_torchrun_recorded_first() -> 
     assert failed_launch_code([failure(0, 75, 1), failure(1, 1, 2)]) == 1
     assert failed_launch_code([failure(0, 75, 1), failure(1, 2, 1)]) == 2
     assert failed_launch_code([failure(0, 75, 2), failure(1, 75, 1)]) == 75
+    assert failed_launch_code([failure(0, -15, 1), failure(1, 75, 2)]) == 75
+    assert failed_launch_code([failure(0, 75, 1), failure(1, -9, 2)]) == 1  # killed: a crash
+    assert failed_launch_code([failure(0, -15, 1)]) == 1  # stopped, nothing saved
 
 
 @pytest.mark.slow

@@ -50,11 +50,24 @@ def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
 
 def failed_launch_code(failures: list[Any]) -> int:
     """The launcher's exit code for torchrun's failed workers (its `ProcessFailure`s): the
-    `failure_code` of the first that did not exit 75. torchrun may record, in one pass, the
-    worker it stopped (exit 75 after its SIGTERM) beside, or before, the one that failed."""
+    `failure_code` of the first that failed; 75 when none failed and one saved its step. A
+    worker that exited 75, or died of the SIGTERM torchrun sends the others once one has ended,
+    did not fail. torchrun may record, in one pass, the worker it stopped beside, or before,
+    the one that failed or was preempted."""
     failures = sorted(failures, key=lambda failure: failure.timestamp)
-    errors = [f for f in failures if f.exitcode != EXIT_PREEMPTED] or failures
-    return failure_code(errors[0].exitcode)
+    errors = [f for f in failures if f.exitcode not in (EXIT_PREEMPTED, -signal.SIGTERM)]
+    if errors or all(f.exitcode != EXIT_PREEMPTED for f in failures):
+        return failure_code((errors or failures)[0].exitcode)
+    return EXIT_PREEMPTED
+
+
+def _ended(rank: int, code: int) -> str:
+    """How a worker torchrun counts as failed ended: saved, stopped, or failed."""
+    if code == EXIT_PREEMPTED:
+        return f"rank {rank} stopped with a checkpoint (exit 75)"
+    if code == -signal.SIGTERM:
+        return f"rank {rank} stopped (SIGTERM) when another rank ended"
+    return f"a worker failed: rank {rank} exited with code {code}"
 
 
 def port_taken(exc: BaseException) -> bool:
@@ -102,12 +115,7 @@ def run_torchrun(args: list[str]) -> int:
             torchrun.main(args)
     except ChildFailedError as exc:  # each worker has reported its own error already
         for rank, failure in sorted(exc.failures.items()):
-            print(
-                f"[primus] rank {rank} stopped with a checkpoint (exit 75)"
-                if failure.exitcode == EXIT_PREEMPTED
-                else f"[primus] a worker failed: rank {rank} exited with code {failure.exitcode}",
-                file=sys.stderr,
-            )
+            print(f"[primus] {_ended(rank, failure.exitcode)}", file=sys.stderr)
         return failed_launch_code(list(exc.failures.values()))
     except SignalException as exc:  # torchrun passed it on and waited for the workers
         print(f"[primus] {signal.Signals(exc.sigval).name}: the workers stopped", file=sys.stderr)
