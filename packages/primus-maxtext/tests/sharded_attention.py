@@ -35,6 +35,7 @@ def main(workspace: Path) -> None:
     args = preset_args(
         workspace, "maxtext", "maxtext_pretrain", "tiny", "maxtext.config_errors",
         hardware="cpu", per_device_batch_size=1, max_target_length=128,
+        skip_jax_distributed_system=True,  # one process: no JAX coordinator to start
     )  # fmt: skip
     config = pyconfig.HyperParameters(pyconfig.initialize_pydantic(args.argv))
     mesh = Mesh(create_device_mesh(config), config.mesh_axes)
