@@ -6,15 +6,12 @@
 Prints a Markdown table per package (the distribution under packages/, or tests/ for the
 cross-package tests): tests, seconds summed over the workers, the share of the whole, then the
 slowest modules. With `--dist loadfile` a module runs whole on one worker, so the slowest module
-is also a floor under the wall time. docs/testing.md keeps the record. `--write FILE` writes
-the seconds of every module as JSON: the root conftest.py hands the slowest modules to the
-workers first from it (tests/module_seconds.json).
+is also a floor under the wall time. docs/testing.md keeps the record.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -47,12 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, help="pytest's --junitxml file")
     parser.add_argument("--modules", type=int, default=15, help="how many slowest modules")
-    parser.add_argument("--write", type=Path, help="write each module's seconds here (JSON)")
     args = parser.parse_args()
     seconds, counts = module_times(args.report)
-    if args.write:
-        ordered = {m: round(s) for m, s in sorted(seconds.items())}
-        args.write.write_text(json.dumps(ordered, indent=1) + "\n")
     total = sum(seconds.values()) or 1.0
     per_package: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for module, s in seconds.items():
