@@ -6,6 +6,7 @@ a hook is overridden (`backend_registry.require` for an error naming who has it)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,7 @@ def provides(adapter: Any, capability: str) -> bool:
     return capability in getattr(adapter, "capabilities", ())
 
 
-def capability_problem(adapter_cls: Any, implements: Any) -> str | None:
+def capability_problem(adapter_cls: Any, implements: Callable[[str], bool]) -> str | None:
     """Why the adapter's `capabilities` do not match its class, or None. `implements(hook)`
     tells whether the adapter defines `hook` itself (not only inherits the default)."""
     name = adapter_cls.__name__
