@@ -48,6 +48,11 @@ def torchrun_args(worker_argv: list[str], launch: Launch) -> list[str]:
     ]
 
 
+# How a worker that did not fail ends: it saved its step, or torchrun stopped it with SIGTERM
+# when another rank ended.
+STOPPED = (EXIT_PREEMPTED, -signal.SIGTERM)
+
+
 def failed_launch_code(failures: list[Any]) -> int:
     """The launcher's exit code for torchrun's failed workers (its `ProcessFailure`s): the
     `failure_code` of the first that failed; 75 when none failed and one saved its step. A
@@ -55,7 +60,7 @@ def failed_launch_code(failures: list[Any]) -> int:
     did not fail. torchrun may record, in one pass, the worker it stopped beside, or before,
     the one that failed or was preempted."""
     failures = sorted(failures, key=lambda failure: failure.timestamp)
-    errors = [f for f in failures if f.exitcode not in (EXIT_PREEMPTED, -signal.SIGTERM)]
+    errors = [f for f in failures if f.exitcode not in STOPPED]
     if errors or all(f.exitcode != EXIT_PREEMPTED for f in failures):
         return failure_code((errors or failures)[0].exitcode)
     return EXIT_PREEMPTED
