@@ -1,0 +1,75 @@
+"""The files an experiment reads, checked before any framework is imported and before anything
+is written: a missing, empty or malformed input is a ConfigError at the key that names it, in
+seconds rather than after the framework's start-up. Core checks what core reads (`init_from`'s
+HF directory, the `sft:` records); each backend checks its own data keys
+(`BackendAdapter.check_inputs`) with the helpers here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from primus.core.config.experiment import ModuleConfig
+from primus.core.errors import ConfigError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def input_path(
+    module: ModuleConfig, key: str, value: Any, what: str, kind: str = "file",
+    hint: str | None = None,
+) -> Path:  # fmt: skip
+    """`value` (set at `key`) as an existing `kind` ("file": readable and not empty, "folder",
+    or "any"), else a ConfigError at `key` that says what is wrong with which path."""
+    path = Path(str(value)).expanduser()
+    fix = hint or f"set {key} to the {what} (relative paths start where primus runs)"
+    if not path.exists():
+        raise module.error(key, f"{key}: {what} {path} does not exist", fix)
+    if kind != "any" and (kind == "folder") != path.is_dir():
+        raise module.error(key, f"{key}: {what} {path} is not a {kind}", fix)
+    if path.is_file():
+        try:
+            with path.open("rb") as stream:
+                empty = not stream.read(1)
+        except OSError as exc:
+            raise module.error(
+                key, f"{key}: {what} {path} cannot be read: {exc.strerror}"
+            ) from None
+        if empty:
+            raise module.error(key, f"{key}: {what} {path} is empty", fix)
+    return path
+
+
+def check_tokenizer_folder(module: ModuleConfig, key: str, value: Any) -> Path:
+    """An HF tokenizer folder: one holding tokenizer.json, tokenizer_config.json or a
+    SentencePiece tokenizer.model."""
+    folder = input_path(module, key, value, "the tokenizer folder", kind="folder")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise module.error(
+            key,
+            f"{key}: {folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
+            "point it at a Hugging Face tokenizer folder (save_pretrained writes one)",
+        )
+    return folder
+
+
+def check_inputs(module: ModuleConfig) -> None:
+    """Core's inputs: `init_from`'s config.json and safetensors headers, and every `sft:`
+    record (a bad one is file:line). Reads files, imports no framework."""
+    from primus.core.checkpoint.hf import read_config, safetensors_files, safetensors_header
+
+    if module.init_from is not None:
+        try:
+            read_config(module.init_from)
+            for weights in safetensors_files(module.init_from):
+                safetensors_header(weights)
+        except ConfigError as exc:
+            exc.origin = exc.origin or module.init_from_origin
+            raise
+    if module.sft is not None:  # its files' presence and the tokenizer: checked at load
+        from primus.core.posttrain.records import iter_records
+
+        for data in (module.sft.train, module.sft.eval):
+            if data is not None:
+                for _ in iter_records(data, module.sft.format):
+                    pass

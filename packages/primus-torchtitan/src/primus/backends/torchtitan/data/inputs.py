@@ -1,0 +1,59 @@
+"""The local dataset and tokenizer a TorchTitan module names, checked without importing
+TorchTitan: every file `dataloader.dataset_path` matches, each jsonl's first record, and the
+tokenizer folder in `hf_assets_path`."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+from typing import Any
+
+from primus.core.config.experiment import ModuleConfig
+from primus.core.config.inputs import check_tokenizer_folder, input_path
+
+LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
+TEXT_FIELD = "text"
+
+
+def _param(module: ModuleConfig, key: str) -> Any:
+    return module.tree.get(tuple(key.split(".")))
+
+
+def _first_record_problem(path: Path) -> str | None:
+    """Why the first record of a jsonl file has no text to train on, or None."""
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                return f"{path}:{number}: not valid JSON: {exc.msg} (column {exc.colno})"
+            if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
+                return f"{path}:{number}: a record needs a '{TEXT_FIELD}' string"
+            return None
+    return f"{path} holds no records"
+
+
+def check_data_inputs(module: ModuleConfig) -> None:
+    """A local dataset (jsonl or parquet) names files that exist and hold text, and a
+    tokenizer folder."""
+    if (
+        _param(module, "mock_data") is True
+        or _param(module, "dataloader.dataset") not in LOCAL_FORMATS
+    ):
+        return
+    key = "dataloader.dataset_path"
+    pattern = _param(module, key)
+    if not pattern:
+        raise module.error(key, f"{key}: name the local jsonl/parquet file(s) to read")
+    files = sorted(glob.glob(str(Path(str(pattern)).expanduser())))
+    if not files:
+        input_path(module, key, pattern, "the dataset")  # says what is missing
+    for name in files:
+        path = input_path(module, key, name, "the dataset file")
+        problem = _first_record_problem(path) if path.suffix == ".jsonl" else None
+        if problem:
+            raise module.error(key, f"{key}: {problem}")
+    check_tokenizer_folder(module, "hf_assets_path", _param(module, "hf_assets_path"))

@@ -1,0 +1,183 @@
+"""Bad input fails in seconds: every check that needs no framework runs before one is imported
+and before anything is written. Each case is a real `primus` process; it must exit 2 with the
+key and file at fault, without a traceback, without having imported torch, JAX or a backend's
+upstream, and without making the workspace. A run, a dry run and `config validate` agree."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from primus.testing.runs import primus_imports
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+MEGATRON, TORCHTITAN, MAXTEXT = (
+    CONFIGS / b / "tiny-cpu.yaml" for b in ("megatron", "torchtitan", "maxtext")
+)
+FORMS = {
+    "run": ("train", "pretrain", "--config"),
+    "dry-run": ("train", "pretrain", "--dry-run", "--config"),
+    "validate": ("config", "validate"),
+}
+
+
+def megatron_corpus(prefix: Path, lengths: list[int], bin_bytes: int | None = None) -> str:
+    """A corpus in Megatron's indexed layout (int32 tokens; the .bin `bin_bytes` long, by
+    default as long as the index says); the prefix."""
+    count = len(lengths)
+    pointers = [4 * sum(lengths[:i]) for i in range(count)]
+    index = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 4, count, count + 1)
+    index += struct.pack(f"<{count}i", *lengths) + struct.pack(f"<{count}q", *pointers)
+    index += struct.pack(f"<{count + 1}q", *range(count + 1))
+    prefix.with_suffix(".idx").write_bytes(index)
+    prefix.with_suffix(".bin").write_bytes(
+        b"\1" * (4 * sum(lengths) if bin_bytes is None else bin_bytes)
+    )
+    return str(prefix)
+
+
+def refused(tmp_path: Path, form: str, config: Path, *args: str) -> str:
+    """Run `form` of `config` with `args`; assert the fast refusal; its stderr."""
+    workspace = tmp_path / "ws"
+    done, imported = primus_imports(
+        *FORMS[form], str(config), *args, PRIMUS_WORKSPACE=str(workspace)
+    )
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert imported == []
+    assert not workspace.exists()
+    return done.stderr
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_a_missing_megatron_corpus_is_refused_at_its_key(tmp_path: Path, form: str) -> None:
+    said = refused(tmp_path, form, MEGATRON, f"data_path=[{tmp_path / 'corpus'}]")
+    assert f"data_path: the index file {tmp_path / 'corpus.idx'} does not exist" in said
+    assert "cli (data_path=" in said and "hint: primus data prepare makes a corpus" in said
+
+
+def empty(prefix: Path) -> None:
+    prefix.with_suffix(".idx").touch()
+    prefix.with_suffix(".bin").touch()
+
+
+def junk_index(prefix: Path) -> None:
+    prefix.with_suffix(".idx").write_bytes(b"junk" * 20)
+    prefix.with_suffix(".bin").write_bytes(b"\1" * 48)
+
+
+def index_cut(prefix: Path) -> None:
+    megatron_corpus(prefix, [5, 7])
+    index = prefix.with_suffix(".idx")
+    index.write_bytes(index.read_bytes()[:50])
+
+
+@pytest.mark.parametrize(
+    ("corpus", "message"),
+    [
+        (empty, "the index file {d}/corpus.idx is empty"),
+        (junk_index, "{d}/corpus.idx is not a Megatron index file (bad header)"),
+        (
+            lambda p: megatron_corpus(p, []),
+            "{d}/corpus.idx indexes no documents: the corpus is empty",
+        ),
+        (
+            lambda p: megatron_corpus(p, [5, 7], bin_bytes=40),
+            "{d}/corpus.bin is truncated: 40 bytes, its index corpus.idx needs 48",
+        ),
+        (index_cut, "{d}/corpus.idx is truncated: 50 bytes, its header needs 82"),
+    ],
+    ids=["empty", "bad-header", "no-documents", "bin-truncated", "idx-truncated"],
+)
+def test_a_broken_megatron_corpus_is_refused(tmp_path: Path, corpus, message: str) -> None:
+    corpus(tmp_path / "corpus")
+    said = refused(tmp_path, "run", MEGATRON, f"data_path=[1.0, {tmp_path / 'corpus'}]")
+    assert f"data_path: {message.format(d=tmp_path)}\n" in said
+
+
+def test_a_megatron_corpus_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
+    prefix = megatron_corpus(tmp_path / "corpus", [5, 7])
+    said = refused(tmp_path, "run", MEGATRON, f"data_path=[{prefix}]")
+    assert "training on data needs a tokenizer, and tokenizer_type is not set" in said
+
+
+@pytest.mark.parametrize("form", ["run", "dry-run"])
+def test_several_nodes_without_the_address_of_node_0_are_refused(tmp_path: Path, form: str) -> None:
+    said = refused(tmp_path, form, MEGATRON, "--nnodes", "2")
+    assert "several nodes need the address of node 0" in said
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_a_workspace_under_a_file_is_refused_before_the_framework_loads(
+    tmp_path: Path, form: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    done, imported = primus_imports(
+        *FORMS[form], str(MEGATRON), PRIMUS_WORKSPACE=str(blocker / "ws")
+    )
+    assert done.returncode == 2 and imported == [], done.stderr[-3000:]
+    assert (
+        "cannot hold the run directory" in done.stderr
+        and f"{blocker} is not a folder" in done.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (None, "does not exist"),
+        ('{"text": "one"}\n{"text": "two"', None),  # only the first record is read: fine
+        ('{"id": 1}\n', "corpus.jsonl:1: a record needs a 'text' string"),
+        ('\n{"text": "one",}\n', "corpus.jsonl:2: not valid JSON"),
+        ("", "is empty"),
+    ],
+    ids=["missing", "good-first-record", "no-text", "bad-json", "empty"],
+)
+def test_a_bad_torchtitan_dataset_is_refused(
+    tmp_path: Path, rows: str | None, message: str | None
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    if rows is not None:
+        corpus.write_text(rows)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    args = ["mock_data=false", "dataloader.dataset=jsonl", f"dataloader.dataset_path={corpus}",
+            f"hf_assets_path={tokenizer}"]  # fmt: skip
+    said = refused(tmp_path, "validate", TORCHTITAN, *args)
+    if message is None:  # the tokenizer folder is empty: the next check
+        message = f"hf_assets_path: {tokenizer} holds no tokenizer"
+    assert message in said
+
+
+def test_missing_grain_files_are_refused(tmp_path: Path) -> None:
+    pattern = tmp_path / "data" / "train-*.arrayrecord"
+    said = refused(
+        tmp_path, "dry-run", MAXTEXT, "dataset_type=grain", f"grain_train_files={pattern}"
+    )
+    assert f"grain_train_files: the grain data {pattern} does not exist" in said
+
+
+def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path) -> None:
+    """Line 7 of the training chats is not JSON: exit 2 at bad.jsonl:7, before the HF model is
+    imported into the run directory (which is not made)."""
+    from primus.testing.hf_models import make_hf_model
+    from primus.testing.sft_data import write_tokenizer
+    from primus.testing.sft_runs import sft_experiment
+
+    hf = make_hf_model(tmp_path / "hf", "llama3")
+    write_tokenizer(hf)
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}]}
+    lines = [json.dumps(chat)] * 9
+    lines[6] = lines[6][:-3]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    task = {"hf": hf, "chat_train": bad, "chat_eval": bad}
+    exp = sft_experiment(CONFIGS / "megatron" / "sft-tiny-cpu.yaml", tmp_path / "exp", task)
+    done, imported = primus_imports("train", "posttrain", "--config", str(exp))
+    assert done.returncode == 2 and imported == [], done.stderr[-3000:]
+    assert f"{bad}:7: not valid JSON" in done.stderr
+    assert not (tmp_path / "exp" / "ws").exists()
