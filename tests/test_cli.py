@@ -304,3 +304,22 @@ def test_a_backend_without_a_memory_projection_says_so() -> None:
     result = primus("projection", "memory", "--config", str(DUMMY_QUICKSTART))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "the dummy backend does not provide memory-projection" in result.stderr
+
+
+def test_shell_completion_installs_and_completes_override_names(tmp_path: Path) -> None:
+    """`--show-completion` prints the script; completing after `--config` offers the resolved
+    experiment's keys as `key=` without importing a framework."""
+    from primus.testing.runs import primus_imports
+
+    # from bash (typer finds the shell among the parent processes), which must not exec it
+    show = f"{sys.executable} -m primus.cli --show-completion; exit $?"
+    shown = subprocess.run(["bash", "-c", show], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "_PRIMUS_COMPLETE=complete_bash" in shown.stdout
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "megatron" / "tiny-cpu.yaml"
+    words = f"primus train pretrain --config {recipe} train_i"
+    done, imported = primus_imports(
+        _PRIMUS_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD="5"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["train_iters="] and imported == []
