@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from primus.backends.megatron.data.inputs import index_problem
 from primus.backends.megatron.data.prepare import find_eod, load_tokenizer, read_documents
 from primus.core.errors import ConfigError
 
@@ -139,6 +140,15 @@ def test_prepare_writes_what_megatron_reads(tmp_path: Path, tokenizer_dir: Path)
     assert out["failed_exit"] == 2 and out["unchanged"]
     assert "bad.jsonl:1500: not valid JSON" in result.stderr
     assert sorted(p.name for p in prefix.parent.iterdir()) == ["corpus.bin", "corpus.idx"]
+    # The fast check before Megatron is imported reads this corpus as Megatron does, and sees
+    # the last token gone.
+    idx, data = prefix.with_suffix(".idx"), prefix.with_suffix(".bin")
+    assert index_problem(idx, data) is None
+    data.write_bytes(data.read_bytes()[:-2])
+    assert index_problem(idx, data) == (
+        f"{data} is truncated: {data.stat().st_size} bytes, its index corpus.idx needs "
+        f"{data.stat().st_size + 2}"
+    )
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from primus.cli.common import OVERRIDES, Debug, Module
+from primus.cli.completion import OverridesCommand
 
 app = typer.Typer(
     rich_markup_mode="markdown", help="Inspect and check experiment configs.", no_args_is_help=True
@@ -35,7 +36,7 @@ class Format(StrEnum):
     json = "json"
 
 
-@app.command(context_settings=OVERRIDES)
+@app.command(cls=OverridesCommand, context_settings=OVERRIDES)
 def show(
     ctx: typer.Context,
     config: ConfigArg = None,
@@ -76,7 +77,7 @@ def show(
         typer.echo()
 
 
-@app.command(context_settings=OVERRIDES)
+@app.command(cls=OverridesCommand, context_settings=OVERRIDES)
 def validate(
     ctx: typer.Context,
     config: ConfigArg = None,
@@ -93,8 +94,8 @@ def validate(
     ] = None,
     debug: Debug = False,
 ) -> None:
-    """Check an experiment as `train --dry-run` does (schema, patches, the backend's own
-    validation), writing nothing. Exit 0 if valid, 2 if not."""
+    """Check an experiment as `train --dry-run` does (the workspace, the files it reads, schema,
+    patches, the backend's own validation), writing nothing. Exit 0 if valid, 2 if not."""
     from primus.core.runtime import resolution
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
@@ -103,6 +104,6 @@ def validate(
     experiment = resolution.load(config, overrides, module)
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
-        PrimusRuntime(config, overrides, step, name, debug=debug).validate()
+        PrimusRuntime(config, overrides, step, name, debug=debug, training=True).validate()
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     typer.echo(f"{config}: valid")

@@ -39,7 +39,7 @@ app = typer.Typer(
     name="primus",
     help="Primus: one YAML experiment, any training backend (installed as plugins).",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     cls=PrimusGroup,
 )
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # this process is the command (not a test calling it in its own)
         _quiet_background_errors()
     try:
-        _command()(args=argv)  # exits; typer itself reports usage errors with exit code 2
+        _command()(args=argv, prog_name="primus")  # exits; usage errors exit 2 (typer)
     except PrimusError as exc:
         _report(exc)
     except (SystemExit, KeyboardInterrupt, GeneratorExit):

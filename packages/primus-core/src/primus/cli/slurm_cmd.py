@@ -111,7 +111,8 @@ def _command(stage: str) -> Callable[..., None]:
         if bad:
             raise typer.BadParameter(f"{bad[0]!r} is not an option", param_hint="--sbatch")
         overrides = list(ctx.args)
-        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
+        # fails fast: the workspace and the inputs, as the job's launch checks them
+        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, training=True)
         job = SlurmJob(
             nodes=nnodes,
             nproc_per_node=nproc_per_node,
@@ -138,8 +139,7 @@ def _command(stage: str) -> Callable[..., None]:
         if dry_run:
             typer.echo(script, nl=False)
             return
-        runtime.check_run_dir()  # an unwritable workspace: exit 2 before anything is submitted
-        (runtime.run_dir / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's dir
+        (runtime.run_dir / "logs").mkdir(parents=True, exist_ok=True)  # sbatch makes none
         path = runtime.run_dir / f"slurm-{stage}.sbatch"
         write_atomic(path, script)
         job_id = submit(path)

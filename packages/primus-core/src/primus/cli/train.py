@@ -23,6 +23,7 @@ from primus.cli.common import (
     NprocPerNode,
     checked_launch,
 )
+from primus.cli.completion import OverridesCommand
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -58,7 +59,10 @@ def _command(stage: str) -> Callable[..., None]:
         from primus.core.runtime import PrimusRuntime
 
         preemption.watch()  # a signal during set-up: no workers, or none that trains
-        launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun() and not dry_run
+        several = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
+        if several:  # a dry run checks the layout as the launch does
+            launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        launching = several and not dry_run
         if not launching and not dry_run:  # this process trains
             from primus.core.launch import helper_processes, reaper
 
@@ -66,11 +70,9 @@ def _command(stage: str) -> Callable[..., None]:
             if LAUNCHER_PID not in os.environ:  # else the launcher's discipline holds
                 reaper.start_descendant_reaper()
         overrides = list(ctx.args)
-        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on)  # fails fast
+        # fails fast: the workspace and the inputs are checked before the upstream is imported
+        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, training=True)
         if launching:
-            launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
-            runtime.check_run_dir()  # an unwritable workspace: exit 2 before workers start
-            runtime.check_temp_dir()
             preemption.clear(runtime.run_dir)
             worker = [
                 "train",
@@ -116,5 +118,7 @@ EPILOG = (
     "list); dashes become underscores. They beat every file (see primus config show "
     "--provenance). Under torchrun, --nproc-per-node and the node flags are ignored."
 )
-app.command("pretrain", context_settings=OVERRIDES, epilog=EPILOG)(_command("pretrain"))
-app.command("posttrain", context_settings=OVERRIDES, epilog=EPILOG)(_command("posttrain"))
+for _stage in ("pretrain", "posttrain"):
+    app.command(_stage, cls=OverridesCommand, context_settings=OVERRIDES, epilog=EPILOG)(
+        _command(_stage)
+    )

@@ -11,20 +11,27 @@ from pathlib import Path
 # workers share tensors through them); Linux takes a socket path of at most 107 bytes.
 SOCKET_PATH_MAX = 107
 SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
+PROBE = ".primus-probe-"
 
 
-def unwritable(folder: Path) -> str | None:
+def unwritable(folder: Path, create: bool = True) -> str | None:
     """Make `folder` (and its parents) and write a probe file into it, removed at once: None
-    if that worked, else why not (a regular file on the way, a read-only file system, ...)."""
+    if that worked, else why not (a regular file on the way, a read-only file system, ...).
+    With `create` false nothing is made: the probe goes into the nearest existing folder."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder, prefix=".primus-probe-"):
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        probed = folder if create else next(p for p in (folder, *folder.parents) if p.exists())
+        with tempfile.TemporaryFile(dir=probed, prefix=PROBE):
             return None
     except OSError as e:
         existing = next(p for p in (folder, *folder.parents) if p.exists())
         if not existing.is_dir():
             return f"{existing} is not a folder"
-        return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+        refused = e.filename
+        if refused and Path(refused).name.startswith(PROBE):  # the folder refused the probe
+            refused = Path(refused).parent
+        return f"{e.strerror or e}" + (f" ({refused})" if refused else "")
 
 
 def temp_dir_too_long() -> str | None:

@@ -29,6 +29,39 @@ def primus(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Comple
     )
 
 
+FRAMEWORKS = ("torch", "jax", "megatron", "torchtitan", "maxtext", "transformers")
+_IMPORTS_TOLD = """
+import sys
+from primus.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+told = ",".join(name for name in {frameworks!r} if name in sys.modules)
+print("imported: " + told, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def primus_imports(
+    *args: str, cwd: Path | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`primus ARGS` as `primus` runs it, and the frameworks (of FRAMEWORKS) the process had
+    imported when the command ended; the line that tells them is taken out of stderr."""
+    inherited = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
+    code = _IMPORTS_TOLD.format(frameworks=FRAMEWORKS)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=inherited | env, cwd=cwd,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    head, _, told = done.stderr.rstrip("\n").rpartition("\n")
+    assert told.startswith("imported: "), done.stderr[-3000:]
+    done.stderr = head + "\n"
+    return done, [name for name in told.removeprefix("imported: ").split(",") if name]
+
+
 def preset_args(
     workspace: Path,
     framework: str,

@@ -84,6 +84,12 @@ class BackendAdapter(ABC):
     def prepare_backend(self, config: ModuleConfig) -> None:  # noqa: B027 - optional hook
         """One-time backend set-up before the config is converted (imports, framework init)."""
 
+    def check_inputs(self, config: ModuleConfig) -> None:  # noqa: B027 - optional hook
+        """The files the module's params name (data, tokenizers), checked without importing the
+        upstream: a ConfigError at the key of the first that is missing or malformed (helpers
+        in `primus.core.config.inputs`). Runs before the upstream is imported and before
+        anything is written, for a run, a dry run and `config validate`."""
+
     @abstractmethod
     def convert_config(self, config: ModuleConfig) -> Any:
         """Turn the resolved module params into the backend's own args object."""

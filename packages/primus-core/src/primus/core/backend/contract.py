@@ -16,6 +16,7 @@ HOOK_ARGS = {
     "__init__": ("framework",),
     "setup_backend_path": (),
     "prepare_backend": ("config",),
+    "check_inputs": ("config",),
     "convert_config": ("config",),
     "load_trainer_class": ("stage",),
     "detect_backend_version": (),

@@ -112,16 +112,22 @@ def _record(where: Origin, data: Any, format: str, why: str) -> Record:
     return record
 
 
-def read_records(path: Path, format: str = "auto") -> list[Record]:
-    """Every record of a .jsonl or .parquet file, checked; one format per file (the first
-    record's when `format` is auto)."""
+def iter_records(path: Path, format: str = "auto") -> Iterator[Record]:
+    """The records of a .jsonl or .parquet file, each checked as it is read; one format per
+    file (the first record's when `format` is auto)."""
     rows = _parquet(path) if path.suffix == ".parquet" else _jsonl(path)
-    records: list[Record] = []
+    first: Record | None = None
     why = "sft.format is"
     for where, data in rows:
-        if records and format == "auto":
-            format, why = records[0].format, "the file's first record is"
-        records.append(_record(where, data, format, why))
-    if not records:
+        if first is not None and format == "auto":
+            format, why = first.format, "the file's first record is"
+        record = _record(where, data, format, why)
+        first = first or record
+        yield record
+    if first is None:
         raise ConfigError(f"{path}: no records")
-    return records
+
+
+def read_records(path: Path, format: str = "auto") -> list[Record]:
+    """Every record of a .jsonl or .parquet file, checked (`iter_records`)."""
+    return list(iter_records(path, format))

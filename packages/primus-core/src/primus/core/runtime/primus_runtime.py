@@ -65,21 +65,29 @@ class PrimusRuntime:
         module: str | None = None,
         debug: bool = False,
         converting: bool = False,
+        training: bool = False,
     ) -> None:
-        """`converting`: this process only converts a checkpoint (`resolution.backend_for`)."""
+        """`converting`: this process only converts a checkpoint (`resolution.backend_for`).
+        `training`: it trains, dry-runs or validates training: the workspace and the files the
+        module reads are checked before the upstream is imported, and nothing is written."""
         self.experiment: Experiment = resolution.load(config, overrides, module, single=True)
         self.module = next(iter(self.experiment.modules.values()))
         self.stage = stage
         self.debug = debug
         setup_logging("DEBUG" if debug else self.experiment.log_level)  # console, until run()
         self.env_changes = resolution.apply_env(self.experiment.env)
-        self.adapter, self.source_tree = resolution.backend_for(self.module, converting)
+        self.run_dir = self.experiment.run_dir.resolve()
+        if training:
+            self.check_run_dir()
+            self.check_temp_dir()
+        self.adapter, self.source_tree = resolution.backend_for(
+            self.module, converting, inputs=training
+        )
         self.adapter.check_stage(stage)  # a stage the adapter does not declare: nothing written
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(
             self.module.framework, self.selection, self.experiment.patches.get("on_error", "fail")
         )
-        self.run_dir = self.experiment.run_dir.resolve()
         self.rank = get_torchrun_env().rank
         self.log = get_logger()
 
@@ -101,10 +109,10 @@ class PrimusRuntime:
         self.runner.run(ctx)
 
     def check_run_dir(self) -> None:
-        """The run directory exists (created, as a run would) and takes files, or a ConfigError
-        naming the workspace and where it was set, before any work. Writes nothing but the
-        directory itself and a probe file, removed at once."""
-        why = unwritable(self.run_dir)
+        """The run directory can be made and take files, or a ConfigError naming the workspace
+        and where it was set, before any work. Makes nothing: a probe file goes into the
+        nearest existing folder, and is removed at once."""
+        why = unwritable(self.run_dir, create=False)
         if why is not None:
             raise ConfigError(
                 f"workspace '{self.experiment.workspace}' cannot hold the run directory "
@@ -125,9 +133,8 @@ class PrimusRuntime:
             )
 
     def run(self, dry_run: bool = False) -> None:
-        if not dry_run:
-            self.check_run_dir()  # before the log folder or anything else is written
-            self.check_temp_dir()
+        """Train (the runtime made with `training`, which checked the workspace), or with
+        `dry_run` print the plan."""
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
             level,

@@ -13,6 +13,7 @@ from packaging.version import InvalidVersion, Version
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegistry, require
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
+from primus.core.config.inputs import check_inputs
 from primus.core.config.schema import raise_all, registered_params
 from primus.core.errors import BackendError, ConfigError
 from primus.core.logging import get_logger, log_rank_0
@@ -75,16 +76,23 @@ def apply_env(env: dict[str, Any]) -> list[str]:
     return changes
 
 
-def backend_for(module: ModuleConfig, converting: bool = False) -> tuple[BackendAdapter, str]:
+def backend_for(
+    module: ModuleConfig, converting: bool = False, inputs: bool = False
+) -> tuple[BackendAdapter, str]:
     """The module's adapter, checked as training checks it; also its upstream source tree.
 
-    A source tree (`setup_backend_path`) stands in for an installed upstream; without one the
-    backend must be ready. Then the params are validated. `converting`: this process only
-    converts a checkpoint; the adapter is told (`host_only`), and the modules its conversion
-    has no use for are hidden before the upstream is imported.
+    `inputs`: the files the module reads are checked first (`primus.core.config.inputs`, then
+    the adapter's `check_inputs`), before anything imports the upstream. A source tree
+    (`setup_backend_path`) stands in for an installed upstream; without one the backend must
+    be ready. Then the params are validated. `converting`: this process only converts a
+    checkpoint; the adapter is told (`host_only`), and the modules its conversion has no use
+    for are hidden before the upstream is imported.
     """
     framework = module.framework
     adapter = adapter_class(framework)(framework)
+    if inputs:
+        check_inputs(module)
+        adapter.check_inputs(module)
     if converting:
         adapter.host_only = True
         hide_modules(adapter.conversion_hidden_modules)

@@ -47,6 +47,11 @@ class MaxTextAdapter(BackendAdapter):
     # then imports torch and torchvision: seconds of start-up a conversion has no use for
     conversion_hidden_modules = ("torch", "torchvision", "torchaudio")
 
+    def check_inputs(self, config: ModuleConfig) -> None:
+        from primus.backends.maxtext.data.inputs import check_data_inputs
+
+        check_data_inputs(config)
+
     def param_schema(self) -> ParamSchema:
         from primus.backends.maxtext.config.bridge import maxtext_schema
 

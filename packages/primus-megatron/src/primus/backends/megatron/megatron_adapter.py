@@ -60,6 +60,11 @@ class MegatronAdapter(BackendAdapter):
         if missing:
             log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")
 
+    def check_inputs(self, config: ModuleConfig) -> None:
+        from primus.backends.megatron.data.inputs import check_data_inputs
+
+        check_data_inputs(config)
+
     def param_schema(self) -> ParamSchema:
         from primus.backends.megatron.config.bridge import megatron_schema
 

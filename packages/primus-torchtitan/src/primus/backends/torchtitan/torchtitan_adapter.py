@@ -56,6 +56,11 @@ class TorchTitanAdapter(BackendAdapter):
         if model:
             log_rank_0(f"[torchtitan] model: {model}")
 
+    def check_inputs(self, config: ModuleConfig) -> None:
+        from primus.backends.torchtitan.data.inputs import check_data_inputs
+
+        check_data_inputs(config)
+
     def param_schema(self) -> ParamSchema:
         from primus.backends.torchtitan.config.bridge import torchtitan_schema
         from primus.backends.torchtitan.model.flavors import MODEL_KEYS

@@ -13,11 +13,10 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from primus.backends.torchtitan.data.inputs import LOCAL_FORMATS
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.hf_datasets import DatasetConfig
-
-LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
 
 
 class MockTokenizer(BaseTokenizer):

@@ -31,7 +31,7 @@ def mock_data(ctx: PatchContext) -> None:
 
 def _local_dataset(ctx: PatchContext) -> bool:
     """dataloader.dataset is jsonl or parquet"""
-    from primus.backends.torchtitan.data.datasets import LOCAL_FORMATS
+    from primus.backends.torchtitan.data.inputs import LOCAL_FORMATS
 
     return get_param(ctx, "dataloader.dataset") in LOCAL_FORMATS
 
