@@ -161,15 +161,36 @@ def test_missing_grain_files_are_refused(tmp_path: Path) -> None:
     assert f"grain_train_files: the grain data {pattern} does not exist" in said
 
 
-def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path) -> None:
-    """Line 7 of the training chats is not JSON: exit 2 at bad.jsonl:7, before the HF model is
-    imported into the run directory (which is not made)."""
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama-3 HF model with its tokenizer."""
     from primus.testing.hf_models import make_hf_model
     from primus.testing.sft_data import write_tokenizer
+
+    folder = make_hf_model(tmp_path_factory.mktemp("hf") / "llama3", "llama3")
+    write_tokenizer(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("framework", "width"),
+    [("megatron", "hidden_size: 64"), ("torchtitan", "dim: 64"), ("maxtext", "base_emb_dim: 64")],
+)
+def test_a_preset_is_derived_without_importing_a_framework(
+    hf: Path, framework: str, width: str
+) -> None:
+    done, imported = primus_imports(
+        "checkpoint", "preset", "--hf", str(hf), "--framework", framework
+    )
+    assert done.returncode == 0 and imported == [], done.stderr[-3000:]
+    assert f"{width}\n" in done.stdout
+
+
+def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path, hf: Path) -> None:
+    """Line 7 of the training chats is not JSON: exit 2 at bad.jsonl:7, before the HF model is
+    imported into the run directory (which is not made)."""
     from primus.testing.sft_runs import sft_experiment
 
-    hf = make_hf_model(tmp_path / "hf", "llama3")
-    write_tokenizer(hf)
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}]}
     lines = [json.dumps(chat)] * 9
     lines[6] = lines[6][:-3]

@@ -21,3 +21,16 @@ def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> Non
     ours = resolved_model("megatron", "megatron_pretrain", derived.name, tmp_path)
     shipped = resolved_model("megatron", "megatron_pretrain", "llama3.2_1B", tmp_path)
     assert {k: ours[k] for k in ARCHITECTURE} == {k: shipped[k] for k in ARCHITECTURE}
+
+
+def test_the_fixed_rope_scaling_read_from_megatrons_source_is_what_it_runs() -> None:
+    """`checkpoint preset` reads Megatron's fixed Llama-3 scaling constants from its source,
+    without importing it; they are the defaults of the function Megatron calls."""
+    import inspect
+
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from primus.backends.megatron.checkpoint.native import FIXED_SCALING, fixed_rope_scaling
+
+    fixed = inspect.signature(RotaryEmbedding._apply_scaling).parameters
+    assert fixed_rope_scaling() == {k: float(fixed[k].default) for k in FIXED_SCALING}

@@ -266,3 +266,16 @@ def test_a_truncated_file_is_a_config_error_on_the_command_line(
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"{hf_dir / 'model.safetensors'}: truncated safetensors file: tensor '" in result.stderr
     assert not list(tmp_path.rglob("hf_import*")) and not list(tmp_path.rglob(".hf_import*"))
+
+
+def test_the_fixed_rope_scaling_read_from_torchtitans_source_is_what_it_runs() -> None:
+    """`checkpoint preset` reads TorchTitan's fixed Llama-3 scaling constants from its source,
+    without importing it; they are the field defaults of the RoPE config TorchTitan builds."""
+    import dataclasses
+
+    from torchtitan.models.common import ComplexRoPE
+
+    from primus.backends.torchtitan.checkpoint.native import FIXED_SCALING, llama_scaling_defaults
+
+    fields = {f.name: f.default for f in dataclasses.fields(ComplexRoPE.Config)}
+    assert llama_scaling_defaults() == {k: float(fields[k]) for k in FIXED_SCALING}

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from primus.core.backend.upstream_source import source_defaults
 from primus.core.checkpoint.dcp import dcp_summary, numbered
 from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
 from primus.core.errors import ConfigError
@@ -16,18 +17,29 @@ TRACKER = "latest_checkpointed_iteration.txt"
 LAST_FILE = "metadata.json"  # a torch_dist checkpoint folder's last file, after its shards
 
 
+FIXED_SCALING = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def fixed_rope_scaling() -> dict[str, float]:
+    """The Llama-3 RoPE scaling constants Megatron fixes (the defaults of
+    `RotaryEmbedding._apply_scaling`; only the factor is an argument), read from its source
+    when it is there, so that deriving a preset imports neither Megatron nor torch."""
+    found = source_defaults(
+        "megatron", "core/models/common/embeddings/rotary_pos_embedding.py",
+        "RotaryEmbedding._apply_scaling",
+    )  # fmt: skip
+    if found is None or not set(FIXED_SCALING) <= found.keys():
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        fixed = inspect.signature(RotaryEmbedding._apply_scaling).parameters
+        found = {k: fixed[k].default for k in FIXED_SCALING}
+    return {k: float(found[k]) for k in FIXED_SCALING}
+
+
 def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
     """Megatron arguments (dest names) for the architecture of an HF config.json."""
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
     arch = HFArchitecture.from_config(hf_config)
-    fixed = inspect.signature(RotaryEmbedding._apply_scaling).parameters  # factor is an arg
-    check_fixed_scaling(
-        arch,
-        {k: float(fixed[k].default) for k in ("low_freq_factor", "high_freq_factor",
-                                              "original_max_position_embeddings")},
-        "megatron",
-    )  # fmt: skip
+    check_fixed_scaling(arch, fixed_rope_scaling(), "megatron")
     preset: dict[str, Any] = {
         "num_layers": arch.num_layers,
         "hidden_size": arch.hidden_size,

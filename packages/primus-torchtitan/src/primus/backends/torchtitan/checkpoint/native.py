@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from primus.core.backend.upstream_source import source_defaults
 from primus.core.checkpoint.dcp import dcp_summary, numbered
 from primus.core.checkpoint.hf import HFArchitecture, check_fixed_scaling
 from primus.core.errors import ConfigError
@@ -17,16 +18,19 @@ FAMILIES = {"llama3": "llama3", "qwen3": "qwen3"}
 TRAINING_STATE = ("optimizer.", "train_state.", "lr_scheduler.", "dataloader.")
 
 
-def _llama_scaling_defaults() -> dict[str, float]:
-    """The Llama-3 scaling parameters TorchTitan's ComplexRoPE fixes (the factor is a preset
-    key, `model.rope_scaling_factor`)."""
-    from torchtitan.models.common import ComplexRoPE
+FIXED_SCALING = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
-    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ComplexRoPE.Config)}
-    return {
-        k: float(defaults[k])
-        for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    }
+
+def llama_scaling_defaults() -> dict[str, float]:
+    """The Llama-3 scaling parameters TorchTitan's RoPE fixes (the factor is a preset key,
+    `model.rope_scaling_factor`), read from its source when it is there, so that deriving a
+    preset imports neither TorchTitan nor torch."""
+    found = source_defaults("torchtitan", "models/common/rope.py", "RoPE.Config")
+    if found is None or not set(FIXED_SCALING) <= found.keys():
+        from torchtitan.models.common import ComplexRoPE
+
+        found = {f.name: f.default for f in dataclasses.fields(ComplexRoPE.Config)}
+    return {k: float(found[k]) for k in FIXED_SCALING}
 
 
 def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +64,7 @@ def preset_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
     if arch.rope_scaling:
         if family != "llama3":
             raise ConfigError("config.json: RoPE scaling is not supported by TorchTitan's qwen3")
-        check_fixed_scaling(arch, _llama_scaling_defaults(), "torchtitan")
+        check_fixed_scaling(arch, llama_scaling_defaults(), "torchtitan")
     if family == "llama3":
         model["rope_scaling"] = "llama" if arch.rope_scaling else "none"
     if arch.rope_scaling:
