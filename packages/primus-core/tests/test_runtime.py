@@ -70,6 +70,15 @@ def test_lifecycle_runs_in_design_order_and_writes_the_run_dir(
     assert "INFO [rank0] primus: primus" in log and "backend toy (in-process)" in log
     assert "env: PRIMUS_TEST_VALUE=3 (was 2)" in log
     assert re.search(r"toy.after_train\s+after_train\s+applied", log)
+    # one progress line per start-up phase, in order, each with its time
+    phases = re.findall(r"primus: start-up: (.+) in \d+\.\d s\n", log)
+    assert phases == [
+        "the backend loaded and the config checked",
+        "the config converted (setup and build_args patches)",
+        "the trainer set up",
+        "the model, optimizer and data built",
+    ]
+    assert re.search(r"primus: start-up: done in \d+\.\d s; training starts\n", log)
 
 
 def test_a_training_error_cleans_up_and_is_reraised_unchanged(experiment) -> None:

@@ -70,6 +70,7 @@ class PrimusRuntime:
         """`converting`: this process only converts a checkpoint (`resolution.backend_for`).
         `training`: it trains, dry-runs or validates training: the workspace and the files the
         module reads are checked before the upstream is imported, and nothing is written."""
+        self.started = time.perf_counter()
         self.experiment: Experiment = resolution.load(config, overrides, module, single=True)
         self.module = next(iter(self.experiment.modules.values()))
         self.stage = stage
@@ -80,9 +81,11 @@ class PrimusRuntime:
         if training:
             self.check_run_dir()
             self.check_temp_dir()
+        began = time.perf_counter()
         self.adapter, self.source_tree = resolution.backend_for(
             self.module, converting, inputs=training
         )
+        self.loaded_in = time.perf_counter() - began  # told once the run's log is set up
         self.adapter.check_stage(stage)  # a stage the adapter does not declare: nothing written
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(
@@ -161,10 +164,15 @@ class PrimusRuntime:
             f"primus {__version__} | {self.stage} | backend {info.name} ({origin}) | "
             f"{upstream} | run dir {self.run_dir}"
         )
+        self._took("the backend loaded and the config checked", self.loaded_in)
         ctx = self._context(version)
         failed = False
         try:
+            began = time.perf_counter()
             trainer_class = self._check(ctx)
+            self._took(
+                "the config converted (setup and build_args patches)", time.perf_counter() - began
+            )
             if self.rank == 0 and not dry_run:
                 self._write_resolved_config()
             if dry_run:
@@ -178,9 +186,11 @@ class PrimusRuntime:
                     self.module.init_from,
                 )  # fmt: skip
             if self.module.init_from is not None:
+                began = time.perf_counter()
                 init_from_hf(
                     self.adapter, self.experiment, self.module, ctx.backend_args, self.rank
                 )
+                self._took("the Hugging Face checkpoint ready", time.perf_counter() - began)
             trainer = trainer_class(backend_args=ctx.backend_args)
             ctx.extra["trainer"] = trainer
             self._drive(trainer, ctx)
@@ -285,8 +295,15 @@ class PrimusRuntime:
         start = time.perf_counter()
         preemption.watch()  # SIGTERM/SIGINT/SIGUSR1 from here on: stop at a step, with a checkpoint
         try:
+            began = time.perf_counter()
             trainer.setup()
+            self._took("the trainer set up", time.perf_counter() - began)
+            began = time.perf_counter()
             trainer.init()
+            self._took("the model, optimizer and data built", time.perf_counter() - began)
+            self.log.info(
+                f"start-up: done in {time.perf_counter() - self.started:.1f} s; training starts"
+            )
             if preemption.requested():  # during set-up: stop before training, nothing to save
                 preemption.stop(self.run_dir, None, None, self.rank)
             self._phase(ctx, "before_train")
@@ -302,6 +319,10 @@ class PrimusRuntime:
         self.log.info(
             f"{self.stage} finished in {time.perf_counter() - start:.1f} s; run dir {self.run_dir}"
         )
+
+    def _took(self, what: str, seconds: float) -> None:
+        """One start-up progress line: what is done, and the seconds it took."""
+        self.log.info(f"start-up: {what} in {seconds:.1f} s")
 
     def _print_plan(self, ctx: PatchContext, trainer_class: type[BaseTrainer]) -> None:
         print(f"# trainer: {trainer_class.__module__}.{trainer_class.__qualname__}")
