@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -168,12 +170,10 @@ def hf_loss(folder: Any, tokens: Any) -> float:
     )
 
 
-def make_published_model(folder: Path, name: str) -> int:
-    """Save a random bf16 HF model of the published config `name` (a key of HF_CONFIGS) in
-    `folder`, one safetensors shard per layer (plus one for the rest), as published checkpoints
-    are sharded; its tensor bytes. Tensors are made one shard at a time (no model is built)."""
+def published_shapes(name: str) -> tuple[Any, dict[str, Any]]:
+    """The HF config of the published model `name` (a key of HF_CONFIGS) and the shape of
+    each tensor its checkpoint holds (none made: the model is built on the meta device)."""
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     values = dict(HF_CONFIGS[name])
@@ -184,6 +184,40 @@ def make_published_model(folder: Path, name: str) -> int:
         }
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
+    return config, shapes
+
+
+def make_published_shell(folder: Path, name: str) -> Path:
+    """The published model `name` as a folder that reads as it (its config.json, and a
+    model.safetensors whose header lists every tensor at full size) but holds zeros in a
+    sparse file: no disk, no time. For dry runs, which read headers but no weights."""
+    config, shapes = published_shapes(name)
+    config.save_pretrained(folder)
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        size = 2 * math.prod(shape)  # bf16
+        header[key] = {
+            "dtype": "BF16",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with (folder / "model.safetensors").open("wb") as out:
+        out.write(struct.pack("<Q", len(text)) + text)
+        out.truncate(8 + len(text) + offset)
+    return folder
+
+
+def make_published_model(folder: Path, name: str) -> int:
+    """Save a random bf16 HF model of the published config `name` (a key of HF_CONFIGS) in
+    `folder`, one safetensors shard per layer (plus one for the rest), as published checkpoints
+    are sharded; its tensor bytes. Tensors are made one shard at a time (no model is built)."""
+    import torch
+    from safetensors.torch import save_file
+
+    config, shapes = published_shapes(name)
     shards: dict[str, list[str]] = {}
     for key in shapes:
         part = key.split(".")

@@ -205,11 +205,9 @@ def published_dry_run(
     """`primus train posttrain --dry-run` of a GPU recipe (with `overrides`) with Llama-3.2-1B's
     published config.json as its HF model (no weights) and `task`'s data: (the HF folder,
     stdout)."""
-    from primus.testing.hf_models import hf_config
+    from primus.testing.hf_models import make_published_shell
 
-    hf = folder / "hf"
-    hf_config("llama3.2_1B").save_pretrained(hf)
-    (hf / "model.safetensors").touch()  # init_from wants one; a dry run reads none
+    hf = make_published_shell(folder / "hf", "llama3.2_1B")  # headers, no weights
     done = primus("train", "posttrain", "--config", str(recipe), "--dry-run", *overrides,
                   PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
                   PRIMUS_WORKSPACE=str(folder / "ws"))  # fmt: skip
