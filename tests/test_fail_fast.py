@@ -202,3 +202,41 @@ def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path, 
     assert done.returncode == 2 and imported == [], done.stderr[-3000:]
     assert f"{bad}:7: not valid JSON" in done.stderr
     assert not (tmp_path / "exp" / "ws").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides"),
+    [
+        (
+            MEGATRON,
+            [
+                "data_path=[0.5, s3://bucket/a, 0.5, msc://profile/b]",
+                "tokenizer_type=NullTokenizer",
+            ],
+        ),
+        (
+            TORCHTITAN,
+            [
+                "mock_data=false",
+                "dataloader.dataset=jsonl",
+                "hf_assets_path={tokenizer}",
+                "dataloader.dataset_path=hf://datasets/team/corpus/train.jsonl",
+            ],
+        ),
+        (MAXTEXT, ["dataset_type=grain", "grain_train_files=gs://bucket/train-*.arrayrecord"]),
+    ],
+    ids=["megatron", "torchtitan", "maxtext"],
+)
+def test_remote_data_is_left_to_the_backend(
+    tmp_path: Path, config: Path, overrides: list[str]
+) -> None:
+    """URLs (object storage, the HF hub, GCS) are read by the backend: the fast checks pass them
+    (TorchTitan's tokenizer folder is still checked)."""
+    from primus.core.runtime import resolution
+
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    given = [override.format(tokenizer=tokenizer) for override in overrides]
+    module = next(iter(resolution.load(config, given).modules.values()))
+    resolution.adapter_class(module.framework)(module.framework).check_inputs(module)

@@ -15,6 +15,11 @@ from primus.core.errors import ConfigError
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
+def is_remote(value: Any) -> bool:
+    """A URL (s3://, gs://, hf://, msc://...): the backend reads it, nothing here checks it."""
+    return "://" in str(value)
+
+
 def input_path(
     module: ModuleConfig, key: str, value: Any, what: str, kind: str = "file",
     hint: str | None = None,

@@ -8,7 +8,7 @@ import glob
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.config.inputs import input_path
+from primus.core.config.inputs import input_path, is_remote
 
 GRAIN_KEYS = ("grain_train_files", "grain_eval_files")
 
@@ -28,6 +28,8 @@ def check_data_inputs(module: ModuleConfig) -> None:
     if params.get("dataset_type") == "grain":
         for key in GRAIN_KEYS:
             for pattern in _patterns(params.get(key)):
+                if is_remote(pattern):  # gs://... : grain reads it
+                    continue
                 files = glob.glob(pattern)
                 if not files:
                     input_path(module, key, pattern, "the grain data")  # says what is missing

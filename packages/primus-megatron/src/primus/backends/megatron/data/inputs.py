@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.config.inputs import input_path
+from primus.core.config.inputs import input_path, is_remote
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 HEADER_BYTES = 34  # header 9, version 8, dtype code 1, sequence count 8, document count 8
@@ -75,6 +75,8 @@ def check_data_inputs(module: ModuleConfig) -> None:
     for key in DATA_KEYS:
         for prefix in prefixes(params.get(key)):
             named = True
+            if is_remote(prefix):  # object storage: Megatron reads it
+                continue
             idx = input_path(module, key, f"{prefix}.idx", "the index file", hint=PREPARE)
             data = Path(f"{prefix}.bin").expanduser()
             if not data.is_file():  # an empty one is judged against its index

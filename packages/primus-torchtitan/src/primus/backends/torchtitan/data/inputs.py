@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.config.inputs import check_tokenizer_folder, input_path
+from primus.core.config.inputs import check_tokenizer_folder, input_path, is_remote
 
 LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
 TEXT_FIELD = "text"
@@ -48,6 +48,8 @@ def check_data_inputs(module: ModuleConfig) -> None:
     pattern = _param(module, key)
     if not pattern:
         raise module.error(key, f"{key}: name the local jsonl/parquet file(s) to read")
+    if is_remote(pattern):  # the datasets library reads it
+        return
     files = sorted(glob.glob(str(Path(str(pattern)).expanduser())))
     if not files:
         input_path(module, key, pattern, "the dataset")  # says what is missing
