@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.errors import ConfigError
 from primus.testing.runs import primus_imports
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -239,4 +240,9 @@ def test_remote_data_is_left_to_the_backend(
     (tokenizer / "tokenizer.json").write_text("{}")
     given = [override.format(tokenizer=tokenizer) for override in overrides]
     module = next(iter(resolution.load(config, given).modules.values()))
-    resolution.adapter_class(module.framework)(module.framework).check_inputs(module)
+    adapter = resolution.adapter_class(module.framework)(module.framework)
+    adapter.check_inputs(module)
+    if config == TORCHTITAN:
+        (tokenizer / "tokenizer.json").unlink()
+        with pytest.raises(ConfigError, match=r"hf_assets_path: .* holds no tokenizer"):
+            adapter.check_inputs(module)

@@ -39,23 +39,22 @@ def _first_record_problem(path: Path) -> str | None:
 def check_data_inputs(module: ModuleConfig) -> None:
     """A local dataset (jsonl or parquet) names files that exist and hold text, and a
     tokenizer folder."""
-    if (
-        _param(module, "mock_data") is True
-        or _param(module, "dataloader.dataset") not in LOCAL_FORMATS
-    ):
+    dataset = _param(module, "dataloader.dataset")
+    if _param(module, "mock_data") is True or not isinstance(dataset, str):
+        return
+    if dataset not in LOCAL_FORMATS:
         return
     key = "dataloader.dataset_path"
     pattern = _param(module, key)
     if not pattern:
         raise module.error(key, f"{key}: name the local jsonl/parquet file(s) to read")
-    if is_remote(pattern):  # the datasets library reads it
-        return
-    files = sorted(glob.glob(str(Path(str(pattern)).expanduser())))
-    if not files:
-        input_path(module, key, pattern, "the dataset")  # says what is missing
-    for name in files:
-        path = input_path(module, key, name, "the dataset file")
-        problem = _first_record_problem(path) if path.suffix == ".jsonl" else None
-        if problem:
-            raise module.error(key, f"{key}: {problem}")
+    if not is_remote(pattern):  # a URL: the datasets library reads it
+        files = sorted(glob.glob(str(Path(str(pattern)).expanduser())))
+        if not files:
+            input_path(module, key, pattern, "the dataset")  # says what is missing
+        for name in files:
+            path = input_path(module, key, name, "the dataset file")
+            problem = _first_record_problem(path) if path.suffix == ".jsonl" else None
+            if problem:
+                raise module.error(key, f"{key}: {problem}")
     check_tokenizer_folder(module, "hf_assets_path", _param(module, "hf_assets_path"))
