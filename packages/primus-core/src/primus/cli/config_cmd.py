@@ -104,6 +104,6 @@ def validate(
     experiment = resolution.load(config, overrides, module)
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
-        PrimusRuntime(config, overrides, step, name, debug=debug, training=True).validate()
+        PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True).validate()
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     typer.echo(f"{config}: valid")

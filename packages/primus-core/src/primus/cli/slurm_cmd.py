@@ -112,7 +112,7 @@ def _command(stage: str) -> Callable[..., None]:
             raise typer.BadParameter(f"{bad[0]!r} is not an option", param_hint="--sbatch")
         overrides = list(ctx.args)
         # fails fast: the workspace and the inputs, as the job's launch checks them
-        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, training=True)
+        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, check_inputs=True)
         job = SlurmJob(
             nodes=nnodes,
             nproc_per_node=nproc_per_node,

@@ -70,8 +70,12 @@ def _command(stage: str) -> Callable[..., None]:
             if LAUNCHER_PID not in os.environ:  # else the launcher's discipline holds
                 reaper.start_descendant_reaper()
         overrides = list(ctx.args)
-        # fails fast: the workspace and the inputs are checked before the upstream is imported
-        runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, training=True)
+        # fails fast: the workspace and the inputs are checked before the upstream is imported,
+        # once: a Primus launcher's workers do not read every input again
+        checked = LAUNCHER_PID in os.environ
+        runtime = PrimusRuntime(
+            config, overrides, stage, module, debug=DEBUG.on, check_inputs=not checked
+        )
         if launching:
             preemption.clear(runtime.run_dir)
             worker = [

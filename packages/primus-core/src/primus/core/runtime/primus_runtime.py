@@ -65,11 +65,12 @@ class PrimusRuntime:
         module: str | None = None,
         debug: bool = False,
         converting: bool = False,
-        training: bool = False,
+        check_inputs: bool = False,
     ) -> None:
         """`converting`: this process only converts a checkpoint (`resolution.backend_for`).
-        `training`: it trains, dry-runs or validates training: the workspace and the files the
-        module reads are checked before the upstream is imported, and nothing is written."""
+        `check_inputs`: the workspace and the files the module reads are checked before the
+        upstream is imported, and nothing is written (a run, a dry run, `config validate`;
+        not the workers of a Primus launcher, which checked them once for all)."""
         self.started = time.perf_counter()
         self.experiment: Experiment = resolution.load(config, overrides, module, single=True)
         self.module = next(iter(self.experiment.modules.values()))
@@ -78,12 +79,12 @@ class PrimusRuntime:
         setup_logging("DEBUG" if debug else self.experiment.log_level)  # console, until run()
         self.env_changes = resolution.apply_env(self.experiment.env)
         self.run_dir = self.experiment.run_dir.resolve()
-        if training:
+        if check_inputs:
             self.check_run_dir()
             self.check_temp_dir()
         began = time.perf_counter()
         self.adapter, self.source_tree = resolution.backend_for(
-            self.module, converting, inputs=training
+            self.module, converting, inputs=check_inputs
         )
         self.loaded_in = time.perf_counter() - began  # told once the run's log is set up
         self.adapter.check_stage(stage)  # a stage the adapter does not declare: nothing written
@@ -136,7 +137,7 @@ class PrimusRuntime:
             )
 
     def run(self, dry_run: bool = False) -> None:
-        """Train (the runtime made with `training`, which checked the workspace), or with
+        """Train (the workspace checked at `check_inputs`, here or by the launcher), or with
         `dry_run` print the plan."""
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
