@@ -10,8 +10,8 @@ import pytest
 
 # The xdist workers share the machine's cores, and most tests start torch processes beside each
 # other. With OpenMP's default of one thread per core they oversubscribe the cores, and the
-# threads' spin-waits slow every run down: two tiny Megatron runs side by side on 2 cores took
-# 97 s, and 24 s with one thread each. Set here, before a worker or a test imports torch.
+# threads' spin-waits slow every run down (docs/testing.md: two quickstart runs side by side on
+# 2 cores, 97 s; 24 s with one thread each). Set here, before a worker or a test imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
