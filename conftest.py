@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -13,6 +14,9 @@ import pytest
 # threads' spin-waits slow every run down (docs/testing.md: two quickstart runs side by side on
 # 2 cores, 97 s; 24 s with one thread each). Set here, before a worker or a test imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The backends' parameter schemas are cached in one folder for the whole session (its workers
+# inherit it), not in the user's cache: each test session reads every schema live once.
+os.environ.setdefault("PRIMUS_CACHE_DIR", tempfile.mkdtemp(prefix="primus-test-cache-"))
 
 
 def _gpu_visible() -> bool:

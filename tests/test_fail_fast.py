@@ -246,3 +246,29 @@ def test_remote_data_is_left_to_the_backend(
         (tokenizer / "tokenizer.json").unlink()
         with pytest.raises(ConfigError, match=r"hf_assets_path: .* holds no tokenizer"):
             adapter.check_inputs(module)
+
+
+REFUSED_FROM_THE_PARAMS = {
+    MEGATRON: ("lr_warmup_init=1.0", "lr_warmup_init 1.0 is above lr"),
+    TORCHTITAN: ("model.n_kv_heads=3", "model.n_kv_heads (3) must divide model.n_heads"),
+    MAXTEXT: ("steps=0", "steps must be a positive number, or -1"),
+}
+
+
+@pytest.mark.parametrize("config", [MEGATRON, TORCHTITAN, MAXTEXT], ids=lambda p: p.parent.name)
+def test_validate_imports_no_framework_once_the_schema_is_cached(config: Path) -> None:
+    """`config validate` reads the schema from the cache (written here, in this process) and
+    the backend's own value checks need no framework; `--full` imports it."""
+    from primus.core.config.schema_cache import schema_of
+    from primus.core.runtime import resolution
+
+    framework = config.parent.name
+    schema_of(resolution.backend_for(next(iter(resolution.load(config).modules.values())))[0])
+    done, imported = primus_imports("config", "validate", str(config))
+    assert done.returncode == 0 and imported == [], done.stderr[-3000:]
+    override, message = REFUSED_FROM_THE_PARAMS[config]
+    done, imported = primus_imports("config", "validate", str(config), override)
+    assert done.returncode == 2 and imported == [] and message in done.stderr, done.stderr
+    if framework == "megatron":
+        done, imported = primus_imports("config", "validate", "--full", str(config))
+        assert done.returncode == 0 and "megatron" in imported, done.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Bad input in core, through the dummy backend: bad files and overrides are one config error
 (exit 2, file:line, no traceback) in bounded time, in-process and as real `primus` processes;
-`config validate` runs what `train --dry-run` runs and writes nothing."""
+`config validate` (no framework imported) gives the verdict of `train --dry-run` (the upstream
+imported, the patches applied), and writes nothing."""
 
 from __future__ import annotations
 
@@ -57,11 +58,14 @@ def test_a_fifo_as_the_experiment_is_refused_unopened_as_real_processes(tmp_path
 
 def test_validate_checks_what_a_dry_run_checks_and_writes_nothing(tmp_path) -> None:
     ws = f"workspace={tmp_path / 'ws'}"
-    valid = primus("config", "validate", str(DUMMY), ws, cwd=tmp_path)
-    assert valid.returncode == 0, valid.stderr
-    assert "[dummy] lifecycle: convert_config" in valid.stderr  # the backend built its args
-    assert "lifecycle: patch build_args" in valid.stderr  # and the build_args patches ran
-    assert valid.stdout.splitlines() == ["ok: module 'pre_trainer' (dummy): 7 params", f"{DUMMY}: valid"]  # fmt: skip
+    fast = primus("config", "validate", str(DUMMY), ws, cwd=tmp_path)
+    full = primus("config", "validate", "--full", str(DUMMY), ws, cwd=tmp_path)
+    for valid in (fast, full):
+        assert valid.returncode == 0, valid.stderr
+        assert valid.stdout.splitlines() == ["ok: module 'pre_trainer' (dummy): 7 params", f"{DUMMY}: valid"]  # fmt: skip
+    assert "lifecycle: convert_config" not in fast.stderr  # no upstream needed
+    assert "[dummy] lifecycle: convert_config" in full.stderr  # the backend built its args
+    assert "lifecycle: patch build_args" in full.stderr  # and the build_args patches ran
     assert list(tmp_path.iterdir()) == []
     validate = primus("config", "validate", str(DUMMY), "--stage", "posttrain", cwd=tmp_path)
     dry_run = primus("train", "posttrain", "-c", str(DUMMY), "--dry-run", cwd=tmp_path)

@@ -106,7 +106,7 @@ def convert():
 
     def build(*overrides: str):
         module = next(iter(load(RECIPE, list(overrides)).modules.values()))
-        adapter, _ = backend_for(module)  # validates the params as `train` does
+        adapter, _, _ = backend_for(module)  # validates the params as `train` does
         return adapter.convert_config(module)
 
     yield build

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.backends.megatron.config.bridge import RULES
+from primus.backends.megatron.config.checks import RULES
 from primus.backends.megatron.megatron_adapter import MegatronAdapter
 from primus.testing.fuzz_runs import check_backend, refusal_problems
 
@@ -20,8 +20,26 @@ SIZES = [
     "max_position_embeddings", "vocab_size", "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
 ]  # fmt: skip
-# Refused by Megatron only when it builds the model or its scheduler, here at validation
+# Refused by Megatron's validate_args, or only when it builds the model or its scheduler: here
+# without importing Megatron
 MODEL_BUILD = {
+    "heads do not divide hidden": ("num_attention_heads", [("num_attention_heads", 3)]),
+    "tensor parallel does not divide heads": (
+        "tensor_model_parallel_size",
+        [("tensor_model_parallel_size", 3)],
+    ),
+    "tensor parallel does not divide query groups": (
+        "tensor_model_parallel_size",
+        [("tensor_model_parallel_size", 4)],
+    ),
+    "pipeline parallel does not divide layers": (
+        "pipeline_model_parallel_size",
+        [("pipeline_model_parallel_size", 3)],
+    ),
+    "context parallel does not divide the sequence": (
+        "context_parallel_size",
+        [("context_parallel_size", 3)],
+    ),
     "sequence parallel, torch norm": (
         "sequence_parallel",
         [("tensor_model_parallel_size", 2), ("sequence_parallel", True)],

@@ -92,10 +92,20 @@ def validate(
             show_default=False,
         ),
     ] = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Also run what needs the framework imported, as `train --dry-run` does: the "
+            "patches, the backend's own cross-field validation, the trainer class (seconds "
+            "more).",
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
-    """Check an experiment as `train --dry-run` does (the workspace, the files it reads, schema,
-    patches, the backend's own validation), writing nothing. Exit 0 if valid, 2 if not."""
+    """Check an experiment without importing the framework, writing nothing: the workspace, the
+    files it reads, every key against the backend's schema (kept in the user cache per
+    framework version), the backend's own checks of values. Exit 0 if valid, 2 if not."""
     from primus.core.runtime import resolution
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
@@ -104,6 +114,7 @@ def validate(
     experiment = resolution.load(config, overrides, module)
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
-        PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True).validate()
+        runtime = PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True)
+        runtime.validate(full)
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     typer.echo(f"{config}: valid")

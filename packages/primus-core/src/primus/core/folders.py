@@ -34,6 +34,13 @@ def unwritable(folder: Path, create: bool = True) -> str | None:
         return f"{e.strerror or e}" + (f" ({refused})" if refused else "")
 
 
+def cache_dir() -> Path:
+    """Primus's user cache: $PRIMUS_CACHE_DIR, else $XDG_CACHE_HOME/primus (~/.cache/primus)."""
+    if os.environ.get("PRIMUS_CACHE_DIR"):
+        return Path(os.environ["PRIMUS_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "primus"
+
+
 def temp_dir_too_long() -> str | None:
     """None if multiprocessing's socket paths fit under the temporary folder, else why not.
     Where they don't, a worker's socket fails in a queue's feeder thread and the run hangs."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from primus.core.config import ALL_BACKENDS, ParamSpec, register_params
+from primus.core.folders import cache_dir
 from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import get_logger, write_refused
 from primus.core.patches import PatchContext, get_param
@@ -73,11 +74,10 @@ def peak_tflops(device_name: str) -> float | None:
 
 def measured_peaks_path() -> Path:
     """Where `primus benchmark gemm --save-peak` keeps each device's measured GEMM rate:
-    $PRIMUS_PEAKS, else $XDG_CACHE_HOME/primus/peaks.json (~/.cache by default)."""
+    $PRIMUS_PEAKS, else peaks.json in Primus's user cache (`primus.core.folders.cache_dir`)."""
     if os.environ.get("PRIMUS_PEAKS"):
         return Path(os.environ["PRIMUS_PEAKS"])
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "primus" / "peaks.json"
+    return cache_dir() / "peaks.json"
 
 
 def measured_peaks() -> dict[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ from primus.core.backend.contract import contract_problem, implements
 from primus.core.backend.discovery import READY
 from primus.core.config.loader import load_config_file
 from primus.core.config.schema import registered_params
+from primus.core.config.schema_cache import decode, encode
 from primus.core.errors import ConfigError
 from primus.core.patches.patch import PHASES
 from primus.core.patches.registry import all_patches, load_patch_modules
@@ -118,6 +119,14 @@ class BackendConformance:
     def test_schema_is_declared(self) -> None:
         schema = self.adapter().param_schema()
         assert schema is not None and len(schema) > 0, "declare param_schema()"
+
+    def test_schema_can_be_cached(self) -> None:
+        """Types among bool, int, float, str, list, dict; choices and defaults plain data:
+        else every `config validate` reads the schema from the upstream, importing it."""
+        schema = self.adapter().param_schema()
+        assert schema is not None
+        cached = decode(json.loads(json.dumps(encode(schema))))
+        assert cached.specs == schema.specs and cached.hints == schema.hints
 
     def test_presets_resolve_and_validate(self) -> None:
         load_patch_modules()

@@ -1,6 +1,6 @@
 """A deterministic corpus of bad experiments, mutated from a backend's recipe: every case must
 fail as bad config (exit 2, one `error:` message, no traceback, the file and line at fault), in
-bounded time, and `config validate` must agree with `train --dry-run`.
+bounded time, and `config validate` (no upstream imported) must agree with `train --dry-run`.
 
 A test builds the corpus with `corpus(recipe, ...)` and runs each case with
 `primus.testing.fuzz_runs.run_case`, in this process (the upstream is imported once);

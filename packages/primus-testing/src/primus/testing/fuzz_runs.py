@@ -1,7 +1,9 @@
 """Runs the bad-input corpus of `primus.testing.fuzz` in this process: each case as `config
-validate` and as `train --dry-run`, through `primus.cli.main.main` (the upstream is imported
-once), with what each outcome breaks of the promise (exit 2, one `error:` message at the file and
-line at fault, no traceback, bounded time, validate and the dry run agreeing)."""
+validate` (the fast path: the cached schema and the adapter's `check_params`, no upstream) and
+as `train --dry-run` (the full path: the upstream's own validation, the patches applied),
+through `primus.cli.main.main` (the upstream is imported once), with what each outcome breaks
+of the promise (exit 2, one `error:` message at the file and line at fault, no traceback,
+bounded time, and the two paths giving the same verdict and message)."""
 
 from __future__ import annotations
 
@@ -139,10 +141,10 @@ class Report:
 
 def check_corpus(cases: list[Case], recipe: Path, folder: Path) -> Report:
     """Run every case in this process after a warm-up that validates the unmutated `recipe`
-    (it must pass, writing nothing: the corpus's failures are the mutations'), which imports
-    the upstream."""
+    in full (it must pass, writing nothing: the corpus's failures are the mutations'), which
+    imports the upstream."""
     folder.mkdir(parents=True, exist_ok=True)
-    warm = run_in_process(["config", "validate", str(recipe)], folder, {})
+    warm = run_in_process(["config", "validate", "--full", str(recipe)], folder, {})
     assert warm.code == 0, f"the recipe itself does not validate:\n{warm.stderr[-3000:]}"
     assert not any(folder.iterdir()), "validate wrote into the workspace"
     start = time.perf_counter()

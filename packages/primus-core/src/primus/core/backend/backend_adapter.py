@@ -90,6 +90,15 @@ class BackendAdapter(ABC):
         in `primus.core.config.inputs`). Runs before the upstream is imported and before
         anything is written, for a run, a dry run and `config validate`."""
 
+    def check_params(self, config: ModuleConfig) -> str | None:
+        """What the schema cannot check, without importing the upstream: values across keys,
+        ranges (`config.require(rules)`), refusals the upstream makes only when it builds the
+        model; a ConfigError at the key at fault. Runs after the schema check, for every run
+        and `config validate`. Return None, or why only the full check (the upstream imported,
+        the patches applied, `convert_config`) can judge these params: `config validate` then
+        runs it."""
+        return None
+
     @abstractmethod
     def convert_config(self, config: ModuleConfig) -> Any:
         """Turn the resolved module params into the backend's own args object."""

@@ -17,6 +17,7 @@ HOOK_ARGS = {
     "setup_backend_path": (),
     "prepare_backend": ("config",),
     "check_inputs": ("config",),
+    "check_params": ("config",),
     "convert_config": ("config",),
     "load_trainer_class": ("stage",),
     "detect_backend_version": (),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from primus.core.checkpoint.hf import read_config
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
+from primus.core.config.schema_cache import schema_of
 from primus.core.errors import ConfigError
 from primus.core.logging import get_logger
 
@@ -50,7 +51,7 @@ def architecture_mismatches(
     """One line per architecture key where the HF config and the experiment differ: the key,
     both values, and where the experiment's value was set."""
     preset = adapter.model_preset_from_hf(read_config(hf_dir))
-    schema = adapter.param_schema()
+    schema = schema_of(adapter)
     params = dict(_flatten(module.params))
     lines = []
     for key, hf_value in _flatten(preset):

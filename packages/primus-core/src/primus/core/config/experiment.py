@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,12 +88,17 @@ class ModuleConfig:
             if problem:
                 raise self.error(key, problem, f"set {key} to {rule.what}")
 
-    def require_divisor(self, key: str, divisor_key: str, why: str) -> None:
-        """A ConfigError at `divisor_key` unless it divides `key` (where both are integers)."""
-        value, divisor = (self.tree.get(tuple(k.split("."))) for k in (key, divisor_key))
+    def require_divisor(
+        self, key: str, divisor_key: str, why: str, defaults: Mapping[str, Any] | None = None
+    ) -> None:
+        """A ConfigError at `divisor_key` (at `key` where only that is set) unless it divides
+        `key`, where both are integers; an unset key takes its value from `defaults`."""
+        value, divisor = (
+            self.tree.get(tuple(k.split(".")), (defaults or {}).get(k)) for k in (key, divisor_key)
+        )
         if isinstance(value, int) and isinstance(divisor, int) and divisor > 0 and value % divisor:
             raise self.error(
-                divisor_key,
+                divisor_key if self.origin(divisor_key) is not None else key,
                 f"{divisor_key} ({divisor}) must divide {key} ({value}): {why}",
                 f"set {divisor_key} to a divisor of {value}",
             )

@@ -83,7 +83,7 @@ class PrimusRuntime:
             self.check_run_dir()
             self.check_temp_dir()
         began = time.perf_counter()
-        self.adapter, self.source_tree = resolution.backend_for(
+        self.adapter, self.source_tree, self.undecided = resolution.backend_for(
             self.module, converting, inputs=check_inputs
         )
         self.loaded_in = time.perf_counter() - began  # told once the run's log is set up
@@ -239,9 +239,15 @@ class PrimusRuntime:
         self.build_args(ctx)
         return resolution.trainer_class(self.adapter, self.stage)
 
-    def validate(self) -> type[BaseTrainer]:
-        """`primus config validate`: the checks of a dry run, writing nothing; the trainer."""
-        return self._check(self._context(resolution.backend_version(self.adapter)))
+    def validate(self, full: bool = False) -> None:
+        """`primus config validate`, writing nothing: the checks that import no upstream (made
+        when this runtime was built with `check_inputs`); with `full`, those of a dry run too
+        (the setup and build_args patches, the backend's own validation, the trainer class),
+        also made where the adapter's `check_params` says only they can judge the params."""
+        if self.undecided and not full:
+            self.log.info(f"checking in full: {self.undecided}")
+        if full or self.undecided:
+            self._check(self._context(resolution.backend_version(self.adapter)))
 
     def backend_args(self) -> Any:
         """The backend args after the setup and build_args patches, as a dry run builds them."""

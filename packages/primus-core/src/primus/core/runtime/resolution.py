@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -15,6 +15,7 @@ from primus.core.backend.backend_registry import ENTRY_POINT_HINT, BackendRegist
 from primus.core.config.experiment import Experiment, ModuleConfig, load_experiment
 from primus.core.config.inputs import check_inputs
 from primus.core.config.schema import raise_all, registered_params
+from primus.core.config.schema_cache import schema_of
 from primus.core.errors import BackendError, ConfigError
 from primus.core.logging import get_logger, log_rank_0
 from primus.core.patches.registry import all_patches, load_patch_modules
@@ -76,10 +77,17 @@ def apply_env(env: dict[str, Any]) -> list[str]:
     return changes
 
 
-def backend_for(
-    module: ModuleConfig, converting: bool = False, inputs: bool = False
-) -> tuple[BackendAdapter, str]:
-    """The module's adapter, checked as training checks it; also its upstream source tree.
+class Resolved(NamedTuple):
+    """A module's adapter, its upstream source tree ("" for the installed upstream), and why
+    only the full check (the upstream imported) can judge its params, or None."""
+
+    adapter: BackendAdapter
+    source_tree: str
+    undecided: str | None
+
+
+def backend_for(module: ModuleConfig, converting: bool = False, inputs: bool = False) -> Resolved:
+    """The module's adapter, checked as training checks it, with its upstream source tree.
 
     `inputs`: the files the module reads are checked first (`primus.core.config.inputs`, then
     the adapter's `check_inputs`), before anything imports the upstream. A source tree
@@ -99,8 +107,7 @@ def backend_for(
     source_tree = adapter.setup_backend_path()
     if not source_tree:
         BackendRegistry.get_adapter_class(framework)  # raises unless ready
-    validate(module, adapter)
-    return adapter, source_tree
+    return Resolved(adapter, source_tree, validate(module, adapter, source_tree))
 
 
 def hide_modules(names: tuple[str, ...]) -> None:
@@ -113,8 +120,10 @@ def hide_modules(names: tuple[str, ...]) -> None:
         log_rank_0(f"[primus] not needed here, not imported: {', '.join(hidden)}")
 
 
-def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
-    """Check a module's params against the backend schema plus registered Primus keys.
+def validate(module: ModuleConfig, adapter: BackendAdapter, source_tree: str = "") -> str | None:
+    """Check a module's params against the backend schema (cached: `schema_cache.schema_of`)
+    plus registered Primus keys, then the adapter's `check_params`; return why only the full
+    check can judge them (what `check_params` returned), or None.
 
     A patch module of the backend's own distribution that fails to import stops here (the
     backend is broken); one from another distribution is a warning.
@@ -127,18 +136,20 @@ def validate(module: ModuleConfig, adapter: BackendAdapter) -> None:
                 message, hint="--debug shows the import traceback"
             ) from failure.exception
         get_logger().warning(message)
-    schema = adapter.param_schema()
+    schema = schema_of(adapter, source_tree)
     if schema is None:
         get_logger().warning(
             f"backend '{module.framework}' declares no parameter schema: "
             "unknown keys cannot be detected"
         )
-        return
-    raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
+    else:
+        raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
+    undecided = adapter.check_params(module)
     if module.init_from is not None:
         check_init_from(module, adapter)
     if module.peft is not None:
         require(adapter, "lora", module.peft.origins.get("type") or module.peft.origins.get(""))
+    return undecided
 
 
 def check_init_from(module: ModuleConfig, adapter: BackendAdapter) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec, register_params
 from primus.core.config.schema import registered_params
+from primus.core.config.schema_cache import schema_of
 
 if TYPE_CHECKING:
     from primus.core.projection import Job
@@ -59,6 +60,14 @@ class MaxTextAdapter(BackendAdapter):
 
     # the preset's keys that are training choices, not architecture
     hf_preset_training_keys = frozenset({"enable_dropout"})
+
+    def check_params(self, config: ModuleConfig) -> str | None:
+        from primus.backends.maxtext.config.bridge import check_params
+
+        schema = schema_of(self)
+        assert schema is not None
+        check_params(config, schema)
+        return None
 
     def convert_config(self, config: ModuleConfig) -> Any:
         """MaxText's config; a run with `init_from` (or an import folder already there)

@@ -8,6 +8,7 @@ from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.schema_cache import schema_of
 from primus.core.devices import DEVICE_PARAM
 from primus.core.errors import ConfigError
 from primus.core.launch.dist_env import get_torchrun_env
@@ -64,6 +65,13 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.data.inputs import check_data_inputs
 
         check_data_inputs(config)
+
+    def check_params(self, config: ModuleConfig) -> str | None:
+        from primus.backends.megatron.config.checks import check_params
+
+        schema = schema_of(self)
+        assert schema is not None
+        return check_params(config, schema, frozenset(schema.specs) - set(PRIMUS_KEYS.specs))
 
     def param_schema(self) -> ParamSchema:
         from primus.backends.megatron.config.bridge import megatron_schema

@@ -67,6 +67,12 @@ class TorchTitanAdapter(BackendAdapter):
 
         return torchtitan_schema().merged(PRIMUS_KEYS, ParamSchema(MODEL_KEYS))
 
+    def check_params(self, config: ModuleConfig) -> str | None:
+        from primus.backends.torchtitan.config.bridge import check_params
+
+        check_params(config)
+        return None
+
     def convert_config(self, config: ModuleConfig) -> Any:
         from primus.backends.torchtitan.config.bridge import build_trainer_config
 

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
-from primus.core.config.sanity import FRACTION, LEARNING_RATE, NON_NEGATIVE, POSITIVE, Rules
+from primus.core.config.sanity import (
+    FRACTION,
+    LEARNING_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+    Rule,
+    Rules,
+    is_number,
+)
 from primus.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -157,6 +165,11 @@ def _quiet() -> Iterator[None]:
         absl_logging.set_verbosity(verbosity)
 
 
+STEPS = Rule(
+    "a positive number, or -1 (the other of steps and learning_rate_schedule_steps)",
+    lambda v: is_number(v) and (v > 0 or v == -1),
+    refuses=(0, -5),
+)
 # What MaxText takes on trust and fails on later (or trains nothing): refused at validation.
 # (`steps` and `eval_interval` are MaxText's own: -1 means "the schedule's length" and "none".)
 RULES: Rules = {
@@ -173,7 +186,28 @@ RULES: Rules = {
     "adam_b2": FRACTION,
     "adam_eps": NON_NEGATIVE,
     "adam_weight_decay": NON_NEGATIVE,
+    **dict.fromkeys(("steps", "learning_rate_schedule_steps"), STEPS),
 }  # fmt: skip
+
+
+def check_params(config: ModuleConfig, schema: ParamSchema) -> None:
+    """What MaxText takes on trust, or refuses only when it builds the model, checked without
+    importing it (the adapter's `check_params`; `schema` gives MaxText's defaults)."""
+    config.require(RULES)
+    config.require_divisor(
+        "base_num_query_heads", "base_num_kv_heads", "MaxText fails only when it builds the model"
+    )
+    steps, schedule = (
+        config.params.get(key, schema.specs[key].default)
+        for key in ("steps", "learning_rate_schedule_steps")
+    )
+    if steps == -1 and schedule == -1:
+        raise config.error(
+            "steps",
+            "steps is -1 (the schedule's length) and so is learning_rate_schedule_steps: "
+            "no run length is set",
+            hint="set steps to a positive number",
+        )
 
 
 def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:
@@ -182,10 +216,6 @@ def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxT
     from maxtext.configs import pyconfig
     from maxtext.utils import train_utils
 
-    config.require(RULES)
-    config.require_divisor(
-        "base_num_query_heads", "base_num_kv_heads", "MaxText fails only when it builds the model"
-    )
     argv = maxtext_argv(config.params | extra, owned)
     with rejections_as_config_errors(config), _quiet():
         resolved = pyconfig.initialize_pydantic(argv)

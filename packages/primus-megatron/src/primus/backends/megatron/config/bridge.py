@@ -17,16 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from primus.backends.megatron.config.checks import check_sequence_parallel
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
-from primus.core.config.sanity import (
-    FRACTION,
-    LEARNING_RATE,
-    NON_NEGATIVE,
-    POSITIVE,
-    Rule,
-    Rules,
-    is_number,
-)
 from primus.core.errors import ConfigError
 from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import get_logger
@@ -75,12 +67,13 @@ def _choices(action: argparse.Action) -> tuple[Any, ...] | None:
 def _spec(action: argparse.Action) -> ParamSpec:
     flags = "/".join(action.option_strings)
     help_text = f"{flags}: {action.help or ''}".strip()
+    default = action.default.name if isinstance(action.default, enum.Enum) else action.default
     if isinstance(action, _BOOL_ACTIONS) or action.type is bool:
-        return ParamSpec(bool, help_text)
+        return ParamSpec(bool, help_text, default=default)
     base = action.type if action.type in _PLAIN_TYPES else (str if action.type is None else None)
     if action.nargs not in (None, "?"):
-        return ParamSpec((list, base) if base else None, help_text)
-    return ParamSpec(base, help_text, choices=_choices(action))
+        return ParamSpec((list, base) if base else None, help_text, default=default)
+    return ParamSpec(base, help_text, choices=_choices(action), default=default)
 
 
 def megatron_schema() -> ParamSchema:
@@ -148,97 +141,6 @@ def _validation_error(exc: BaseException, config: ModuleConfig) -> ConfigError:
     )
 
 
-def _is_blend(value: Any) -> bool:
-    """Megatron's dataset blend: a path, paths, or weight-path pairs (`[0.3, a, 0.7, b]`)."""
-    items = value if isinstance(value, list) else [value]
-    if all(isinstance(item, str) and item for item in items):
-        return bool(items)
-    return (
-        len(items) % 2 == 0
-        and all(is_number(w) and w >= 0 for w in items[::2])
-        and all(isinstance(p, str) and p for p in items[1::2])
-    )
-
-
-BLEND = Rule(
-    "a path, a list of paths, or weight-path pairs (0.3, a, 0.7, b)",
-    _is_blend,
-    refuses=([0.5, "a", 0.5],),
-)
-# What Megatron takes on trust and fails on later (or trains nothing): refused at validation.
-RULES: Rules = {
-    **dict.fromkeys(
-        (
-            "micro_batch_size", "global_batch_size", "train_iters", "train_samples", "seq_length",
-            "max_position_embeddings", "num_layers", "hidden_size", "ffn_hidden_size",
-            "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
-            "tensor_model_parallel_size", "pipeline_model_parallel_size",
-            "context_parallel_size", "expert_model_parallel_size", "log_interval",
-            "eval_interval", "save_interval",
-        ),
-        POSITIVE,
-    ),
-    "lr": LEARNING_RATE,
-    "min_lr": LEARNING_RATE,
-    "adam_beta1": FRACTION,
-    "adam_beta2": FRACTION,
-    "adam_eps": NON_NEGATIVE,
-    "weight_decay": NON_NEGATIVE,
-    **dict.fromkeys(("data_path", "train_data_path", "valid_data_path", "test_data_path"), BLEND),
-}  # fmt: skip
-
-
-def _check_model_build(config: ModuleConfig, args: argparse.Namespace) -> None:
-    """Combinations Megatron rejects only when it builds the model, found here instead."""
-    import importlib.util
-
-    from megatron.core.transformer import torch_norm
-
-    local_norm = args.transformer_impl == "local" and importlib.util.find_spec("apex") is None
-    # the norm class in place (a patch may have replaced it) says which norms it can split
-    splits = getattr(torch_norm.WrappedTorchNorm, "sequence_parallel_normalizations", ())
-    if args.sequence_parallel and local_norm and args.normalization not in splits:
-        reason = (
-            f"the norm in place splits only {', '.join(splits)}, not {args.normalization}"
-            if splits
-            else "transformer_impl local without Apex builds the torch norm, which Megatron "
-            "refuses to split"
-        )
-        raise config.error(
-            "sequence_parallel",
-            f"sequence_parallel needs a norm that splits the sequence: {reason}",
-            hint="set sequence_parallel: false (or turbo.enable: true with normalization: "
-            "RMSNorm, or install Apex, or Transformer Engine with transformer_impl: "
-            "transformer_engine)",
-        )
-
-
-def _check_lr_schedule(config: ModuleConfig, args: argparse.Namespace) -> None:
-    """What Megatron's OptimizerParamScheduler asserts when training starts (and validate_args
-    does not), found here."""
-    if args.lr is None:
-        raise config.error("lr", "lr is not set: Megatron has no default learning rate",
-                           hint="set lr: <learning rate>")  # fmt: skip
-    if args.lr_warmup_init > args.lr:
-        raise config.error("lr_warmup_init", f"lr_warmup_init {args.lr_warmup_init} is above "
-                           f"lr {args.lr}", hint="set lr_warmup_init to at most lr")  # fmt: skip
-    if args.lr_warmup_fraction is not None:
-        if not 0 <= args.lr_warmup_fraction < 1:
-            raise config.error("lr_warmup_fraction", "lr_warmup_fraction must lie in [0, 1)",
-                               hint="set lr_warmup_fraction below 1")  # fmt: skip
-        return
-    unit = "iters" if args.train_iters else "samples"
-    warmup = getattr(args, f"lr_warmup_{unit}")
-    decay = getattr(args, f"lr_decay_{unit}") or getattr(args, f"train_{unit}")
-    if decay and warmup >= decay:
-        raise config.error(
-            f"lr_warmup_{unit}",
-            f"lr_warmup_{unit} {warmup} leaves no decay: the schedule decays over {decay} "
-            f"(lr_decay_{unit}, else train_{unit})",
-            hint=f"set lr_warmup_{unit} below {decay}",
-        )
-
-
 def model_parallel_size(args: argparse.Namespace) -> int:
     """Processes one model replica spans: tensor x pipeline x context parallel."""
     return int(
@@ -256,18 +158,13 @@ def build_megatron_args(
 
     actions = megatron_actions()
     args = megatron_parser().parse_args([])
-    for key, value in megatron_params.items():
-        default = actions[key].default
-        if value is None and default is not None:  # Megatron's command line cannot unset it
-            raise config.error(
-                key, f"{key} cannot be null: Megatron's default for it is {default!r}",
-                hint=f"remove {key} to keep Megatron's default, or set a value",
-            )  # fmt: skip
+    for key, value in megatron_params.items():  # nulls are refused by check_params
+        if value is None:
+            continue
         try:
             setattr(args, key, coerce(actions[key], value))
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
             raise config.error(key, f"{key}: {exc}") from None
-    config.require(RULES)
     env = get_torchrun_env()
     args.rank, args.world_size = env.rank, env.world_size
     if env.world_size == 1:  # one process (checkpoint conversion, dry run): the smallest world
@@ -281,6 +178,5 @@ def build_megatron_args(
         raise _validation_error(exc, config) from exc
     finally:
         get_logger("megatron").debug(dump.getvalue())
-    _check_model_build(config, args)
-    _check_lr_schedule(config, args)
+    check_sequence_parallel(config, args)
     return args

@@ -9,6 +9,7 @@ The schema is the same dataclass tree walked field by field.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import io
@@ -86,7 +87,17 @@ def _spec(field: dataclasses.Field, default: Any) -> ParamSpec:
         kind = str
     elif isinstance(default, list | tuple):
         kind = list
-    return ParamSpec(kind, default=default)
+    return ParamSpec(kind, default=default, choices=_literal_choices(field.type))
+
+
+def _literal_choices(annotation: Any) -> tuple[Any, ...] | None:
+    """The values of a `Literal[...]` annotation (as a type or as its text), else None."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing.get_args(annotation)
+    if isinstance(annotation, str) and annotation.startswith("Literal[") and annotation[-1] == "]":
+        values = ast.literal_eval(f"({annotation[len('Literal[') : -1]},)")
+        return values if isinstance(values, tuple) else None
+    return None
 
 
 def _schema_config() -> Any:
@@ -255,15 +266,20 @@ RULES: Rules = {
 }  # fmt: skip
 
 
-def build_trainer_config(config: ModuleConfig, owned: ParamSchema, mock_data: bool) -> Any:
-    """Trainer.Config through ConfigManager (tyro), as `torchtitan.train` builds it."""
-    from torchtitan.config import ConfigManager
-
+def check_params(config: ModuleConfig) -> None:
+    """What TorchTitan takes on trust, or refuses only when it builds the model, checked
+    without importing it (the adapter's `check_params`)."""
     config.require(RULES)
     built = "TorchTitan refuses it only when it builds the model"
     config.require_divisor("model.n_heads", "model.n_kv_heads", built)
     for heads in ("model.n_heads", "model.n_kv_heads"):
         config.require_divisor(heads, "parallelism.tensor_parallel_degree", built)
+
+
+def build_trainer_config(config: ModuleConfig, owned: ParamSchema, mock_data: bool) -> Any:
+    """Trainer.Config through ConfigManager (tyro), as `torchtitan.train` builds it."""
+    from torchtitan.config import ConfigManager
+
     base = base_config(config, mock_data)
     args = ["--module", __name__, "--config", primus_base.__name__, *cli_args(config.params, owned)]
     stderr = io.StringIO()

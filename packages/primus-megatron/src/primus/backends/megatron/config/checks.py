@@ -1,0 +1,181 @@
+"""What Megatron takes on trust, refuses only when it builds the model or its scheduler, or
+cannot be told with null: checked from the params over Megatron's defaults (its schema),
+without importing Megatron. Every run and `config validate` run these before anything else of
+the backend; `check_sequence_parallel` needs the norm class in place, after the patches."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from typing import Any
+
+from primus.core.config import ModuleConfig, ParamSchema
+from primus.core.config.sanity import (
+    FRACTION,
+    LEARNING_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+    Rule,
+    Rules,
+    is_number,
+)
+
+
+def _is_blend(value: Any) -> bool:
+    """Megatron's dataset blend: a path, paths, or weight-path pairs (`[0.3, a, 0.7, b]`)."""
+    items = value if isinstance(value, list) else [value]
+    if all(isinstance(item, str) and item for item in items):
+        return bool(items)
+    return (
+        len(items) % 2 == 0
+        and all(is_number(w) and w >= 0 for w in items[::2])
+        and all(isinstance(p, str) and p for p in items[1::2])
+    )
+
+
+BLEND = Rule(
+    "a path, a list of paths, or weight-path pairs (0.3, a, 0.7, b)",
+    _is_blend,
+    refuses=([0.5, "a", 0.5],),
+)
+# What Megatron takes on trust and fails on later (or trains nothing): refused at validation.
+RULES: Rules = {
+    **dict.fromkeys(
+        (
+            "micro_batch_size", "global_batch_size", "train_iters", "train_samples", "seq_length",
+            "max_position_embeddings", "num_layers", "hidden_size", "ffn_hidden_size",
+            "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+            "tensor_model_parallel_size", "pipeline_model_parallel_size",
+            "context_parallel_size", "expert_model_parallel_size", "log_interval",
+            "eval_interval", "save_interval",
+        ),
+        POSITIVE,
+    ),
+    "lr": LEARNING_RATE,
+    "min_lr": LEARNING_RATE,
+    "adam_beta1": FRACTION,
+    "adam_beta2": FRACTION,
+    "adam_eps": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    **dict.fromkeys(("data_path", "train_data_path", "valid_data_path", "test_data_path"), BLEND),
+}  # fmt: skip
+
+
+def norm_undecided(values: Any) -> str | None:
+    """Why splitting the sequence over tensor-parallel ranks needs the norm class in place (a
+    patch may replace Megatron's) to be judged; None when it does not (`values`: the args, or
+    the params over Megatron's defaults)."""
+    size = values.tensor_model_parallel_size
+    local = values.transformer_impl == "local" or not _installed("transformer_engine")
+    if values.sequence_parallel and size > 1 and local and not _installed("apex"):
+        return "sequence_parallel with the local norm: the norm class in place decides"
+    return None
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def check_sequence_parallel(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """What Megatron rejects only when it builds the model: sequence parallel with a norm that
+    cannot split the sequence (the norm class in place, patches applied, says which can)."""
+    from megatron.core.transformer import torch_norm
+
+    local_norm = args.transformer_impl == "local" and not _installed("apex")
+    # the norm class in place (a patch may have replaced it) says which norms it can split
+    splits = getattr(torch_norm.WrappedTorchNorm, "sequence_parallel_normalizations", ())
+    if args.sequence_parallel and local_norm and args.normalization not in splits:
+        reason = (
+            f"the norm in place splits only {', '.join(splits)}, not {args.normalization}"
+            if splits
+            else "transformer_impl local without Apex builds the torch norm, which Megatron "
+            "refuses to split"
+        )
+        raise config.error(
+            "sequence_parallel",
+            f"sequence_parallel needs a norm that splits the sequence: {reason}",
+            hint="set sequence_parallel: false (or turbo.enable: true with normalization: "
+            "RMSNorm, or install Apex, or Transformer Engine with transformer_impl: "
+            "transformer_engine)",
+        )
+
+
+def _check_lr_schedule(config: ModuleConfig, args: Any) -> None:
+    """What Megatron's OptimizerParamScheduler asserts when training starts (and validate_args
+    does not), found here."""
+    if args.lr is None:
+        raise config.error("lr", "lr is not set: Megatron has no default learning rate",
+                           hint="set lr: <learning rate>")  # fmt: skip
+    if args.lr_warmup_init > args.lr:
+        raise config.error("lr_warmup_init", f"lr_warmup_init {args.lr_warmup_init} is above "
+                           f"lr {args.lr}", hint="set lr_warmup_init to at most lr")  # fmt: skip
+    if args.lr_warmup_fraction is not None:
+        if not 0 <= args.lr_warmup_fraction < 1:
+            raise config.error("lr_warmup_fraction", "lr_warmup_fraction must lie in [0, 1)",
+                               hint="set lr_warmup_fraction below 1")  # fmt: skip
+        return
+    unit = "iters" if args.train_iters else "samples"
+    warmup = getattr(args, f"lr_warmup_{unit}")
+    decay = getattr(args, f"lr_decay_{unit}") or getattr(args, f"train_{unit}")
+    if decay and warmup >= decay:
+        raise config.error(
+            f"lr_warmup_{unit}",
+            f"lr_warmup_{unit} {warmup} leaves no decay: the schedule decays over {decay} "
+            f"(lr_decay_{unit}, else train_{unit})",
+            hint=f"set lr_warmup_{unit} below {decay}",
+        )
+
+
+def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str]) -> str | None:
+    """Megatron's params (`own`: the schema's keys that are Megatron's) checked without Megatron:
+    no null where Megatron has a default, the RULES, the learning-rate schedule. Returns why the
+    full check must decide (`norm_undecided`), or None."""
+    params = {k: v for k, v in config.params.items() if k in own}
+    for key, value in params.items():
+        default = schema.specs[key].default
+        if value is None and default is not None:  # Megatron's command line cannot unset it
+            raise config.error(
+                key, f"{key} cannot be null: Megatron's default for it is {default!r}",
+                hint=f"remove {key} to keep Megatron's default, or set a value",
+            )  # fmt: skip
+    config.require(RULES)
+    defaults = {k: schema.specs[k].default for k in own}
+    _check_sizes(config, defaults)
+    values = argparse.Namespace(**defaults | params)
+    _check_lr_schedule(config, values)
+    return norm_undecided(values)
+
+
+def _check_sizes(config: ModuleConfig, defaults: dict[str, Any]) -> None:
+    """The divisibility Megatron asserts in validate_args, or only when it builds the model
+    (TransformerConfig), or when the first batch meets a context-parallel split."""
+    value = {k: config.params.get(k, defaults.get(k)) for k in defaults}
+    if value["kv_channels"] is None:
+        config.require_divisor("hidden_size", "num_attention_heads",
+                               "each head gets hidden_size / num_attention_heads", defaults)  # fmt: skip
+    built = "Megatron refuses it when it builds the model"
+    config.require_divisor("num_attention_heads", "tensor_model_parallel_size", built, defaults)
+    if value["group_query_attention"]:
+        config.require_divisor("num_query_groups", "tensor_model_parallel_size", built, defaults)
+    simple_pipeline = not any(
+        value[k] for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                           "account_for_embedding_in_pipeline_split",
+                           "account_for_loss_in_pipeline_split", "hybrid_layer_pattern",
+                           "pipeline_model_parallel_layout")
+    )  # fmt: skip
+    if simple_pipeline:
+        config.require_divisor("num_layers", "pipeline_model_parallel_size",
+                               "each pipeline stage gets as many layers", defaults)  # fmt: skip
+    context, length = value["context_parallel_size"], value["seq_length"]
+    if (
+        isinstance(context, int)
+        and isinstance(length, int)
+        and context > 1
+        and length % (2 * context)
+    ):
+        raise config.error(
+            "context_parallel_size",
+            f"2 x context_parallel_size ({context}) must divide seq_length ({length}): "
+            "each rank gets two chunks of the sequence",
+            hint="set context_parallel_size so that twice it divides seq_length",
+        )
