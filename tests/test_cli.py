@@ -308,7 +308,10 @@ def test_a_backend_without_a_memory_projection_says_so() -> None:
 
 def test_shell_completion_installs_and_completes_override_names(tmp_path: Path) -> None:
     """`--show-completion` prints the script; completing after `--config` offers the resolved
-    experiment's keys as `key=` without importing a framework."""
+    experiment's keys as `key=`, and the backend's once its schema is cached, without importing
+    a framework."""
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.config.schema_cache import schema_of
     from primus.testing.runs import primus_imports
 
     # from bash (typer finds the shell among the parent processes), which must not exec it
@@ -323,3 +326,9 @@ def test_shell_completion_installs_and_completes_override_names(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["train_iters="] and imported == []
+    schema_of(BackendRegistry.get_adapter_class("megatron")("megatron"))  # as validate caches it
+    done, imported = primus_imports(
+        _PRIMUS_COMPLETE="complete_bash", COMP_WORDS=words.replace("train_i", "train_s"),
+        COMP_CWORD="5",
+    )  # fmt: skip
+    assert done.stdout.split() == ["train_samples=", "train_sync_interval="] and imported == []

@@ -111,6 +111,40 @@ def test_several_nodes_without_the_address_of_node_0_are_refused(tmp_path: Path,
     assert "several nodes need the address of node 0" in said
 
 
+@pytest.mark.parametrize(
+    ("config", "args", "message"),
+    [
+        (MEGATRON, ["--nproc-per-node", "3", "tensor_model_parallel_size=2"],
+         "3 processes (--nnodes 1 x --nproc-per-node 3) cannot hold model replicas of 2 "
+         "processes (tensor_model_parallel_size 2 x pipeline_model_parallel_size 1 x "
+         "context_parallel_size 1)"),
+        (MEGATRON, ["tensor_model_parallel_size=2"],
+         "1 process (no --nproc-per-node) cannot hold model replicas of 2"),
+        (TORCHTITAN, ["--nproc-per-node", "3", "parallelism.tensor_parallel_degree=2"],
+         "3 processes (--nnodes 1 x --nproc-per-node 3) cannot hold model replicas of 2 "
+         "processes (parallelism.tensor_parallel_degree 2)"),
+    ],
+    ids=["megatron-launch", "megatron-one-process", "torchtitan-launch"],
+)  # fmt: skip
+def test_processes_that_cannot_hold_the_parallel_layout_are_refused(
+    cached_schemas: None, tmp_path: Path, config: Path, args: list[str], message: str
+) -> None:
+    """A launch (and its dry run, and `slurm`) whose process count the model replica's
+    parallel sizes do not divide; a single-process run of a multi-process layout."""
+    forms = ["run", "dry-run"] if "--nproc-per-node" in args else ["run"]
+    for form in forms:
+        said = refused(tmp_path, form, config, *args)
+        assert message in said and "hint: start a multiple of 2 processes" in said, said
+    if config == MEGATRON and forms == ["run", "dry-run"]:
+        done, imported = primus_imports(
+            "slurm", "pretrain", "--dry-run", "--config", str(config), *args,
+            PRIMUS_WORKSPACE=str(tmp_path / "ws"),
+        )  # fmt: skip
+        assert (
+            done.returncode == 2 and imported == [] and "cannot hold model replicas" in done.stderr
+        )
+
+
 @pytest.mark.parametrize("form", list(FORMS))
 def test_a_workspace_under_a_file_is_refused_before_the_framework_loads(
     tmp_path: Path, form: str
@@ -255,15 +289,25 @@ REFUSED_FROM_THE_PARAMS = {
 }
 
 
-@pytest.mark.parametrize("config", [MEGATRON, TORCHTITAN, MAXTEXT], ids=lambda p: p.parent.name)
-def test_validate_imports_no_framework_once_the_schema_is_cached(config: Path) -> None:
-    """`config validate` reads the schema from the cache (written here, in this process) and
-    the backend's own value checks need no framework; `--full` imports it."""
+@pytest.fixture(scope="module")
+def cached_schemas() -> None:
+    """Every backend's parameter schema in the test session's cache, read in this process
+    (which imports the upstreams), as the first `config validate` after an install does."""
     from primus.core.config.schema_cache import schema_of
     from primus.core.runtime import resolution
 
+    for config in (MEGATRON, TORCHTITAN, MAXTEXT):
+        module = next(iter(resolution.load(config).modules.values()))
+        schema_of(resolution.adapter_class(module.framework)(module.framework))
+
+
+@pytest.mark.parametrize("config", [MEGATRON, TORCHTITAN, MAXTEXT], ids=lambda p: p.parent.name)
+def test_validate_imports_no_framework_once_the_schema_is_cached(
+    cached_schemas: None, config: Path
+) -> None:
+    """`config validate` reads the schema from the cache and the backend's own value checks
+    need no framework; `--full` imports it."""
     framework = config.parent.name
-    schema_of(resolution.backend_for(next(iter(resolution.load(config).modules.values())))[0])
     done, imported = primus_imports("config", "validate", str(config))
     assert done.returncode == 0 and imported == [], done.stderr[-3000:]
     override, message = REFUSED_FROM_THE_PARAMS[config]

@@ -14,8 +14,10 @@ from typer.core import TyperCommand
 
 
 def override_keys(config: Any) -> list[str]:
-    """The dotted keys of every module of the experiment in `config`; none when it does not
-    load (a completion never fails)."""
+    """The dotted keys of every module of the experiment in `config`, and every key of its
+    backend's schema where the cache holds it (`config validate` fills the cache); none when
+    the experiment does not load (a completion never fails)."""
+    from primus.core.config.schema_cache import cached_schema
     from primus.core.runtime import resolution
 
     if not isinstance(config, Path | str) or not Path(config).is_file():
@@ -24,13 +26,15 @@ def override_keys(config: Any) -> list[str]:
         experiment = resolution.load(Path(config))
     except Exception:
         return []
-    return sorted(
-        {
-            ".".join(path)
-            for module in experiment.modules.values()
-            for path, _ in module.tree.leaves()
-        }
-    )
+    modules = experiment.modules.values()
+    keys = {".".join(path) for module in modules for path, _ in module.tree.leaves()}
+    for framework in {module.framework for module in modules}:
+        try:
+            schema = cached_schema(resolution.adapter_class(framework)(framework))
+        except Exception:  # a backend that does not load: the experiment's keys only
+            schema = None
+        keys.update(schema.specs if schema is not None else ())
+    return sorted(keys)
 
 
 class OverridesCommand(TyperCommand):

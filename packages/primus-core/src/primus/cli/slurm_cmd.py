@@ -113,6 +113,8 @@ def _command(stage: str) -> Callable[..., None]:
         overrides = list(ctx.args)
         # fails fast: the workspace and the inputs, as the job's launch checks them
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, check_inputs=True)
+        runtime.check_world(nnodes * nproc_per_node, f"--nnodes {nnodes} x --nproc-per-node "
+                            f"{nproc_per_node}")  # fmt: skip
         job = SlurmJob(
             nodes=nnodes,
             nproc_per_node=nproc_per_node,

@@ -52,7 +52,7 @@ def _command(stage: str) -> Callable[..., None]:
         master_port: MasterPort = None,
         debug: Debug = False,
     ) -> None:
-        from primus.core.launch.dist_env import under_torchrun
+        from primus.core.launch.dist_env import get_torchrun_env, under_torchrun
         from primus.core.launch.launcher import LAUNCHER_PID
         from primus.core.launch.workers import launch_workers
         from primus.core.reliability import preemption
@@ -76,6 +76,12 @@ def _command(stage: str) -> Callable[..., None]:
         runtime = PrimusRuntime(
             config, overrides, stage, module, debug=DEBUG.on, check_inputs=not checked
         )
+        if several:
+            how = f"--nnodes {nnodes} x --nproc-per-node {nproc_per_node}"
+            runtime.check_world(nproc_per_node * nnodes, how)
+        elif not dry_run and not checked:  # one process, or one rank of someone's torchrun
+            world = get_torchrun_env().world_size
+            runtime.check_world(world, "WORLD_SIZE" if under_torchrun() else "no --nproc-per-node")
         if launching:
             preemption.clear(runtime.run_dir)
             worker = [

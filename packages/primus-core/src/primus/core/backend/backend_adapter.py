@@ -99,6 +99,12 @@ class BackendAdapter(ABC):
         runs it."""
         return None
 
+    def parallel_sizes(self, config: ModuleConfig) -> dict[str, int]:
+        """The params whose product must divide the number of processes a launch starts (the
+        ranks one model replica spans: tensor, pipeline, context parallel), with their values,
+        defaults filled, read without the upstream. Empty: the backend does not say."""
+        return {}
+
     @abstractmethod
     def convert_config(self, config: ModuleConfig) -> Any:
         """Turn the resolved module params into the backend's own args object."""

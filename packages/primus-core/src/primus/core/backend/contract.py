@@ -18,6 +18,7 @@ HOOK_ARGS = {
     "prepare_backend": ("config",),
     "check_inputs": ("config",),
     "check_params": ("config",),
+    "parallel_sizes": ("config",),
     "convert_config": ("config",),
     "load_trainer_class": ("stage",),
     "detect_backend_version": (),

@@ -41,14 +41,23 @@ def schema_of(adapter: BackendAdapter, source_tree: str = "") -> ParamSchema | N
     return _read[klass]
 
 
+def cached_schema(adapter: BackendAdapter) -> ParamSchema | None:
+    """The adapter's schema if the cache holds it, else None (never read live)."""
+    path = cache_file(adapter)
+    if path is None:
+        return None
+    try:
+        return decode(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not cached yet, or unreadable
+
+
 def _cached_or_live(adapter: BackendAdapter, source_tree: str) -> ParamSchema | None:
+    cached = None if source_tree else cached_schema(adapter)
+    if cached is not None:
+        return cached
     path = None if source_tree else cache_file(adapter)
-    if path is not None:
-        try:
-            return decode(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # not cached yet, or unreadable: read it live and write it again
-    schema = adapter.param_schema()
+    schema = adapter.param_schema()  # not cached yet, or unreadable: read live, written again
     if path is not None and schema is not None:
         _write(path, schema)
     return schema

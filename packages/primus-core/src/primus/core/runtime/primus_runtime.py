@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from pathlib import Path
@@ -125,6 +126,24 @@ class PrimusRuntime:
                 hint="set workspace (or PRIMUS_WORKSPACE) to a folder you can write, "
                 "or make this one writable",
             )
+
+    def check_world(self, processes: int, how: str) -> None:
+        """A ConfigError where `processes` (started as `how` says) cannot be split into model
+        replicas of the size the adapter's `parallel_sizes` give, before anything starts."""
+        sizes = self.adapter.parallel_sizes(self.module)
+        replica = math.prod(sizes.values())
+        if replica > 0 and processes % replica == 0:
+            return
+        product = " x ".join(f"{key} {value}" for key, value in sizes.items())
+        at = next((k for k, v in sizes.items() if v > 1 and self.module.origin(k)), None)
+        raise ConfigError(
+            f"{processes} process{'es' * (processes != 1)} ({how}) cannot hold model replicas "
+            f"of {replica} processes "
+            f"({product})",
+            self.module.origin(at) if at else None,
+            hint=f"start a multiple of {replica} processes, or make the parallel sizes divide "
+            f"{processes}",
+        )
 
     def check_temp_dir(self) -> None:
         """A ConfigError where TMPDIR is too long for multiprocessing's sockets (a hang later)."""

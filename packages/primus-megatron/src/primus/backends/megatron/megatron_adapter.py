@@ -73,6 +73,11 @@ class MegatronAdapter(BackendAdapter):
         assert schema is not None
         return check_params(config, schema, frozenset(schema.specs) - set(PRIMUS_KEYS.specs))
 
+    def parallel_sizes(self, config: ModuleConfig) -> dict[str, int]:
+        keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                "context_parallel_size")  # fmt: skip
+        return {key: config.params.get(key) or 1 for key in keys}
+
     def param_schema(self) -> ParamSchema:
         from primus.backends.megatron.config.bridge import megatron_schema
 

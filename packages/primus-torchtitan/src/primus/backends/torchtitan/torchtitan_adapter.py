@@ -73,6 +73,17 @@ class TorchTitanAdapter(BackendAdapter):
         check_params(config)
         return None
 
+    def parallel_sizes(self, config: ModuleConfig) -> dict[str, int]:
+        degrees = config.params.get("parallelism") or {}
+        names = ("tensor", "pipeline", "context", "data_parallel_replicate", "data_parallel_shard")
+        sizes = {}
+        for name in names:
+            key = f"{name}_degree" if name.startswith("data") else f"{name}_parallel_degree"
+            value = degrees.get(key)
+            if isinstance(value, int) and value > 0:  # data_parallel_shard -1: the rest
+                sizes[f"parallelism.{key}"] = value
+        return sizes
+
     def convert_config(self, config: ModuleConfig) -> Any:
         from primus.backends.torchtitan.config.bridge import build_trainer_config
 
