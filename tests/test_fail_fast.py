@@ -6,6 +6,7 @@ upstream, and without making the workspace. A run, a dry run and `config validat
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -316,3 +317,31 @@ def test_validate_imports_no_framework_once_the_schema_is_cached(
     if framework == "megatron":
         done, imported = primus_imports("config", "validate", "--full", str(config))
         assert done.returncode == 0 and "megatron" in imported, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("config", "saves"),
+    [(MEGATRON, "save_interval=1"), (TORCHTITAN, "checkpoint.enable=true"),
+     (MAXTEXT, "enable_checkpointing=true")],
+    ids=lambda v: v.parent.name if isinstance(v, Path) else "",
+)  # fmt: skip
+def test_a_workspace_without_room_for_one_checkpoint_is_refused(
+    cached_schemas: None, tmp_path: Path, config: Path, saves: str
+) -> None:
+    """A 1 MiB file system for a run whose checkpoint (weights and optimizer state of the tiny
+    models, about 1.5-2.5 MiB) cannot fit; without checkpoints the same workspace is fine."""
+    from primus.testing.disk import small_disk
+
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        for form in ("run", "validate"):
+            done, imported = primus_imports(
+                *FORMS[form], str(config), saves, PRIMUS_WORKSPACE=str(disk)
+            )
+            assert done.returncode == 2 and imported == [], done.stderr[-3000:]
+            assert re.search(rf"the workspace's file system \({disk}\) has [\d.]+ MiB free, and "
+                             r"one checkpoint of this run takes about [\d.]+ MiB", done.stderr)  # fmt: skip
+            assert list(disk.iterdir()) == []
+        done, imported = primus_imports(
+            "config", "validate", str(config), PRIMUS_WORKSPACE=str(disk)
+        )
+        assert done.returncode == 0, done.stderr[-3000:]

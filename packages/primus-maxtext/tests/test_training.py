@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing.checkpoints import estimate_and_size
 from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
 from primus.testing.runs import (
@@ -120,6 +121,8 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     # orbax steps count from 0: 0, 5 and the final 9 of the first run; 10, 15, 19 of the second
     saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
     assert saved == [0, 5, 9, 10, 15, 19]
+    estimate, size = estimate_and_size(RECIPE, [*CHECKPOINTS], run_dir / "checkpoints" / "5")
+    assert 0.75 * size <= estimate <= 1.05 * size  # what the free-space check compares
     assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 21))  # repeats nothing
     assert "restoring from this run's directory step 9" in rank_log(run_dir)
     uninterrupted, continued = losses(whole), losses(run_dir)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing.checkpoints import estimate_and_size
 from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
 from primus.testing.runs import assert_loss_falls, losses, primus, train_run
@@ -101,6 +102,10 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     )
     tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     assert tracker.read_text().strip() == "10"
+    estimate, size = estimate_and_size(
+        RECIPE, ["train_iters=20", "save_interval=5"], run_dir / "checkpoints" / "iter_0000010"
+    )
+    assert 0.75 * size <= estimate <= 1.05 * size  # what the free-space check compares
     assert max(losses(run_dir)) == 10
     train(tmp_path, "exp_name=resumed", "train_iters=20", "save_interval=5")
     steps = [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing.checkpoints import estimate_and_size
 from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
 from primus.testing.runs import (
@@ -109,6 +110,8 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     run_dir = train(tmp_path, *keep, "training.steps=10")
     checkpoints = run_dir / "checkpoint"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-10", "step-5"]
+    estimate, size = estimate_and_size(RECIPE, list(keep), checkpoints / "step-10")
+    assert 0.75 * size <= estimate <= 1.05 * size  # what the free-space check compares
     assert max(losses(run_dir)) == 10
     train(tmp_path, *keep, "training.steps=20")
     steps = [m["step"] for m in step_metrics(run_dir)]

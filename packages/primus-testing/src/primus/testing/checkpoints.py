@@ -55,3 +55,15 @@ def dcp_state(checkpoint: Path, out: Path) -> dict[str, Any]:
 
     dcp_to_torch_save(checkpoint, out)
     return dict(torch.load(out, weights_only=False))
+
+
+def estimate_and_size(recipe: Path, overrides: list[str], checkpoint: Path) -> tuple[int, int]:
+    """(the adapter's `checkpoint_bytes` for `recipe` with `overrides`, the bytes of the files
+    under `checkpoint`, one saved checkpoint of that run)."""
+    from primus.core.runtime import resolution
+
+    module = next(iter(resolution.load(recipe, overrides).modules.values()))
+    adapter = resolution.backend_for(module).adapter
+    estimate = adapter.checkpoint_bytes(module)
+    assert estimate is not None, "the run saves checkpoints: the adapter should tell their size"
+    return estimate, sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())

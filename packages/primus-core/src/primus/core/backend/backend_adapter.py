@@ -105,6 +105,13 @@ class BackendAdapter(ABC):
         defaults filled, read without the upstream. Empty: the backend does not say."""
         return {}
 
+    def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
+        """About how many bytes one checkpoint of this run takes (the model's weights and the
+        optimizer state it saves), from the params alone, without the upstream (build a
+        `primus.core.projection.Model` and count its parameters). None: the run saves no
+        checkpoint, or the backend cannot tell. A workspace with less room is refused."""
+        return None
+
     @abstractmethod
     def convert_config(self, config: ModuleConfig) -> Any:
         """Turn the resolved module params into the backend's own args object."""

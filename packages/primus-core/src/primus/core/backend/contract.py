@@ -19,6 +19,7 @@ HOOK_ARGS = {
     "check_inputs": ("config",),
     "check_params": ("config",),
     "parallel_sizes": ("config",),
+    "checkpoint_bytes": ("config",),
     "convert_config": ("config",),
     "load_trainer_class": ("stage",),
     "detect_backend_version": (),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ from primus.core.reliability import preemption
 from primus.core.reliability.atomic import write_atomic
 from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
+
+
+def _size(count: int) -> str:
+    """Bytes as MiB, or GiB from 1 GiB on."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
 def args_summary(args: Any) -> str:
@@ -88,6 +94,8 @@ class PrimusRuntime:
             self.module, converting, inputs=check_inputs
         )
         self.loaded_in = time.perf_counter() - began  # told once the run's log is set up
+        if check_inputs:
+            self.check_free_space()
         self.adapter.check_stage(stage)  # a stage the adapter does not declare: nothing written
         self.selection = resolution.patch_selection(self.experiment)
         self.runner = PatchRunner(
@@ -125,6 +133,24 @@ class PrimusRuntime:
                 self.experiment.tree.origin(("workspace",)),
                 hint="set workspace (or PRIMUS_WORKSPACE) to a folder you can write, "
                 "or make this one writable",
+            )
+
+    def check_free_space(self) -> None:
+        """A ConfigError where the workspace's file system has less room than one checkpoint of
+        this run (the adapter's `checkpoint_bytes`), before any work."""
+        needed = self.adapter.checkpoint_bytes(self.module)
+        if not needed:
+            return
+        existing = next(p for p in (self.run_dir, *self.run_dir.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+        if needed > free:
+            raise ConfigError(
+                f"the workspace's file system ({existing}) has {_size(free)} free, and one "
+                f"checkpoint of this run takes about {_size(needed)} (the model's weights and "
+                "optimizer state)",
+                self.experiment.tree.origin(("workspace",)),
+                hint="free space there, set workspace (or PRIMUS_WORKSPACE) to a larger file "
+                "system, or save no checkpoints",
             )
 
     def check_world(self, processes: int, how: str) -> None:

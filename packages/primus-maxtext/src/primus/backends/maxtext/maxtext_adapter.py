@@ -69,6 +69,14 @@ class MaxTextAdapter(BackendAdapter):
         check_params(config, schema)
         return None
 
+    def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
+        from primus.backends.maxtext.projection import checkpoint_bytes
+
+        schema = schema_of(self)
+        assert schema is not None
+        values = {key: spec.default for key, spec in schema.specs.items()} | config.params
+        return checkpoint_bytes(values, lora=config.peft is not None)
+
     def convert_config(self, config: ModuleConfig) -> Any:
         """MaxText's config; a run with `init_from` (or an import folder already there)
         starts from the import through `load_parameters_path`, which MaxText reads only

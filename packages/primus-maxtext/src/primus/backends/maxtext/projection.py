@@ -83,6 +83,22 @@ def model(config: dict[str, Any]) -> Model:
     )
 
 
+def checkpoint_bytes(config: dict[str, Any], lora: bool) -> int | None:
+    """About the bytes of one checkpoint of the run `config` describes (the params over
+    MaxText's defaults): every weight in weight_dtype and (unless `lora` freezes them) Adam's
+    two fp32 moments. None when the run saves none, or its model is not all in the params."""
+    sizes = ("base_num_decoder_layers", "base_emb_dim", "base_num_query_heads",
+             "base_num_kv_heads", "head_dim", "base_mlp_dim", "vocab_size")  # fmt: skip
+    if not config["enable_checkpointing"] or not all(isinstance(config[k], int) for k in sizes):
+        return None
+    try:
+        parameters = model(config).parameters()
+        weight = _bytes(config, "weight_dtype")
+    except (ConfigError, KeyError, TypeError):  # a model the projection does not describe
+        return None
+    return parameters * (weight + (0 if lora else 8))
+
+
 def mesh(config: dict[str, Any], gpus: int) -> dict[str, int]:
     """Each mesh axis's size on `gpus` GPUs (ici x dcn)."""
     axes = config["mesh_axes"]

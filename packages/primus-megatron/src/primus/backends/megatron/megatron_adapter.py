@@ -69,9 +69,19 @@ class MegatronAdapter(BackendAdapter):
     def check_params(self, config: ModuleConfig) -> str | None:
         from primus.backends.megatron.config.checks import check_params
 
+        return check_params(config, *self._own_schema())
+
+    def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
+        from primus.backends.megatron.config.checks import checkpoint_bytes, megatron_values
+
+        args = megatron_values(config, *self._own_schema())
+        return checkpoint_bytes(args, lora=config.peft is not None)
+
+    def _own_schema(self) -> tuple[ParamSchema, frozenset[str]]:
+        """The schema (cached) and its keys that are Megatron's arguments."""
         schema = schema_of(self)
         assert schema is not None
-        return check_params(config, schema, frozenset(schema.specs) - set(PRIMUS_KEYS.specs))
+        return schema, frozenset(schema.specs) - set(PRIMUS_KEYS.specs)
 
     def parallel_sizes(self, config: ModuleConfig) -> dict[str, int]:
         keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size",

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.core.config import ParamSchema
 from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model, check_recompute, data_parallel
 
@@ -94,6 +95,30 @@ def model(config: Any) -> Model:
         experts=moe.num_experts if moe is not None else 0,
         experts_per_token=moe.router.top_k if moe is not None else 0,
     )
+
+
+def checkpoint_bytes(params: dict[str, Any], schema: ParamSchema, lora: bool) -> int | None:
+    """About the bytes of one checkpoint of the run `params` describe, from the params over
+    TorchTitan's defaults: every weight, and (unless `lora` freezes them) Adam's two moments,
+    all in `training.dtype`. None when the run saves none, or its model is not all in params."""
+
+    def value(key: str) -> Any:
+        section, _, name = key.partition(".")
+        return (params.get(section) or {}).get(name, schema.specs[key].default)
+
+    m: dict[str, Any] = params.get("model") or {}
+    keys = ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size")
+    sizes: list[Any] = [m.get(k) for k in keys]
+    if not value("checkpoint.enable") or not all(isinstance(size, int) for size in sizes):
+        return None
+    dim, layers, heads, ffn, vocab = sizes
+    model = Model(
+        layers=layers, hidden=dim, heads=heads, kv_heads=m.get("n_kv_heads") or heads,
+        head_dim=m.get("head_dim") or dim // heads, ffn=ffn, vocab=vocab,
+        tied=bool(m.get("tie_embeddings")), qk_norm=m.get("family") == "qwen3",
+    )  # fmt: skip
+    weight = 2 if value("training.dtype") == "bfloat16" else 4
+    return model.parameters() * weight * (1 if lora else 3)
 
 
 def _data_parallel(parallelism: Any, gpus: int, tp: int, pp: int, cp: int) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from typing import Any
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.config.schema import registered_params
+from primus.core.config.schema_cache import schema_of
 from primus.core.devices import DEVICE_PARAM
 from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import log_rank_0
@@ -83,6 +84,13 @@ class TorchTitanAdapter(BackendAdapter):
             if isinstance(value, int) and value > 0:  # data_parallel_shard -1: the rest
                 sizes[f"parallelism.{key}"] = value
         return sizes
+
+    def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
+        from primus.backends.torchtitan.projection import checkpoint_bytes
+
+        schema = schema_of(self)
+        assert schema is not None
+        return checkpoint_bytes(config.params, schema, lora=config.peft is not None)
 
     def convert_config(self, config: ModuleConfig) -> Any:
         from primus.backends.torchtitan.config.bridge import build_trainer_config

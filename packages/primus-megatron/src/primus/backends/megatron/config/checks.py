@@ -19,6 +19,7 @@ from primus.core.config.sanity import (
     Rules,
     is_number,
 )
+from primus.core.projection import Model
 
 
 def _is_blend(value: Any) -> bool:
@@ -139,11 +140,51 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
                 hint=f"remove {key} to keep Megatron's default, or set a value",
             )  # fmt: skip
     config.require(RULES)
-    defaults = {k: schema.specs[k].default for k in own}
-    _check_sizes(config, defaults)
-    values = argparse.Namespace(**defaults | params)
-    _check_lr_schedule(config, values)
-    return norm_undecided(values)
+    _check_sizes(config, {k: schema.specs[k].default for k in own})
+    args = megatron_values(config, schema, own)
+    _check_lr_schedule(config, args)
+    return norm_undecided(args)
+
+
+def megatron_values(
+    config: ModuleConfig, schema: ParamSchema, own: frozenset[str]
+) -> argparse.Namespace:
+    """Megatron's args as the params over Megatron's defaults, before `validate_args` (which
+    derives more)."""
+    params = {k: v for k, v in config.params.items() if k in own}
+    return argparse.Namespace(**{k: schema.specs[k].default for k in own} | params)
+
+
+def checkpoint_bytes(args: argparse.Namespace, lora: bool) -> int | None:
+    """About the bytes of one checkpoint of the run `args` describe (`megatron_values`): every
+    weight, and (unless `lora` freezes them, or no_save_optim) the optimizer state: an fp32 main
+    copy under mixed precision and Adam's two moments. None when the run saves none, or its
+    vocabulary comes from the tokenizer."""
+    sizes = (args.num_layers, args.hidden_size, args.num_attention_heads, args.vocab_size)
+    if not args.save_interval or not all(isinstance(size, int) for size in sizes):
+        return None
+    heads = args.num_attention_heads
+    divisor = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    model = Model(
+        layers=args.num_layers,
+        hidden=args.hidden_size,
+        heads=heads,
+        kv_heads=args.num_query_groups if args.group_query_attention else heads,
+        head_dim=args.kv_channels or args.hidden_size // heads,
+        ffn=args.moe_ffn_hidden_size
+        if args.num_experts
+        else (args.ffn_hidden_size or 4 * args.hidden_size),
+        vocab=-(-args.vocab_size // divisor) * divisor,
+        tied=not args.untie_embeddings_and_output_weights,
+        gated=bool(args.swiglu),
+        qkv_bias=bool(args.add_qkv_bias or args.add_bias_linear),
+        qk_norm=bool(args.qk_layernorm),
+        experts=args.num_experts or 0,
+    )
+    mixed = bool(args.bf16 or args.fp16)
+    weight = 2 if mixed else 4
+    optimizer = 0 if args.no_save_optim or lora else 8 + 4 * mixed
+    return model.parameters() * (weight + optimizer)
 
 
 def _check_sizes(config: ModuleConfig, defaults: dict[str, Any]) -> None:
