@@ -137,7 +137,14 @@ def test_config_show_and_validate(tmp_path) -> None:
 
 
 def test_dry_run_prints_args_and_plan(tmp_path) -> None:
-    result = train_quickstart(tmp_path, "--dry-run")
+    fast = train_quickstart(tmp_path, "--dry-run")
+    assert fast.returncode == 0, fast.stderr
+    assert "# backend args: not built (--full builds them" in fast.stdout
+    assert re.search(r"build_args\s+dummy.checkpoint_dir\s+applies if ", fast.stdout)
+    assert "lifecycle: convert_config" not in fast.stderr
+    alone = train_quickstart(tmp_path, "--full")  # a run: --full means nothing there
+    assert alone.returncode == 2 and "give it with --dry-run" in alone.stderr, alone.stderr
+    result = train_quickstart(tmp_path, "--dry-run", "--full")
     assert result.returncode == 0, result.stderr
     assert "# backend args (TrainConfig)" in result.stdout and "train_iters: 200" in result.stdout
     assert re.search(r"build_args\s+dummy.checkpoint_dir\s+applied", result.stdout)

@@ -345,3 +345,15 @@ def test_a_workspace_without_room_for_one_checkpoint_is_refused(
             "config", "validate", str(config), PRIMUS_WORKSPACE=str(disk)
         )
         assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("form", ["run", "dry-run"])
+def test_the_posttrain_stage_without_sft_data_is_refused(
+    cached_schemas: None, tmp_path: Path, form: str
+) -> None:
+    stage = ("train", "posttrain", *FORMS[form][2:])
+    done, imported = primus_imports(*stage, str(MEGATRON), PRIMUS_WORKSPACE=str(tmp_path / "ws"))
+    assert done.returncode == 2 and imported == [], done.stderr[-3000:]
+    assert "the posttrain stage needs the module's sft: section (the data)" in done.stderr
+    assert "module 'pre_trainer' has none" in done.stderr
+    assert not (tmp_path / "ws").exists()

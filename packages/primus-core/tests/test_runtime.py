@@ -156,7 +156,11 @@ def test_config_patch_selection_and_on_error(experiment, tmp_path) -> None:
 def test_dry_run_converts_but_trains_nothing_and_writes_nothing(
     experiment, tmp_path, capsys
 ) -> None:
-    PrimusRuntime(experiment, ["lr=0.25"]).run(dry_run=True)
+    PrimusRuntime(experiment, ["lr=0.25"]).run(dry_run=True)  # no upstream: nothing converted
+    out = capsys.readouterr().out
+    assert "# backend args: not built" in out and "before_train  toy.before_train" in out
+    assert EVENTS == []
+    PrimusRuntime(experiment, ["lr=0.25"]).run(dry_run=True, full=True)
     out = capsys.readouterr().out
     assert "lr: 0.25" in out and "# patch plan" in out
     assert "before_train  toy.before_train" in out and "will apply" in out

@@ -168,7 +168,7 @@ def test_an_hlo_dump_goes_into_the_run_directory_unless_placed(
 ) -> None:
     """MaxText's default, /tmp/xla_dump/, would be shared by every run on the machine."""
     result = primus(
-        "train", "pretrain", "--config", str(RECIPE), "--dry-run", *overrides,
+        "train", "pretrain", "--config", str(RECIPE), "--dry-run", "--full", *overrides,
         PRIMUS_WORKSPACE=str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -110,7 +110,7 @@ def test_validate_args_failures_are_config_errors_at_the_key(tmp_path: Path) -> 
     exp.write_text(
         f"extends: {RECIPE}\nmodules:\n  pre_trainer:\n    overrides:\n      fp16: true\n      bf16: true\n"
     )
-    result = primus("train", "pretrain", "--config", str(exp), "--dry-run", cwd=tmp_path)
+    result = primus("train", "pretrain", "--config", str(exp), "--dry-run", "--full", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "Megatron rejected the arguments" in result.stderr

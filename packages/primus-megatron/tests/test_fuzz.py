@@ -28,9 +28,14 @@ MODEL_BUILD = {
         "tensor_model_parallel_size",
         [("tensor_model_parallel_size", 3)],
     ),
-    "tensor parallel does not divide query groups": (
+    "query groups neither a multiple nor a divisor of tensor parallel": (
         "tensor_model_parallel_size",
-        [("tensor_model_parallel_size", 4)],
+        [
+            ("hidden_size", 96),
+            ("num_attention_heads", 6),
+            ("num_query_groups", 3),
+            ("tensor_model_parallel_size", 2),
+        ],
     ),
     "pipeline parallel does not divide layers": (
         "pipeline_model_parallel_size",

@@ -103,7 +103,7 @@ def test_pretraining_on_a_gpu_replays_each_iteration_as_one_cuda_graph(
 ) -> None:
     """The GPU recipe's dry run (it builds Megatron's args on any machine)."""
     result = primus(
-        "train", "pretrain", "--dry-run", "--config", str(GPU_RECIPE), "turbo.enable=true",
+        "train", "pretrain", "--dry-run", "--full", "--config", str(GPU_RECIPE), "turbo.enable=true",
         *overrides, PRIMUS_WORKSPACE=str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -125,7 +125,7 @@ def test_query_and_key_rotate_in_one_launch_where_the_layout_allows(
     """Megatron's `fused_single_qkv_rope` asserts where its path does not apply: the patch
     turns it on only where it does, and says why not (dry runs of the tiny recipe)."""
     result = primus(
-        "train", "pretrain", "--dry-run", "--config", str(RECIPE), "turbo.enable=true",
+        "train", "pretrain", "--dry-run", "--full", "--config", str(RECIPE), "turbo.enable=true",
         *overrides, PRIMUS_WORKSPACE=str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

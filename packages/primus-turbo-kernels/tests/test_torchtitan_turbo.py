@@ -137,7 +137,13 @@ def test_turbo_modules_keep_the_checkpoint_layout(family: str, norm: str) -> Non
 def test_the_turbo_recipe_covers_llama3_2_1b(tmp_path: Path) -> None:
     recipe = RECIPE.parent / "llama3.2_1B-turbo.yaml"
     result = primus(
-        "train", "pretrain", "--config", str(recipe), "--dry-run", PRIMUS_WORKSPACE=str(tmp_path)
+        "train",
+        "pretrain",
+        "--config",
+        str(recipe),
+        "--dry-run",
+        "--full",
+        PRIMUS_WORKSPACE=str(tmp_path),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for line in (

@@ -41,8 +41,18 @@ def _command(stage: str) -> Callable[..., None]:
             bool,
             typer.Option(
                 "--dry-run",
-                help="Resolve, validate, convert and run build_args patches; print the "
-                "backend args and the patch plan; train nothing.",
+                help="Check everything a run checks before it starts, without importing the "
+                "framework (as `config validate`), and print the trainer and the patch plan; "
+                "train nothing, write nothing.",
+            ),
+        ] = False,
+        full: Annotated[
+            bool,
+            typer.Option(
+                "--full",
+                help="With --dry-run: also build the backend's args with the framework, as the "
+                "run does (its own validation, the setup and build_args patches), and print "
+                "them.",
             ),
         ] = False,
         nproc_per_node: NprocPerNode = 1,
@@ -58,6 +68,9 @@ def _command(stage: str) -> Callable[..., None]:
         from primus.core.reliability import preemption
         from primus.core.runtime import PrimusRuntime
 
+        if full and not dry_run:
+            raise typer.BadParameter("builds a dry run's args: give it with --dry-run",
+                                     param_hint="--full")  # fmt: skip
         preemption.watch()  # a signal during set-up: no workers, or none that trains
         several = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
         if several:  # a dry run checks the layout as the launch does
@@ -116,7 +129,7 @@ def _command(stage: str) -> Callable[..., None]:
                 )
                 code = preemption.EXIT_PREEMPTED
             raise typer.Exit(code)
-        runtime.run(dry_run=dry_run)
+        runtime.run(dry_run=dry_run, full=full)
 
     command.__doc__ = f"Run the {stage} stage of an experiment. Overrides may follow the options."
     return command

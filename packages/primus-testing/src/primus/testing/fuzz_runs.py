@@ -57,7 +57,7 @@ def command_lines(case: Case, folder: Path) -> dict[str, list[str]]:
     exp = str(folder / EXPERIMENT)
     return {
         "validate": ["config", "validate", exp, *case.overrides],
-        "dry-run": ["train", "pretrain", "--config", exp, "--dry-run", *case.overrides],
+        "dry-run": ["train", "pretrain", "--config", exp, "--dry-run", "--full", *case.overrides],
     }
 
 

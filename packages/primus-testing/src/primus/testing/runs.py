@@ -107,12 +107,12 @@ def train_run(config: Path, workspace: Path, *overrides: str, nproc: int = 1) ->
 
 def rejected(recipe: Path, tmp_path: Path, *lines: str, train: bool = False) -> str:
     """Extend `recipe` with override `lines` (YAML, indented under the module's overrides) and
-    run `config validate`, or `train --dry-run` with `train`; assert it fails as bad config
-    (exit 2, no traceback) and return its stderr."""
+    run `config validate`, or `train --dry-run --full` with `train` (the upstream's own
+    validation); assert it fails as bad config (exit 2, no traceback) and return its stderr."""
     exp = tmp_path / "exp.yaml"
     body = "".join(f"      {line}\n" for line in lines)
     exp.write_text(f"extends: {recipe}\nmodules:\n  pre_trainer:\n    overrides:\n{body}")
-    args = ("train", "pretrain", "--config", str(exp), "--dry-run") if train else (
+    args = ("train", "pretrain", "--config", str(exp), "--dry-run", "--full") if train else (
         "config", "validate", str(exp))  # fmt: skip
     result = primus(*args, cwd=tmp_path, PRIMUS_WORKSPACE=str(tmp_path / "ws"))
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]

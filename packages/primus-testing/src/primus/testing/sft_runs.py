@@ -202,13 +202,13 @@ def resumed(run: Path, exp: Path, folders: list[str]) -> Path:
 def published_dry_run(
     recipe: Path, task: dict[str, Path], folder: Path, *overrides: str
 ) -> tuple[Path, str]:
-    """`primus train posttrain --dry-run` of a GPU recipe (with `overrides`) with Llama-3.2-1B's
+    """`primus train posttrain --dry-run --full` of a GPU recipe (with `overrides`) with Llama-3.2-1B's
     published config.json as its HF model (no weights) and `task`'s data: (the HF folder,
     stdout)."""
     from primus.testing.hf_models import make_published_shell
 
     hf = make_published_shell(folder / "hf", "llama3.2_1B")  # headers, no weights
-    done = primus("train", "posttrain", "--config", str(recipe), "--dry-run", *overrides,
+    done = primus("train", "posttrain", "--config", str(recipe), "--dry-run", "--full", *overrides,
                   PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
                   PRIMUS_WORKSPACE=str(folder / "ws"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

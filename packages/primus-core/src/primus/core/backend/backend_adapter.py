@@ -90,13 +90,13 @@ class BackendAdapter(ABC):
         in `primus.core.config.inputs`). Runs before the upstream is imported and before
         anything is written, for a run, a dry run and `config validate`."""
 
-    def check_params(self, config: ModuleConfig) -> str | None:
+    def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         """What the schema cannot check, without importing the upstream: values across keys,
         ranges (`config.require(rules)`), refusals the upstream makes only when it builds the
-        model; a ConfigError at the key at fault. Runs after the schema check, for every run
-        and `config validate`. Return None, or why only the full check (the upstream imported,
-        the patches applied, `convert_config`) can judge these params: `config validate` then
-        runs it."""
+        model, what `stage` needs (`config.require_sft()`); a ConfigError at the key at fault.
+        Runs after the schema check, for every run and `config validate`. Return None, or why
+        only the full check (the upstream imported, the patches applied, `convert_config`) can
+        judge these params: `config validate` and a dry run then run it."""
         return None
 
     def parallel_sizes(self, config: ModuleConfig) -> dict[str, int]:

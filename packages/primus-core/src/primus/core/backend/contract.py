@@ -17,7 +17,7 @@ HOOK_ARGS = {
     "setup_backend_path": (),
     "prepare_backend": ("config",),
     "check_inputs": ("config",),
-    "check_params": ("config",),
+    "check_params": ("config", "stage"),
     "parallel_sizes": ("config",),
     "checkpoint_bytes": ("config",),
     "convert_config": ("config",),

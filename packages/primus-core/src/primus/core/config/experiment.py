@@ -70,6 +70,17 @@ class ModuleConfig:
     def origin(self, dotted_key: str) -> Origin | None:
         return self.tree.origin(tuple(dotted_key.split(".")))
 
+    def require_sft(self) -> SFTConfig:
+        """The module's `sft:` section; a ConfigError where it has none (a stage that trains on
+        it, such as every shipped backend's posttrain)."""
+        if self.sft is None:
+            raise ConfigError(
+                f"the posttrain stage needs the module's sft: section (the data); module "
+                f"'{self.name}' has none",
+                hint="add sft: {train: ..., tokenizer: ...} under the module (docs/posttrain.md)",
+            )
+        return self.sft
+
     def error(self, dotted_key: str, message: str, hint: str | None = None) -> ConfigError:
         """A ConfigError pointing at where `dotted_key` was set (for adapters' own checks)."""
         return ConfigError(message, self.origin(dotted_key), hint)

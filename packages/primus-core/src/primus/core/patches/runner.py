@@ -161,6 +161,22 @@ class PatchRunner:
             rows.append((patch, f"would skip: {reason}" if reason else "will apply"))
         return rows
 
+    def static_plan(self, backend_version: str | None) -> list[tuple[Patch, str]]:
+        """Each patch with what is known before any phase runs, its condition not evaluated
+        (a condition may import the upstream): filtered out, outside its version range, or
+        when it applies."""
+        rows = []
+        for patch in self.patches:
+            if not self.selection.allows(patch.id):
+                rows.append((patch, f"would skip: filtered by {self.selection.source}"))
+            elif mismatch := patch.version_mismatch(backend_version):
+                rows.append((patch, f"would skip: {mismatch}"))
+            else:
+                when = [f"if {patch.condition_text}"] if patch.condition is not None else []
+                when += [f"after {patch.requires} applies"] if patch.requires else []
+                rows.append((patch, "applies " + ", ".join(when) if when else "will apply"))
+        return rows
+
     def report(self) -> dict[str, Any]:
         rows = [asdict(o) for o in self.outcomes.values()]
         counts = {

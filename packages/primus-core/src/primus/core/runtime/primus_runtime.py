@@ -91,7 +91,7 @@ class PrimusRuntime:
             self.check_temp_dir()
         began = time.perf_counter()
         self.adapter, self.source_tree, self.undecided = resolution.backend_for(
-            self.module, converting, inputs=check_inputs
+            self.module, converting, inputs=check_inputs, stage=stage
         )
         self.loaded_in = time.perf_counter() - began  # told once the run's log is set up
         if check_inputs:
@@ -181,9 +181,11 @@ class PrimusRuntime:
                 hint="point TMPDIR at a shorter folder",
             )
 
-    def run(self, dry_run: bool = False) -> None:
+    def run(self, dry_run: bool = False, full: bool = False) -> None:
         """Train (the workspace checked at `check_inputs`, here or by the launcher), or with
-        `dry_run` print the plan."""
+        `dry_run` print the plan: without the upstream, unless `full` (or the adapter's
+        `check_params` said only the full check can judge the params) builds the backend
+        args as the run does, and prints them."""
         level = "DEBUG" if self.debug else self.experiment.log_level
         setup_logging(
             level,
@@ -214,6 +216,9 @@ class PrimusRuntime:
         ctx = self._context(version)
         failed = False
         try:
+            if dry_run and not (full or self.undecided):
+                self._print_plan(ctx, None)
+                return
             began = time.perf_counter()
             trainer_class = self._check(ctx)
             self._took(
@@ -376,10 +381,20 @@ class PrimusRuntime:
         """One start-up progress line: what is done, and the seconds it took."""
         self.log.info(f"start-up: {what} in {seconds:.1f} s")
 
-    def _print_plan(self, ctx: PatchContext, trainer_class: type[BaseTrainer]) -> None:
-        print(f"# trainer: {trainer_class.__module__}.{trainer_class.__qualname__}")
-        print(f"# backend args ({type(ctx.backend_args).__name__})")
-        print(args_summary(ctx.backend_args), end="")
+    def _print_plan(self, ctx: PatchContext, trainer_class: type[BaseTrainer] | None) -> None:
+        """The trainer, the backend args and the patch plan; without `trainer_class` (a dry run
+        that imported no upstream), the trainer as the adapter names it and no args."""
+        if trainer_class is None:
+            named = self.adapter.trainers.get(self.stage, "(load_trainer_class)")
+            print(f"# trainer: {named} (not imported; --full imports it)")
+            print(
+                "# backend args: not built (--full builds them with the upstream, as the run does)"
+            )
+        else:
+            print(f"# trainer: {trainer_class.__module__}.{trainer_class.__qualname__}")
+            print(f"# backend args ({type(ctx.backend_args).__name__})")
+            print(args_summary(ctx.backend_args), end="")
         print("# patch plan")
-        for patch, verdict in self.runner.plan(ctx):
+        plan = self.runner.static_plan(ctx.backend_version) if trainer_class is None else None
+        for patch, verdict in plan or self.runner.plan(ctx):
             print(f"{patch.phase:<13} {patch.id:<40} {verdict}")

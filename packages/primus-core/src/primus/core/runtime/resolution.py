@@ -86,7 +86,9 @@ class Resolved(NamedTuple):
     undecided: str | None
 
 
-def backend_for(module: ModuleConfig, converting: bool = False, inputs: bool = False) -> Resolved:
+def backend_for(
+    module: ModuleConfig, converting: bool = False, inputs: bool = False, stage: str = "pretrain"
+) -> Resolved:
     """The module's adapter, checked as training checks it, with its upstream source tree.
 
     `inputs`: the files the module reads are checked first (`primus.core.config.inputs`, then
@@ -107,7 +109,7 @@ def backend_for(module: ModuleConfig, converting: bool = False, inputs: bool = F
     source_tree = adapter.setup_backend_path()
     if not source_tree:
         BackendRegistry.get_adapter_class(framework)  # raises unless ready
-    return Resolved(adapter, source_tree, validate(module, adapter, source_tree))
+    return Resolved(adapter, source_tree, validate(module, adapter, source_tree, stage))
 
 
 def hide_modules(names: tuple[str, ...]) -> None:
@@ -120,7 +122,9 @@ def hide_modules(names: tuple[str, ...]) -> None:
         log_rank_0(f"[primus] not needed here, not imported: {', '.join(hidden)}")
 
 
-def validate(module: ModuleConfig, adapter: BackendAdapter, source_tree: str = "") -> str | None:
+def validate(
+    module: ModuleConfig, adapter: BackendAdapter, source_tree: str = "", stage: str = "pretrain"
+) -> str | None:
     """Check a module's params against the backend schema (cached: `schema_cache.schema_of`)
     plus registered Primus keys, then the adapter's `check_params`; return why only the full
     check can judge them (what `check_params` returned), or None.
@@ -144,7 +148,7 @@ def validate(module: ModuleConfig, adapter: BackendAdapter, source_tree: str = "
         )
     else:
         raise_all(schema.merged(registered_params(module.framework)).check(module.tree))
-    undecided = adapter.check_params(module)
+    undecided = adapter.check_params(module, stage)
     if module.init_from is not None:
         check_init_from(module, adapter)
     if module.peft is not None:

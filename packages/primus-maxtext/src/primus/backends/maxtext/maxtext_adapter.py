@@ -61,9 +61,11 @@ class MaxTextAdapter(BackendAdapter):
     # the preset's keys that are training choices, not architecture
     hf_preset_training_keys = frozenset({"enable_dropout"})
 
-    def check_params(self, config: ModuleConfig) -> str | None:
+    def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.maxtext.config.bridge import check_params
 
+        if stage == "posttrain":
+            config.require_sft()
         schema = schema_of(self)
         assert schema is not None
         check_params(config, schema)

@@ -66,9 +66,11 @@ class MegatronAdapter(BackendAdapter):
 
         check_data_inputs(config)
 
-    def check_params(self, config: ModuleConfig) -> str | None:
+    def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.megatron.config.checks import check_params
 
+        if stage == "posttrain":
+            config.require_sft()
         return check_params(config, *self._own_schema())
 
     def checkpoint_bytes(self, config: ModuleConfig) -> int | None:

@@ -41,9 +41,9 @@ weights + moments + the larger of the activations with the loss and the gradient
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from primus.core.config import ParamSchema
 from primus.core.errors import ConfigError
 from primus.core.projection import Job, Model, check_recompute, data_parallel
 
@@ -97,15 +97,11 @@ def model(config: Any) -> Model:
     )
 
 
-def checkpoint_bytes(params: dict[str, Any], schema: ParamSchema, lora: bool) -> int | None:
-    """About the bytes of one checkpoint of the run `params` describe, from the params over
-    TorchTitan's defaults: every weight, and (unless `lora` freezes them) Adam's two moments,
-    all in `training.dtype`. None when the run saves none, or its model is not all in params."""
-
-    def value(key: str) -> Any:
-        section, _, name = key.partition(".")
-        return (params.get(section) or {}).get(name, schema.specs[key].default)
-
+def checkpoint_bytes(params: dict[str, Any], value: Callable[[str], Any], lora: bool) -> int | None:
+    """About the bytes of one checkpoint of the run `params` describe (`value`: a dotted key's
+    value, or TorchTitan's default): every weight, and (unless `lora` freezes them) Adam's two
+    moments, all in `training.dtype`. None when the run saves none, or its model is not all in
+    the params."""
     m: dict[str, Any] = params.get("model") or {}
     keys = ("dim", "n_layers", "n_heads", "ffn_hidden_dim", "vocab_size")
     sizes: list[Any] = [m.get(k) for k in keys]

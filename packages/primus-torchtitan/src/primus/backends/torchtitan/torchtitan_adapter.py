@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,26 @@ class TorchTitanAdapter(BackendAdapter):
 
         return torchtitan_schema().merged(PRIMUS_KEYS, ParamSchema(MODEL_KEYS))
 
-    def check_params(self, config: ModuleConfig) -> str | None:
+    def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.torchtitan.config.bridge import check_params
+        from primus.backends.torchtitan.posttrain.checks import check_finetuning
 
+        if stage == "posttrain":
+            config.require_sft()
         check_params(config)
+        check_finetuning(config, self._value(config))
         return None
+
+    def _value(self, config: ModuleConfig) -> Callable[[str], Any]:
+        """A dotted key's value in the params, else TorchTitan's default (the cached schema)."""
+        schema = schema_of(self)
+        assert schema is not None
+
+        def value(key: str) -> Any:
+            section, _, name = key.partition(".")
+            return (config.params.get(section) or {}).get(name, schema.specs[key].default)
+
+        return value
 
     def parallel_sizes(self, config: ModuleConfig) -> dict[str, int]:
         degrees = config.params.get("parallelism") or {}
@@ -88,9 +104,7 @@ class TorchTitanAdapter(BackendAdapter):
     def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
         from primus.backends.torchtitan.projection import checkpoint_bytes
 
-        schema = schema_of(self)
-        assert schema is not None
-        return checkpoint_bytes(config.params, schema, lora=config.peft is not None)
+        return checkpoint_bytes(config.params, self._value(config), lora=config.peft is not None)
 
     def convert_config(self, config: ModuleConfig) -> Any:
         from primus.backends.torchtitan.config.bridge import build_trainer_config

@@ -197,16 +197,22 @@ def check_params(config: ModuleConfig, schema: ParamSchema) -> None:
     config.require_divisor(
         "base_num_query_heads", "base_num_kv_heads", "MaxText fails only when it builds the model"
     )
-    steps, schedule = (
-        config.params.get(key, schema.specs[key].default)
-        for key in ("steps", "learning_rate_schedule_steps")
-    )
+    value = {key: config.params.get(key, spec.default) for key, spec in schema.specs.items()}
+    steps, schedule = value["steps"], value["learning_rate_schedule_steps"]
     if steps == -1 and schedule == -1:
         raise config.error(
             "steps",
             "steps is -1 (the schedule's length) and so is learning_rate_schedule_steps: "
             "no run length is set",
             hint="set steps to a positive number",
+        )
+    sft = config.sft
+    if sft is not None and sft.packing and value["attention"] == "cudnn_flash_te":
+        raise sft.error(
+            "packing",
+            "maxtext: packed rows are masked per sample through decoder_segment_ids, "
+            "which Primus has not tested with attention: cudnn_flash_te",
+            hint="set attention: autoselected (or dot_product, flash), or sft.packing: false",
         )
 
 

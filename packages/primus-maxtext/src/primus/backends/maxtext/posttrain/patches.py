@@ -34,23 +34,11 @@ def _fine_tuning(ctx: PatchContext) -> bool:
 def posttrain(ctx: PatchContext) -> None:
     """Fine-tune on the module's `sft:` rows: their sequence length and tokenizer (which an
     export copies), MaxText's data pipeline off, evals after every eval_interval-th step."""
-    sft = ctx.extra["module"].sft
-    if sft is None:
-        raise ConfigError(
-            "maxtext: the posttrain stage needs the module's sft: section (the data)",
-            hint="see docs/posttrain.md",
-        )
+    sft = ctx.extra["module"].require_sft()
     ctx.set_param("tokenizer_path", str(sft.tokenizer), "sft.tokenizer")
     ctx.set_param("tokenizer_type", "huggingface", "sft.tokenizer is an HF tokenizer")
     if ctx.stage != "posttrain":
         return
-    if sft.packing and get_param(ctx, "attention") == "cudnn_flash_te":
-        raise sft.error(
-            "packing",
-            "maxtext: packed rows are masked per sample through decoder_segment_ids, "
-            "which Primus has not tested with attention: cudnn_flash_te",
-            hint="set attention: autoselected (or dot_product, flash), or sft.packing: false",
-        )
     ctx.set_param("max_target_length", sft.seq_length, "sft.seq_length")
     ctx.set_param("dataset_type", "synthetic", "the batches are sft:'s rows (maxtext.sft_data)")
     ctx.set_param("packing", False, "sft: packs the rows itself (sft.packing)")

@@ -143,7 +143,36 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
     _check_sizes(config, {k: schema.specs[k].default for k in own})
     args = megatron_values(config, schema, own)
     _check_lr_schedule(config, args)
+    _check_finetuning(config, args)
     return norm_undecided(args)
+
+
+def _check_finetuning(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """What Primus's fine-tuning on Megatron does not cover (`sft:` packing, `peft:`)."""
+    # megatron.local_layers_without_te builds local layers where TE is not installed
+    te = args.transformer_impl == "transformer_engine" and _installed("transformer_engine")
+    if config.sft is not None and config.sft.packing and te:
+        raise config.sft.error(
+            "packing",
+            "megatron: sft.packing masks attention per document in Megatron's local attention "
+            "only, not with transformer_impl: transformer_engine",
+            hint="set transformer_impl: local, or sft.packing: false",
+        )
+    if config.peft is None:
+        return
+    problems = {
+        "tensor_model_parallel_size": args.tensor_model_parallel_size != 1,
+        "num_experts": bool(args.num_experts),
+        "transformer_impl": te,
+    }
+    for key, bad in problems.items():
+        if bad:
+            raise config.peft.error(
+                "type",
+                f"megatron: LoRA is not supported with {key}: {getattr(args, key)}",
+                hint="Primus's Megatron LoRA covers dense models, tensor parallel 1, "
+                "Megatron's local layers (docs/posttrain.md)",
+            )
 
 
 def megatron_values(
@@ -190,14 +219,21 @@ def checkpoint_bytes(args: argparse.Namespace, lora: bool) -> int | None:
 def _check_sizes(config: ModuleConfig, defaults: dict[str, Any]) -> None:
     """The divisibility Megatron asserts in validate_args, or only when it builds the model
     (TransformerConfig), or when the first batch meets a context-parallel split."""
-    value = {k: config.params.get(k, defaults.get(k)) for k in defaults}
+    value: dict[str, Any] = {k: config.params.get(k, defaults.get(k)) for k in defaults}
     if value["kv_channels"] is None:
         config.require_divisor("hidden_size", "num_attention_heads",
                                "each head gets hidden_size / num_attention_heads", defaults)  # fmt: skip
     built = "Megatron refuses it when it builds the model"
     config.require_divisor("num_attention_heads", "tensor_model_parallel_size", built, defaults)
-    if value["group_query_attention"]:
-        config.require_divisor("num_query_groups", "tensor_model_parallel_size", built, defaults)
+    groups, tp = value["num_query_groups"], value["tensor_model_parallel_size"]
+    split = isinstance(groups, int) and isinstance(tp, int) and groups > 0 and tp > 0
+    if value["group_query_attention"] and split and groups % tp and tp % groups:
+        raise config.error(
+            "tensor_model_parallel_size",
+            f"num_query_groups ({groups}) must be a multiple or a divisor of "
+            f"tensor_model_parallel_size ({tp}): {built}",
+            hint=f"set tensor_model_parallel_size to a divisor or a multiple of {groups}",
+        )
     simple_pipeline = not any(
         value[k] for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                            "account_for_embedding_in_pipeline_split",

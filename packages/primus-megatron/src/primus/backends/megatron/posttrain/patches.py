@@ -2,42 +2,12 @@
 
 from __future__ import annotations
 
-from primus.core.errors import ConfigError
-from primus.core.patches import PatchContext, get_param, register_patch
+from primus.core.patches import PatchContext, register_patch
 
 
 def _posttrain(ctx: PatchContext) -> bool:
     """the stage is posttrain"""
     return ctx.stage == "posttrain"
-
-
-def _check_supported(ctx: PatchContext) -> None:
-    """What Primus's fine-tuning on Megatron does not cover, refused before anything runs."""
-    module = ctx.extra["module"]
-    # after megatron.local_layers_without_te, which sets local when TE is not installed
-    te = get_param(ctx, "transformer_impl", "transformer_engine") == "transformer_engine"
-    if module.sft.packing and te:
-        raise module.sft.error(
-            "packing",
-            "megatron: sft.packing masks attention per document in Megatron's local attention "
-            "only, not with transformer_impl: transformer_engine",
-            hint="set transformer_impl: local, or sft.packing: false",
-        )
-    if module.peft is None:
-        return
-    problems = {
-        "tensor_model_parallel_size": get_param(ctx, "tensor_model_parallel_size", 1) != 1,
-        "num_experts": bool(get_param(ctx, "num_experts")),
-        "transformer_impl": te,
-    }
-    for key, bad in problems.items():
-        if bad:
-            raise module.peft.error(
-                "type",
-                f"megatron: LoRA is not supported with {key}: {get_param(ctx, key)}",
-                hint="Primus's Megatron LoRA covers dense models, tensor parallel 1, "
-                "Megatron's local layers (docs/posttrain.md)",
-            )
 
 
 @register_patch(
@@ -52,14 +22,7 @@ def _check_supported(ctx: PatchContext) -> None:
 def posttrain(ctx: PatchContext) -> None:
     """Fine-tune on the module's `sft:` rows: its sequence length and tokenizer, the loss as
     one masked mean over the global batch, a per-row attention mask when packing."""
-    module = ctx.extra["module"]
-    if module.sft is None:
-        raise ConfigError(
-            "megatron: the posttrain stage needs the module's sft: section (the data)",
-            hint="see docs/posttrain.md",
-        )
-    _check_supported(ctx)
-    sft = module.sft
+    sft = ctx.extra["module"].require_sft()  # what it does not cover: refused by check_params
     ctx.set_param("seq_length", sft.seq_length, "sft.seq_length")
     ctx.set_param("tokenizer_type", "HuggingFaceTokenizer", "sft.tokenizer")
     ctx.set_param("tokenizer_model", str(sft.tokenizer), "sft.tokenizer")

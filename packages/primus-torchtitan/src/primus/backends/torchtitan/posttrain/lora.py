@@ -28,22 +28,11 @@ def is_adapter(key: str) -> bool:
 
 
 def converter(peft: PeftConfig) -> Any:
-    """TorchTitan's LoRAConverter.Config for `peft:`; a ConfigError (at the peft key) for what
-    it cannot do: dropout, and q/k/v targeted apart."""
+    """TorchTitan's LoRAConverter.Config for `peft:` (checked by `checks.check_peft`)."""
     from torchtitan.components.lora import LoRAConverter
 
-    if peft.dropout:
-        raise peft.error("dropout", "torchtitan: TorchTitan's LoRA has no dropout",
-                         hint="set peft.dropout: 0")  # fmt: skip
     targets = list(peft.target_modules)
     qkv = [t for t in targets if t in QKV]
-    if qkv and len(qkv) != len(QKV):
-        raise peft.error(
-            "target_modules",
-            f"torchtitan: {', '.join(qkv)} without {', '.join(t for t in QKV if t not in qkv)}: "
-            "TorchTitan's llama3 computes q, k and v in one fused linear (wqkv)",
-            hint="target q_proj, k_proj and v_proj together (one adapter on wqkv) or none",
-        )
     names = [LINEARS[t] for t in targets if t in LINEARS] + ([FUSED_QKV] if qkv else [])
     return LoRAConverter.Config(rank=peft.rank, alpha=peft.alpha, target_modules=names)
 

@@ -5,31 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from primus.core.errors import ConfigError
-from primus.core.patches import TESTED, PatchContext, get_param, register_patch
+from primus.core.patches import TESTED, PatchContext, register_patch
 
 
 def _posttrain(ctx: PatchContext) -> bool:
     """the stage is posttrain, or the module has an sft: section (its export)"""
     return ctx.stage == "posttrain" or ctx.extra["module"].sft is not None
-
-
-def _check_supported(ctx: PatchContext, evaluates: bool) -> None:
-    """What Primus's fine-tuning on TorchTitan does not cover, refused before anything runs."""
-    module = ctx.extra["module"]
-    for key in ("pipeline_parallel_degree", "context_parallel_degree"):
-        if get_param(ctx, f"parallelism.{key}", 1) != 1:
-            raise module.error(
-                f"parallelism.{key}",
-                f"torchtitan: fine-tuning runs without parallelism.{key} (the eval and the "
-                "SFT rows are not split across stages or sequence shards)",
-            )
-    freq, log_freq = get_param(ctx, "validator.freq", 10), get_param(ctx, "metrics.log_freq", 10)
-    if evaluates and freq % log_freq:
-        raise ConfigError(
-            f"torchtitan: validator.freq {freq} is not a multiple of metrics.log_freq {log_freq}",
-            hint="the eval is reported on the step line of the step it follows",
-        )
 
 
 @register_patch(
@@ -45,14 +26,8 @@ def posttrain(ctx: PatchContext) -> None:
     """Fine-tune on the module's `sft:` rows: its sequence length and tokenizer; the eval split
     evaluated every validator.freq steps."""
     module = ctx.extra["module"]
-    sft = module.sft
-    if sft is None:
-        raise ConfigError(
-            "torchtitan: the posttrain stage needs the module's sft: section (the data)",
-            hint="see docs/posttrain.md",
-        )
-    evaluates = sft.eval is not None or sft.eval_fraction > 0
-    _check_supported(ctx, evaluates)
+    sft = module.require_sft()
+    evaluates = sft.eval is not None or sft.eval_fraction > 0  # the rest: check_finetuning
     ctx.set_param("training.seq_len", sft.seq_length, "sft.seq_length")
     ctx.set_param("hf_assets_path", str(sft.tokenizer), "sft.tokenizer (the export carries it)")
     ctx.set_param("dataloader.dataset", "sft", "the rows of the module's sft: section")

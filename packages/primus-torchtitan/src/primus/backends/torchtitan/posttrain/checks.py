@@ -1,0 +1,52 @@
+"""What Primus's fine-tuning on TorchTitan does not cover, refused from the params (the
+adapter's `check_params`) before TorchTitan is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from primus.backends.torchtitan.posttrain.lora import QKV
+from primus.core.config import ModuleConfig
+from primus.core.errors import ConfigError
+from primus.core.posttrain import PeftConfig
+
+
+def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
+    """What Primus's fine-tuning on TorchTitan does not cover, for a module with `sft:` or
+    `peft:` (`value`: a dotted key's value, or its default), without TorchTitan."""
+    if config.peft is not None:
+        check_peft(config.peft)
+    if config.sft is None:
+        return
+    for key in ("pipeline_parallel_degree", "context_parallel_degree"):
+        if value(f"parallelism.{key}") != 1:
+            raise config.error(
+                f"parallelism.{key}",
+                f"torchtitan: fine-tuning runs without parallelism.{key} (the eval and the "
+                "SFT rows are not split across stages or sequence shards)",
+            )
+    freq, log_freq = value("validator.freq"), value("metrics.log_freq")
+    evaluates = config.sft.eval is not None or config.sft.eval_fraction > 0
+    if evaluates and freq % log_freq:
+        raise ConfigError(
+            f"torchtitan: validator.freq {freq} is not a multiple of metrics.log_freq {log_freq}",
+            hint="the eval is reported on the step line of the step it follows",
+        )
+
+
+def check_peft(peft: PeftConfig) -> None:
+    """A ConfigError (at the peft key) for what TorchTitan's LoRA cannot do: dropout, and
+    q/k/v targeted apart (the adapter's `check_params`, without TorchTitan)."""
+    if peft.dropout:
+        raise peft.error("dropout", "torchtitan: TorchTitan's LoRA has no dropout",
+                         hint="set peft.dropout: 0")  # fmt: skip
+    targets = list(peft.target_modules)
+    qkv = [t for t in targets if t in QKV]
+    if qkv and len(qkv) != len(QKV):
+        raise peft.error(
+            "target_modules",
+            f"torchtitan: {', '.join(qkv)} without {', '.join(t for t in QKV if t not in qkv)}: "
+            "TorchTitan's llama3 computes q, k and v in one fused linear (wqkv)",
+            hint="target q_proj, k_proj and v_proj together (one adapter on wqkv) or none",
+        )
