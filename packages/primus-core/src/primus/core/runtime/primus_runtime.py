@@ -216,9 +216,11 @@ class PrimusRuntime:
         ctx = self._context(version)
         failed = False
         try:
-            if dry_run and not (full or self.undecided):
-                self._print_plan(ctx, None)
-                return
+            if dry_run and not full:
+                if not self.undecided:
+                    self._print_plan(ctx, None)
+                    return
+                self.log.info(f"checking in full: {self.undecided}")
             began = time.perf_counter()
             trainer_class = self._check(ctx)
             self._took(
