@@ -117,6 +117,35 @@ def test_a_launcher_signalled_before_its_workers_start_starts_none_and_exits_75(
     assert run.returncode == EXIT_PREEMPTED, run.stderr[-3000:]
     assert "[primus] preempted by SIGUSR1 before the workers started" in run.stderr
     assert "torchrun" not in run.stderr and "spawning" not in run.stderr
+    mark = marked(tmp_path / "local" / "local" / "quickstart")  # a Slurm job requeues on it
+    assert mark is not None and (mark["step"], mark["signal"]) == (None, "SIGUSR1")
+
+
+def test_launchers_of_two_nodes_signalled_before_their_workers_start_all_stop_alike(
+    tmp_path: Path,
+) -> None:
+    """Slurm signals every node; a node whose launcher started no worker would leave the other
+    node's workers waiting at the rendezvous until killed. Each node starts its workers, which
+    stop before their first step, and says so."""
+    from primus.core.launch.launcher import free_port
+
+    port = str(free_port())
+    train = [*PYTHON, "train", "pretrain", "--config", str(DUMMY_QUICKSTART),
+             f"workspace={tmp_path}", "--nnodes", "2", "--master-addr", "127.0.0.1",
+             "--master-port", port]  # fmt: skip
+    env = {**os.environ, ENV: "SIGUSR1"}
+    launchers = [
+        subprocess.Popen(
+            [*train, f"--node-rank={rank}"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
+    said = [launcher.communicate(timeout=300)[1] for launcher in launchers]
+    for launcher, stderr in zip(launchers, said, strict=True):
+        assert launcher.returncode == EXIT_PREEMPTED, stderr[-3000:]
+        assert "preempted by SIGUSR1 before the first step; run the same command again" in stderr
+    mark = marked(tmp_path / "local" / "local" / "quickstart")
+    assert mark is not None and mark["step"] is None
 
 
 def test_the_signal_handler_tells_the_processes_started_after_it(

@@ -106,7 +106,11 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
-            if preemption.requested():
+            # Signalled already: alone, start no worker. With other nodes, start them anyway:
+            # they learn of the signal and stop before their first step with the other nodes'
+            # (a node that started none would leave theirs waiting at the rendezvous).
+            if preemption.requested() and nnodes == 1:
+                preemption.mark(runtime.run_dir, None, None)  # a Slurm job requeues on it
                 print(
                     f"[primus] preempted by {preemption.requested()} before the workers started; "
                     "run the same command again",

@@ -113,19 +113,26 @@ def marked(run_dir: Path) -> dict | None:
         return None
 
 
+def mark(run_dir: Path, step: int | None, checkpoint: Path | str | None) -> None:
+    """Say in `run_dir` that this run was preempted at `step` with `checkpoint` (None, None:
+    before the first step): what `marked` reads, and what a Slurm job requeues on."""
+    record = {
+        "step": step,
+        "signal": requested() or "a preemption signal",
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "time": time.time(),
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / MARKER, json.dumps(record) + "\n")
+
+
 def stop(run_dir: Path, step: int | None, checkpoint: Path | str | None, rank: int) -> NoReturn:
     """After every rank has written the checkpoint of `step` (None, None: before the first step,
     with nothing to save): mark the run dir (rank 0) and raise `Preempted`, whose message says
     how to resume."""
     name = requested() or "a preemption signal"
     if rank == 0:
-        record = {
-            "step": step,
-            "signal": name,
-            "checkpoint": None if checkpoint is None else str(checkpoint),
-            "time": time.time(),
-        }
-        write_atomic(run_dir / MARKER, json.dumps(record) + "\n")
+        mark(run_dir, step, checkpoint)
     if step is None:
         get_logger().info(f"preempted by {name} before the first step")
         raise Preempted(
