@@ -195,6 +195,19 @@ def test_missing_grain_files_are_refused(tmp_path: Path) -> None:
         tmp_path, "dry-run", MAXTEXT, "dataset_type=grain", f"grain_train_files={pattern}"
     )
     assert f"grain_train_files: the grain data {pattern} does not exist" in said
+    text = tmp_path / "data" / "train-0.arrayrecord"
+    text.parent.mkdir()
+    text.write_text('{"text": "a jsonl line, not an ArrayRecord file"}\n')
+    said = refused(tmp_path, "validate", MAXTEXT, "dataset_type=grain", f"grain_train_files={text}")
+    assert f"the grain data file {text} is not an ArrayRecord file" in said
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(str(text), "group_size:1")  # a real one passes
+    writer.write(b'{"text": "one"}')
+    writer.close()
+    done, _ = primus_imports("config", "validate", str(MAXTEXT), "dataset_type=grain",
+                             f"grain_train_files={text}", PRIMUS_WORKSPACE=str(tmp_path / "ws"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")

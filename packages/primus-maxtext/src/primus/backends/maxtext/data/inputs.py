@@ -1,16 +1,23 @@
 """The data files and tokenizer a MaxText module names, checked without importing MaxText or
-JAX: every file `grain_train_files` (and `grain_eval_files`) matches, and a local
-`tokenizer_path`."""
+JAX: every file `grain_train_files` (and `grain_eval_files`) matches, with the ArrayRecord
+signature where they are ArrayRecord files, and a local `tokenizer_path`."""
 
 from __future__ import annotations
 
 import glob
+from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import input_path, is_remote
 
 GRAIN_KEYS = ("grain_train_files", "grain_eval_files")
+# Every ArrayRecord file is a Riegeli file, which starts with these 64 bytes (its signature)
+ARRAY_RECORD_SIGNATURE = bytes.fromhex(
+    "83af70d10d884a3f00000000000000004000000000000000"
+    "91bac23c9287e1a90000000000000000e19f13c0e9b1c372"
+    "73000000000000000000000000000000"
+)
 
 
 def _patterns(value: Any) -> list[str]:
@@ -22,8 +29,22 @@ def _patterns(value: Any) -> list[str]:
     return [str(item).split(",")[0].strip() for item in items if str(item).strip()]
 
 
+def _check_array_record(module: ModuleConfig, key: str, path: Path) -> None:
+    with path.open("rb") as stream:
+        head = stream.read(len(ARRAY_RECORD_SIGNATURE))
+    if head != ARRAY_RECORD_SIGNATURE:
+        raise module.error(
+            key,
+            f"{key}: the grain data file {path} is not an ArrayRecord file (it does not start "
+            "with the Riegeli signature every ArrayRecord file starts with)",
+            hint="name ArrayRecord files, or set grain_file_type to the files' type "
+            "(parquet, tfrecord, mmap)",
+        )
+
+
 def check_data_inputs(module: ModuleConfig) -> None:
-    """Grain's files exist and are not empty; a tokenizer path that looks local exists."""
+    """Grain's files exist and are not empty, and ArrayRecord files (grain_file_type's default,
+    MaxText's) start as one does; a tokenizer path that looks local exists."""
     params = module.params
     if params.get("dataset_type") == "grain":
         for key in GRAIN_KEYS:
@@ -34,7 +55,9 @@ def check_data_inputs(module: ModuleConfig) -> None:
                 if not files:
                     input_path(module, key, pattern, "the grain data")  # says what is missing
                 for name in files:
-                    input_path(module, key, name, "the grain data file")
+                    path = input_path(module, key, name, "the grain data file")
+                    if params.get("grain_file_type", "arrayrecord") == "arrayrecord":
+                        _check_array_record(module, key, path)
     tokenizer = params.get("tokenizer_path")
     synthetic = params.get("dataset_type") == "synthetic"
     if (
