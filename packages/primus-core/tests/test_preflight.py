@@ -147,7 +147,10 @@ def test_a_node_with_slow_links_is_caught_by_its_bandwidth_within_the_node(tmp_p
     within = [r["node_busbw_gbs"] for r in report["ranks"]]
     assert within[1] is None and within[3] is None  # measured once a node, by local rank 0
     assert within[0] > 0 and within[2] > 0
-    assert [(o["metric"], o["rank"]) for o in report["outliers"]] == [("node_busbw_gbs", 2)]
+    # the bandwidth outliers: four ranks' GEMM rates on the 2-core CI machine, shared with the
+    # other tests, differ by more than any tolerance now and then (rank 1's once, by over half)
+    caught = [o["rank"] for o in report["outliers"] if o["metric"] == "node_busbw_gbs"]
+    assert caught == [2], report["outliers"]
     assert "outlier: rank 2 " in out and "within the node" in out
 
 
