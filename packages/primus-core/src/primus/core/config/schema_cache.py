@@ -43,7 +43,10 @@ def schema_of(adapter: BackendAdapter, source_tree: str = "") -> ParamSchema | N
 
 def cached_schema(adapter: BackendAdapter) -> ParamSchema | None:
     """The adapter's schema if the cache holds it, else None (never read live)."""
-    path = cache_file(adapter)
+    return _read_file(cache_file(adapter))
+
+
+def _read_file(path: Path | None) -> ParamSchema | None:
     if path is None:
         return None
     try:
@@ -53,10 +56,10 @@ def cached_schema(adapter: BackendAdapter) -> ParamSchema | None:
 
 
 def _cached_or_live(adapter: BackendAdapter, source_tree: str) -> ParamSchema | None:
-    cached = None if source_tree else cached_schema(adapter)
+    path = None if source_tree else cache_file(adapter)  # named once: it stats the adapter's files
+    cached = _read_file(path)
     if cached is not None:
         return cached
-    path = None if source_tree else cache_file(adapter)
     schema = adapter.param_schema()  # not cached yet, or unreadable: read live, written again
     if path is not None and schema is not None:
         _write(path, schema)
