@@ -62,7 +62,7 @@ def test_defaults_resolved_paths_and_the_resolved_experiment(files, tmp_path) ->
     module = load_experiment(experiment(files, tmp_path), ["sft.seed=7"]).modules["trainer"]
     sft, peft = module.sft, module.peft
     assert sft is not None and peft is not None
-    assert (sft.train, sft.eval, sft.seq_length, sft.packing, sft.truncate, sft.seed) == (
+    assert (sft.train[0].path, sft.eval, sft.seq_length, sft.packing, sft.truncate, sft.seed) == (
         files["chat_train"],
         None,
         64,

@@ -154,7 +154,7 @@ def test_order_is_seeded_epoch_by_epoch_and_resumes_at_a_position(root, tokenize
     for key in ("tokens", "labels", "loss_mask", "position_ids", "segment_ids"):
         assert batch[key].shape == (2 * n, 64)
         assert (resumed[key] == batch[key][n - 3 : n + 2]).all()
-    other = build_sft_data(config(root, cfg.train, packing=True, seed=5), tokenizer).train
+    other = build_sft_data(config(root, cfg.train[0].path, packing=True, seed=5), tokenizer).train
     assert other.order(0) != first.order(0)
 
 
@@ -167,7 +167,7 @@ def test_eval_split_holds_out_a_seeded_share(root, tokenizer) -> None:
     assert not tokens[data.train] & tokens[data.eval]
     again = build_sft_data(cfg, tokenizer).eval
     assert again is not None and (again.tokens == data.eval.tokens).all()
-    files = build_sft_data(config(root, cfg.train, eval=str(root / "task" / "chat_eval.jsonl")),
+    files = build_sft_data(config(root, cfg.train[0].path, eval=str(root / "task" / "chat_eval.jsonl")),
                            tokenizer)  # fmt: skip
     assert files.eval is not None and files.eval.num_samples == 8
 
@@ -197,13 +197,16 @@ GOOD = chat(("user", "apple"), ("assistant", "apple"))
     [
         ('{"messages": [', "not valid JSON: Expecting value (column 15)"),
         ("[1, 2]", "a record must be a JSON object, got list"),
-        ({"text": "apple"}, "a record needs 'messages' (a chat) or 'prompt' and 'completion', not 'text'"),
-        ({"messages": [], "prompt": "a", "completion": "b"}, "not both"),
+        ({"text": "apple"}, "a record needs 'messages' (chat), 'prompt' and 'completion' "
+         "(prompt_completion), 'conversations' (sharegpt) or 'instruction' and 'output' (alpaca); "
+         "it has 'text'"),
+        ({"messages": [], "prompt": "a", "completion": "b"},
+         "a record with the keys of several formats: chat and prompt_completion"),
         ({"messages": []}, "'messages' must be a non-empty list, got []"),
         ({"messages": [{"content": "apple"}]}, "messages[0] has no 'role'"),
         (chat(("user", "apple"), ("robot", "x")), "messages[1] has unknown role 'robot'"),
-        (chat(("user", 5)), "messages[0] content must be a string, got int"),
-        ({"messages": [{"role": "user"}]}, "messages[0] content must be a string, got none"),
+        (chat(("user", 5)), "messages[0] 'content' must be a string, got int"),
+        ({"messages": [{"role": "user"}]}, "messages[0] 'content' must be a string, got none"),
         ({"messages": ["apple"]}, "messages[0] is not a mapping"),
         ({"prompt": "a", "completion": "b"}, "a prompt_completion record, but the file's first record is chat"),
         (chat(("user", "apple river")), "renders no assistant tokens for this chat (it has no assistant message)"),

@@ -74,7 +74,8 @@ def check_inputs(module: ModuleConfig) -> None:
     if module.sft is not None:  # its files' presence and the tokenizer: checked at load
         from primus.core.posttrain.records import iter_records
 
-        for data in (module.sft.train, module.sft.eval):
-            if data is not None:
-                for _ in iter_records(data, module.sft.format):
-                    pass
+        sft = module.sft
+        files = [(f.path, f.columns) for f in sft.train]
+        for path, columns in files + ([(sft.eval, sft.columns)] if sft.eval else []):
+            for _ in iter_records(path, sft.format, columns):
+                pass

@@ -27,6 +27,7 @@ def load_config_file(
             exc.origin = referenced_at
         raise
     own = ConfigTree(data, origins)
+    own.files = [str(path)]
     extends_origin = own.origin(("extends",))
     bases = own.pop("extends")
     if bases is None:

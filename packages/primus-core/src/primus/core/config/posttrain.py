@@ -12,32 +12,56 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
+from primus.core.config.sft_data import (
+    DataFile,
+    check_columns,
+    data_file,
+    existing_path,
+    train_files,
+)
 from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath, read_text
 from primus.core.errors import ConfigError, Origin, did_you_mean
 
 POSTTRAIN_KEYS = ("sft", "peft")
-DATA_SUFFIXES = (".jsonl", ".parquet")
-FORMATS = ("auto", "chat", "prompt_completion")
+FORMATS = ("auto", "chat", "prompt_completion", "sharegpt", "alpaca")
 # LoRA targets by their Hugging Face (Llama-family) names; each backend maps them to its layers.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 SFT_SCHEMA = ParamSchema(
     {
-        "sft.train": ParamSpec(str, "training data: a .jsonl or .parquet file"),
+        "sft.train": ParamSpec(
+            (str, list),
+            "training data: a .jsonl or .parquet file, or a list of files or of "
+            "{path, weight, columns} (weights: each file's share of the training samples)",
+        ),
         "sft.eval": ParamSpec(str, "eval data (.jsonl or .parquet); default: none"),
         "sft.eval_fraction": ParamSpec(
             float,
-            "share of the training samples held out for eval when no eval file (0-0.5)",
+            "share of the training samples held out for eval when no eval file (0-0.5); "
+            "set in a later layer than sft.eval (a file extending it), it replaces it",
             default=0.0,
         ),
-        "sft.format": ParamSpec(str, "the records' format", choices=FORMATS, default="auto"),
+        "sft.format": ParamSpec(
+            str,
+            "the records' format (auto: each file's first record's)",
+            choices=FORMATS,
+            default="auto",
+        ),
+        "sft.columns": ParamSpec(
+            dict, "the data's own key for each record key a format reads, e.g. {prompt: question}"
+        ),
         "sft.tokenizer": ParamSpec(str, "HF tokenizer directory; default: init_from.hf"),
         "sft.chat_template": ParamSpec(str, "a Jinja chat template, or a file holding one"),
         "sft.seq_length": ParamSpec(int, "tokens per row (the model's input length)"),
         "sft.packing": ParamSpec(bool, "pack several samples into each row", default=False),
         "sft.truncate": ParamSpec(bool, "cut samples longer than a row", default=False),
-        "sft.seed": ParamSpec(int, "seed of the eval split and the row order", default=1234),
+        "sft.train_on_prompt": ParamSpec(
+            bool, "the loss also covers the prompt (user, system) tokens", default=False
+        ),
+        "sft.seed": ParamSpec(
+            int, "seed of the eval split, the weighted mix and the row order", default=1234
+        ),
     }
 )
 PEFT_SCHEMA = ParamSchema(
@@ -67,15 +91,17 @@ class _Located:
 class SFTConfig(_Located):
     """`sft:` resolved: absolute paths, defaults filled, the chat template's text read."""
 
-    train: Path
+    train: tuple[DataFile, ...]  # one, or several (all with a weight, or none)
     eval: Path | None
     eval_fraction: float
     format: str
+    columns: dict[str, str]  # record key -> the data's own key (sft.columns)
     tokenizer: Path
     chat_template: str | None  # the template's text; None: the tokenizer's own
     seq_length: int
     packing: bool
     truncate: bool
+    train_on_prompt: bool
     seed: int
     written: dict[str, Any] = field(compare=False, repr=False)  # the section, as resolved
     origins: dict[str, Origin] = field(compare=False, repr=False)
@@ -119,29 +145,9 @@ def _section(
     }
     raise_all(schema.check(ConfigTree({name: data}, origins), what=f"{name} key"))
     defaults = {key.split(".", 1)[1]: spec.default for key, spec in schema.specs.items()}
-    where = {k[1]: o for k, o in origins.items() if len(k) == 2}
+    where = {".".join(k[1:]): o for k, o in origins.items() if len(k) >= 2}  # columns.prompt
     where[""] = exp.origin(path) or Origin("default")
     return defaults | data, where
-
-
-def _existing(value: str, what: str, origin: Origin | None, hint: str) -> Path:
-    path = Path(os.path.expanduser(value))  # os.path's: no OSError or RuntimeError, ever
-    if not os.path.exists(path):
-        raise ConfigError(f"{what}: {path} does not exist", origin, hint)
-    return path.resolve()
-
-
-def _data_file(values: dict[str, Any], key: str, origins: dict[str, Origin]) -> Path | None:
-    if values[key] is None:
-        return None
-    path = _existing(values[key], f"sft.{key}", origins.get(key), "a .jsonl or .parquet file")
-    if not os.path.isfile(path) or path.suffix not in DATA_SUFFIXES:
-        raise ConfigError(
-            f"sft.{key}: {path} is not a .jsonl or .parquet file",
-            origins.get(key),
-            hint="JSONL: one record per line; parquet: one record per row",
-        )
-    return path
 
 
 def _tokenizer_dir(
@@ -153,7 +159,9 @@ def _tokenizer_dir(
         assert init_from is not None
         return init_from, origins.get("")
     origin = origins.get("tokenizer")
-    folder = _existing(values["tokenizer"], "sft.tokenizer", origin, "an HF tokenizer directory")
+    folder = existing_path(
+        values["tokenizer"], "sft.tokenizer", origin, "an HF tokenizer directory"
+    )
     if not any(os.path.isfile(folder / f) for f in ("tokenizer.json", "tokenizer_config.json")):
         raise ConfigError(
             f"sft.tokenizer: {folder} is not a Hugging Face tokenizer directory",
@@ -167,12 +175,32 @@ def _chat_template(value: str | None, origin: Origin | None) -> str | None:
     """A template's text: the value itself if it is Jinja, else the file it names."""
     if value is None or "{{" in value or "{%" in value:
         return value
-    path = _existing(value, "sft.chat_template", origin, "a Jinja template, or a file holding one")
+    path = existing_path(
+        value, "sft.chat_template", origin, "a Jinja template, or a file holding one"
+    )
     try:
         return read_text(path, "chat template")
     except ConfigError as exc:
         exc.origin = exc.origin or origin
         raise
+
+
+def _eval_or_fraction(exp: ConfigTree, values: dict[str, Any], origins: dict[str, Origin]) -> None:
+    """`eval` and a nonzero `eval_fraction` exclude each other. Set in two layers (a file and
+    one that extends it, or the command line), the later one wins and the other is dropped
+    (back to its default); set in the same file, an error."""
+    if not values["eval_fraction"] or values["eval"] is None:
+        return
+    eval_layer, fraction_layer = (exp.layer(origins.get(k)) for k in ("eval", "eval_fraction"))
+    if eval_layer == fraction_layer:
+        raise ConfigError(
+            "sft.eval_fraction holds out training samples, but sft.eval names an eval file",
+            origins["eval_fraction"],
+            hint="set one of them",
+        )
+    dropped = "eval" if fraction_layer > eval_layer else "eval_fraction"
+    values[dropped] = SFT_SCHEMA.specs[f"sft.{dropped}"].default
+    del origins[dropped]
 
 
 def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTConfig | None:
@@ -186,27 +214,27 @@ def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTC
             raise ConfigError(f"sft.{key} is required", origins[""])
     if values["seq_length"] <= 0:
         raise ConfigError("sft.seq_length must be positive", origins["seq_length"])
-    fraction = values["eval_fraction"]
-    if not 0.0 <= fraction <= 0.5:
+    if not 0.0 <= values["eval_fraction"] <= 0.5:
         raise ConfigError("sft.eval_fraction must be between 0 and 0.5", origins["eval_fraction"])
-    if fraction and values["eval"] is not None:
-        raise ConfigError(
-            "sft.eval_fraction holds out training samples, but sft.eval names an eval file",
-            origins["eval_fraction"],
-            hint="set one of them",
-        )
-    train = _data_file(values, "train", origins)
-    assert train is not None  # required, checked above
-    eval_file = _data_file(values, "eval", origins)
+    _eval_or_fraction(exp, values, origins)
+    columns: dict[str, str] = {}
+    if values["columns"] is not None:
+        where = {k.split(".", 1)[1]: o for k, o in origins.items() if k.startswith("columns.")}
+        columns = check_columns(values["columns"], "sft.columns", where | {"": origins["columns"]})
+    train, train_written = train_files(values["train"], origins.get("train"), columns)
+    eval_file = None
+    if values["eval"] is not None:
+        eval_file = data_file(values["eval"], "sft.eval", origins.get("eval"))
     tokenizer, tokenizer_origin = _tokenizer_dir(values, origins, init_from)
     template = _chat_template(values["chat_template"], origins.get("chat_template"))
     if tokenizer_origin is not None:
         origins.setdefault("tokenizer", tokenizer_origin)
-    written = values | {"train": str(train), "tokenizer": str(tokenizer)}
+    written = values | {"train": train_written, "tokenizer": str(tokenizer)}
     written |= {"eval": str(eval_file)} if eval_file else {}
     return SFTConfig(
-        train, eval_file, float(fraction), values["format"], tokenizer, template,
-        values["seq_length"], values["packing"], values["truncate"], values["seed"],
+        train, eval_file, float(values["eval_fraction"]), values["format"], columns, tokenizer,
+        template, values["seq_length"], values["packing"], values["truncate"],
+        values["train_on_prompt"], values["seed"],
         {k: v for k, v in written.items() if v is not None}, origins,
     )  # fmt: skip
 

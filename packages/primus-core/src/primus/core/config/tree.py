@@ -17,6 +17,8 @@ class ConfigTree:
 
     Merging is the only way values change, and every change that hides an older value is
     recorded: there are no silent merges. Lists and scalars replace; mappings merge key by key.
+    `files`: the config files merged in, oldest layer first (a file merged again moves last),
+    so that values set in two files can be told apart by which layer came later.
     """
 
     def __init__(
@@ -25,10 +27,19 @@ class ConfigTree:
         self.data: dict[str, Any] = data if data is not None else {}
         self.origins: dict[KeyPath, Origin] = origins if origins is not None else {}
         self.replaced: dict[KeyPath, Replaced] = {}
+        self.files: list[str] = []
 
     def merge(self, other: ConfigTree) -> None:
         """Lay `other` over this tree."""
         self._merge_into(self.data, other, ())
+        self.files = [f for f in self.files if f not in other.files] + other.files
+
+    def layer(self, origin: Origin | None) -> int:
+        """How late the layer that set a value at `origin` was merged: a default -1, a file
+        its place in `files`, anything else (the command line) after every file."""
+        if origin is None or origin.kind == "default":
+            return -1
+        return self.files.index(origin.file) if origin.file in self.files else len(self.files)
 
     def _merge_into(self, target: dict[str, Any], other: ConfigTree, prefix: KeyPath) -> None:
         source = other.get(prefix) if prefix else other.data

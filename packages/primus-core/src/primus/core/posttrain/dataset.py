@@ -18,12 +18,14 @@ resumes at position p sees exactly the rows it would have seen.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
 
 from primus.core.config.posttrain import SFTConfig
 from primus.core.posttrain.encode import Encoder, Sample, check_length, load_tokenizer
+from primus.core.posttrain.mixing import mix
 from primus.core.posttrain.packing import one_per_row, pack
 from primus.core.posttrain.records import Record, read_records
 
@@ -119,8 +121,10 @@ class SFTData:
     dropped: int = 0
 
 
-def _split(records: list[Record], cfg: SFTConfig) -> tuple[list[Record], list[Record]]:
-    """Hold out `eval_fraction` of the records (at least one), drawn with the seed."""
+def _split(groups: list[list[Record]], cfg: SFTConfig) -> tuple[list[list[Record]], list[Record]]:
+    """Hold out `eval_fraction` of all the files' records (at least one), drawn with the seed;
+    the rest stay with their file."""
+    records = [r for group in groups for r in group]
     count = max(1, round(len(records) * cfg.eval_fraction))
     if count >= len(records):
         raise cfg.error(
@@ -128,7 +132,30 @@ def _split(records: list[Record], cfg: SFTConfig) -> tuple[list[Record], list[Re
             f"sft.eval_fraction {cfg.eval_fraction} of {len(records)} samples leaves none to train on",
         )
     held = set(random.Random(cfg.seed).sample(range(len(records)), count))
-    return [r for i, r in enumerate(records) if i not in held], [records[i] for i in sorted(held)]
+    starts = itertools.accumulate((len(g) for g in groups[:-1]), initial=0)
+    kept = [
+        [r for i, r in enumerate(g, at) if i not in held]
+        for g, at in zip(groups, starts, strict=True)
+    ]
+    return kept, [records[i] for i in sorted(held)]
+
+
+def read_data(cfg: SFTConfig) -> tuple[list[Record], list[Record]]:
+    """The training records (every file's, or the weighted mix) and the eval records."""
+    groups = [read_records(f.path, cfg.format, f.columns) for f in cfg.train]
+    held = read_records(cfg.eval, cfg.format, cfg.columns) if cfg.eval else []
+    if cfg.eval_fraction:
+        groups, held = _split(groups, cfg)
+    weights = [f.weight for f in cfg.train if f.weight is not None]
+    if len(weights) < len(cfg.train):  # none has one: every record of every file, once
+        return [r for group in groups for r in group], held
+    for file, group in zip(cfg.train, groups, strict=True):
+        if not group:
+            raise cfg.error(
+                "eval_fraction",
+                f"sft.eval_fraction holds out every sample of {file.path}, which has a weight",
+            )
+    return mix(groups, weights, cfg.seed), held
 
 
 def build_sft_data(cfg: SFTConfig, tokenizer: Any | None = None) -> SFTData:
@@ -136,10 +163,7 @@ def build_sft_data(cfg: SFTConfig, tokenizer: Any | None = None) -> SFTData:
     `tokenizer`: an HF tokenizer to use instead of loading `sft.tokenizer`."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     encoder = Encoder(tokenizer, cfg)
-    train = read_records(cfg.train, cfg.format)
-    held: list[Record] = read_records(cfg.eval, cfg.format) if cfg.eval else []
-    if cfg.eval_fraction:
-        train, held = _split(train, cfg)
+    train, held = read_data(cfg)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     built: dict[str, SFTDataset] = {}
     dropped = 0

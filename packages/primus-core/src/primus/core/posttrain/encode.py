@@ -9,6 +9,7 @@ render(messages[:i+1]), itself a prefix of the whole chat's rendering; the text 
 two is the span, and a token is trained on when it starts inside one.
 Prompt/completion: tokenizer(prompt) (with the tokenizer's BOS), then the completion's tokens
 and EOS; the loss covers the completion and EOS.
+With `sft.train_on_prompt` the loss covers every token (the prompt's too).
 """
 
 from __future__ import annotations
@@ -80,9 +81,8 @@ class Encoder:
             *self.tokenizer(record.completion, add_special_tokens=False)["input_ids"],
             eos,
         ]
-        return Sample(
-            prompt + completion, [False] * len(prompt) + [True] * len(completion), record.where
-        )
+        mask = [self.cfg.train_on_prompt] * len(prompt) + [True] * len(completion)
+        return Sample(prompt + completion, mask, record.where)
 
     def _render(self, record: Record, messages: list[dict[str, Any]], generation: bool) -> str:
         if self.template is None and self.tokenizer.chat_template is None:
@@ -104,6 +104,9 @@ class Encoder:
 
     def _chat(self, record: Record, messages: list[dict[str, Any]]) -> Sample:
         text = self._render(record, messages, False)
+        if self.cfg.train_on_prompt:
+            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return Sample(list(tokens), [True] * len(tokens), record.where)
         spans: list[tuple[int, int]] = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":

@@ -1,0 +1,177 @@
+"""The record formats, each read into a chat (`messages`) or a prompt/completion pair:
+
+    chat               {"messages": [{"role": ..., "content": ...}, ...]}
+    prompt_completion  {"prompt": ..., "completion": ...}
+    sharegpt           {"conversations": [{"from": "human", "value": ...}, ...], "system"?: ...}
+    alpaca             {"instruction": ..., "input"?: ..., "output": ..., "system"?: ...,
+                        "history"?: [[user, assistant], ...]}
+
+A `Columns` mapping renames the data's own keys to these first. A record that does not fit
+raises `Invalid`, which the reader turns into an error at its file:line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from primus.core.config.sft_data import MESSAGE_COLUMNS, RECORD_COLUMNS
+
+ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT's `from` -> the chat role. A function call is the assistant's (trained on, as the
+# call's text); an observation is the tool's answer (like LLaMA-Factory's tags).
+SHAREGPT_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+    "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool",
+}  # fmt: skip
+# The keys that tell each format apart (under sft.format auto)
+FORMAT_KEYS = {
+    "chat": ("messages",),
+    "prompt_completion": ("prompt", "completion"),
+    "sharegpt": ("conversations",),
+    "alpaca": ("instruction", "output"),
+}
+Fields = dict[str, Any]  # a Record's messages, or its prompt and completion
+
+
+class Invalid(Exception):
+    """Why a record does not fit its format (and a hint)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class Columns:
+    """`sft.columns`: the record keys a format reads -> the data's own keys."""
+
+    def __init__(self, mapping: Mapping[str, str] | None = None) -> None:
+        self.mapping = dict(mapping or {})
+
+    def name(self, key: str) -> str:
+        """How the data names `key`: 'prompt', or 'question' (prompt) where mapped."""
+        column = self.mapping.get(key)
+        return f"'{key}'" if column is None else f"'{column}' ({key})"
+
+    def _renamed(self, data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+        pairs = {k: c for k, c in self.mapping.items() if k in keys}
+        if not pairs:
+            return data
+        kept = {k: v for k, v in data.items() if k not in pairs and k not in pairs.values()}
+        return kept | {k: data[c] for k, c in pairs.items() if c in data}
+
+    def record(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A record's keys as the formats name them."""
+        return self._renamed(data, RECORD_COLUMNS)
+
+    def message(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A message's (or turn's) keys as the formats name them."""
+        return self._renamed(data, MESSAGE_COLUMNS)
+
+
+def detect(data: dict[str, Any], columns: Columns) -> str:
+    """The one format whose keys the record has."""
+    found = [f for f, keys in FORMAT_KEYS.items() if all(k in data for k in keys)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise Invalid(f"a record with the keys of several formats: {' and '.join(found)}")
+    wanted = [" and ".join(map(columns.name, keys)) + f" ({f})" for f, keys in FORMAT_KEYS.items()]
+    has = ", ".join(map(repr, data)) or "nothing"
+    raise Invalid(f"a record needs {', '.join(wanted[:-1])} or {wanted[-1]}; it has {has}")
+
+
+def _text(data: dict[str, Any], key: str, columns: Columns) -> str:
+    """A non-empty string."""
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise Invalid(f"{columns.name(key)} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _optional_text(data: dict[str, Any], key: str, columns: Columns) -> str:
+    """A string, or '' where missing or null."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise Invalid(f"{columns.name(key)} must be a string, got {type(value).__name__}")
+    return value or ""
+
+
+def _turns(data: dict[str, Any], key: str, columns: Columns) -> list[dict[str, Any]]:
+    """The messages (or turns) under `key`, each a mapping, keys renamed."""
+    turns = data[key]
+    if not isinstance(turns, list) or not turns:
+        raise Invalid(f"{columns.name(key)} must be a non-empty list, got {turns!r}")
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise Invalid(f"{key}[{index}] is not a mapping")
+    return [columns.message(turn) for turn in turns]
+
+
+def _content(turn: dict[str, Any], where: str, key: str, columns: Columns) -> None:
+    if not isinstance(turn.get(key), str):
+        got = type(turn.get(key)).__name__ if key in turn else "none"
+        raise Invalid(f"{where} {columns.name(key)} must be a string, got {got}")
+
+
+def chat(data: dict[str, Any], columns: Columns) -> Fields:
+    messages = _turns(data, "messages", columns)
+    hint = f"roles: {', '.join(ROLES)}"
+    for index, message in enumerate(messages):
+        role, where = message.get("role"), f"messages[{index}]"
+        if role is None:
+            raise Invalid(f"{where} has no {columns.name('role')}", hint)
+        if role not in ROLES:
+            raise Invalid(f"{where} has unknown role {role!r}", hint)
+        _content(message, where, "content", columns)
+    return {"messages": messages}
+
+
+def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
+    messages = []
+    hint = f"'from' is one of {', '.join(SHAREGPT_ROLES)}"
+    for index, turn in enumerate(_turns(data, "conversations", columns)):
+        speaker, where = turn.get("from"), f"conversations[{index}]"
+        if speaker is None:
+            raise Invalid(f"{where} has no {columns.name('from')}", hint)
+        if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
+            raise Invalid(f"{where} has unknown 'from' {speaker!r}", hint)
+        _content(turn, where, "value", columns)
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
+    system = _optional_text(data, "system", columns)
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return {"messages": messages}
+
+
+def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
+    instruction, output = (_text(data, k, columns) for k in ("instruction", "output"))
+    extra, system = (_optional_text(data, k, columns) for k in ("input", "system"))
+    messages = [{"role": "system", "content": system}] if system else []
+    history = data.get("history")
+    if history is not None and not isinstance(history, list):
+        raise Invalid(f"{columns.name('history')} must be a list of [user, assistant] pairs")
+    for index, pair in enumerate(history or []):
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)
+        ):
+            raise Invalid(f"history[{index}] must be a pair of strings [user, assistant]")
+        messages += [
+            {"role": "user", "content": pair[0]},
+            {"role": "assistant", "content": pair[1]},
+        ]
+    user = f"{instruction}\n\n{extra}" if extra else instruction
+    return {"messages": [*messages, {"role": "user", "content": user},
+                         {"role": "assistant", "content": output}]}  # fmt: skip
+
+
+def prompt_completion(data: dict[str, Any], columns: Columns) -> Fields:
+    return {k: _text(data, k, columns) for k in ("prompt", "completion")}
+
+
+CONVERTERS: dict[str, Callable[[dict[str, Any], Columns], Fields]] = {
+    "chat": chat,
+    "prompt_completion": prompt_completion,
+    "sharegpt": sharegpt,
+    "alpaca": alpaca,
+}
