@@ -45,7 +45,7 @@ def test_register_adapter_checks_the_contract_at_once() -> None:
 
 
 class Exporting(ToyAdapter):
-    def export_hf(self, backend_args, iteration, out) -> None:
+    def export_hf(self, backend_args, iteration, out, dtype) -> None:
         pass
 
 
@@ -72,7 +72,9 @@ def test_a_capability_hook_is_checked_for_the_arguments_the_runtime_passes() -> 
         def export_hf(self, backend_args) -> None:
             pass
 
-    with pytest.raises(TypeError, match=r"cannot be called as export_hf\(self, backend_args, "):
+    with pytest.raises(
+        TypeError, match=r"called as export_hf\(self, backend_args, iteration, out, dtype\)"
+    ):
         BackendRegistry.register_adapter("bad", ExportingBadly)
     declared = type("Good", (Exporting,), {"capabilities": frozenset({"hf-export"})})
     BackendRegistry.register_adapter("exporting", declared)

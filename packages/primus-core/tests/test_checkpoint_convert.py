@@ -25,13 +25,16 @@ from .conftest import EVENTS, ToyAdapter
 
 
 class ConvertingToy(ToyAdapter):
-    """Its native checkpoint is `weights.bin` (the safetensors file, copied) in `ckpt`."""
+    """Its native checkpoint is `weights.bin` (the safetensors file, copied) in `ckpt`; its
+    export writes the config.json the toy can derive (layers, and a guessed context)."""
 
     capabilities = frozenset({"hf-import", "hf-export"})
     fail_import = False
+    hf_export_dtype_key = "export.dtype"
 
     def param_schema(self) -> ParamSchema:
-        return ParamSchema({**super().param_schema().specs, "ckpt": ParamSpec(str)})
+        specs = {"ckpt": ParamSpec(str), "export.dtype": ParamSpec(str)}
+        return ParamSchema({**super().param_schema().specs, **specs})
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
         return {"layers": hf_config["num_hidden_layers"], "optim": {"beta": 0.9}}
@@ -45,17 +48,28 @@ class ConvertingToy(ToyAdapter):
         if self.fail_import:
             raise ConfigError(f"{hf_dir / 'model.safetensors'}: tensor 'lm_head.weight' missing")
 
-    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+    def export_hf(self, backend_args: Any, iteration: int | None, out: Path,
+                  dtype: str | None) -> None:  # fmt: skip
+        EVENTS.append(f"export_hf({dtype})")
         shutil.copyfile(Path(backend_args["ckpt"]) / "weights.bin", out / "model.safetensors")
-        (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        derived = {"model_type": "llama", "num_hidden_layers": backend_args["layers"],
+                   "max_position_embeddings": 8192, "architectures": ["LlamaForCausalLM"]}  # fmt: skip
+        (out / "config.json").write_text(json.dumps(derived))
+
+
+SOURCE_CONFIG = {"model_type": "llama", "max_position_embeddings": 131072, "rope_scaling":
+                 {"rope_type": "llama3", "factor": 32.0}, "torch_dtype": "bfloat16"}  # fmt: skip
 
 
 def _hf_dir(folder: Path, layers: int = 2) -> Path:
+    """An HF model directory: config.json, a tokenizer, generation_config.json and one bf16
+    tensor."""
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama",
-                                                    "num_hidden_layers": layers}))  # fmt: skip
-    header = b'{"__metadata__":{}}'
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    (folder / "config.json").write_text(json.dumps({**SOURCE_CONFIG, "num_hidden_layers": layers}))
+    (folder / "tokenizer.json").write_text('{"from": "hf"}')
+    (folder / "generation_config.json").write_text('{"eos_token_id": 2}')
+    header = b'{"__metadata__":{},"w":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}}'
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
     return folder
 
 
@@ -169,3 +183,45 @@ def test_export_writes_hf_with_provenance_and_never_clobbers(exp, tmp_path) -> N
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
     assert prov["checkout"]["commit"] == head.stdout.strip()  # the suite runs in a checkout
     assert len(prov["checkout"]["uv_lock_sha256"]) == 64
+
+
+def test_export_gives_back_the_source_config_tokenizer_and_dtype(exp, tmp_path, capsys) -> None:
+    """From `init_from`, or the import's provenance (the experiment without it, the source
+    moved away): the source's config.json (the toy's guessed context not written), tokenizer,
+    generation_config.json and dtype; an explicit dtype option wins."""
+    PrimusRuntime(exp).import_hf(tmp_path / "hf")
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    PrimusRuntime(exp).export_hf(None, tmp_path / "out")
+    out = tmp_path / "out"
+    assert json.loads((out / "config.json").read_text()) == source | {
+        "architectures": ["LlamaForCausalLM"]
+    }
+    for name in ("tokenizer.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
+    assert EVENTS[-1] == "export_hf(bfloat16)"
+    log = capsys.readouterr().err
+    assert f"bfloat16 tensors (the dtype of {tmp_path / 'hf'}, the HF model it was" in log
+    PrimusRuntime(exp, ["export.dtype=float32"]).export_hf(None, out, force=True)
+    assert EVENTS[-1] == "export_hf(float32)"
+    assert " tensors (export.dtype (cli (export.dtype=float32)))" in capsys.readouterr().err
+
+    without = tmp_path / "without.yaml"  # the experiment without init_from: the provenance's
+    text = exp.read_text()
+    without.write_text(text[: text.index("init_from:")] + text[text.index("overrides:") :])
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    PrimusRuntime(without).export_hf(None, out, force=True)
+    assert EVENTS[-1] == "export_hf(bfloat16)"
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 131072
+    assert not (out / "tokenizer.json").exists()  # the folder is gone: the record has no files
+
+
+def test_an_export_of_another_model_keeps_its_derived_config(exp, tmp_path, capsys) -> None:
+    PrimusRuntime(exp).import_hf(tmp_path / "hf")
+    text = exp.read_text()
+    exp.write_text(text[: text.index("init_from:")] + text[text.index("overrides:") :])
+    PrimusRuntime(exp, ["layers=3"]).export_hf(None, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3 and config["max_position_embeddings"] == 8192
+    log = capsys.readouterr().err
+    assert "config.json derived from the checkpoint, not " in log
+    assert "(source, checkpoint: layers: 2, 3)" in log

@@ -170,10 +170,18 @@ class BackendAdapter(ABC):
         of the model in memory. Raise ConfigError naming the file and tensor for bad input."""
         raise ConfigError(f"the {self.framework} backend cannot import HF checkpoints")
 
-    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+    # The backend's option for the dtype an export writes (dotted), if it has one: set in the
+    # experiment, it wins over the dtype of the HF model the checkpoint came from.
+    hf_export_dtype_key: ClassVar[str | None] = None
+
+    def export_hf(
+        self, backend_args: Any, iteration: int | None, out: Path, dtype: str | None
+    ) -> None:
         """Write the native checkpoint of the run these args describe (the latest, or
         `iteration`) as an HF model directory (config.json + *.safetensors, and the tokenizer
-        when the experiment has one) into `out`, an empty staging folder."""
+        when the experiment has one) into `out`, an empty staging folder, with tensors in
+        `dtype` (float32, bfloat16 or float16; None: the checkpoint's own). Core then carries
+        over what the args cannot say from the HF model the checkpoint came from."""
         raise ConfigError(f"the {self.framework} backend cannot export HF checkpoints")
 
     def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:

@@ -38,7 +38,7 @@ CAPABILITIES = {
         Capability(
             "hf-export",
             "write a run's checkpoint as a Hugging Face model (primus checkpoint export)",
-            {"export_hf": ("backend_args", "iteration", "out")},
+            {"export_hf": ("backend_args", "iteration", "out", "dtype")},
         ),
         Capability(
             "checkpoint-inspect",

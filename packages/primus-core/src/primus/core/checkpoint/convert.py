@@ -2,8 +2,9 @@
 
 Core owns what is the same for every backend: the architecture check against the experiment,
 staging folders renamed into place only when complete (nothing half-written is ever left),
-provenance, and the hand-off between ranks. The backend's `import_hf`/`export_hf` hooks only
-convert tensors.
+provenance, the hand-off between ranks, and what an export carries over from the HF model the
+checkpoint came from (`export`). The backend's `import_hf`/`export_hf` hooks only convert
+tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from primus.core.checkpoint.hf import read_config
+from primus.core.checkpoint.export import carry_over, choose_dtype, find_source
+from primus.core.checkpoint.hf import read_config, weights_dtype
+from primus.core.checkpoint.preset import flatten, same_value
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.schema_cache import schema_of
 from primus.core.errors import ConfigError
@@ -30,21 +33,6 @@ _MISSING = object()
 IMPORT_WAIT_S = 6 * 3600  # how long other ranks wait for rank 0's import
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
-def _same(hf_value: Any, value: Any) -> bool:
-    numbers = (int, float)
-    if isinstance(hf_value, numbers) and isinstance(value, numbers):
-        return bool(isinstance(hf_value, bool) == isinstance(value, bool) and hf_value == value)
-    return bool(hf_value == value)
-
-
 def architecture_mismatches(
     adapter: BackendAdapter, module: ModuleConfig, hf_dir: Path
 ) -> list[str]:
@@ -52,9 +40,9 @@ def architecture_mismatches(
     both values, and where the experiment's value was set."""
     preset = adapter.model_preset_from_hf(read_config(hf_dir))
     schema = schema_of(adapter)
-    params = dict(_flatten(module.params))
+    params = dict(flatten(module.params))
     lines = []
-    for key, hf_value in _flatten(preset):
+    for key, hf_value in flatten(preset):
         if key in adapter.hf_preset_training_keys:
             continue
         value = params.get(key, _MISSING)
@@ -64,7 +52,7 @@ def architecture_mismatches(
             where = "backend default"
         else:
             where = str(module.origin(key) or "set by a patch")
-        if not _same(hf_value, value):
+        if not same_value(hf_value, value):
             lines.append(f"{key}: {hf_value!r} in the HF config, {value!r} in the experiment "
                          f"({where})")  # fmt: skip
     return lines
@@ -154,7 +142,9 @@ def export_hf(
     adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
     iteration: int | None, out: Path, force: bool = False,
 ) -> Path:  # fmt: skip
-    """Write the run's checkpoint (latest, or `iteration`) as an HF directory at `out`."""
+    """Write the run's checkpoint (latest, or `iteration`) as an HF directory at `out`: in
+    the export dtype the experiment sets, else in that of the HF model it came from, with
+    what the backend cannot derive carried over from that model (`export.carry_over`)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not force:
             raise ConfigError(f"{out} exists and is not empty", hint="pass --force to replace it")
@@ -163,19 +153,15 @@ def export_hf(
         out.rmdir()
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    source = find_source(adapter, module, backend_args)
+    dtype, why = choose_dtype(adapter, module, source)
     with staged(out) as staging:
-        adapter.export_hf(backend_args, iteration, staging)
-        write_provenance(staging / PROVENANCE_FILE, experiment, module, module.init_from)
-    get_logger().info(f"exported to {out} in {time.perf_counter() - start:.1f} s")
+        adapter.export_hf(backend_args, iteration, staging, dtype)
+        if source is not None:
+            carry_over(adapter, staging, source)
+        weights = source.record if source else None
+        write_provenance(staging / PROVENANCE_FILE, experiment, module, None, weights)
+        written = weights_dtype(staging)
+    get_logger().info(f"exported to {out} in {time.perf_counter() - start:.1f} s, "
+                      f"{written} tensors ({why})")  # fmt: skip
     return out
-
-
-def copy_tokenizer(source: Path, out: Path) -> list[str]:
-    """Copy an HF tokenizer's files from the folder `source` into `out`; the names copied."""
-    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-             "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json",
-             "chat_template.jinja")  # fmt: skip
-    copied = [n for n in names if (source / n).is_file()]
-    for name in copied:
-        shutil.copyfile(source / name, out / name)
-    return copied

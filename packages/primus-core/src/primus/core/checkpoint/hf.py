@@ -26,6 +26,8 @@ INDEX = "model.safetensors.index.json"  # which safetensors file holds each tens
 # safetensors dtype -> bytes per element
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
                "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+# safetensors float dtype -> its name in config.json (and in the backends' dtype options)
+DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -183,6 +185,17 @@ def safetensors_summary(folder: Path) -> dict[str, Any]:
         "bytes": sum(p.stat().st_size for p in files),
         "tensor_bytes": data_bytes,
     }
+
+
+def weights_dtype(folder: Path) -> str | None:
+    """The dtype (DTYPE_NAMES) holding most of the parameters of the HF model in `folder`, from
+    its safetensors headers; None when it has no floating-point tensor."""
+    counts: Counter[str] = Counter()
+    for path in safetensors_files(folder):
+        for entry in safetensors_header(path).values():
+            if entry["dtype"] in DTYPE_NAMES:
+                counts[DTYPE_NAMES[entry["dtype"]]] += math.prod(entry["shape"])
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:

@@ -42,11 +42,15 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def provenance(path: Path) -> dict[str, Any] | None:
-    """Where `path` came from: its provenance record (the resolved experiment shortened to
-    the file holding it), and the Primus run directory it lies in, if any."""
+    """Where `path` came from: its provenance record (the resolved experiment and the initial
+    weights' config.json shortened to the file holding them), and the Primus run directory it
+    lies in, if any."""
     record = read_provenance(path)
     if record is not None:
         record["experiment"] = f"{len(record['experiment'].splitlines())} lines (in the file)"
+        weights = record.get("initial_weights") or {}
+        if isinstance(weights.get("config"), dict):
+            weights["config"] = f"{len(weights['config'])} fields (in the file)"
     for folder in [path.resolve(), *path.resolve().parents][:4]:
         if (folder / RUN_CONFIG).is_file():
             return {"run_dir": str(folder), "resolved_config": str(folder / RUN_CONFIG),

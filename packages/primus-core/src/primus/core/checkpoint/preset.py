@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from primus.core.checkpoint.hf import read_config
 from primus.core.errors import ConfigError
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of each leaf of a nested preset (an empty dict is a leaf)."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def same_value(hf_value: Any, value: Any) -> bool:
+    """Equal preset values: numbers by value (1 == 1.0), but a bool is never a number."""
+    numbers = (int, float)
+    if isinstance(hf_value, numbers) and isinstance(value, numbers):
+        return bool(isinstance(hf_value, bool) == isinstance(value, bool) and hf_value == value)
+    return bool(hf_value == value)
 
 
 def pick_framework(framework: str | None) -> str:

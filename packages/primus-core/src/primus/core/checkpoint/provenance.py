@@ -2,8 +2,9 @@
 
 `primus_provenance.json` holds the resolved experiment, the Primus, backend and upstream
 versions, the git commit and uv.lock hash of the checkout it ran from (if any), and the
-initial weights. Runs write it into their run directory; imports and exports into the folder
-they write. `primus checkpoint inspect` shows it.
+initial weights (the HF model's directory, its config.json and the dtype of its tensors: what
+an export gives back). Runs write it into their run directory; imports and exports into the
+folder they write. `primus checkpoint inspect` shows it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from primus.core import __version__
+from primus.core.checkpoint.hf import read_config, weights_dtype
 from primus.core.reliability.atomic import write_json
 
 if TYPE_CHECKING:
@@ -58,14 +60,28 @@ def checkout() -> dict[str, Any] | None:
 
 
 def initial_weights(hf_dir: Path | None) -> dict[str, Any] | None:
-    """The HF directory a run started from, with the hash of its config.json."""
+    """The HF directory a run started from: the hash of its config.json, the dtype of most of
+    its tensors, and the config itself (an export writes it back when the folder is gone)."""
     if hf_dir is None:
         return None
-    return {"hf": str(hf_dir), "config_sha256": _sha256(hf_dir / "config.json")}
+    return {
+        "hf": str(hf_dir),
+        "config_sha256": config_sha256(hf_dir),
+        "dtype": weights_dtype(hf_dir),
+        "config": read_config(hf_dir),
+    }
 
 
-def record(experiment: Experiment, module: ModuleConfig, init_from: Path | None) -> dict[str, Any]:
-    """The provenance of a checkpoint written by `module` of `experiment`."""
+def config_sha256(hf_dir: Path) -> str:
+    return _sha256(hf_dir / "config.json")
+
+
+def record(
+    experiment: Experiment, module: ModuleConfig, init_from: Path | None,
+    weights: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The provenance of a checkpoint written by `module` of `experiment`; `weights`: the
+    `initial_weights` record (default: that of `init_from`)."""
     from primus.core.backend.backend_registry import BackendRegistry
     from primus.core.config.experiment import resolved_tree
     from primus.core.config.render import to_yaml
@@ -84,15 +100,16 @@ def record(experiment: Experiment, module: ModuleConfig, init_from: Path | None)
             "upstream_version": adapter.detect_backend_version(),
         },
         "checkout": checkout(),
-        "initial_weights": initial_weights(init_from),
+        "initial_weights": weights or initial_weights(init_from),
         "experiment": to_yaml(resolved_tree(experiment)),
     }
 
 
 def write_provenance(
-    path: Path, experiment: Experiment, module: ModuleConfig, init_from: Path | None
-) -> None:
-    write_json(path, record(experiment, module, init_from))
+    path: Path, experiment: Experiment, module: ModuleConfig, init_from: Path | None,
+    weights: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    write_json(path, record(experiment, module, init_from, weights))
 
 
 def read_provenance(path: Path) -> dict[str, Any] | None:

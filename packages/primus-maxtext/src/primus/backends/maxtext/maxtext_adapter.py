@@ -21,7 +21,8 @@ register_params(
         "export_dtype": ParamSpec(
             str,
             "dtype of the tensors `primus checkpoint export` writes (TorchTitan's "
-            "checkpoint.export_dtype); default: weight_dtype",
+            "checkpoint.export_dtype); default: that of the HF model the checkpoint came "
+            "from, else weight_dtype",
             choices=("float32", "bfloat16", "float16"),
         )
     },
@@ -60,6 +61,7 @@ class MaxTextAdapter(BackendAdapter):
 
     # the preset's keys that are training choices, not architecture
     hf_preset_training_keys = frozenset({"enable_dropout"})
+    hf_export_dtype_key = "export_dtype"
 
     def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.maxtext.config.bridge import check_params
@@ -112,10 +114,12 @@ class MaxTextAdapter(BackendAdapter):
 
         import_hf(hf_dir, backend_args.argv, out)
 
-    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+    def export_hf(
+        self, backend_args: Any, iteration: int | None, out: Path, dtype: str | None
+    ) -> None:
         from primus.backends.maxtext.checkpoint.hf import export_hf
 
-        export_hf(backend_args, iteration, out)
+        export_hf(backend_args, iteration, out, dtype)
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
         from primus.backends.maxtext.checkpoint.native import preset_from_hf

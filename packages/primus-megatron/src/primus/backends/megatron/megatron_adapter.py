@@ -22,6 +22,12 @@ PRIMUS_KEYS = ParamSchema(
     {
         "model_name": ParamSpec(str, "name of the model (set by model presets, shown in logs)"),
         "device": DEVICE_PARAM,
+        "export_dtype": ParamSpec(
+            str,
+            "dtype of the tensors `primus checkpoint export` writes; default: that of the HF "
+            "model the checkpoint came from, else the checkpoint's own",
+            choices=("float32", "bfloat16", "float16"),
+        ),
     }
 )
 
@@ -42,6 +48,7 @@ class MegatronAdapter(BackendAdapter):
     hf_preset_training_keys = frozenset(
         {"seq_length", "max_position_embeddings", "attention_dropout", "hidden_dropout"}
     )
+    hf_export_dtype_key = "export_dtype"
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         import importlib.util
@@ -123,10 +130,12 @@ class MegatronAdapter(BackendAdapter):
 
         import_hf(hf_dir, backend_args, out)
 
-    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+    def export_hf(
+        self, backend_args: Any, iteration: int | None, out: Path, dtype: str | None
+    ) -> None:
         from primus.backends.megatron.checkpoint.hf import export_hf
 
-        export_hf(backend_args, iteration, out)
+        export_hf(backend_args, iteration, out, dtype)
 
     def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
         from primus.backends.megatron.projection import training_job

@@ -51,6 +51,8 @@ class TorchTitanAdapter(BackendAdapter):
         {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"}
     )
     tested_versions = TESTED
+    # TorchTitan's own option; unset, an export writes the dtype of the HF model it came from
+    hf_export_dtype_key = "checkpoint.export_dtype"
 
     def prepare_backend(self, config: ModuleConfig) -> None:
         get_torchrun_env().export()  # torch.distributed reads RANK & co. and MASTER_ADDR/PORT
@@ -126,11 +128,13 @@ class TorchTitanAdapter(BackendAdapter):
 
         import_hf(hf_dir, backend_args, out)
 
-    def export_hf(self, backend_args: Any, iteration: int | None, out: Path) -> None:
+    def export_hf(
+        self, backend_args: Any, iteration: int | None, out: Path, dtype: str | None
+    ) -> None:
         from primus.backends.torchtitan.checkpoint.hf import export_hf, tokenizer_dir
-        from primus.core.checkpoint.convert import copy_tokenizer
+        from primus.core.checkpoint.export import copy_tokenizer
 
-        source = export_hf(backend_args, iteration, out)
+        source = export_hf(backend_args, iteration, out, dtype)
         tokenizer = tokenizer_dir(backend_args)
         copied = copy_tokenizer(tokenizer, out) if tokenizer else []
         log_rank_0(

@@ -33,8 +33,8 @@ from primus.backends.maxtext.checkpoint.hf_mapping import (
 )
 from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
 from primus.backends.maxtext.config.bridge import MaxTextArgs
-from primus.core.checkpoint.convert import copy_tokenizer
 from primus.core.checkpoint.dcp import numbered
+from primus.core.checkpoint.export import copy_tokenizer
 from primus.core.checkpoint.hf import read_config
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
@@ -209,21 +209,21 @@ def _export_slot(found: Tables, dtype: np.dtype, weight: np.ndarray, writer: Saf
     writer.write(name, cast(tensor, dtype).reshape(shape))
 
 
-def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
-    """The run's checkpoint (params only) as HF safetensors and config.json in `out`, with
-    the tokenizer's files when `tokenizer_path` is a folder (an HF tokenizer). One MaxText
-    parameter is written (its HF tensors by THREADS threads) while the next is read into host
-    memory: at most two are held."""
+def export_hf(args: MaxTextArgs, iteration: int | None, out: Path, dtype: str | None) -> None:
+    """The run's checkpoint (params only) as HF safetensors in `dtype` (None: weight_dtype)
+    and config.json in `out`, with the tokenizer's files when `tokenizer_path` is a folder (an
+    HF tokenizer). One MaxText parameter is written (its HF tensors by THREADS threads) while
+    the next is read into host memory: at most two are held."""
     import jax
     from transformers import AutoConfig
 
     config = maxtext_config(args.argv)
-    dtype = export_dtype(config, args.primus.get("export_dtype"))
-    values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"), dtype)
+    written = export_dtype(config, dtype)
+    values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"), written)
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
     found = tables(config, hf.to_dict(), saving_to_hf=True)
     step = checkpoint_step(config, iteration)
-    writer = SafetensorsWriter(out, export_layout(found, dtype))
+    writer = SafetensorsWriter(out, export_layout(found, written))
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     # a parameter stored in the export's dtype (a bf16 import) is read and converted as it is:
     # MaxText's hooks only move, reshape or scale by powers of two what bf16 holds exactly
@@ -231,7 +231,7 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
 
     def read(key: str) -> np.ndarray:
         leaf = found.params[key]
-        kept = dtype if stored[key] == dtype else leaf.dtype
+        kept = written if stored[key] == written else leaf.dtype
         on_host = jax.ShapeDtypeStruct(leaf.shape, kept, sharding=host)
         return np.asarray(load_params(config, {key: on_host}, step)[key])
 
@@ -244,7 +244,7 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path) -> None:
             weight = coming.result()
             if i + 1 < len(keys):
                 coming = reader.submit(read, keys[i + 1])
-            export = functools.partial(_export_slot, found, dtype, weight, writer)
+            export = functools.partial(_export_slot, found, written, weight, writer)
             for _ in pool.map(export, slot_jobs(found, key)):
                 pass
             del weight

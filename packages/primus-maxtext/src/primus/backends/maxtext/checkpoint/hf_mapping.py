@@ -58,14 +58,17 @@ def hf_config_from_maxtext(
 ) -> dict[str, Any]:
     """config.json's values for the model of a MaxText config (the inverse of the preset);
     `rope_factor`: Primus's rope_scaling_factor (None: MaxText's own 8); `dtype`: the
-    tensors' (default: the weights')."""
+    tensors' (default: the weights'). MaxText keeps no context length of the model: the
+    trained one (max_target_length) stands for it, at least Llama-3 RoPE's original context
+    (which transformers checks). An export from an HF import writes the import's config."""
     family = _family(config)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.rope_max_timescale)}
+    context = config.max_target_length
     if family == "llama3" and config.rope_type.startswith("llama3.1") and config.rope_use_scale:
         rope |= {"rope_type": "llama3", "factor": float(rope_factor or 8.0), **LLAMA31_SCALING}
-        rope["original_max_position_embeddings"] = int(
-            LLAMA31_SCALING["original_max_position_embeddings"]
-        )
+        original = int(LLAMA31_SCALING["original_max_position_embeddings"])
+        rope["original_max_position_embeddings"] = original
+        context = max(context, original)
     values: dict[str, Any] = {
         "model_type": MODEL_TYPES[family],
         "hidden_size": config.emb_dim,
@@ -78,8 +81,7 @@ def hf_config_from_maxtext(
         "rms_norm_eps": config.normalization_layer_epsilon,
         "rope_parameters": rope,
         "tie_word_embeddings": bool(config.logits_via_embedding),
-        # at least Llama-3 RoPE's original context, which transformers checks
-        "max_position_embeddings": max(config.max_target_length, 8192),
+        "max_position_embeddings": context,
         "dtype": str(dtype or np.dtype(config.weight_dtype)),
     }
     if family == "mixtral":
@@ -305,7 +307,8 @@ def _names(names: Any) -> Iterator[str]:
 
 
 def export_dtype(config: Any, name: str | None) -> np.dtype:
-    """The dtype an export writes: `name` (Primus's `export_dtype`), else the weights'."""
+    """The dtype an export writes: `name` (Primus's `export_dtype`, else the HF source's),
+    else the weights'."""
     return _bfloat16() if name == "bfloat16" else np.dtype(name or config.weight_dtype)
 
 

@@ -32,7 +32,7 @@ from primus.backends.megatron.checkpoint.hf_mapping import (
 )
 from primus.backends.megatron.checkpoint.native import TRACKER, iteration_dir
 from primus.backends.megatron.posttrain import lora
-from primus.core.checkpoint.convert import copy_tokenizer
+from primus.core.checkpoint.export import copy_tokenizer
 from primus.core.checkpoint.hf_tensors import HFTensors, SafetensorsWriter
 from primus.core.errors import ConfigError
 from primus.core.reliability.atomic import write_atomic, write_json
@@ -110,9 +110,11 @@ def _read(reader: Any, stored: dict[str, Any], key: str) -> torch.Tensor:
     return whole[key]
 
 
-def export_hf(args: Any, iteration: int | None, out: Path) -> None:
-    """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`, read
-    from the checkpoint alone one Megatron tensor (all its layers) at a time. A LoRA checkpoint (adapters only) is merged into the run's HF import (iteration 0)."""
+def export_hf(args: Any, iteration: int | None, out: Path, dtype_name: str | None) -> None:
+    """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`, in
+    `dtype_name` (None: the checkpoint's dtype), read from the checkpoint alone one Megatron
+    tensor (all its layers) at a time. A LoRA checkpoint (adapters only) is merged into the
+    run's HF import (iteration 0)."""
     import torch.distributed.checkpoint as dcp
 
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
@@ -131,7 +133,7 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
     missing = [p.key for p in table if p.key not in stored]
     if missing:
         raise ConfigError(f"{folder}: no tensor '{missing[0]}' (not a model Primus converts)")
-    dtype = stored[table[0].key].properties.dtype
+    dtype = getattr(torch, dtype_name) if dtype_name else stored[table[0].key].properties.dtype
     code = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dtype]
     layout_out = {
         name: (list(shape), code)
@@ -149,7 +151,7 @@ def export_hf(args: Any, iteration: int | None, out: Path) -> None:
                 hf = [lora.merge(n, t, adapters, index[0], saved.primus_peft.scaling)
                       for n, t in zip(names, hf, strict=True)]  # fmt: skip
             for name, tensor in zip(names, hf, strict=True):
-                writer.write(name, tensor)
+                writer.write(name, tensor.to(dtype))
         del whole
     writer.close()
     config = hf_config(layout, saved, dtype)

@@ -26,7 +26,7 @@ from primus.core.reliability.atomic import write_json
 
 IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
 WRITER_THREADS = min(4, os.cpu_count() or 1)  # import: 1B on 2 cores, 40 s -> 29 s with 2
-SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # export_dtype
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 EMBEDDING, LM_HEAD = "tok_embeddings.weight", "lm_head.weight"
 HF_LM_HEAD = "lm_head.weight"
 Sources = dict[str, tuple[Path, str, str]]  # native key -> (file, HF tensor, converted key)
@@ -243,11 +243,12 @@ def hf_config(config: Any, dtype: str) -> dict[str, Any]:
     return hf
 
 
-def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
+def export_hf(config: Any, iteration: int | None, out: Path, dtype_name: str | None) -> Path:
     """The run's DCP checkpoint (latest, or step `iteration`; 0: the import) as safetensors
-    shards, their index and config.json in `out`, in `checkpoint.export_dtype`; the folder read.
-    Tensors are read from DCP and written one at a time. A LoRA run's checkpoint holds the
-    adapters: the frozen weights come from the import, each adapter merged into its weight."""
+    shards, their index and config.json in `out`, in `dtype_name` (None: `training.dtype`, the
+    checkpoint's); the folder read. Tensors are read from DCP and written one at a time. A LoRA
+    run's checkpoint holds the adapters: the frozen weights come from the import, each adapter
+    merged into its weight."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -260,7 +261,8 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
     base = import_dir(config) if adapted else source
     reader = dcp.FileSystemReader(str(base))
     stored = reader.read_metadata().state_dict_metadata
-    adapter, dtype = _adapter(config), TORCH_DTYPE_MAP[config.checkpoint.export_dtype]
+    dtype_name = dtype_name or config.training.dtype
+    adapter, dtype = _adapter(config), TORCH_DTYPE_MAP[dtype_name]
     keys = [k for k in base_state(config) if not (_tied(config) and k == LM_HEAD)]
     for key in keys:
         if not isinstance(stored.get(key), TensorStorageMetadata):
@@ -277,7 +279,7 @@ def export_hf(config: Any, iteration: int | None, out: Path) -> Path:
             state[key] = (state[key] + updates[key]()).to(dtype)
         return adapter.to_hf(state)[name]
 
-    code = SAFETENSORS_DTYPES[config.checkpoint.export_dtype]
+    code = SAFETENSORS_DTYPES[dtype_name]
     writer = SafetensorsWriter(out, {name: (shapes[key], code) for name, key in names.items()})
     for name in names:
         writer.write(name, load(name))
