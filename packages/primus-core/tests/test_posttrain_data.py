@@ -1,5 +1,6 @@
 """Fine-tuning data: the loss mask against the tokenizer's own chat template, packing, order and
-resume, the eval split, truncation, and every bad-data error at its file and line."""
+resume, the eval split, truncation, and every bad-data error at its file and line (the other
+formats, columns, mixing and train_on_prompt: test_posttrain_formats.py)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,12 @@ def tokenizer(root: Path) -> Any:
     return load_tokenizer(config(root, root / "task" / "chat_train.jsonl"))
 
 
-def config(root: Path, train: Path, **values: Any) -> SFTConfig:
-    section = {"train": str(train), "tokenizer": str(root / "tok"), "seq_length": 64} | values
+def config(root: Path, train: Path | list[Any], **values: Any) -> SFTConfig:
+    section = {
+        "train": str(train) if isinstance(train, Path) else train,
+        "tokenizer": str(root / "tok"),
+        "seq_length": 64,
+    } | values
     cfg = sft_config(ConfigTree({"m": {"sft": section}}), ("m",), None)
     assert cfg is not None
     return cfg

@@ -220,7 +220,9 @@ def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTC
     columns: dict[str, str] = {}
     if values["columns"] is not None:
         where = {k.split(".", 1)[1]: o for k, o in origins.items() if k.startswith("columns.")}
-        columns = check_columns(values["columns"], "sft.columns", where | {"": origins["columns"]})
+        columns = check_columns(
+            values["columns"], "sft.columns", where | {"": origins.get("columns") or origins[""]}
+        )
     train, train_written = train_files(values["train"], origins.get("train"), columns)
     eval_file = None
     if values["eval"] is not None:

@@ -76,7 +76,8 @@ def _record(where: Origin, data: Any, format: str, why: str, columns: Columns) -
     try:
         found = detect(data, columns)
         if format != "auto" and found != format:
-            raise Invalid(f"a {found} record, but {why} {format}")
+            article = "an" if found[0] in "aeiou" else "a"
+            raise Invalid(f"{article} {found} record, but {why} {format}")
         return Record(where, format=found, **CONVERTERS[found](data, columns))
     except Invalid as exc:
         raise bare.error(exc.message, exc.hint) from None
