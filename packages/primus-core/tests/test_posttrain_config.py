@@ -16,7 +16,9 @@ from primus.core.config import load_experiment
 from primus.core.config.experiment import resolved_tree
 from primus.core.config.posttrain import LORA_TARGETS
 from primus.core.config.render import to_yaml
-from primus.core.errors import ConfigError
+from primus.core.config.sft_data import DataFile
+from primus.core.errors import ConfigError, Origin
+from primus.testing.fuzz_runs import run_in_process
 from primus.testing.runs import primus
 from primus.testing.sft_data import LLAMA3_TEMPLATE, write_reverse_task, write_tokenizer
 
@@ -119,6 +121,25 @@ def test_chat_template_from_a_file_or_inline(files, tmp_path) -> None:
          "peft.target_modules: unknown layer 'q_prj' (did you mean: q_proj"),
         ("type: lora => type: lora\\n      target_modules: [q_proj, q_proj]", 11, "names a layer twice"),
         ("type: lora => type: lora\\n      target_modules: []", 11, "peft.target_modules is empty"),
+        ("train: {t} => train: [{t}, {t}.gone]", 6, "chat_train.jsonl.gone does not exist"),
+        ("train: {t} => train: [{hf}/config.json]", 6, "hf/config.json is not a .jsonl or .parquet file"),
+        ("train: {t} => train: []", 6, "sft.train is an empty list"),
+        ("train: {t} => train: [{path: {t}, weight: 0}]", 6,
+         "sft.train[0].weight must be a positive number, got 0"),
+        ("train: {t} => train: [{path: {t}, weight: -1.5}]", 6,
+         "sft.train[0].weight must be a positive number, got -1.5"),
+        ("train: {t} => train: [{path: {t}, weight: 2}, {t}]", 6,
+         "sft.train[1] has no weight, but sft.train[0] has one"),
+        ("train: {t} => train: [{path: {t}, wieght: 2}]", 6,
+         "sft.train[0]: unknown key 'wieght' (did you mean: weight"),
+        ("train: {t} => train: [{path: {t}, columns: {promt: q}}]", 6,
+         "sft.train[0].columns: unknown record key 'promt' (did you mean: prompt"),
+        ("packing: true => columns:\\n        prompt: q\\n        complet: a", 10,
+         "sft.columns: unknown record key 'complet' (did you mean: completion"),
+        ("packing: true => columns:\\n        prompt: q\\n        completion: q", 10,
+         "sft.columns: prompt and completion both read 'q'"),
+        ("packing: true => columns: [q]", 8, "sft.columns: must be a mapping"),
+        ("packing: true => train_on_prompt: 1", 8, "sft.train_on_prompt: must be a boolean"),
     ],
 )  # fmt: skip
 def test_bad_keys_are_refused_where_they_are_written(files, tmp_path, edit, line, message) -> None:
@@ -150,3 +171,82 @@ def test_importing_posttrain_imports_no_framework() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "HEAVY []" in out.stdout
+
+
+def test_several_train_files_with_weights_and_columns(files, tmp_path) -> None:
+    """Each entry's columns over sft.columns; the resolved experiment keeps the list, with
+    absolute paths, and loads again to the same section."""
+    entries = f"[{{path: {files['pc_train']}, weight: 3, columns: {{prompt: q}}}}, " + (
+        f"{{path: {files['chat_train']}, weight: 1}}]\\n      columns: {{completion: a}}"
+    )
+    path = experiment(files, tmp_path, f"train: {files['chat_train']} => train: {entries}")
+    sft = load_experiment(path, ["sft.train_on_prompt=true"]).modules["trainer"].sft
+    assert sft is not None and sft.train_on_prompt and sft.columns == {"completion": "a"}
+    assert sft.train == (
+        DataFile(files["pc_train"], 3.0, {"completion": "a", "prompt": "q"}),
+        DataFile(files["chat_train"], 1.0, {"completion": "a"}),
+    )
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(to_yaml(resolved_tree(load_experiment(path))))
+    again = load_experiment(resolved).modules["trainer"].sft
+    assert again is not None and again.train == sft.train
+
+
+def test_a_later_layer_replaces_eval_by_eval_fraction_and_back(files, tmp_path) -> None:
+    """A file that extends a recipe (or the command line) wins over it; one file setting both
+    stays an error (test_bad_keys_are_refused_where_they_are_written)."""
+    layers = {
+        "eval": f"eval: {files['chat_eval']}",
+        "eval_fraction": "eval_fraction: 0.25",
+    }
+    for recipe_key, own_key in (("eval", "eval_fraction"), ("eval_fraction", "eval")):
+        recipe = experiment(files, tmp_path, f"packing: true => {layers[recipe_key]}")
+        recipe.rename(tmp_path / "recipe.yaml")
+        own = tmp_path / "own.yaml"
+        own.write_text(
+            f"extends: recipe.yaml\nmodules:\n  trainer:\n    sft:\n      {layers[own_key]}\n"
+        )
+        exp = load_experiment(own)
+        sft = exp.modules["trainer"].sft
+        assert sft is not None
+        assert (sft.eval, sft.eval_fraction) == (
+            (None, 0.25) if own_key == "eval_fraction" else (files["chat_eval"], 0.0)
+        )
+        tree = resolved_tree(exp)
+        key = ("modules", "trainer", "sft")
+        assert tree.origin((*key, own_key)) == Origin("file", str(own.resolve()), 5)
+        if own_key == "eval_fraction":
+            assert tree.get((*key, "eval")) is None
+        else:
+            assert tree.origin((*key, "eval_fraction")) == Origin("default")
+    with_eval = experiment(files, tmp_path, f"packing: true => {layers['eval']}")
+    sft = load_experiment(with_eval, ["sft.eval_fraction=0.1"]).modules["trainer"].sft
+    assert sft is not None and (sft.eval, sft.eval_fraction) == (None, 0.1)
+    with pytest.raises(ConfigError, match=r"but sft\.eval names an eval file"):
+        load_experiment(own, ["sft.eval_fraction=0.1", f"sft.eval={files['chat_eval']}"])
+
+
+def test_validate_reads_every_train_file_through_its_columns(files, tmp_path) -> None:
+    """`config validate` (in process): a mix of ShareGPT and renamed Alpaca records passes; a
+    ShareGPT turn from an unknown speaker is one error at its file:line."""
+    sharegpt = tmp_path / "sharegpt.jsonl"
+    turns = [{"from": "human", "value": "apple"}, {"from": "gpt", "value": "apple"}]
+    sharegpt.write_text(json.dumps({"conversations": turns}) + "\n")
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text(json.dumps({"task": "reverse", "input": "a b", "output": "b a"}) + "\n")
+    entries = f"[{sharegpt}, {{path: {alpaca}, columns: {{instruction: task}}}}]"
+    edit = (
+        f"train: {files['chat_train']} => train: {entries}\n"
+        f"    init_from: {{hf: {files['hf']}}}\\n => \n"  # a tokenizer, but no weights
+        f"packing: true => tokenizer: {files['hf']}\n"
+        "    peft:\\n      type: lora\\n => "
+    )
+    path = experiment(files, tmp_path, edit, framework="dummy")
+    validate = ["config", "validate", str(path), "--stage", "pretrain"]  # dummy has no posttrain
+    assert run_in_process(validate, tmp_path, {}).code == 0
+    turns[1]["from"] = "robot"
+    with sharegpt.open("a") as lines:
+        lines.write(json.dumps({"conversations": turns}) + "\n")
+    outcome = run_in_process(validate, tmp_path, {})
+    assert outcome.code == 2 and "Traceback" not in outcome.stderr
+    assert "error: sharegpt.jsonl:2: conversations[1] has unknown 'from' 'robot'" in outcome.stderr
