@@ -17,11 +17,12 @@ from primus.core.config.sft_data import (
     check_columns,
     data_file,
     existing_path,
+    refuse_unknown,
     train_files,
 )
 from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath, read_text
-from primus.core.errors import ConfigError, Origin, did_you_mean
+from primus.core.errors import ConfigError, Origin
 
 POSTTRAIN_KEYS = ("sft", "peft")
 FORMATS = ("auto", "chat", "prompt_completion", "sharegpt", "alpaca")
@@ -261,13 +262,8 @@ def peft_config(exp: ConfigTree, module: KeyPath) -> PeftConfig | None:
     where = origins.get("target_modules")
     if not targets:
         raise ConfigError("peft.target_modules is empty", where, hint=", ".join(LORA_TARGETS))
-    for name in targets:
-        if name not in LORA_TARGETS:
-            raise ConfigError(
-                f"peft.target_modules: unknown layer {name!r}{did_you_mean(str(name), LORA_TARGETS)}",
-                where,
-                hint=f"layers by their Hugging Face names: {', '.join(LORA_TARGETS)}",
-            )
+    hint = f"layers by their Hugging Face names: {', '.join(LORA_TARGETS)}"
+    refuse_unknown(targets, LORA_TARGETS, "peft.target_modules: unknown layer", where, hint)
     if len(set(targets)) < len(targets):
         raise ConfigError("peft.target_modules names a layer twice", where)
     return PeftConfig(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,16 @@ def existing_path(value: str, what: str, origin: Origin | None, hint: str) -> Pa
     return path.resolve()
 
 
+def refuse_unknown(
+    names: Iterable[Any], known: Sequence[str], what: str, origin: Origin | None, hint: str
+) -> None:
+    """A ConfigError at `origin` ("WHAT 'name' (did you mean: ...)") for the first of `names`
+    not in `known`."""
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"{what} {name!r}{did_you_mean(str(name), known)}", origin, hint)
+
+
 def data_file(value: str, what: str, origin: Origin | None) -> Path:
     """`value` as an existing .jsonl or .parquet file (absolute), else a ConfigError at
     `origin` naming `what` (sft.train, sft.train[1]...)."""
@@ -70,12 +80,8 @@ def check_columns(value: Any, what: str, origins: Mapping[str, Origin | None]) -
     seen: dict[str, str] = {}
     for key, column in value.items():
         where = origins.get(key) or origins.get("")
-        if key not in COLUMNS:
-            raise ConfigError(
-                f"{what}: unknown record key {key!r}{did_you_mean(str(key), COLUMNS)}",
-                where,
-                hint=f"record keys: {', '.join(COLUMNS)}",
-            )
+        hint = f"record keys: {', '.join(COLUMNS)}"
+        refuse_unknown([key], COLUMNS, f"{what}: unknown record key", where, hint)
         if not isinstance(column, str) or not column:
             raise ConfigError(f"{what}.{key} must be the name of a key of the records", where)
         if column in seen:
@@ -92,13 +98,8 @@ def _entry(entry: Any, what: str, origin: Origin | None, columns: dict[str, str]
         raise ConfigError(
             f"{what} must be a file path or {{path: FILE, weight: W}}, got {entry!r}", origin
         )
-    for key in entry:
-        if key not in ENTRY_KEYS:
-            raise ConfigError(
-                f"{what}: unknown key {key!r}{did_you_mean(str(key), ENTRY_KEYS)}",
-                origin,
-                hint=f"an entry has {', '.join(ENTRY_KEYS)}",
-            )
+    hint = f"an entry has {', '.join(ENTRY_KEYS)}"
+    refuse_unknown(entry, ENTRY_KEYS, f"{what}: unknown key", origin, hint)
     weight = entry.get("weight")
     if weight is not None and (
         isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0
