@@ -81,7 +81,7 @@ def index_cut(prefix: Path) -> None:
     ("corpus", "message"),
     [
         (empty, "the index file {d}/corpus.idx is empty"),
-        (junk_index, "{d}/corpus.idx is not a Megatron index file (bad header)"),
+        (junk_index, "{d}/corpus.idx is not an index file of the indexed format (bad header)"),
         (
             lambda p: megatron_corpus(p, []),
             "{d}/corpus.idx indexes no documents: the corpus is empty",
@@ -144,6 +144,32 @@ def test_processes_that_cannot_hold_the_parallel_layout_are_refused(
         assert (
             done.returncode == 2 and imported == [] and "cannot hold model replicas" in done.stderr
         )
+
+
+@pytest.mark.parametrize(
+    ("config", "forms", "args", "message"),
+    [
+        (MEGATRON, list(FORMS), ["global_batch_size=4"],
+         "global_batch_size 4 cannot be split into micro-batches of 4 (micro_batch_size) over 2 "
+         "data-parallel ranks\n  hint: set global_batch_size to a multiple of 8"),
+        (TORCHTITAN, ["validate"], ["training.global_batch_size=12"],
+         "training.global_batch_size 12 cannot be split into local batches of 4 "
+         "(training.local_batch_size) over 2 data-parallel ranks"),
+        (TORCHTITAN, ["validate"], ["parallelism.data_parallel_shard_degree=1"],
+         "the parallel degrees span 1 process (data_parallel_replicate_degree 1 x "
+         "data_parallel_shard_degree 1 x"),
+    ],
+    ids=["megatron-batch", "torchtitan-batch", "torchtitan-degrees"],
+)  # fmt: skip
+def test_a_launch_its_batch_or_degrees_do_not_fit_is_refused(
+    cached_schemas: None, tmp_path: Path, config: Path, forms: list[str], args: list[str],
+    message: str,
+) -> None:  # fmt: skip
+    """Two processes whose data-parallel ranks the global batch does not split over (or whose
+    degrees span another count): the upstream asserts it once every rank has imported it."""
+    for form in forms:
+        said = refused(tmp_path, form, config, "--nproc-per-node", "2", *args)
+        assert message in said, said
 
 
 @pytest.mark.parametrize("form", list(FORMS))

@@ -49,6 +49,10 @@ MODEL_BUILD = {
         "sequence_parallel",
         [("tensor_model_parallel_size", 2), ("sequence_parallel", True)],
     ),
+    "global batch not a multiple of the micro batch": (
+        "global_batch_size",
+        [("global_batch_size", 6)],
+    ),
     # OptimizerParamScheduler's asserts, a traceback when training starts
     "warm-up as long as the run": ("lr_warmup_iters", [("train_iters", 2)]),
     "warm-up fraction of 1": (

@@ -16,13 +16,19 @@ SIZES = [
     "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.ffn_hidden_dim",
     "model.vocab_size", "model.max_seq_len",
 ]  # fmt: skip
-# Refused by TorchTitan only when it builds the model (attention.py, decoder.py): here at validation
+# Refused by TorchTitan only when it builds the model (attention.py, decoder.py) or sets up the
+# trainer: here at validation
 MODEL_BUILD = {
     "kv heads do not divide heads": ("model.n_kv_heads", [("model.n_kv_heads", 3)]),
     "heads not a multiple of kv heads": ("model.n_kv_heads", [("model.n_heads", 5)]),
     "tensor parallel does not divide heads": (
         "parallelism.tensor_parallel_degree",
         [("parallelism.tensor_parallel_degree", 3)],
+    ),
+    # refused by the trainer's set-up
+    "global batch not a multiple of the local batch": (
+        "training.global_batch_size",
+        [("training.global_batch_size", 6)],
     ),
 }
 

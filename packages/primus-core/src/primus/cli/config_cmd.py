@@ -101,11 +101,27 @@ def validate(
             "more).",
         ),
     ] = False,
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc-per-node",
+            min=1,
+            help="Check the parallel layout and the batch against this many processes per "
+            "node, as `train` would start them (default: not checked).",
+            show_default=False,
+        ),
+    ] = None,
+    nnodes: Annotated[
+        int | None,
+        typer.Option("--nnodes", min=1, help="Nodes, with --nproc-per-node.", show_default=False),
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Check an experiment without importing the framework, writing nothing: the workspace, the
     files it reads, every key against the backend's schema (kept in the user cache per
-    framework version), the backend's own checks of values. Exit 0 if valid, 2 if not."""
+    framework version), the backend's own checks of values, and, given --nproc-per-node or
+    --nnodes, the parallel layout and the batch against the processes `train` would start.
+    Exit 0 if valid, 2 if not."""
     from primus.core.runtime import resolution
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
@@ -115,6 +131,9 @@ def validate(
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
         runtime = PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True)
+        if nproc_per_node or nnodes:  # the launch is known: check it as `train` will
+            nodes, procs = nnodes or 1, nproc_per_node or 1
+            runtime.check_world(nodes * procs, f"--nnodes {nodes} x --nproc-per-node {procs}")
         runtime.validate(full)
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     typer.echo(f"{config}: valid")

@@ -105,6 +105,11 @@ class BackendAdapter(ABC):
         defaults filled, read without the upstream. Empty: the backend does not say."""
         return {}
 
+    def check_launch(self, config: ModuleConfig, processes: int) -> None:  # noqa: B027
+        """What a launch of `processes` processes must agree with beyond `parallel_sizes`
+        dividing it (the global batch split into micro-batches over the data-parallel ranks),
+        read without the upstream: a ConfigError at the key at fault. Optional hook."""
+
     def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
         """About how many bytes one checkpoint of this run takes (the model's weights and the
         optimizer state it saves), from the params alone, without the upstream (build a

@@ -19,6 +19,7 @@ HOOK_ARGS = {
     "check_inputs": ("config",),
     "check_params": ("config", "stage"),
     "parallel_sizes": ("config",),
+    "check_launch": ("config", "processes"),
     "checkpoint_bytes": ("config",),
     "convert_config": ("config",),
     "load_trainer_class": ("stage",),

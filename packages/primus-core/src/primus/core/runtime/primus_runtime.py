@@ -155,10 +155,12 @@ class PrimusRuntime:
 
     def check_world(self, processes: int, how: str) -> None:
         """A ConfigError where `processes` (started as `how` says) cannot be split into model
-        replicas of the size the adapter's `parallel_sizes` give, before anything starts."""
+        replicas of the size the adapter's `parallel_sizes` give, or the adapter's
+        `check_launch` refuses them, before anything starts."""
         sizes = self.adapter.parallel_sizes(self.module)
         replica = math.prod(sizes.values())
         if replica > 0 and processes % replica == 0:
+            self.adapter.check_launch(self.module, processes)
             return
         product = " x ".join(f"{key} {value}" for key, value in sizes.items())
         at = next((k for k, v in sizes.items() if v > 1 and self.module.origin(k)), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,12 @@ class MegatronAdapter(BackendAdapter):
         keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                 "context_parallel_size")  # fmt: skip
         return {key: config.params.get(key) or 1 for key in keys}
+
+    def check_launch(self, config: ModuleConfig, processes: int) -> None:
+        from primus.backends.megatron.config.checks import check_batch, megatron_values
+
+        replica = math.prod(self.parallel_sizes(config).values())
+        check_batch(config, megatron_values(config, *self._own_schema()), processes // replica)
 
     def param_schema(self) -> ParamSchema:
         from primus.backends.megatron.config.bridge import megatron_schema

@@ -73,11 +73,13 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.torchtitan.config.bridge import check_params
+        from primus.backends.torchtitan.config.checks import check_batch
         from primus.backends.torchtitan.posttrain.checks import check_finetuning
 
         if stage == "posttrain":
             config.require_sft()
         check_params(config)
+        check_batch(config, self._value(config))
         check_finetuning(config, self._value(config))
         return None
 
@@ -102,6 +104,11 @@ class TorchTitanAdapter(BackendAdapter):
             if isinstance(value, int) and value > 0:  # data_parallel_shard -1: the rest
                 sizes[f"parallelism.{key}"] = value
         return sizes
+
+    def check_launch(self, config: ModuleConfig, processes: int) -> None:
+        from primus.backends.torchtitan.config.checks import check_launch
+
+        check_launch(config, self._value(config), processes)
 
     def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
         from primus.backends.torchtitan.projection import checkpoint_bytes

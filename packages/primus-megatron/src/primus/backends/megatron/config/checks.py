@@ -142,6 +142,7 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
     config.require(RULES)
     _check_sizes(config, {k: schema.specs[k].default for k in own})
     args = megatron_values(config, schema, own)
+    check_batch(config, args)
     _check_lr_schedule(config, args)
     _check_finetuning(config, args)
     return norm_undecided(args)
@@ -173,6 +174,22 @@ def _check_finetuning(config: ModuleConfig, args: argparse.Namespace) -> None:
                 hint="Primus's Megatron LoRA covers dense models, tensor parallel 1, "
                 "Megatron's local layers (docs/posttrain.md)",
             )
+
+
+def check_batch(config: ModuleConfig, args: argparse.Namespace, data_parallel: int = 1) -> None:
+    """The global batch splits into micro-batches over `data_parallel` ranks (`args`:
+    `megatron_values`), as Megatron asserts once every rank has imported it; with the default
+    of 1, what holds for any number of processes."""
+    total, micro = args.global_batch_size, args.micro_batch_size
+    if total is None or args.rampup_batch_size or total % (micro * data_parallel) == 0:
+        return
+    ranks = f" over {data_parallel} data-parallel ranks" if data_parallel > 1 else ""
+    raise config.error(
+        "global_batch_size",
+        f"global_batch_size {total} cannot be split into micro-batches of {micro} "
+        f"(micro_batch_size){ranks}",
+        hint=f"set global_batch_size to a multiple of {micro * data_parallel}",
+    )
 
 
 def megatron_values(

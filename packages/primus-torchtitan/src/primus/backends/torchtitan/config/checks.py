@@ -1,0 +1,46 @@
+"""TorchTitan's checks of a launch, without TorchTitan: what its ParallelDims and trainer
+assert once every rank has imported it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from primus.core.config import ModuleConfig
+
+DEGREES = ("data_parallel_replicate_degree", "data_parallel_shard_degree",
+           "context_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree")  # fmt: skip
+
+
+def check_launch(config: ModuleConfig, value: Callable[[str], Any], processes: int) -> None:
+    """The parallel degrees multiply to `processes` (a shard degree of -1 takes the rest), and
+    the global batch splits into local batches over the data-parallel ranks (`value`: a
+    dotted key's value, TorchTitan's default when unset)."""
+    replicate, shard, *model = (value(f"parallelism.{name}") for name in DEGREES)
+    if shard == -1:
+        shard = processes // (replicate * model[0] * model[1] * model[2])
+    elif (spanned := replicate * shard * model[0] * model[1] * model[2]) != processes:
+        product = " x ".join(f"{n} {value(f'parallelism.{n}')}" for n in DEGREES)
+        raise config.error(
+            "parallelism.data_parallel_shard_degree",
+            f"the parallel degrees span {spanned} process{'es' * (spanned != 1)} ({product}), "
+            f"the launch starts {processes}",
+            hint="the degrees must multiply to the processes; data_parallel_shard_degree: -1 "
+            "takes the rest",
+        )
+    check_batch(config, value, replicate * shard)
+
+
+def check_batch(config: ModuleConfig, value: Callable[[str], Any], data: int = 1) -> None:
+    """The global batch splits into local batches over `data` data-parallel ranks; with the
+    default of 1, what holds for any number of processes."""
+    local, total = value("training.local_batch_size"), value("training.global_batch_size")
+    if total > 0 and total % (local * data):
+        ranks = f" over {data} data-parallel ranks" if data > 1 else ""
+        raise config.error(
+            "training.global_batch_size",
+            f"training.global_batch_size {total} cannot be split into local batches of {local} "
+            f"(training.local_batch_size){ranks}",
+            hint=f"set training.global_batch_size to a multiple of {local * data}, or to -1 "
+            "(one local batch per rank)",
+        )
