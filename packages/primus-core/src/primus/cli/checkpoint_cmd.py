@@ -1,4 +1,4 @@
-"""`primus checkpoint import|export|preset|inspect`."""
+"""`primus checkpoint import|export|preset|inspect|tiny`."""
 
 from __future__ import annotations
 
@@ -104,3 +104,28 @@ def inspect(
 
     info = inspect_checkpoint(path)
     typer.echo(json.dumps(info, indent=2) if as_json else "\n".join(render(info)))
+
+
+@app.command()
+def tiny(
+    hf: Annotated[
+        Path,
+        typer.Option("--hf", help="The HF model directory to write.", show_default=False),
+    ],
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokenizer", help="An HF tokenizer folder to copy into it.", show_default=False
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --hf.")] = False,
+    debug: Debug = False,
+) -> None:
+    """Write a tiny random-initialised Llama-3 HF model (2 layers, hidden 64, vocabulary 256;
+    config.json + fp32 safetensors), with the tokenizer of `--tokenizer`: the model of the CPU
+    fine-tuning recipes. Needs torch and transformers. For `configs/*/sft-tiny-cpu.yaml`:
+    `primus checkpoint tiny --tokenizer configs/data/sft-tiny/tokenizer --hf output/sft-tiny/hf`."""
+    from primus.core.checkpoint.tiny import write_tiny_model
+
+    typer.echo(f"wrote {write_tiny_model(hf, tokenizer, seed, force)}")

@@ -15,10 +15,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
-_LLAMA3 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-_LLAMA3_ORIGINAL = {"original_max_position_embeddings": 8192}
-LLAMA3_1 = {**_LLAMA3, "factor": 8.0, **_LLAMA3_ORIGINAL}
-LLAMA3_2 = {**_LLAMA3, "factor": 32.0, **_LLAMA3_ORIGINAL}
+from primus.core.checkpoint.tiny import LLAMA3_2_ROPE, TINY_LLAMA3, random_hf_model
+
+LLAMA3_2 = LLAMA3_2_ROPE
+LLAMA3_1 = {**LLAMA3_2, "factor": 8.0}
 
 _LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_position_embeddings": 131072,
@@ -94,13 +94,7 @@ def hf_inv_freq(model: str) -> Any:
 # Tiny models of each family, small enough for a CPU test: random weights, Llama-3 RoPE
 # scaling where the family has it, untied embeddings unless a test ties them.
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama3": {
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 16384,
-        "rope_theta": 500000.0, "rope_scaling": LLAMA3_2, "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-    },
+    "llama3": TINY_LLAMA3,  # the product's (primus checkpoint tiny)
     "qwen2.5": {
         "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -127,23 +121,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 
 def make_hf_model(folder: Any, family: str, seed: int = 0, **changes: Any) -> Any:
     """Save a tiny random HF model of `family` (a key of TINY_CONFIGS, with `changes` to its
-    config.json values) in `folder` as fp32 safetensors; the folder. Weights are drawn with
-    std 0.5 (norm weights around 1), so every tensor matters to the logits."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    values = {**TINY_CONFIGS[family], **changes}
-    config = AutoConfig.for_model(values.pop("model_type"), **values)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1 + 0.1 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.5 if param.dim() == 1 else param.shape[-1] ** -0.5)
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
+    config.json values) in `folder` as fp32 safetensors, drawn as `primus checkpoint tiny`
+    draws its model; the folder."""
+    return random_hf_model(Path(folder), {**TINY_CONFIGS[family], **changes}, seed)
 
 
 def hf_logits(folder: Any, tokens: Any) -> Any:
