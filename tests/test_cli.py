@@ -144,6 +144,10 @@ def test_dry_run_prints_args_and_plan(tmp_path) -> None:
     assert "lifecycle: convert_config" not in fast.stderr
     alone = train_quickstart(tmp_path, "--full")  # a run: --full means nothing there
     assert alone.returncode == 2 and "give it with --dry-run" in alone.stderr, alone.stderr
+    # an option misspelt would otherwise be an override the backend does not know (or train)
+    misspelt = train_quickstart(tmp_path, "--dry_run", "--nproc-per-node=1")
+    assert misspelt.returncode == 2, misspelt.stderr
+    assert "no such option: --dry_run (did you mean --dry-run?)" in misspelt.stderr
     result = train_quickstart(tmp_path, "--dry-run", "--full")
     assert result.returncode == 0, result.stderr
     assert "# backend args (TrainConfig)" in result.stdout and "train_iters: 200" in result.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from typer._click.core import Context  # typer's own click, vendored
+from typer._click.exceptions import UsageError
 from typer._click.shell_completion import CompletionItem
 from typer.core import TyperCommand
 
@@ -37,8 +38,23 @@ def override_keys(config: Any) -> list[str]:
     return sorted(keys)
 
 
+def _bare(name: str) -> str:
+    return name.lstrip("-").replace("-", "").replace("_", "").lower()
+
+
 class OverridesCommand(TyperCommand):
-    """A command that takes `key=value` overrides after its options, and completes them."""
+    """A command that takes `key=value` overrides after its options, and completes them. An
+    override written as one of its options misspelt (`--dry_run`, `--nproc_per_node`) is a
+    usage error naming the option, not an unknown parameter of the backend."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        options = {_bare(o): o for param in self.params for o in param.opts if o.startswith("--")}
+        for arg in ctx.args:
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and _bare(name) in options:
+                raise UsageError(f"no such option: {name} (did you mean {options[_bare(name)]}?)")
+        return rest
 
     def shell_complete(self, ctx: Context, incomplete: str) -> list[CompletionItem]:
         items = super().shell_complete(ctx, incomplete)
