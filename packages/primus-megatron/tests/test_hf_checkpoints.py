@@ -1,6 +1,7 @@
 """HF checkpoints into and out of Megatron on CPU, against transformers: tiny random models of
-every family, imported and run through Megatron's own forward (megatron_forward.py, one
-process for all of them), exported back; one `primus train` run that starts from an HF model
+every family (one in bf16), imported and run through Megatron's own forward
+(megatron_forward.py, one process for all of them), exported back with the source's config.json,
+tokenizer, generation_config.json and dtype; one `primus train` run that starts from an HF model
 (`init_from`), trains, saves and is inspected and exported; bad HF directories refused."""
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral": ("mixtral", {}),
 }
 TRAIN = ("train_iters=4", "save_interval=2")
+BF16 = "qwen3"  # the model whose source is bf16, as published models are
+CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 def experiment(folder: Path, hf: Path, init_from: bool = False) -> Path:
@@ -64,13 +67,28 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def source(folder: Path, family: str, seed: int, changes: dict[str, Any], bf16: bool) -> Path:
+    """`folder/hf`: a tiny HF model (in bf16 with `bf16`) with a tokenizer's files beside it
+    (an export without a tokenizer of its own carries them over)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = make_hf_model(folder / ("fp32" if bf16 else "hf"), family, seed, **changes)
+    if bf16:
+        model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)
+        hf = folder / "hf"
+        model.save_pretrained(hf)
+    for name in CARRIED[:2]:
+        (hf / name).write_text(json.dumps({"file": name}))
+    return hf
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory, tokens: Path) -> Path:
     """Every model imported, run through Megatron's forward and exported, in one process."""
     root = tmp_path_factory.mktemp("models")
     jobs = []
     for seed, (name, (family, changes)) in enumerate(MODELS.items()):
-        hf = make_hf_model(root / name / "hf", family, seed, **changes)
+        hf = source(root / name, family, seed, changes, name == BF16)
         jobs.append({"exp": str(experiment(root / name, hf)), "hf": str(hf),
                      "tokens": str(tokens), "out": str(root / name / "megatron.pt"),
                      "export": str(root / name / "exported"), "samples": name == "llama3",
@@ -95,8 +113,13 @@ def test_export_round_trip_is_bit_exact(converted: Path, tokens: Path, name: str
     source, exported = converted / name / "hf", converted / name / "exported"
     before, after = safetensors(source), safetensors(exported)
     assert sorted(before) == sorted(after)
-    for key, tensor in before.items():
+    for key, tensor in before.items():  # in the source's dtype (bf16 for one)
         assert after[key].dtype == tensor.dtype and torch.equal(after[key], tensor), key
+    # the source's config.json (max_position_embeddings, RoPE scaling and all) and files
+    config = json.loads((exported / "config.json").read_text())
+    assert config == json.loads((source / "config.json").read_text())
+    for name in CARRIED:
+        assert (exported / name).read_bytes() == (source / name).read_bytes(), name
     batch = torch.load(tokens)
     assert torch.equal(
         hf_logits(exported, batch), hf_logits(source, batch)
@@ -162,8 +185,13 @@ def test_inspect_a_distributed_checkpoint_from_a_real_run(trained: Path) -> None
 
 def test_export_a_trained_checkpoint(trained: Path, converted: Path, tmp_path: Path) -> None:
     exported = export(trained.parents[3] / "exp.yaml", tmp_path / "hf", "--iteration", "4")
-    source = safetensors(converted / "llama3" / "hf")  # learning rate 0: the same weights
+    hf = converted / "llama3" / "hf"
+    source = safetensors(hf)  # learning rate 0: the same weights
     assert all(torch.equal(exported[k], v) for k, v in source.items())
+    assert json.loads((tmp_path / "hf" / "config.json").read_text()) == json.loads(
+        (hf / "config.json").read_text()
+    )  # init_from's, written again
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
 
 
 def test_tensor_and_pipeline_parallel(converted: Path, tmp_path: Path) -> None:
@@ -181,10 +209,10 @@ def test_tensor_and_pipeline_parallel(converted: Path, tmp_path: Path) -> None:
         info["parallel"]["tensor"],
         info["parallel"]["pipeline"],
     ) == (2, 2)
-    exported = export(exp, tmp_path / "hf", *parallel)
+    exported = export(exp, tmp_path / "hf", *parallel, "export_dtype=bfloat16")  # the option wins
     source = safetensors(converted / "llama3" / "hf")
     assert sorted(exported) == sorted(source)
-    assert all(torch.equal(exported[k], v) for k, v in source.items())
+    assert all(torch.equal(exported[k], v.bfloat16()) for k, v in source.items())
 
 
 # -- bad HF directories ----------------------------------------------------------------
