@@ -22,6 +22,7 @@ from primus.cli import (
     benchmark_cmd,
     checkpoint_cmd,
     config_cmd,
+    data_cmd,
     patches_cmd,
     preflight_cmd,
     projection_cmd,
@@ -51,6 +52,7 @@ app.add_typer(patches_cmd.app, name="patches")
 app.add_typer(checkpoint_cmd.app, name="checkpoint")
 app.add_typer(projection_cmd.app, name="projection")
 app.add_typer(benchmark_cmd.app, name="benchmark")
+app.add_typer(data_cmd.app, name="data")
 app.command("preflight")(preflight_cmd.preflight)
 
 

@@ -1,0 +1,248 @@
+"""`primus data`: prepare training data in the indexed format (.bin/.idx) that every backend
+reads, and inspect a prepared corpus. Imports numpy and the tokenizer only when a command runs.
+Progress goes to stderr, the summary to stdout."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TextIO
+
+import typer
+
+from primus.cli.common import Debug
+
+if TYPE_CHECKING:
+    from primus.core.data.prepare import Counts, Plan, Prepared
+
+app = typer.Typer(
+    help="Prepare training data (the indexed format, .bin/.idx) and inspect it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def short(x: float) -> str:
+    """1234567 -> 1.2M."""
+    for unit in ("", "k", "M"):
+        if x < 1000:
+            return f"{x:.0f}{unit}" if unit == "" else f"{x:.1f}{unit}"
+        x /= 1000
+    return f"{x:.1f}G"
+
+
+def _size(path: Path) -> str:
+    size = path.stat().st_size
+    return f"{size:,} B" if size < 1000 else f"{short(size)}B"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class ProgressLine:
+    """One line on stderr: documents, tokens, MB/s and, the input size being known, the share
+    done and the time left. Redrawn in place on a terminal, every 10 s otherwise."""
+
+    def __init__(self, plan: Plan, stream: TextIO = sys.stderr) -> None:
+        self.plan, self.stream = plan, stream
+        self.tty = stream.isatty()
+        self.start = self.shown = time.monotonic()
+        self.counts = plan.done_counts
+
+    def update(self, counts: Counts) -> None:
+        self.counts = counts
+        now = time.monotonic()
+        if now - self.shown >= (0.2 if self.tty else 10.0):
+            self.shown = now
+            self._show(end="\r" if self.tty else "\n")
+
+    def finish(self) -> None:
+        self._show(end="\n")
+
+    def _show(self, end: str) -> None:
+        counts, total = self.counts, self.plan.total_bytes
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        rate = (counts.bytes - self.plan.done_counts.bytes) / elapsed
+        parts = [
+            f"{counts.documents:,} docs",
+            f"{counts.tokens:,} tokens",
+            f"{rate / 1e6:.1f} MB/s",
+        ]
+        if total:
+            parts.append(f"{100 * counts.bytes / total:.0f}%")
+            if rate > 0 and counts.bytes < total:
+                parts.append(f"ETA {_clock((total - counts.bytes) / rate)}")
+        self.stream.write("\r" * self.tty + " · ".join(parts) + end)
+        self.stream.flush()
+
+
+def _eod_text(plan: Plan) -> str:
+    eod = plan.eod
+    if eod is None:
+        return "none (--no-append-eod)"
+    what = f"{eod.token!r} id {eod.id}" if eod.token else f"id {eod.id}"
+    return f"{what} ({eod.source})"
+
+
+def _summary(result: Prepared) -> str:
+    counts = result.counts
+    empty = f" ({counts.empty:,} empty, skipped)" if counts.empty else ""
+    resumed = f"; {result.resumed} chunks by the run before" if result.resumed else ""
+    eod = "none" if result.eod is None else result.eod.id
+    lines = [
+        f"prepared {counts.documents:,} documents{empty}, {counts.tokens:,} tokens "
+        f"({result.dtype}) in {result.seconds:.1f} s{resumed}",
+        *(f"  wrote {p}  {_size(p)}" for p in result.files),
+        f"the corpus: prefix {result.prefix.resolve()}, vocab size {result.vocab_size}, "
+        f"end-of-document id {eod}",
+    ]
+    return "\n".join(lines)
+
+
+def chunk_size(text: str) -> int:
+    """'4M' -> 4 MiB; K, M and G count in 1024s; a bare number is bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    try:
+        value = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: a size such as 4M, 512K or 1048576") from None
+    if value < 1:
+        raise typer.BadParameter(f"{text!r}: at least one byte")
+    return int(value)
+
+
+@app.command("prepare")
+def prepare(
+    inputs: Annotated[
+        list[str],
+        typer.Option(
+            "--input",
+            "-i",
+            help="An input file or a quoted glob ('data/*.jsonl'); repeat for several. By "
+            "suffix: .parquet (the --key column), .txt (UTF-8, one document per file), "
+            "anything else JSON Lines (one object per line, the text under --key).",
+            show_default=False,
+        ),
+    ],
+    tokenizer: Annotated[
+        Path,
+        typer.Option(
+            "--tokenizer",
+            "-t",
+            help="Hugging Face tokenizer: a directory with tokenizer.json, or the file.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output prefix: writes PREFIX.bin, PREFIX.idx and the manifest PREFIX.json.",
+            show_default=False,
+        ),
+    ],
+    key: Annotated[
+        str,
+        typer.Option("--key", "--json-key", help="The JSON key, or parquet column, of the text."),
+    ] = "text",
+    append_eod: Annotated[
+        bool,
+        typer.Option(
+            "--append-eod/--no-append-eod", help="End each document with an end-of-document id."
+        ),
+    ] = True,
+    eod_token: Annotated[
+        str | None,
+        typer.Option(
+            "--eod-token",
+            help="The end-of-document token (default: eos_token of tokenizer_config.json, "
+            "else the tokenizer's end-of-text token, else a new id past the vocabulary).",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Tokenizing processes (default: the cores); 1 tokenizes in this process. "
+            "The output is the same for any number.",
+        ),
+    ] = None,
+    chunk: Annotated[
+        str,
+        typer.Option(
+            "--chunk-size",
+            help="Input per unit of work (K, M, G): a worker's memory, and what a killed run "
+            "redoes. A parquet row group is one unit. Part of what the output depends on.",
+        ),
+    ] = "4M",
+    debug: Debug = False,
+) -> None:
+    """Tokenize text into the indexed format (PREFIX.bin, PREFIX.idx) and a manifest
+    (PREFIX.json). Documents end with the end-of-document id; documents that tokenize to
+    nothing are skipped. Run it again after a kill and it continues where it stopped."""
+    from primus.core.data.prepare import Request
+    from primus.core.data.prepare import prepare as run
+
+    prefix = Path(str(output).removesuffix(".bin").removesuffix(".idx"))
+    args = [x for item in inputs for x in ("-i", item)] + ["-t", str(tokenizer), "-o", str(prefix)]
+    args += ["--key", key, "--chunk-size", chunk]
+    args += [] if append_eod else ["--no-append-eod"]
+    args += [] if eod_token is None else ["--eod-token", eod_token]
+    request = Request(
+        inputs, tokenizer, prefix, key, append_eod, eod_token, workers, chunk_size(chunk),
+        command="primus data prepare " + shlex.join(args),
+    )  # fmt: skip
+    progress: list[ProgressLine] = []
+
+    def on_start(plan: Plan) -> None:
+        say = f"vocab size {plan.vocab_size:,} ({plan.dtype}); end-of-document: {_eod_text(plan)}"
+        say += f"\n{plan.total_bytes / 1e6:,.1f} MB in {plan.chunks} chunks, {plan.workers} workers"
+        if plan.note:
+            say += f"\nstarting over: {plan.note}"
+        if plan.done:
+            say += f"\ncontinuing: {plan.done} of {plan.chunks} chunks done by the run before"
+        print(say, file=sys.stderr)
+        progress.append(ProgressLine(plan))
+
+    try:
+        result = run(request, on_start, lambda counts: progress[0].update(counts))
+    finally:
+        if progress:
+            progress[0].finish()
+    sys.stdout.write(_summary(result) + "\n")
+
+
+@app.command("inspect")
+def inspect(
+    prefix: Annotated[Path, typer.Argument(help="The corpus: PREFIX of PREFIX.bin/.idx.")],
+    show: Annotated[int, typer.Option("--show", min=0, help="Print this many documents' ids.")] = 0,
+    debug: Debug = False,
+) -> None:
+    """Check a prepared corpus (index and tokens agree) and print its counts and manifest."""
+    import json
+
+    from primus.core.data.indexed import IndexedCorpus, index_problem
+    from primus.core.data.manifest import read_manifest
+    from primus.core.errors import ConfigError
+
+    prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
+    idx, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    for path in (idx, data):
+        if not path.is_file():
+            raise ConfigError(f"not found: {path}", hint="primus data prepare makes a corpus")
+    problem = index_problem(idx, data)
+    if problem:
+        raise ConfigError(problem)
+    corpus = IndexedCorpus(prefix)
+    print(f"{len(corpus):,} documents, {corpus.token_count:,} tokens ({corpus.dtype})")
+    for i in range(min(show, len(corpus))):
+        print(f"  {i}: {corpus[i].tolist()}")
+    record = read_manifest(prefix)
+    print("manifest:", "none" if record is None else json.dumps(record, indent=2))

@@ -1,0 +1,110 @@
+"""PREFIX.json, the manifest of a prepared corpus: what made it (tokenizer, sources, command,
+version, date) and what it holds (documents, tokens, token type, end-of-document id)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from primus.core.data.sources import Source
+from primus.core.data.tokenizer import Eod
+
+FORMAT = "indexed"  # PREFIX.bin + PREFIX.idx, as primus.core.data.indexed describes
+# Bump when the same input and options give other bytes: partial output of an older version
+# is then started over, never continued.
+LAYOUT = 1
+
+
+def sha256(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
+    """What a run's output depends on: the sources (path, size, mtime) and the settings. A
+    journal of another fingerprint is another command's: its partial output is not resumed."""
+    what = {
+        "layout": LAYOUT,
+        "sources": [[str(Path(s.path).resolve()), s.size, s.mtime_ns] for s in sources],
+        **settings,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+class SourceHashes:
+    """The sha256 of every source, computed on a thread beside the tokenizing."""
+
+    def __init__(self, sources: list[Source]) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="primus-data-hash")
+        self._futures: list[Future[str]] = [self._pool.submit(sha256, s.path) for s in sources]
+
+    def result(self) -> list[str]:
+        try:
+            return [future.result() for future in self._futures]
+        finally:
+            self._pool.shutdown()
+
+    def cancel(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The counts and settings the manifest records besides the sources."""
+
+    documents: int
+    empty_documents_skipped: int
+    tokens: int
+    dtype: str
+    vocab_size: int
+    key: str
+    chunk_bytes: int
+    command: str
+
+
+def write_manifest(
+    path: Path,
+    manifest: Manifest,
+    eod: Eod | None,
+    tokenizer: Path,
+    sources: list[Source],
+    hashes: Callable[[], list[str]],
+    prefix: Path,
+) -> None:
+    """Write the manifest to `path` (the caller renames it into place)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        primus_version = version("primus-core")
+    except PackageNotFoundError:
+        primus_version = "unknown"
+    record = {
+        "format": FORMAT,
+        "bin": f"{prefix.name}.bin",
+        "idx": f"{prefix.name}.idx",
+        **asdict(manifest),
+        "eod": None if eod is None else asdict(eod),
+        "tokenizer": {"path": str(tokenizer.resolve()), "sha256": sha256(tokenizer)},
+        "sources": [
+            {"path": str(Path(s.path).resolve()), "format": s.kind, "bytes": s.size, "sha256": h}
+            for s, h in zip(sources, hashes(), strict=True)
+        ],
+        "primus_version": primus_version,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_manifest(prefix: str | Path) -> dict[str, Any] | None:
+    """The manifest of the corpus at `prefix`, or None when it has none (or an unreadable one)."""
+    try:
+        record = json.loads(Path(f"{prefix}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("format") == FORMAT else None

@@ -1,0 +1,340 @@
+"""Tokenize text into a corpus of the indexed format, in parallel, in bounded memory, resumably.
+
+The input is cut into chunks (`sources.plan`: by the files and the chunk size alone). Worker
+processes tokenize chunks; the results are appended in chunk order to PREFIX.bin.partial (the
+tokens) and PREFIX.sizes.partial (the tokens per document), each followed by a line in
+PREFIX.journal. At most two chunks per worker are in flight, so memory does not grow with the
+corpus, and the bytes do not depend on the number of workers. A run that is killed is continued
+by the same command: the journal names the chunks done and where the files ended after the
+last one. At the end PREFIX.idx is written from the sizes, then PREFIX.bin, PREFIX.idx and the
+manifest PREFIX.json are renamed into place (the old .idx is removed first: never an old index
+with new tokens).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus.core.data import indexed, manifest, sources
+from primus.core.data.tokenizer import INSTALL, Eod, find_eod, load_tokenizer, tokenizer_file
+from primus.core.data.tokenizer import vocab_size_of as _vocab_size_of
+from primus.core.errors import ConfigError, PrimusError
+
+CHUNK_BYTES = 4 << 20
+BATCH = 1024  # documents per call of the tokenizer
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to prepare: the options of `primus data prepare`."""
+
+    inputs: list[str]
+    tokenizer: Path
+    prefix: Path
+    key: str = "text"
+    append_eod: bool = True
+    eod_token: str | None = None
+    workers: int | None = None  # default: the cores this process may use
+    chunk_bytes: int = CHUNK_BYTES
+    command: str = ""
+
+
+@dataclass
+class Counts:
+    """Documents written, empty documents skipped, tokens and input bytes, so far."""
+
+    documents: int = 0
+    empty: int = 0
+    tokens: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run is about to do, for the caller to show."""
+
+    eod: Eod | None
+    vocab_size: int
+    dtype: str
+    workers: int
+    chunks: int
+    done: int  # chunks a killed run finished before
+    total_bytes: int
+    done_counts: Counts
+    note: str | None = None  # why partial output was not continued
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a run wrote."""
+
+    counts: Counts
+    vocab_size: int
+    eod: Eod | None
+    dtype: str
+    prefix: Path
+    seconds: float
+    resumed: int  # chunks done by an earlier, killed run
+    files: list[Path] = field(default_factory=list)  # .bin, .idx, .json
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A chunk's tokens and document sizes, as the files hold them."""
+
+    tokens: bytes
+    sizes: bytes
+    counts: Counts
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _start_worker(tokenizer: str, eod: int | None, dtype: str, key: str, alone: bool) -> None:
+    if not alone:  # one tokenizer thread per worker process: the processes are the parallelism
+        os.environ["RAYON_NUM_THREADS"] = "1"
+    loaded, _ = load_tokenizer(Path(tokenizer))
+    encode = getattr(loaded, "encode_batch_fast", loaded.encode_batch)
+    _WORKER.update(encode=encode, eod=eod, dtype=dtype, key=key)
+
+
+def tokenize(chunk: sources.Chunk) -> Tokenized:
+    """Tokenize one chunk (in a worker); documents that tokenize to nothing are skipped."""
+    import numpy as np
+
+    encode, eod = _WORKER["encode"], _WORKER["eod"]
+    ids: list[int] = []
+    sizes: list[int] = []
+    documents = 0
+    for batch in itertools.batched(sources.texts(chunk, _WORKER["key"]), BATCH):
+        for encoding in encode(list(batch)):
+            documents += 1
+            if encoding.ids:
+                ids += encoding.ids
+                if eod is not None:
+                    ids.append(eod)
+                sizes.append(len(encoding.ids) + (eod is not None))
+    counts = Counts(len(sizes), documents - len(sizes), len(ids), chunk.weight)
+    tokens = np.array(ids, dtype=_WORKER["dtype"]).tobytes()
+    return Tokenized(tokens, np.array(sizes, dtype=np.int32).tobytes(), counts)
+
+
+def _in_order(pool: Any, chunks: Iterable[sources.Chunk], window: int) -> Iterator[Tokenized]:
+    """The pool's results in chunk order, at most `window` chunks in flight."""
+    pending: deque[Any] = deque()
+    for chunk in chunks:
+        pending.append(pool.apply_async(tokenize, (chunk,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+class Output:
+    """The files of a run: the partial ones and the journal, then the final ones."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = prefix
+        self.bin, self.idx, self.json = (Path(f"{prefix}.{s}") for s in ("bin", "idx", "json"))
+        self.partial_bin = Path(f"{prefix}.bin.partial")
+        self.partial_sizes = Path(f"{prefix}.sizes.partial")
+        self.partial_idx = Path(f"{prefix}.idx.partial")
+        self.partial_json = Path(f"{prefix}.json.partial")
+        self.journal = Path(f"{prefix}.journal")
+
+    def all(self) -> list[Path]:
+        partial = [self.partial_bin, self.partial_sizes, self.partial_idx, self.partial_json]
+        return [self.bin, self.idx, self.json, *partial, self.journal]
+
+    def resume(self, fingerprint: str) -> tuple[int, Counts, str | None]:
+        """Chunks done, their counts, and why partial output is dropped (None: nothing to
+        drop, or continued). Leaves the partial files cut to the last chunk journaled."""
+        try:
+            lines = self.journal.read_text().splitlines()
+            ours = json.loads(lines[0]).get("fingerprint") == fingerprint
+        except (OSError, IndexError, ValueError, AttributeError):
+            lines, ours = [], True  # no journal (or not one of ours): nothing to continue
+        done, counts, positions, note = 0, Counts(), (0, 0), None
+        if not ours:
+            note = "partial output of another command (other input, tokenizer or options)"
+            lines = []
+        for line in lines[1:]:
+            try:
+                entry = json.loads(line)
+            except ValueError:  # the line being written when the run was killed
+                break
+            done, positions = entry["chunk"] + 1, (entry["bin"], entry["sizes"])
+            counts = Counts(**entry["counts"])
+        files = (self.partial_bin, self.partial_sizes)
+        sizes = [p.stat().st_size if p.exists() else -1 for p in files]
+        if done and any(size < want for size, want in zip(sizes, positions, strict=True)):
+            note = "partial output shorter than its journal"
+            done, counts, positions = 0, Counts(), (0, 0)
+        if not done:
+            self.journal.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
+        for path, size in zip(files, positions, strict=True):
+            with path.open("ab") as f:
+                f.truncate(size)
+        return done, counts, note
+
+    def discard(self) -> None:
+        for path in self.all()[3:]:
+            path.unlink(missing_ok=True)
+
+    def finish(self) -> None:
+        """Rename the finished files into place: the old index and manifest go first."""
+        self.idx.unlink(missing_ok=True)
+        self.json.unlink(missing_ok=True)
+        os.replace(self.partial_bin, self.bin)
+        os.replace(self.partial_idx, self.idx)
+        os.replace(self.partial_json, self.json)
+        self.partial_sizes.unlink()
+        self.journal.unlink()
+
+
+def _append(
+    out: Output,
+    results: Iterable[Tokenized],
+    done: int,
+    counts: Counts,
+    on_chunk: Callable[[Counts], None] | None,
+) -> None:
+    """Append each result to the partial files and journal it."""
+    with (
+        out.partial_bin.open("ab") as tokens,
+        out.partial_sizes.open("ab") as sizes,
+        out.journal.open("a") as journal,
+    ):
+        for chunk, result in enumerate(results, start=done):
+            tokens.write(result.tokens)
+            sizes.write(result.sizes)
+            tokens.flush()
+            sizes.flush()  # the data is in the files before the journal says so
+            for name in ("documents", "empty", "tokens", "bytes"):
+                setattr(counts, name, getattr(counts, name) + getattr(result.counts, name))
+            at = {"chunk": chunk, "bin": tokens.tell(), "sizes": sizes.tell()}
+            entry = {**at, "counts": vars(counts)}
+            journal.write(json.dumps(entry) + "\n")
+            journal.flush()
+            if on_chunk:
+                on_chunk(counts)
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+def prepare(
+    request: Request,
+    on_start: Callable[[Plan], None] | None = None,
+    on_chunk: Callable[[Counts], None] | None = None,
+) -> Prepared:
+    """Prepare the corpus `request` describes; see the module's docstring."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("preparing data needs numpy", hint=INSTALL) from exc
+    start = time.monotonic()
+    inputs = sources.expand(request.inputs)
+    out = Output(request.prefix)
+    clash = {str(p.resolve()) for p in out.all()} & {str(Path(s.path).resolve()) for s in inputs}
+    if clash:
+        raise ConfigError(f"the output would overwrite the input {sorted(clash)[0]}")
+    tokenizer, directory = load_tokenizer(request.tokenizer)
+    file = tokenizer_file(request.tokenizer)
+    eod = find_eod(tokenizer, directory, request.eod_token) if request.append_eod else None
+    vocab = max(_vocab_size_of(tokenizer), eod.id + 1 if eod else 0)
+    dtype = indexed.token_dtype(vocab)
+    chunks = sources.plan(inputs, request.chunk_bytes, request.key)
+    settings = {
+        "tokenizer": manifest.sha256(file),
+        "key": request.key,
+        "dtype": dtype,
+        "eod": None if eod is None else eod.id,
+        "chunk_bytes": request.chunk_bytes,
+    }
+    workers = request.workers or default_workers()
+    run = _Run(out, request.key, (str(file), None if eod is None else eod.id, dtype), on_chunk)
+    try:
+        request.prefix.parent.mkdir(parents=True, exist_ok=True)
+        done, counts, note = out.resume(manifest.fingerprint(inputs, settings))
+        if on_start:
+            total = sum(s.size for s in inputs)
+            copy = Counts(**vars(counts))
+            on_start(Plan(eod, vocab, dtype, workers, len(chunks), done, total, copy, note))
+        hashes = run.tokenize(chunks, done, counts, workers, inputs)
+        if counts.documents == 0:
+            out.discard()
+            raise ConfigError(f"no documents to write: the input holds {counts.empty} empty ones")
+        with out.partial_idx.open("wb") as idx, out.partial_sizes.open("rb") as sizes:
+            indexed.write_index(idx, sizes, dtype)
+        record = manifest.Manifest(
+            counts.documents, counts.empty, counts.tokens, dtype, vocab, request.key,
+            request.chunk_bytes, request.command,
+        )  # fmt: skip
+        manifest.write_manifest(
+            out.partial_json, record, eod, file, inputs, hashes.result, request.prefix
+        )
+        out.finish()
+    except OSError as exc:
+        raise PrimusError(f"cannot write {request.prefix}.bin/.idx: {exc}") from exc
+    seconds = time.monotonic() - start
+    files = [out.bin, out.idx, out.json]
+    return Prepared(counts, vocab, eod, dtype, request.prefix, seconds, done, files)
+
+
+@dataclass
+class _Run:
+    """The tokenizing part of a run."""
+
+    out: Output
+    key: str
+    worker_args: tuple[str, int | None, str]  # tokenizer file, EOD id, dtype
+    on_chunk: Callable[[Counts], None] | None
+
+    def tokenize(
+        self,
+        chunks: list[sources.Chunk],
+        done: int,
+        counts: Counts,
+        workers: int,
+        inputs: list[sources.Source],
+    ) -> manifest.SourceHashes:
+        """Tokenize the chunks from `done` on into the partial files, the sources hashed
+        meanwhile. A bad document drops the partial output: the input has to change, and
+        with it what the output would be."""
+        todo = chunks[done:]
+        args = (*self.worker_args, self.key)
+        hashes = None
+        try:
+            if workers == 1 or len(todo) <= 1:
+                _start_worker(*args, alone=True)
+                hashes = manifest.SourceHashes(inputs)
+                _append(self.out, map(tokenize, todo), done, counts, self.on_chunk)
+                return hashes
+            context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+            with context.Pool(workers, _start_worker, (*args, False)) as pool:
+                hashes = manifest.SourceHashes(inputs)  # a thread: after the fork
+                results = _in_order(pool, todo, 2 * workers)
+                _append(self.out, results, done, counts, self.on_chunk)
+            return hashes
+        except BaseException as exc:
+            if hashes is not None:
+                hashes.cancel()
+            if isinstance(exc, sources.BadInput):
+                self.out.discard()
+                raise exc.error() from None
+            raise
+        finally:
+            _WORKER.clear()

@@ -1,0 +1,256 @@
+"""`primus data prepare`: a local tokenizer and a tiny corpus cut into many chunks; in process,
+except for the kill of a real run and one CLI run."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pq = pytest.importorskip("pyarrow.parquet")
+import pyarrow as pa  # type: ignore[import-untyped]  # noqa: E402
+
+from primus.cli.main import main  # noqa: E402
+from primus.core.data import indexed  # noqa: E402
+from primus.core.data.indexed import IndexedCorpus, index_problem  # noqa: E402
+from primus.core.data.manifest import read_manifest, sha256  # noqa: E402
+from primus.core.data.prepare import Request, prepare  # noqa: E402
+from primus.core.data.tokenizer import find_eod, load_tokenizer  # noqa: E402
+from primus.core.errors import ConfigError  # noqa: E402
+from primus.testing.corpus import (  # noqa: E402
+    corpus_texts,
+    expected_documents,
+    tokenizer_dir,
+    train_tokenizer,
+    write_jsonl,
+)
+
+CHUNK = 2048  # bytes: a few dozen documents, so that the tiny corpus makes many chunks
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tokenizer_dir(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def eod(tokenizer: Path) -> int:
+    loaded, directory = load_tokenizer(tokenizer)
+    return find_eod(loaded, directory).id
+
+
+def run(inputs: list[Path], tokenizer: Path, prefix: Path, **options: object) -> object:
+    request = Request([str(p) for p in inputs], tokenizer, prefix, chunk_bytes=CHUNK, **options)  # type: ignore[arg-type]
+    return prepare(request)
+
+
+def files(prefix: Path) -> tuple[bytes, bytes]:
+    return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
+
+
+def test_one_and_two_workers_write_the_same_corpus(
+    tmp_path: Path, tokenizer: Path, eod: int
+) -> None:
+    texts = corpus_texts(400)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", texts)
+    run([corpus], tokenizer, tmp_path / "one" / "c", workers=1)
+    run([corpus], tokenizer, tmp_path / "two" / "c", workers=2)
+    assert files(tmp_path / "one" / "c") == files(tmp_path / "two" / "c")
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["c.bin", "c.idx", "c.json"]
+
+    expected = expected_documents(tokenizer, texts, eod)
+    corpus_read = IndexedCorpus(tmp_path / "two" / "c")
+    assert [corpus_read[i].tolist() for i in range(len(corpus_read))] == expected
+    assert corpus_read.document_indices.tolist() == list(range(len(expected) + 1))
+    assert corpus_read.dtype.name == "uint16"
+
+    manifest = read_manifest(tmp_path / "two" / "c")
+    assert manifest is not None
+    tokens = sum(map(len, expected))
+    assert (manifest["documents"], manifest["empty_documents_skipped"]) == (len(expected), 2)
+    assert (manifest["tokens"], manifest["dtype"], manifest["vocab_size"]) == (
+        tokens,
+        "uint16",
+        300,
+    )
+    assert manifest["eod"] == {
+        "id": eod, "token": "<doc_end>", "source": "eos_token in tokenizer_config.json"
+    }  # fmt: skip
+    assert manifest["tokenizer"]["sha256"] == sha256(tokenizer / "tokenizer.json")
+    assert manifest["sources"] == [{
+        "path": str(corpus.resolve()), "format": "jsonl", "bytes": corpus.stat().st_size,
+        "sha256": sha256(corpus),
+    }]  # fmt: skip
+    assert manifest["primus_version"] and manifest["created"].startswith("20")
+    assert (manifest["bin"], manifest["idx"], manifest["key"]) == ("c.bin", "c.idx", "text")
+
+
+def test_parquet_txt_and_globs_in_order(tmp_path: Path, tokenizer: Path, eod: int) -> None:
+    texts = corpus_texts(90, seed=2)
+    table = pa.table({"id": list(range(30)), "body": texts[:30]})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=12)  # three row groups
+    for i, text in enumerate(texts[30:40]):  # one document per file, whatever its lines
+        (tmp_path / f"t{i}.txt").write_text(text + "\nsecond line", encoding="utf-8")
+    write_jsonl(tmp_path / "b.jsonl", texts[40:], key="body")
+    inputs = [tmp_path / "a.parquet", tmp_path / "t?.txt", tmp_path / "b.jsonl"]
+    run(inputs, tokenizer, tmp_path / "out" / "c", key="body")
+
+    txt = [t + "\nsecond line" for t in texts[30:40]]
+    expected = expected_documents(tokenizer, [*texts[:30], *txt, *texts[40:]], eod)
+    read = IndexedCorpus(tmp_path / "out" / "c")
+    assert [read[i].tolist() for i in range(len(read))] == expected
+    manifest = read_manifest(tmp_path / "out" / "c")
+    assert manifest is not None
+    assert [s["format"] for s in manifest["sources"]] == ["parquet", *["txt"] * 10, "jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"text": "no closing quote}', r"c.jsonl:200: not valid JSON: Unterminated string"),
+        ('{"body": "x"}', r"c.jsonl:200: no key 'text' \(keys: body\)"),
+        ('{"text": 3}', r"c.jsonl:200: 'text' must be a string, got int"),
+        ('["text"]', r"c.jsonl:200: expected a JSON object, got list"),
+    ],
+)
+def test_a_bad_line_is_named_by_file_and_line(
+    tmp_path: Path, tokenizer: Path, line: str, message: str
+) -> None:
+    lines = [json.dumps({"text": t}) for t in corpus_texts(300)]
+    lines[199] = line  # line 200, several chunks in
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=message):
+        run([corpus], tokenizer, tmp_path / "out" / "c", workers=2)
+    assert list((tmp_path / "out").iterdir()) == []  # no partial output left
+
+
+def test_bad_parquet_and_txt(tmp_path: Path, tokenizer: Path) -> None:
+    pq.write_table(pa.table({"text": ["a", "b", None]}), tmp_path / "n.parquet")
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "i.parquet")
+    (tmp_path / "x.txt").write_bytes(b"ok \xff")
+    cases = [
+        ("n.parquet", r"n.parquet: row 3: 'text' is null"),
+        ("i.parquet", r"i.parquet: column 'text' holds int64, not strings"),
+        ("x.txt", r"x.txt: not UTF-8 text: byte 3"),
+        ("none*.jsonl", r"no file matches .*none\*.jsonl"),
+    ]
+    for name, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            run([tmp_path / name], tokenizer, tmp_path / "out" / "c")
+    with pytest.raises(ConfigError, match=r"no column 'body' \(columns: text\)"):
+        run([tmp_path / "n.parquet"], tokenizer, tmp_path / "out" / "c", key="body")
+
+
+def test_eod_choice(tmp_path: Path, tokenizer: Path) -> None:
+    loaded, directory = load_tokenizer(tokenizer)
+    assert find_eod(loaded, directory).token == "<doc_end>"
+    assert find_eod(loaded, directory, "<unk>").id == loaded.token_to_id("<unk>")
+    with pytest.raises(ConfigError, match="not in the tokenizer's vocabulary"):
+        find_eod(loaded, directory, "<nope>")
+    common = train_tokenizer(["<|endoftext|>"])
+    assert find_eod(common, tmp_path).token == "<|endoftext|>"
+    plain = train_tokenizer([])
+    fresh = find_eod(plain, tmp_path)
+    assert (fresh.id, fresh.token) == (plain.get_vocab_size(), None)  # past the vocabulary
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json in"):
+        load_tokenizer(tmp_path)
+
+
+def test_index_in_blocks_and_its_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    lengths = np.arange(1, 11, dtype=np.int32)
+    sizes = io.BytesIO(lengths.tobytes())
+    whole = io.BytesIO()
+    assert indexed.write_index(whole, sizes, "int32") == 10
+    monkeypatch.setattr(indexed, "BLOCK", 3)
+    blocks = io.BytesIO()
+    indexed.write_index(blocks, sizes, "int32")
+    assert blocks.getvalue() == whole.getvalue()
+
+    idx, data = tmp_path / "c.idx", tmp_path / "c.bin"
+    idx.write_bytes(whole.getvalue())
+    data.write_bytes(np.arange(55, dtype=np.int32)[:-1].tobytes())  # the last token cut
+    assert index_problem(idx, data) == f"{data} is truncated: 216 bytes, its index c.idx needs 220"
+    data.write_bytes(np.arange(55, dtype=np.int32).tobytes())
+    assert index_problem(idx, data) is None
+    corpus = IndexedCorpus(tmp_path / "c")
+    assert (len(corpus), corpus.token_count, corpus[3].tolist()) == (10, 55, [6, 7, 8, 9])
+    idx.write_bytes(b"junk" * 20)
+    assert "not an index file of the indexed format" in str(index_problem(idx, data))
+
+
+def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", "--help"])
+    said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().out).split())
+    for option in ("--input", "--tokenizer", "--output", "--key", "--append-eod", "--eod-token",
+                   "--workers", "--chunk-size", "one document per file", "PREFIX.json"):  # fmt: skip
+        assert option in said
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "primus.cli", *args], capture_output=True, text=True, env=env,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_the_command_fails_on_a_bad_line_in_one_line(tmp_path: Path, tokenizer: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "fine"}\n{"text": 3}\n')
+    result = cli(
+        "data", "prepare", "-i", str(corpus), "-t", str(tokenizer), "-o", str(tmp_path / "o" / "c")
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith("c.jsonl:2: 'text' must be a string, got int")
+    assert "Traceback" not in result.stderr
+
+
+# The command in a process of its own, each chunk made slow, so that a kill lands mid-run.
+SLOW = (
+    "import sys, time; import primus.core.data.prepare as p; tokenize = p.tokenize; "
+    "p.tokenize = lambda chunk: (time.sleep(0.05), tokenize(chunk))[1]; "
+    "from primus.cli.main import main; main(sys.argv[1:])"
+)
+
+
+def test_a_killed_run_continues_to_the_same_corpus(
+    tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_texts(600))
+    prefix = tmp_path / "out" / "c"
+    args = ["data", "prepare", "-i", str(corpus), "-t", str(tokenizer), "-o", str(prefix),
+            "--chunk-size", str(CHUNK), "--workers", "1"]  # fmt: skip
+    journal = Path(f"{prefix}.journal")
+    process = subprocess.Popen([sys.executable, "-c", SLOW, *args], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) > 4:  # 4 chunks done
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert process.wait() == -signal.SIGKILL
+    assert not Path(f"{prefix}.bin").exists()  # nothing final before the end
+    with Path(f"{prefix}.bin.partial").open("ab") as torn:  # a chunk written, not journaled
+        torn.write(b"\1\2\3")
+
+    with pytest.raises(SystemExit) as done:
+        main([*args[:-1], "2"])  # the same command (any number of workers)
+    assert done.value.code in (0, None)
+    said = capsys.readouterr()
+    assert "continuing: 4 of " in said.err and "; 4 chunks by the run before" in said.out
+    run([corpus], tokenizer, tmp_path / "clean" / "c", workers=1)
+    assert files(prefix) == files(tmp_path / "clean" / "c")
+    assert sorted(p.name for p in prefix.parent.iterdir()) == ["c.bin", "c.idx", "c.json"]
