@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from primus.core.errors import ConfigError
+from primus.core.posttrain import build_sft_data
 from primus.core.posttrain.dataset import read_data
 from primus.core.posttrain.mixing import shares
 from primus.core.posttrain.records import read_records
@@ -116,7 +117,7 @@ def test_train_on_prompt_trains_on_every_token_but_padding(root, tokenizer, reco
     assert 0 < answers_only["loss_mask"].sum() < n
 
 
-def test_weights_mix_files_by_share_from_the_seed(root) -> None:
+def test_weights_mix_files_by_share_from_the_seed(root, tokenizer) -> None:
     """4 + 12 records, weights 5 and 3: 10 from the first (each 2 or 3 times), 6 distinct from
     the second; the same mix for the same seed; without weights, every record once."""
     assert shares([4, 12], [5, 3]) == [10, 6] and shares([3, 4], [1, 2]) == [2, 5]
@@ -132,6 +133,8 @@ def test_weights_mix_files_by_share_from_the_seed(root) -> None:
     a, b = Counter(p for p in train if p[0] == "a"), [p for p in train if p[0] == "b"]
     assert sorted(a.values()) == [2, 2, 3, 3] and len(b) == len(set(b)) == 6
     assert mixed() == (train, []) and mixed(seed=5)[0] != train
+    built = build_sft_data(config(root, weighted), tokenizer).train
+    assert built.num_samples == 16 and built.loss_tokens == 16 * 2  # "x" and EOS each
     train, held = mixed(eval_fraction=0.25)
     assert len(held) == 4 and len(train) == 12 and not set(train) & set(held)
     plain, _ = read_data(config(root, [str(f) for f in files]))

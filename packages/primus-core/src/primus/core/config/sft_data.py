@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ class DataFile:
 
     path: Path
     weight: float | None = None
-    columns: Mapping[str, str] | None = None
+    columns: Mapping[str, str] = field(default_factory=dict)
 
 
 def existing_path(value: str, what: str, origin: Origin | None, hint: str) -> Path:
@@ -101,14 +101,12 @@ def _entry(entry: Any, what: str, origin: Origin | None, columns: dict[str, str]
     hint = f"an entry has {', '.join(ENTRY_KEYS)}"
     refuse_unknown(entry, ENTRY_KEYS, f"{what}: unknown key", origin, hint)
     weight = entry.get("weight")
-    if weight is not None and (
-        isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0
-        or not math.isfinite(weight)
-    ):  # fmt: skip
+    number = isinstance(weight, int | float) and not isinstance(weight, bool)
+    if weight is not None and not (number and math.isfinite(weight) and weight > 0):
         raise ConfigError(f"{what}.weight must be a positive number, got {weight!r}", origin)
     if "columns" in entry:
-        own = check_columns(entry["columns"], f"{what}.columns", {"": origin})
-        columns = columns | own
+        check_columns(entry["columns"], f"{what}.columns", {"": origin})
+        columns = check_columns(columns | entry["columns"], f"{what}.columns", {"": origin})
     path = data_file(entry["path"], what, origin)
     return DataFile(path, None if weight is None else float(weight), columns)
 

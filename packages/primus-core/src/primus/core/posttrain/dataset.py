@@ -6,10 +6,15 @@ Per row, all int32 of shape (seq_length,) except `cu_seqlens`:
 
     tokens        input token ids (padding: the pad id)
     labels        the next-token targets (padding: the pad id; never in the loss)
-    loss_mask     float32, 1.0 where the target is an assistant/completion token
+    loss_mask     float32, 1.0 where the target is an assistant/completion token (any
+                  token with sft.train_on_prompt)
     position_ids  0, 1, ... restarting at each sample (padding: 0)
     segment_ids   1, 2, ... per sample in the row (padding: 0): attend within a segment only
     cu_seqlens    int32 (samples + 1,): where each sample starts, then where the last ends
+
+The training samples are every record of `sft.train`'s files, or their mix by weight
+(`primus.core.posttrain.mixing`); the eval samples `sft.eval`'s, or the `eval_fraction` held
+out of them first.
 
 Positions count rows from the start of training, over every epoch: position p is row
 `order(p // len)[p % len]`, each epoch's order a shuffle drawn from the seed, so a run that
@@ -167,10 +172,14 @@ def build_sft_data(cfg: SFTConfig, tokenizer: Any | None = None) -> SFTData:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     built: dict[str, SFTDataset] = {}
     dropped = 0
+    encoded: dict[int, Sample | None] = {}  # by record: a weighted mix repeats records
     for name, records in (("train", train), ("eval", held)):
         if not records:
             continue
-        samples = [check_length(encoder.encode(r), cfg) for r in records]
+        for r in records:
+            if id(r) not in encoded:
+                encoded[id(r)] = check_length(encoder.encode(r), cfg)
+        samples = [encoded[id(r)] for r in records]
         kept = [s for s in samples if s is not None]
         dropped += len(samples) - len(kept)
         if not kept:

@@ -115,6 +115,7 @@ def _content(turn: dict[str, Any], where: str, key: str, columns: Columns) -> No
 
 
 def chat(data: dict[str, Any], columns: Columns) -> Fields:
+    """`messages`, each with a known role and string content."""
     messages = _turns(data, "messages", columns)
     hint = f"roles: {', '.join(ROLES)}"
     for index, message in enumerate(messages):
@@ -128,6 +129,7 @@ def chat(data: dict[str, Any], columns: Columns) -> Fields:
 
 
 def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
+    """`conversations` as messages (SHAREGPT_ROLES), the record's `system` first."""
     messages = []
     hint = f"'from' is one of {', '.join(SHAREGPT_ROLES)}"
     for index, turn in enumerate(_turns(data, "conversations", columns)):
@@ -135,7 +137,7 @@ def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
         if speaker is None:
             raise Invalid(f"{where} has no {columns.name('from')}", hint)
         if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
-            raise Invalid(f"{where} has unknown 'from' {speaker!r}", hint)
+            raise Invalid(f"{where} has unknown {columns.name('from')} {speaker!r}", hint)
         _content(turn, where, "value", columns)
         messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
     system = _optional_text(data, "system", columns)
@@ -145,6 +147,7 @@ def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
 
 
 def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
+    """system, history, instruction (+ blank line + input), output as messages."""
     instruction, output = (_text(data, k, columns) for k in ("instruction", "output"))
     extra, system = (_optional_text(data, k, columns) for k in ("input", "system"))
     messages = [{"role": "system", "content": system}] if system else []
@@ -166,6 +169,7 @@ def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
 
 
 def prompt_completion(data: dict[str, Any], columns: Columns) -> Fields:
+    """`prompt` and `completion`, non-empty strings."""
     return {k: _text(data, k, columns) for k in ("prompt", "completion")}
 
 
