@@ -10,8 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from primus.backends.megatron.data.inputs import check_data_inputs
+from primus.core.config.experiment import ModuleConfig
+from primus.core.config.tree import ConfigTree
 from primus.core.data.manifest import read_manifest
 from primus.core.data.prepare import Request, prepare
+from primus.core.errors import ConfigError
 from primus.testing.corpus import corpus_texts, expected_documents, tokenizer_dir, write_jsonl
 
 
@@ -24,6 +28,12 @@ def test_megatron_reads_and_would_have_written_the_same_corpus(tmp_path: Path) -
     manifest = read_manifest(prefix)
     assert manifest is not None
     eod, vocab = manifest["eod"]["id"], manifest["vocab_size"]
+    # Megatron's checks pass the corpus, and name the tokenizer params that read it.
+    module = ModuleConfig("m", "megatron", {"data_path": [str(prefix)]}, ConfigTree())
+    with pytest.raises(ConfigError) as refused:
+        check_data_inputs(module)
+    params = f"tokenizer_type=NullTokenizer vocab_size={vocab} null_tokenizer_eod_id={eod}"
+    assert f"(its manifest {prefix}.json): set {params}" in str(refused.value)
 
     from primus.backends.megatron.config.bridge import silence_import_notices
 

@@ -1,1 +1,2 @@
-"""Data: `primus data prepare` (tokenizing into indexed datasets) and the data patches."""
+"""Data: the checks of a module's data inputs (corpora from core's `primus data prepare`,
+tokenizers) and the data patches."""

@@ -11,9 +11,14 @@ from typing import Any
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import input_path, is_remote
 from primus.core.data.indexed import index_problem
+from primus.core.data.manifest import read_manifest
 
 DATA_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
 PREPARE = "primus data prepare makes a corpus: PREFIX.bin and PREFIX.idx"
+SET_TOKENIZER = (
+    "set tokenizer_type (HuggingFaceTokenizer with tokenizer_model, or NullTokenizer "
+    "with vocab_size for data tokenized elsewhere)"
+)
 
 
 def prefixes(value: Any) -> list[str]:
@@ -39,12 +44,13 @@ def check_data_inputs(module: ModuleConfig) -> None:
     params = module.params
     if params.get("mock_data") is True:
         return
-    named = False
+    named, local = False, []
     for key in DATA_KEYS:
         for prefix in prefixes(params.get(key)):
             named = True
             if is_remote(prefix):  # object storage: Megatron reads it
                 continue
+            local.append(prefix)
             idx = input_path(module, key, f"{prefix}.idx", "the index file", hint=PREPARE)
             data = Path(f"{prefix}.bin").expanduser()
             if not data.is_file():  # an empty one is judged against its index
@@ -56,9 +62,21 @@ def check_data_inputs(module: ModuleConfig) -> None:
         raise module.error(
             "data_path",
             "data_path: training on data needs a tokenizer, and tokenizer_type is not set",
-            "set tokenizer_type (HuggingFaceTokenizer with tokenizer_model, or NullTokenizer "
-            "with vocab_size for data tokenized elsewhere)",
+            tokenizer_hint(local),
         )
     model = params.get("tokenizer_model")
     if isinstance(model, str) and model.startswith(("/", "./", "../", "~")):
         input_path(module, "tokenizer_model", model, "the tokenizer", kind="any")
+
+
+def tokenizer_hint(local: list[str]) -> str:
+    """How to set the tokenizer: for a corpus whose manifest (primus data prepare's PREFIX.json)
+    gives its vocabulary size and end-of-document id, the params that read it as it is."""
+    for prefix in local:
+        record = read_manifest(Path(prefix).expanduser())
+        if record is not None:
+            params = f"tokenizer_type=NullTokenizer vocab_size={record['vocab_size']}"
+            if record.get("eod"):
+                params += f" null_tokenizer_eod_id={record['eod']['id']}"
+            return f"{prefix} is tokenized already (its manifest {prefix}.json): set {params}"
+    return SET_TOKENIZER
