@@ -83,9 +83,17 @@ def check_columns(value: Any, what: str, origins: Mapping[str, Origin | None]) -
         hint = f"record keys: {', '.join(COLUMNS)}"
         refuse_unknown([key], COLUMNS, f"{what}: unknown record key", where, hint)
         if not isinstance(column, str) or not column:
-            raise ConfigError(f"{what}.{key} must be the name of a key of the records", where)
+            raise ConfigError(
+                f"{what}.{key} must be the name of a key of the records, got {column!r}",
+                where,
+                hint="e.g. {prompt: question}: the records' 'question' is read as 'prompt'",
+            )
         if column in seen:
-            raise ConfigError(f"{what}: {seen[column]} and {key} both read {column!r}", where)
+            raise ConfigError(
+                f"{what}: {seen[column]} and {key} both read {column!r}",
+                where,
+                hint="map each of the data's keys to one record key",
+            )
         seen[column] = key
     return dict(value)
 
@@ -96,14 +104,20 @@ def _entry(entry: Any, what: str, origin: Origin | None, columns: dict[str, str]
         return DataFile(data_file(entry, what, origin), None, columns)
     if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
         raise ConfigError(
-            f"{what} must be a file path or {{path: FILE, weight: W}}, got {entry!r}", origin
+            f"{what} must be a file path or {{path: FILE, weight: W}}, got {entry!r}",
+            origin,
+            hint="a list of files, or of {path, weight, columns} mappings",
         )
     hint = f"an entry has {', '.join(ENTRY_KEYS)}"
     refuse_unknown(entry, ENTRY_KEYS, f"{what}: unknown key", origin, hint)
     weight = entry.get("weight")
     number = isinstance(weight, int | float) and not isinstance(weight, bool)
     if weight is not None and not (number and math.isfinite(weight) and weight > 0):
-        raise ConfigError(f"{what}.weight must be a positive number, got {weight!r}", origin)
+        raise ConfigError(
+            f"{what}.weight must be a positive number, got {weight!r}",
+            origin,
+            hint="a weight is the file's share of the training samples (over the weights' sum)",
+        )
     if "columns" in entry:
         check_columns(entry["columns"], f"{what}.columns", {"": origin})
         columns = check_columns(columns | entry["columns"], f"{what}.columns", {"": origin})

@@ -159,6 +159,7 @@ def read_data(cfg: SFTConfig) -> tuple[list[Record], list[Record]]:
             raise cfg.error(
                 "eval_fraction",
                 f"sft.eval_fraction holds out every sample of {file.path}, which has a weight",
+                hint="a smaller sft.eval_fraction, or an sft.eval file",
             )
     return mix(groups, weights, cfg.seed), held
 

@@ -75,17 +75,27 @@ def detect(data: dict[str, Any], columns: Columns) -> str:
     if len(found) == 1:
         return found[0]
     if found:
-        raise Invalid(f"a record with the keys of several formats: {' and '.join(found)}")
+        raise Invalid(
+            f"a record with the keys of several formats: {' and '.join(found)}",
+            hint="one format per file: leave out the other format's keys, or map the keys "
+            "to read with sft.columns",
+        )
     wanted = [" and ".join(map(columns.name, keys)) + f" ({f})" for f, keys in FORMAT_KEYS.items()]
     has = ", ".join(map(repr, data)) or "nothing"
-    raise Invalid(f"a record needs {', '.join(wanted[:-1])} or {wanted[-1]}; it has {has}")
+    raise Invalid(
+        f"a record needs {', '.join(wanted[:-1])} or {wanted[-1]}; it has {has}",
+        hint="sft.columns maps the data's own keys to these, e.g. {prompt: question}",
+    )
 
 
 def _text(data: dict[str, Any], key: str, columns: Columns) -> str:
     """A non-empty string."""
     value = data.get(key)
     if not isinstance(value, str) or not value:
-        raise Invalid(f"{columns.name(key)} must be a non-empty string, got {value!r}")
+        raise Invalid(
+            f"{columns.name(key)} must be a non-empty string, got {value!r}",
+            hint="a record with nothing to train on (or to prompt with) cannot be a sample",
+        )
     return value
 
 
@@ -93,7 +103,10 @@ def _optional_text(data: dict[str, Any], key: str, columns: Columns) -> str:
     """A string, or '' where missing or null."""
     value = data.get(key)
     if value is not None and not isinstance(value, str):
-        raise Invalid(f"{columns.name(key)} must be a string, got {type(value).__name__}")
+        raise Invalid(
+            f"{columns.name(key)} must be a string, got {type(value).__name__}",
+            hint="leave it out, or null, where there is none",
+        )
     return value or ""
 
 
@@ -153,12 +166,18 @@ def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
     messages = [{"role": "system", "content": system}] if system else []
     history = data.get("history")
     if history is not None and not isinstance(history, list):
-        raise Invalid(f"{columns.name('history')} must be a list of [user, assistant] pairs")
+        raise Invalid(
+            f"{columns.name('history')} must be a list of [user, assistant] pairs",
+            hint="history holds the earlier turns: [[user, assistant], ...]",
+        )
     for index, pair in enumerate(history or []):
         if not (
             isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)
         ):
-            raise Invalid(f"history[{index}] must be a pair of strings [user, assistant]")
+            raise Invalid(
+                f"history[{index}] must be a pair of strings [user, assistant]",
+                hint="history holds the earlier turns: [[user, assistant], ...]",
+            )
         messages += [
             {"role": "user", "content": pair[0]},
             {"role": "assistant", "content": pair[1]},
