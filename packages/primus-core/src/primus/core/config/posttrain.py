@@ -1,5 +1,6 @@
 """A module's posttrain keys, beside `init_from`: `sft:` (data, tokenizer, sequence) and
 `peft:` (LoRA). Checked when the experiment loads; each error names the file:line it is about.
+The data keys' own checks (`train` lists, weights, `columns`) are in `sft_data`.
 
 Paths are relative to the current directory, like every path in an experiment.
 """
