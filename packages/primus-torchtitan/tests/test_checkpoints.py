@@ -56,13 +56,24 @@ def titan_logits(args: Any, folder: Path, tokens: torch.Tensor) -> torch.Tensor:
         return model(tokens, positions, model.get_attention_masks(positions))
 
 
-def assert_same_tensors(hf_dir: Path, exported: Path) -> None:
-    """Every tensor of `hf_dir` is in `exported`, bit for bit, and nothing else is."""
+def assert_same_tensors(hf_dir: Path, exported: Path, dtype: torch.dtype | None = None) -> None:
+    """Every tensor of `hf_dir` (cast to `dtype`, if given) is in `exported`, bit for bit, and
+    nothing else is."""
     ours = {k: v for p in exported.glob("*.safetensors") for k, v in load_file(p).items()}
     theirs = {k: v for p in hf_dir.glob("*.safetensors") for k, v in load_file(p).items()}
     assert sorted(ours) == sorted(theirs)
     for name, tensor in theirs.items():
+        tensor = tensor.to(dtype or tensor.dtype)
         assert ours[name].dtype == tensor.dtype and torch.equal(ours[name], tensor), name
+
+
+def assert_source_config(hf_dir: Path, exported: Path, dtype: str | None = None) -> None:
+    """The export's config.json is `hf_dir`'s (with `dtype`, if given); its
+    generation_config.json too."""
+    ours, theirs = (json.loads((f / "config.json").read_text()) for f in (exported, hf_dir))
+    assert ours == theirs | ({"dtype": dtype} if dtype else {})
+    generation = "generation_config.json"
+    assert (exported / generation).read_bytes() == (hf_dir / generation).read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +83,12 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_llama(workspace: Path) -> Path:
-    return make_hf_model(workspace / "hf_llama", "llama3", **TINY_LLAMA)
+    """The tiny HF Llama, with a tokenizer's files (an export without a tokenizer of its own
+    carries them over)."""
+    hf = make_hf_model(workspace / "hf_llama", "llama3", **TINY_LLAMA)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / name).write_text(json.dumps({"file": name}))
+    return hf
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +172,9 @@ def test_export_of_the_import_is_the_hf_model_bit_for_bit(
     with runtime(experiment(workspace, hf_llama, LLAMA_MODEL), "exp_name=ckpt") as rt:
         rt.export_hf(0, out)
     assert_same_tensors(hf_llama, out)
+    assert_source_config(hf_llama, out)  # max_position_embeddings, RoPE scaling and all
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # mock data: init_from's tokenizer
+        assert (out / name).read_bytes() == (hf_llama / name).read_bytes()
     tokens = batch[:, :-1]
     assert (hf_logits(out, tokens) - hf_logits(hf_llama, tokens)).abs().max() <= 1e-4
     assert json.loads((out / "primus_provenance.json").read_text())  # core's record
@@ -165,7 +184,8 @@ def test_export_after_training_loads_in_transformers(
     workspace: Path, run: Path, hf_llama: Path, batch: torch.Tensor
 ) -> None:
     """`primus checkpoint export` of step 4: transformers' logits are TorchTitan's; the
-    experiment's tokenizer folder (hf_assets_path) comes along."""
+    experiment's tokenizer folder (hf_assets_path) comes along, not init_from's; the rest is
+    init_from's, and the dtype too."""
     tokenizer = workspace / "tokenizer"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text("{}")
@@ -175,6 +195,9 @@ def test_export_after_training_loads_in_transformers(
                     "exp_name=ckpt", "mock_data=false", f"hf_assets_path={tokenizer}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step-4" in result.stderr and (out / "tokenizer.json").read_text() == "{}"
+    assert not (out / "tokenizer_config.json").exists()  # no tokenizers mixed
+    assert_source_config(hf_llama, out)
+    assert f"float32 tensors (the dtype of {hf_llama}, the HF model it was" in result.stderr
     tokens = batch[:, :-1]
     with runtime(exp, "exp_name=ckpt") as rt:
         ours = titan_logits(rt.backend_args(), run / "checkpoint" / "step-4", tokens)
@@ -182,25 +205,32 @@ def test_export_after_training_loads_in_transformers(
 
 
 @pytest.mark.parametrize(
-    ("family", "changes", "model"),
+    ("family", "changes", "model", "bf16_source", "overrides"),
     [
-        ("llama3", {**TINY_LLAMA, "tie_word_embeddings": True}, {**LLAMA_MODEL, "tie_embeddings": True}),
-        ("qwen3", {}, QWEN3_MODEL),
+        ("llama3", {**TINY_LLAMA, "tie_word_embeddings": True}, {**LLAMA_MODEL, "tie_embeddings": True},
+         False, ["checkpoint.export_dtype=bfloat16"]),  # the option wins over the source's dtype
+        ("qwen3", {}, QWEN3_MODEL, True, []),  # a bf16 source is exported in bf16
     ],
-    ids=["llama3-tied", "qwen3"],
+    ids=["llama3-tied", "qwen3-bf16"],
 )  # fmt: skip
-def test_import_and_export(
-    tmp_path: Path, family: str, changes: dict[str, Any], model: dict[str, Any]
-) -> None:
+def test_import_and_export(tmp_path: Path, family: str, changes: dict[str, Any],
+                           model: dict[str, Any], bf16_source: bool, overrides: list[str]) -> None:  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
     hf_dir = make_hf_model(tmp_path / "hf", family, seed=1, **changes)
+    if bf16_source:
+        made = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
+        hf_dir = tmp_path / "hf-bf16"
+        made.save_pretrained(hf_dir)
     exp, out = experiment(tmp_path, hf_dir, model), tmp_path / "export"
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    with runtime(exp, "exp_name=run") as rt:
+    with runtime(exp, "exp_name=run", *overrides) as rt:
         folder = rt.import_hf(hf_dir)
         ours = titan_logits(rt.backend_args(), folder, tokens)
         rt.export_hf(None, out)
     assert (ours - hf_logits(hf_dir, tokens)).abs().max() <= 1e-4
-    assert_same_tensors(hf_dir, out)
+    assert_same_tensors(hf_dir, out, torch.bfloat16)
+    assert_source_config(hf_dir, out, "bfloat16")
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is bool(changes)
 
 
