@@ -158,15 +158,19 @@ def test_processes_that_cannot_hold_the_parallel_layout_are_refused(
         (TORCHTITAN, ["validate"], ["parallelism.data_parallel_shard_degree=1"],
          "the parallel degrees span 1 process (data_parallel_replicate_degree 1 x "
          "data_parallel_shard_degree 1 x"),
+        (MAXTEXT, ["run", "validate"], ["per_device_batch_size=0.25"],
+         "per_device_batch_size 0.25 on 2 devices trains on no row a step (MaxText rounds 0.25 "
+         "x 2 down to 0)\n  hint: set per_device_batch_size to at least 0.5"),
     ],
-    ids=["megatron-batch", "torchtitan-batch", "torchtitan-degrees"],
+    ids=["megatron-batch", "torchtitan-batch", "torchtitan-degrees", "maxtext-no-row"],
 )  # fmt: skip
 def test_a_launch_its_batch_or_degrees_do_not_fit_is_refused(
     cached_schemas: None, tmp_path: Path, config: Path, forms: list[str], args: list[str],
     message: str,
 ) -> None:  # fmt: skip
     """Two processes whose data-parallel ranks the global batch does not split over (or whose
-    degrees span another count): the upstream asserts it once every rank has imported it."""
+    degrees span another count): the upstream asserts it once every rank has imported it.
+    MaxText's rows of a step round down to none: it would train on nothing, silently."""
     for form in forms:
         said = refused(tmp_path, form, config, "--nproc-per-node", "2", *args)
         assert message in said, said

@@ -73,6 +73,14 @@ class MaxTextAdapter(BackendAdapter):
         check_params(config, schema)
         return None
 
+    def check_launch(self, config: ModuleConfig, processes: int) -> None:
+        from primus.backends.maxtext.config.checks import check_launch
+
+        schema = schema_of(self)
+        assert schema is not None
+        default = schema.specs["per_device_batch_size"].default
+        check_launch(config, config.params.get("per_device_batch_size", default), processes)
+
     def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
         from primus.backends.maxtext.projection import checkpoint_bytes
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.backends.maxtext.config.checks import no_rows
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
@@ -34,6 +35,9 @@ class MaxTextPretrainTrainer(BaseTrainer):
                 hint="the ici_*/dcn_* parallelism keys must multiply to the number of devices "
                 "(-1 takes what is left)",
             ) from exc
+        error = no_rows(self.config.per_device_batch_size, jax.device_count())
+        if error is not None:
+            raise error
 
     def train(self) -> None:
         import jax
