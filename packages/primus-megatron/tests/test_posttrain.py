@@ -33,6 +33,7 @@ from primus.testing.sft_runs import (
     resumed,
     run_dir,
     sft_experiment,
+    shipped_run,
 )
 
 pytestmark = pytest.mark.slow
@@ -54,8 +55,8 @@ def experiment(
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
-    """The recipe's full fine-tune from the HF import: the run directory."""
-    return posttrain(experiment(tmp_path_factory.mktemp("sft") / "sft", task))
+    """The recipe's full fine-tune from the HF import, run as shipped: the run directory."""
+    return shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
 
 
 def test_the_rows_megatron_reads_train_on_the_assistant_tokens(

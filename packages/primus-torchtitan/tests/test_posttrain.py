@@ -32,6 +32,7 @@ from primus.testing.sft_runs import (
     resumed,
     run_dir,
     sft_experiment,
+    shipped_run,
 )
 
 pytestmark = pytest.mark.slow
@@ -50,8 +51,8 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
-    """The recipe run as it is (600 steps, eval every 100, a checkpoint every 100)."""
-    return posttrain(experiment(tmp_path_factory.mktemp("sft") / "sft", task))
+    """The recipe run as shipped (600 steps, eval every 100, a checkpoint every 100)."""
+    return shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
 
 
 def test_the_rows_torchtitan_reads_train_on_the_assistant_tokens(

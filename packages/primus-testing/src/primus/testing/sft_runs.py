@@ -1,7 +1,9 @@
 """Helpers for a backend's tests of `primus train posttrain`: the tiny HF model and reverse
-task, an experiment over a CPU SFT recipe, its run, its eval rows and evals, its export.
+task as a CPU SFT recipe's comment makes them, the recipe run as shipped, an experiment over
+the recipe, its run, its eval rows and evals, its export.
 
-Test-only; needs what `primus.testing.sft_data` and `hf_models` need.
+Test-only; needs what `primus.testing.sft_data` and `hf_models` need, and the repository
+(primus-testing runs from its source tree).
 """
 
 from __future__ import annotations
@@ -13,16 +15,46 @@ import yaml
 
 from primus.testing.runs import primus, step_metrics
 
+REPO = Path(__file__).resolve().parents[5]
+SHIPPED = "configs/data/sft-tiny"  # the reverse task and tokenizer the CPU recipes use
+# The model command of a CPU SFT recipe's comment, run from the repository root.
+MODEL_COMMAND = ("checkpoint", "tiny", "--tokenizer", f"{SHIPPED}/tokenizer",
+                 "--hf", "output/sft-tiny/hf")  # fmt: skip
+
 
 def make_task(root: Path) -> dict[str, Path]:
-    """The tiny Llama-3 HF model with the tiny tokenizer in its folder (`hf`), and the reverse
-    task's files in `root/data` (write_reverse_task's keys, 4096 train and 64 eval samples)."""
-    from primus.testing.hf_models import make_hf_model
-    from primus.testing.sft_data import write_reverse_task, write_tokenizer
+    """The tiny Llama-3 HF model made by the recipes' model command (its `--hf` in `root/hf`),
+    and the shipped reverse task (`chat_train`, `chat_eval`: 4096 train and 64 eval samples)."""
+    from primus.testing.fuzz_runs import run_in_process
 
-    hf = make_hf_model(root / "hf", "llama3")
-    write_tokenizer(hf)
-    return {"hf": hf, "root": root, **write_reverse_task(root / "data", 4096, 64)}
+    hf = root / "hf"
+    root.mkdir(parents=True, exist_ok=True)
+    done = run_in_process([*MODEL_COMMAND[:-1], str(hf)], REPO, {"PRIMUS_WORKSPACE": str(root)})
+    assert done.code == 0, done.stderr[-3000:]
+    data = REPO / SHIPPED
+    return {
+        "hf": hf,
+        "chat_train": data / "chat_train.jsonl",
+        "chat_eval": data / "chat_eval.jsonl",
+    }
+
+
+def shipped_run(recipe: Path, folder: Path, task: dict[str, Path]) -> Path:
+    """`recipe` run as its comment says (`primus train posttrain --config configs/...` from the
+    repository root, on the shipped data), with `task`'s model (make_task) and its workspace in
+    `folder` (PRIMUS_SFT_HF, PRIMUS_WORKSPACE, PRIMUS_EXP_NAME): the run directory, which
+    `sft_experiment(recipe, folder, task)` names too."""
+    config = recipe.resolve().relative_to(REPO)
+    comment = recipe.read_text()
+    for command in (MODEL_COMMAND, ("train", "posttrain", "--config", str(config))):
+        assert f"#   uv run primus {' '.join(command)}\n" in comment, command
+    done = primus("train", "posttrain", "--config", str(config), cwd=REPO,
+                  PRIMUS_SFT_HF=str(task["hf"]), PRIMUS_WORKSPACE=str(folder / "ws"),
+                  PRIMUS_EXP_NAME=folder.name)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = run_dir(sft_experiment(recipe, folder, task))
+    assert (run / "metrics.jsonl").is_file(), run
+    return run
 
 
 def sft_experiment(
@@ -209,7 +241,7 @@ def published_dry_run(
 
     hf = make_published_shell(folder / "hf", "llama3.2_1B")  # headers, no weights
     done = primus("train", "posttrain", "--config", str(recipe), "--dry-run", "--full", *overrides,
-                  PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["root"] / "data"),
+                  PRIMUS_SFT_HF=str(hf), PRIMUS_SFT_DATA=str(task["chat_train"].parent),
                   PRIMUS_WORKSPACE=str(folder / "ws"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return hf, done.stdout

@@ -1,0 +1,61 @@
+"""Every recipe under configs/ as a user has it after the README's set-up, from the repository
+root. The CPU recipes train as shipped in the backends' tests (quickstart.yaml and tiny-cpu.yaml
+in test_training.py; sft-tiny-cpu.yaml in test_posttrain.py, after the model command of its
+comment: primus.testing.sft_runs.shipped_run); the GPU fine-tuning recipes make their dry run
+(--full) against Llama-3.2-1B's published config in test_posttrain.py too. Here: the data the
+SFT recipes ship is the reverse task's generator's, the model command's refusals, and each GPU
+pretraining recipe passes `config validate` and the dry run on the CPU (in process: no
+upstream is imported)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from primus.testing.fuzz_runs import run_in_process
+from primus.testing.sft_runs import MODEL_COMMAND, SHIPPED
+
+ROOT = Path(__file__).resolve().parents[1]
+ON_CPU = {"quickstart.yaml", "tiny-cpu.yaml", "sft-tiny-cpu.yaml"}  # trained by the tests
+RECIPES = sorted(p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml"))
+GPU = [p for p in RECIPES if p.name not in ON_CPU and not p.name.endswith("-sft.yaml")]
+
+
+def test_the_shipped_sft_data_is_the_reverse_task(tmp_path: Path) -> None:
+    """configs/data/sft-tiny holds what write_reverse_task (4096 train, 64 eval samples, seed 0)
+    and write_tokenizer write: regenerated with them, byte for byte."""
+    from primus.testing.sft_data import write_reverse_task, write_tokenizer
+
+    made = write_reverse_task(tmp_path, 4096, 64)
+    write_tokenizer(tmp_path / "tokenizer")
+    shipped = ROOT / SHIPPED
+    for name in ("chat_train", "chat_eval"):
+        assert (shipped / f"{name}.jsonl").read_bytes() == made[name].read_bytes(), name
+    assert sorted(p.name for p in (shipped / "tokenizer").iterdir()) == sorted(
+        p.name for p in (tmp_path / "tokenizer").iterdir()
+    )
+    for file in (tmp_path / "tokenizer").iterdir():
+        assert (shipped / "tokenizer" / file.name).read_bytes() == file.read_bytes(), file.name
+
+
+def test_the_model_command_refuses_a_full_folder_and_a_folder_without_a_tokenizer(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    full = run_in_process([*MODEL_COMMAND[:-1], str(tmp_path / "hf")], ROOT, {})
+    assert full.code == 2 and "hf exists and is not empty" in full.message, full.stderr
+    argv = ["checkpoint", "tiny", "--tokenizer", str(tmp_path), "--hf", str(tmp_path / "new")]
+    bare = run_in_process(argv, ROOT, {})
+    assert bare.code == 2 and "no tokenizer.json" in bare.message, bare.stderr
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("recipe", GPU, ids=str)
+def test_a_gpu_recipe_validates_and_dry_runs_on_the_cpu(recipe: Path, tmp_path: Path) -> None:
+    for argv in (["config", "validate", str(recipe)],
+                 ["train", "pretrain", "--config", str(recipe), "--dry-run"]):  # fmt: skip
+        done = run_in_process(argv, ROOT, {"PRIMUS_WORKSPACE": str(tmp_path / "ws")})
+        assert done.code == 0, (argv, done.stderr[-3000:])
+    assert not (tmp_path / "ws").exists()  # neither writes anything
