@@ -228,6 +228,20 @@ def test_bad_data_is_named_by_file_and_line(root, tokenizer, bad, message) -> No
     assert str(err.value).startswith(f"{path}:3: ")
 
 
+def test_a_byte_order_mark_is_read_and_bytes_that_are_not_utf8_are_named(root, tokenizer) -> None:
+    """Windows tools write JSONL with a byte-order mark (and CRLF); a Latin-1 file is refused
+    at its line and column, not with a traceback."""
+    lines = [json.dumps(GOOD)] * 4
+    marked = root / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    assert len(build_sft_data(config(root, marked), tokenizer).train.rows) == 4
+    latin = root / "latin.jsonl"
+    latin.write_bytes("\n".join(lines).encode() + b'\n{"x": "caf\xe9"}\n')
+    with pytest.raises(ConfigError) as err:
+        build_sft_data(config(root, latin), tokenizer)
+    assert str(err.value).startswith(f"{latin}:5: not UTF-8 text: byte 0xe9 at column 11\n")
+
+
 @pytest.mark.parametrize(
     ("template", "message"),
     [

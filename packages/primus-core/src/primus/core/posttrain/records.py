@@ -40,13 +40,22 @@ def data_error(where: Origin, message: str, hint: str | None = None) -> ConfigEr
 
 
 def _jsonl(path: Path) -> Iterator[tuple[Origin, Any]]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+    """The records of a JSONL file, line by line; a UTF-8 byte-order mark is skipped."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
             where = Origin("file", str(path), number)
             try:
-                yield where, json.loads(line.rstrip("\n"))
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}",
+                    where,
+                    hint="save the file as UTF-8 (JSON Lines is UTF-8 text)",
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                yield where, json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise ConfigError(
                     f"not valid JSON: {exc.msg} (column {exc.colno})", where
