@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from primus.core.checkpoint.hf import read_config
 from primus.testing.checkpoints import derived_preset, inspect_json, resolved_model
 from primus.testing.hf_models import HF_CONFIGS, hf_loss, make_hf_model
 from primus.testing.runs import losses, primus, train_run
@@ -41,7 +42,8 @@ RUN = ("exp_name=ckpt", "steps=4", "enable_checkpointing=true", "checkpoint_peri
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """The tiny recipe with `init_from` an HF Llama of the tiny preset's architecture (default
     RoPE, untied embeddings) in bf16, as published models are (the import keeps bf16, MaxText's
-    restore widens it to its float32 weights): (run dir, HF model, experiment)."""
+    restore widens it to its float32 weights), with a tokenizer's file: (run dir, HF model,
+    experiment)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -49,6 +51,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     source = make_hf_model(folder / "source", "llama3", intermediate_size=176, rope_scaling=None)
     hf = folder / "hf"
     AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(hf)
+    (hf / "tokenizer.json").write_text('{"file": "tokenizer.json"}')
     exp = yaml.safe_load(RECIPE.read_text())
     module = exp["modules"]["pre_trainer"]
     module["init_from"] = {"hf": str(hf)}
@@ -76,12 +79,19 @@ def test_init_from_starts_training_from_the_hf_model(
 def test_export_of_the_trained_run_gives_its_loss(
     run: tuple[Path, Path, Path], tmp_path: Path, synthetic_batch: Callable[[Path], np.ndarray]
 ) -> None:
-    run_dir, _, exp = run
+    """In float32 (`export_dtype`, over the bf16 source's dtype: the trained weights as they
+    are), with init_from's config.json, tokenizer and generation_config.json."""
+    run_dir, hf, exp = run
     out = tmp_path / "hf"
     result = primus("checkpoint", "export", "--config", str(exp), "--iteration", "2",
-                    "--hf", str(out), *RUN, PRIMUS_WORKSPACE=str(exp.parent))  # fmt: skip
+                    "--hf", str(out), *RUN, "export_dtype=float32",
+                    PRIMUS_WORKSPACE=str(exp.parent))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not needed here, not imported: torch, torchvision, torchaudio" in result.stderr
+    assert "float32 tensors (export_dtype (cli (export_dtype=float32)))" in result.stderr
+    assert read_config(out) == read_config(hf) | {"dtype": "float32"}
+    for name in ("tokenizer.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (hf / name).read_bytes()
     # orbax step 2 holds the weights after three updates: the ones step 4's loss was taken on
     assert losses(run_dir)[4] == pytest.approx(hf_loss(out, synthetic_batch(run_dir)), rel=1e-5)
 
