@@ -203,7 +203,7 @@ def test_export_gives_back_the_source_config_tokenizer_and_dtype(exp, tmp_path, 
     assert f"bfloat16 tensors (the dtype of {tmp_path / 'hf'}, the HF model it was" in log
     PrimusRuntime(exp, ["export.dtype=float32"]).export_hf(None, out, force=True)
     assert EVENTS[-1] == "export_hf(float32)"
-    assert " tensors (export.dtype (cli (export.dtype=float32)))" in capsys.readouterr().err
+    assert " tensors (export.dtype set by cli (export.dtype=float32))" in capsys.readouterr().err
 
     without = tmp_path / "without.yaml"  # the experiment without init_from: the provenance's
     text = exp.read_text()

@@ -76,11 +76,13 @@ def choose_dtype(
     key = adapter.hf_export_dtype_key
     value = module.tree.get(tuple(key.split("."))) if key else None
     if key and value is not None:
-        return str(value), f"{key} ({module.origin(key) or 'set by a patch'})"
-    dtype = source.record.get("dtype") if source else None
-    if source and dtype in EXPORT_DTYPES:
+        return str(value), f"{key} set by {module.origin(key) or 'a patch'}"
+    if source is None:
+        return None, "the checkpoint's own dtype: no HF model it came from is known"
+    dtype = source.record.get("dtype")
+    if dtype in EXPORT_DTYPES:
         return dtype, f"the dtype of {source.name}, the HF model it was imported from"
-    return None, "the checkpoint's own dtype: no HF model it came from is known"
+    return None, f"the checkpoint's own dtype: {source.name}'s ({dtype}) is not one to write"
 
 
 def preset_differences(adapter: BackendAdapter, source: dict[str, Any],
@@ -89,7 +91,7 @@ def preset_differences(adapter: BackendAdapter, source: dict[str, Any],
     for two HF configs differ (its training keys left out)."""
     try:
         theirs, ours = (dict(flatten(adapter.model_preset_from_hf(c))) for c in (source, derived))
-    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+    except ConfigError as exc:
         return [f"no preset: {exc}"]
     keys = sorted((theirs.keys() | ours.keys()) - adapter.hf_preset_training_keys)
     return [f"{k}: {theirs.get(k)!r}, {ours.get(k)!r}" for k in keys
@@ -112,11 +114,14 @@ def carry_over(adapter: BackendAdapter, out: Path, source: HFSource) -> None:
     experiment's gave none, its generation_config.json where none came."""
     log = get_logger()
     derived, config = read_config(out), source.record.get("config")
-    differ = preset_differences(adapter, config, derived) if config else ["no config recorded"]
-    if differ:
+    differ = preset_differences(adapter, config, derived) if config else []
+    if config is None:
+        log.warning(f"export: config.json derived from the checkpoint: {source.name} has moved "
+                    "or changed, and its provenance record keeps no config")  # fmt: skip
+    elif differ:
         log.warning(f"export: config.json derived from the checkpoint, not {source.name}'s: "
                     f"the models differ (source, checkpoint: {'; '.join(differ)})")  # fmt: skip
-    elif config is not None:
+    else:
         config = dict(config)
         config.setdefault("architectures", derived.get("architectures"))
         dtype = weights_dtype(out)
