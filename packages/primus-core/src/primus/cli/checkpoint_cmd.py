@@ -53,8 +53,11 @@ def export(
     module: Module = None,
     debug: Debug = False,
 ) -> None:
-    """Write the experiment's checkpoint as an HF model directory that transformers loads,
-    with the tokenizer when the experiment has one. Overrides may follow the options."""
+    """Write the experiment's checkpoint as an HF model directory that transformers loads.
+    From an HF import (init_from, or `primus checkpoint import`), that model comes back as it
+    went in: its config.json, tokenizer (unless the experiment names its own) and
+    generation_config.json, in its dtype unless the backend's export dtype option is set; the
+    log says which dtype was written and why. Overrides may follow the options."""
     from primus.core.runtime import PrimusRuntime
 
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on, converting=True)
