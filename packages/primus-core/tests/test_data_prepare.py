@@ -94,6 +94,24 @@ def test_one_and_two_workers_write_the_same_corpus(
     assert (manifest["bin"], manifest["idx"], manifest["key"]) == ("c.bin", "c.idx", "text")
 
 
+def dies(chunk: object) -> object:
+    os._exit(9)  # a worker killed, as the kernel's out-of-memory killer would
+
+
+def test_a_worker_that_dies_is_an_error_that_keeps_the_work_done(
+    tmp_path: Path, tokenizer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from primus.core.data import prepare as module
+    from primus.core.errors import PrimusError
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_texts(100))
+    monkeypatch.setattr(module, "tokenize", dies)
+    with pytest.raises(PrimusError, match="a tokenizing worker died") as died:
+        run([corpus], tokenizer, tmp_path / "c", workers=2)
+    assert "run the same command again to continue" in str(died.value)
+    assert Path(f"{tmp_path / 'c'}.journal").exists()
+
+
 def test_parquet_txt_and_globs_in_order(tmp_path: Path, tokenizer: Path, eod: int) -> None:
     texts = corpus_texts(90, seed=2)
     table = pa.table({"id": list(range(30)), "body": texts[:30]})
@@ -250,7 +268,10 @@ def test_a_killed_run_continues_to_the_same_corpus(
         main([*args[:-1], "2"])  # the same command (any number of workers)
     assert done.value.code in (0, None)
     said = capsys.readouterr()
-    assert "continuing: 4 of " in said.err and "; 4 chunks by the run before" in said.out
+    continued = re.search(r"continuing: (\d+) of (\d+) chunks", said.err)
+    assert continued, said.err
+    done, chunks = map(int, continued.groups())
+    assert 4 <= done < chunks and f"; {done} chunks by the run before" in said.out
     run([corpus], tokenizer, tmp_path / "clean" / "c", workers=1)
     assert files(prefix) == files(tmp_path / "clean" / "c")
     assert sorted(p.name for p in prefix.parent.iterdir()) == ["c.bin", "c.idx", "c.json"]

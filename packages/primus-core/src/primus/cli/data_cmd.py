@@ -179,7 +179,8 @@ def prepare(
         typer.Option(
             "--chunk-size",
             help="Input per unit of work (K, M, G): a worker's memory, and what a killed run "
-            "redoes. A parquet row group is one unit. Part of what the output depends on.",
+            "redoes (a parquet row group is one unit). The output is the same for any size; a "
+            "run continues a killed one only at the same size.",
         ),
     ] = "4M",
     debug: Debug = False,
@@ -203,7 +204,9 @@ def prepare(
 
     def on_start(plan: Plan) -> None:
         say = f"vocab size {plan.vocab_size:,} ({plan.dtype}); end-of-document: {_eod_text(plan)}"
-        say += f"\n{plan.total_bytes / 1e6:,.1f} MB in {plan.chunks} chunks, {plan.workers} workers"
+        chunks = f"{plan.chunks} chunk" + "s" * (plan.chunks != 1)
+        workers = f"{plan.workers} worker" + "s" * (plan.workers != 1)
+        say += f"\n{plan.total_bytes / 1e6:,.1f} MB in {chunks}, {workers}"
         if plan.note:
             say += f"\nstarting over: {plan.note}"
         if plan.done:

@@ -20,6 +20,8 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,15 +130,23 @@ def tokenize(chunk: sources.Chunk) -> Tokenized:
     return Tokenized(tokens, np.array(sizes, dtype=np.int32).tobytes(), counts)
 
 
-def _in_order(pool: Any, chunks: Iterable[sources.Chunk], window: int) -> Iterator[Tokenized]:
-    """The pool's results in chunk order, at most `window` chunks in flight."""
-    pending: deque[Any] = deque()
+def _in_order(
+    pool: ProcessPoolExecutor,
+    chunks: Iterable[sources.Chunk],
+    window: int,
+    started: Callable[[], None],
+) -> Iterator[Tokenized]:
+    """The pool's results in chunk order, at most `window` chunks in flight; `started` is
+    called once the first is submitted (the workers then exist)."""
+    pending: deque[Future[Tokenized]] = deque()
     for chunk in chunks:
-        pending.append(pool.apply_async(tokenize, (chunk,)))
+        pending.append(pool.submit(tokenize, chunk))
+        if len(pending) == 1:
+            started()
         if len(pending) >= window:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
     while pending:
-        yield pending.popleft().get()
+        yield pending.popleft().result()
 
 
 class Output:
@@ -269,6 +279,7 @@ def prepare(
     try:
         request.prefix.parent.mkdir(parents=True, exist_ok=True)
         done, counts, note = out.resume(manifest.fingerprint(inputs, settings))
+        workers = min(workers, max(len(chunks) - done, 1))  # no more than chunks to do
         if on_start:
             total = sum(s.size for s in inputs)
             copy = Counts(**vars(counts))
@@ -288,7 +299,7 @@ def prepare(
         )
         out.finish()
     except OSError as exc:
-        raise PrimusError(f"cannot write {request.prefix}.bin/.idx: {exc}") from exc
+        raise PrimusError(f"cannot prepare {request.prefix}.bin/.idx: {exc}") from exc
     seconds = time.monotonic() - start
     files = [out.bin, out.idx, out.json]
     return Prepared(counts, vocab, eod, dtype, request.prefix, seconds, done, files)
@@ -318,16 +329,25 @@ class _Run:
         args = (*self.worker_args, self.key)
         hashes = None
         try:
-            if workers == 1 or len(todo) <= 1:
+            if workers == 1:
                 _start_worker(*args, alone=True)
                 hashes = manifest.SourceHashes(inputs)
                 _append(self.out, map(tokenize, todo), done, counts, self.on_chunk)
                 return hashes
             context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-            with context.Pool(workers, _start_worker, (*args, False)) as pool:
-                hashes = manifest.SourceHashes(inputs)  # a thread: after the fork
-                results = _in_order(pool, todo, 2 * workers)
+            pool = ProcessPoolExecutor(workers, context, _start_worker, (*args, False))
+            hashed: list[manifest.SourceHashes] = []
+
+            def started() -> None:  # a thread, so after the workers are forked
+                hashed.append(manifest.SourceHashes(inputs))
+
+            try:
+                results = _in_order(pool, todo, 2 * workers, started)
                 _append(self.out, results, done, counts, self.on_chunk)
+            finally:
+                hashes = hashed[0] if hashed else None
+                pool.shutdown(wait=True, cancel_futures=True)
+            assert hashes is not None  # there were chunks to do: `started` ran
             return hashes
         except BaseException as exc:
             if hashes is not None:
@@ -335,6 +355,13 @@ class _Run:
             if isinstance(exc, sources.BadInput):
                 self.out.discard()
                 raise exc.error() from None
+            if isinstance(exc, BrokenProcessPool):
+                raise PrimusError(
+                    "a tokenizing worker died (killed, or out of memory?); the chunks done are "
+                    "kept",
+                    hint="run the same command again to continue (with fewer --workers or a "
+                    "smaller --chunk-size if memory ran out)",
+                ) from None
             raise
         finally:
             _WORKER.clear()
