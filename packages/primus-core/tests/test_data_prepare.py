@@ -3,6 +3,7 @@ except for the kill of a real run and one CLI run."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -236,12 +237,23 @@ def test_the_command_fails_on_a_bad_line_in_one_line(tmp_path: Path, tokenizer: 
     assert "Traceback" not in result.stderr
 
 
-# The command in a process of its own, each chunk made slow, so that a kill lands mid-run.
+# The command in a process of its own, each chunk made slow (in its forked workers too), so
+# that a kill lands mid-run.
 SLOW = (
-    "import sys, time; import primus.core.data.prepare as p; tokenize = p.tokenize; "
-    "p.tokenize = lambda chunk: (time.sleep(0.05), tokenize(chunk))[1]; "
+    "import sys, time; from primus.core.data import sources; texts = sources.texts; "
+    "sources.texts = lambda *a: (time.sleep(0.05), texts(*a))[1]; "
     "from primus.cli.main import main; main(sys.argv[1:])"
 )
+
+
+def processes_naming(text: str) -> list[int]:
+    """The processes whose command line holds `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+    return found
 
 
 def test_a_killed_run_continues_to_the_same_corpus(
@@ -250,7 +262,7 @@ def test_a_killed_run_continues_to_the_same_corpus(
     corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_texts(600))
     prefix = tmp_path / "out" / "c"
     args = ["data", "prepare", "-i", str(corpus), "-t", str(tokenizer), "-o", str(prefix),
-            "--chunk-size", str(CHUNK), "--workers", "1"]  # fmt: skip
+            "--chunk-size", str(CHUNK), "--workers", "2"]  # fmt: skip
     journal = Path(f"{prefix}.journal")
     process = subprocess.Popen([sys.executable, "-c", SLOW, *args], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -260,18 +272,21 @@ def test_a_killed_run_continues_to_the_same_corpus(
             break
         time.sleep(0.01)
     assert process.wait() == -signal.SIGKILL
+    while processes_naming(str(prefix)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # its workers die with it
+    assert processes_naming(str(prefix)) == []
     assert not Path(f"{prefix}.bin").exists()  # nothing final before the end
     with Path(f"{prefix}.bin.partial").open("ab") as torn:  # a chunk written, not journaled
         torn.write(b"\1\2\3")
 
-    with pytest.raises(SystemExit) as done:
-        main([*args[:-1], "2"])  # the same command (any number of workers)
-    assert done.value.code in (0, None)
+    with pytest.raises(SystemExit) as exited:
+        main([*args[:-1], "1"])  # the same command (any number of workers)
+    assert exited.value.code in (0, None)
     said = capsys.readouterr()
     continued = re.search(r"continuing: (\d+) of (\d+) chunks", said.err)
     assert continued, said.err
     done, chunks = map(int, continued.groups())
     assert 4 <= done < chunks and f"; {done} chunks by the run before" in said.out
-    run([corpus], tokenizer, tmp_path / "clean" / "c", workers=1)
+    run([corpus], tokenizer, tmp_path / "clean" / "c", workers=2)
     assert files(prefix) == files(tmp_path / "clean" / "c")
     assert sorted(p.name for p in prefix.parent.iterdir()) == ["c.bin", "c.idx", "c.json"]

@@ -17,6 +17,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +31,7 @@ from primus.core.data import indexed, manifest, sources
 from primus.core.data.tokenizer import INSTALL, Eod, find_eod, load_tokenizer, tokenizer_file
 from primus.core.data.tokenizer import vocab_size_of as _vocab_size_of
 from primus.core.errors import ConfigError, PrimusError
+from primus.core.launch.reaper import die_with_parent
 
 CHUNK_BYTES = 4 << 20
 BATCH = 1024  # documents per call of the tokenizer
@@ -101,9 +103,15 @@ class Tokenized:
 _WORKER: dict[str, Any] = {}
 
 
-def _start_worker(tokenizer: str, eod: int | None, dtype: str, key: str, alone: bool) -> None:
-    if not alone:  # one tokenizer thread per worker process: the processes are the parallelism
-        os.environ["RAYON_NUM_THREADS"] = "1"
+def _start_worker(
+    tokenizer: str, eod: int | None, dtype: str, key: str, parent: int | None
+) -> None:
+    """Load the tokenizer: in this process (`parent` None), or in a worker process of `parent`,
+    which dies with it (a killed command leaves no workers behind)."""
+    if parent is not None:
+        if die_with_parent(signal.SIGKILL) and os.getppid() != parent:
+            os._exit(1)  # the command died before the death signal was set
+        os.environ["RAYON_NUM_THREADS"] = "1"  # one thread each: the processes are the parallel
     loaded, _ = load_tokenizer(Path(tokenizer))
     encode = getattr(loaded, "encode_batch_fast", loaded.encode_batch)
     _WORKER.update(encode=encode, eod=eod, dtype=dtype, key=key)
@@ -330,12 +338,12 @@ class _Run:
         hashes = None
         try:
             if workers == 1:
-                _start_worker(*args, alone=True)
+                _start_worker(*args, None)
                 hashes = manifest.SourceHashes(inputs)
                 _append(self.out, map(tokenize, todo), done, counts, self.on_chunk)
                 return hashes
             context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-            pool = ProcessPoolExecutor(workers, context, _start_worker, (*args, False))
+            pool = ProcessPoolExecutor(workers, context, _start_worker, (*args, os.getpid()))
             hashed: list[manifest.SourceHashes] = []
 
             def started() -> None:  # a thread, so after the workers are forked
