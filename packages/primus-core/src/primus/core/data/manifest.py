@@ -72,7 +72,7 @@ def write_manifest(
     path: Path,
     manifest: Manifest,
     eod: Eod | None,
-    tokenizer: Path,
+    tokenizer: dict[str, str],
     sources: list[Source],
     hashes: Callable[[], list[str]],
     prefix: Path,
@@ -90,7 +90,7 @@ def write_manifest(
         "idx": f"{prefix.name}.idx",
         **asdict(manifest),
         "eod": None if eod is None else asdict(eod),
-        "tokenizer": {"path": str(tokenizer.resolve()), "sha256": sha256(tokenizer)},
+        "tokenizer": tokenizer,  # its path and sha256
         "sources": [
             {"path": str(Path(s.path).resolve()), "format": s.kind, "bytes": s.size, "sha256": h}
             for s, h in zip(sources, hashes(), strict=True)

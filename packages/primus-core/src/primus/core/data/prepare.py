@@ -28,8 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.data import indexed, manifest, sources
-from primus.core.data.tokenizer import INSTALL, Eod, find_eod, load_tokenizer, tokenizer_file
-from primus.core.data.tokenizer import vocab_size_of as _vocab_size_of
+from primus.core.data.tokenizer import (
+    INSTALL,
+    Eod,
+    find_eod,
+    load_tokenizer,
+    tokenizer_file,
+    vocab_size_of,
+)
 from primus.core.errors import ConfigError, PrimusError
 from primus.core.launch.reaper import die_with_parent
 
@@ -272,11 +278,12 @@ def prepare(
     tokenizer, directory = load_tokenizer(request.tokenizer)
     file = tokenizer_file(request.tokenizer)
     eod = find_eod(tokenizer, directory, request.eod_token) if request.append_eod else None
-    vocab = max(_vocab_size_of(tokenizer), eod.id + 1 if eod else 0)
+    vocab = max(vocab_size_of(tokenizer), eod.id + 1 if eod else 0)
     dtype = indexed.token_dtype(vocab)
     chunks = sources.plan(inputs, request.chunk_bytes, request.key)
+    digest = manifest.sha256(file)
     settings = {
-        "tokenizer": manifest.sha256(file),
+        "tokenizer": digest,
         "key": request.key,
         "dtype": dtype,
         "eod": None if eod is None else eod.id,
@@ -294,6 +301,7 @@ def prepare(
             on_start(Plan(eod, vocab, dtype, workers, len(chunks), done, total, copy, note))
         hashes = run.tokenize(chunks, done, counts, workers, inputs)
         if counts.documents == 0:
+            hashes.cancel()
             out.discard()
             raise ConfigError(f"no documents to write: the input holds {counts.empty} empty ones")
         with out.partial_idx.open("wb") as idx, out.partial_sizes.open("rb") as sizes:
@@ -302,8 +310,9 @@ def prepare(
             counts.documents, counts.empty, counts.tokens, dtype, vocab, request.key,
             request.chunk_bytes, request.command,
         )  # fmt: skip
+        tokenizer_record = {"path": str(file.resolve()), "sha256": digest}
         manifest.write_manifest(
-            out.partial_json, record, eod, file, inputs, hashes.result, request.prefix
+            out.partial_json, record, eod, tokenizer_record, inputs, hashes.result, request.prefix
         )
         out.finish()
     except OSError as exc:
