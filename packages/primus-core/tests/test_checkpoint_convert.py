@@ -185,6 +185,18 @@ def test_export_writes_hf_with_provenance_and_never_clobbers(exp, tmp_path) -> N
     assert len(prov["checkout"]["uv_lock_sha256"]) == 64
 
 
+def test_an_adapter_export_needs_a_lora_run_and_a_backend_that_writes_adapters(
+    exp, tmp_path
+) -> None:
+    PrimusRuntime(exp).import_hf(tmp_path / "hf")
+    with pytest.raises(ConfigError, match="no peft: section, so its checkpoints hold no"):
+        PrimusRuntime(exp).export_adapter(None, tmp_path / "adapter")
+    lora = ["peft.type=lora"]
+    with pytest.raises(ConfigError, match="does not provide lora: "):
+        PrimusRuntime(exp, lora, "posttrain").export_adapter(None, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+
+
 def test_export_gives_back_the_source_config_tokenizer_and_dtype(exp, tmp_path, capsys) -> None:
     """From `init_from`, or the import's provenance (the experiment without it, the source
     moved away): the source's config.json (the toy's guessed context not written), tokenizer,

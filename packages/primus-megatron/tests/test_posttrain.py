@@ -17,6 +17,7 @@ import torch
 
 from primus.testing.runs import primus, step_metrics
 from primus.testing.sft_runs import (
+    assert_adapter_is_the_merged_export,
     assert_adapters_learned,
     assert_continues,
     assert_evaluates_as,
@@ -169,8 +170,10 @@ def test_the_frozen_weights_do_not_change_in_training(lora_run: Path) -> None:
 
 @pytest.fixture(scope="module")
 def exported(lora_run: Path) -> Path:
-    """`primus checkpoint export` of the LoRA run: the HF directory."""
-    return export(lora_run.parents[3] / "exp.yaml", lora_run.parents[3] / "exported")
+    """`primus checkpoint export` of the LoRA run: the HF directory (merged), and beside it
+    the PEFT adapter (`adapter`)."""
+    folder = lora_run.parents[3]
+    return export(folder / "exp.yaml", folder / "exported", folder / "adapter")
 
 
 def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
@@ -218,6 +221,14 @@ def test_the_merged_export_gives_the_adapted_models_logits(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ours = torch.load(tmp_path / "megatron.pt", weights_only=False)["logits"]
     assert (ours - hf_logits(exported, tokens)).abs().max() <= 1e-4
+
+
+def test_the_peft_adapter_gives_the_merged_exports_logits(
+    exported: Path, task: dict[str, Path]
+) -> None:
+    """`checkpoint export --adapter`: peft loads it onto the HF model the run started from,
+    with the logits of the merged export (fp32): q, k and v apart, in HF's row order."""
+    assert_adapter_is_the_merged_export(task["hf"], exported.parent / "adapter", exported)
 
 
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:

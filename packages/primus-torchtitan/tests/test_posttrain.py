@@ -16,6 +16,7 @@ import torch
 
 from primus.testing.runs import primus
 from primus.testing.sft_runs import (
+    assert_adapter_is_the_merged_export,
     assert_adapters_learned,
     assert_continues,
     assert_evaluates_as,
@@ -195,7 +196,9 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) ->
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, lora_run: Path) -> Path:
-    return export(lora_run.parents[3] / "exp.yaml", tmp_path_factory.mktemp("merged") / "hf")
+    """The LoRA run exported: the HF directory (merged), and beside it the PEFT adapter."""
+    folder = tmp_path_factory.mktemp("merged")
+    return export(lora_run.parents[3] / "exp.yaml", folder / "hf", folder / "adapter")
 
 
 def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
@@ -255,6 +258,14 @@ def test_the_merged_export_gives_the_adapted_models_logits(lora_run: Path, expor
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     ours = titan_lora_logits(lora_run, tokens)
     assert (ours - hf_logits(exported, tokens)).abs().max() <= 1e-4
+
+
+def test_the_peft_adapter_gives_the_merged_exports_logits(
+    exported: Path, task: dict[str, Path]
+) -> None:
+    """`checkpoint export --adapter`: peft loads it onto the HF model the run started from,
+    with the logits of the merged export (fp32): q, k and v apart, in HF's row order."""
+    assert_adapter_is_the_merged_export(task["hf"], exported.parent / "adapter", exported)
 
 
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:

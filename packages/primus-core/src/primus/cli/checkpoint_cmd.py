@@ -42,14 +42,27 @@ def export(
     ctx: typer.Context,
     config: ConfigFile,
     hf: Annotated[
-        Path,
-        typer.Option("--hf", help="The HF model directory to write.", show_default=False),
-    ],
+        Path | None,
+        typer.Option(
+            "--hf", help="The HF model directory to write (LoRA merged in).", show_default=False
+        ),
+    ] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(
+            "--adapter",
+            help="A LoRA run: the PEFT adapter folder to write "
+            "(adapter_config.json, adapter_model.safetensors).",
+            show_default=False,
+        ),
+    ] = None,
     iteration: Annotated[
         int | None,
         typer.Option("--iteration", min=0, help="The checkpoint to export (default: latest)."),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --hf.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a non-empty --hf or --adapter.")
+    ] = False,
     module: Module = None,
     debug: Debug = False,
 ) -> None:
@@ -57,11 +70,19 @@ def export(
     From an HF import (init_from, or `primus checkpoint import`), that model comes back as it
     went in: its config.json, tokenizer (unless the experiment names its own) and
     generation_config.json, in its dtype unless the backend's export dtype option is set; the
-    log says which dtype was written and why. Overrides may follow the options."""
+    log says which dtype was written and why. A LoRA run's adapters go to --adapter as a PEFT
+    adapter that `peft.PeftModel.from_pretrained(base, folder)` loads onto the HF model the run
+    started from. Overrides may follow the options."""
     from primus.core.runtime import PrimusRuntime
 
+    if hf is None and adapter is None:
+        raise typer.BadParameter("name what to write: --hf, --adapter or both",
+                                 param_hint="--hf / --adapter")  # fmt: skip
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on, converting=True)
-    typer.echo(f"exported {runtime.export_hf(iteration, hf, force)}")
+    if hf is not None:
+        typer.echo(f"exported {runtime.export_hf(iteration, hf, force)}")
+    if adapter is not None:
+        typer.echo(f"exported {runtime.export_adapter(iteration, adapter, force)}")
 
 
 @app.command()

@@ -8,11 +8,13 @@ Test-only; needs what `primus.testing.sft_data` and `hf_models` need, and the re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from primus.testing.hf_models import hf_logits
 from primus.testing.runs import primus, step_metrics
 
 REPO = Path(__file__).resolve().parents[5]
@@ -145,11 +147,32 @@ def experiment_of(run: Path) -> Path:
     return run.parents[3] / "exp.yaml"
 
 
-def export(exp: Path, out: Path) -> Path:
-    """`primus checkpoint export` of `exp`'s run (its latest checkpoint) to `out`."""
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out))
+def export(exp: Path, out: Path, adapter: Path | None = None) -> Path:
+    """`primus checkpoint export` of `exp`'s run (its latest checkpoint) to `out`, and its
+    LoRA adapters to `adapter` when given (one command)."""
+    also = ["--adapter", str(adapter)] if adapter else []
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out), *also)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
+
+
+def assert_adapter_is_the_merged_export(base: Path, adapter: Path, merged: Path) -> None:
+    """The PEFT adapter folder `adapter`, loaded by peft onto the HF model `base` it names,
+    gives the logits of the merged export `merged` (fp32)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA"
+    assert Path(config["base_model_name_or_path"]) == base.resolve()
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tokens = torch.randint(
+        0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        adapted = PeftModel.from_pretrained(model, adapter).eval()(tokens).logits
+    assert (adapted - hf_logits(merged, tokens)).abs().max() <= 1e-4
 
 
 def assert_evaluates_as(hf_dir: Path, exp: Path, metrics: dict[str, Any]) -> None:

@@ -189,6 +189,13 @@ class BackendAdapter(ABC):
         over what the args cannot say from the HF model the checkpoint came from."""
         raise ConfigError(f"the {self.framework} backend cannot export HF checkpoints")
 
+    def lora_adapters(self, backend_args: Any, iteration: int | None) -> dict[str, Any]:
+        """The LoRA adapters of the run's checkpoint (the latest, or `iteration`), in HF
+        space: HF module name (`model.layers.0.self_attn.q_proj`) -> (A: rank x in, B: out x
+        rank) torch tensors, the HF weight then being W + (alpha / rank) B A. Core writes them
+        as a PEFT adapter (`primus.core.checkpoint.peft_adapter`)."""
+        raise ConfigError(f"the {self.framework} backend cannot export LoRA adapters")
+
     def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
         """The job `backend_args` describe, run on `gpus` GPUs, as the memory projection sees
         it (`primus.core.projection.Job`): the model, the parallel layout, the bytes of each

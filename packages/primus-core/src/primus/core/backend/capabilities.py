@@ -51,6 +51,12 @@ CAPABILITIES = {
             {"training_job": ("backend_args", "gpus", "applied"), "layout_overrides": ("job",)},
         ),
         Capability("lora", "LoRA adapters in post-training (peft:)", {}, stage="posttrain"),
+        Capability(
+            "lora-export",
+            "write a LoRA run's adapters as a PEFT adapter (primus checkpoint export --adapter)",
+            {"lora_adapters": ("backend_args", "iteration")},
+            stage="posttrain",
+        ),
     )
 }
 

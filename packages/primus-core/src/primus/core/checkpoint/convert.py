@@ -3,8 +3,8 @@
 Core owns what is the same for every backend: the architecture check against the experiment,
 staging folders renamed into place only when complete (nothing half-written is ever left),
 provenance, the hand-off between ranks, and what an export carries over from the HF model the
-checkpoint came from (`export`). The backend's `import_hf`/`export_hf` hooks only convert
-tensors.
+checkpoint came from (`export`), a LoRA run's PEFT adapter (`peft_adapter`). The backend's
+`import_hf`/`export_hf`/`lora_adapters` hooks only convert tensors.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from primus.core.checkpoint.export import carry_over, choose_dtype, find_source
 from primus.core.checkpoint.hf import read_config, weights_dtype
+from primus.core.checkpoint.peft_adapter import write_adapter
 from primus.core.checkpoint.preset import flatten, same_value
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.schema_cache import schema_of
@@ -138,13 +139,8 @@ def init_from_hf(
         time.sleep(1)
 
 
-def export_hf(
-    adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
-    iteration: int | None, out: Path, force: bool = False,
-) -> Path:  # fmt: skip
-    """Write the run's checkpoint (latest, or `iteration`) as an HF directory at `out`: in
-    the export dtype the experiment sets, else in that of the HF model it came from, with
-    what the backend cannot derive carried over from that model (`export.carry_over`)."""
+def _emptied(out: Path, force: bool) -> None:
+    """`out` absent and its parent there; a non-empty `out` replaced only with `force`."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not force:
             raise ConfigError(f"{out} exists and is not empty", hint="pass --force to replace it")
@@ -152,6 +148,16 @@ def export_hf(
     elif out.exists():
         out.rmdir()
     out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def export_hf(
+    adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
+    iteration: int | None, out: Path, force: bool = False,
+) -> Path:  # fmt: skip
+    """Write the run's checkpoint (latest, or `iteration`) as an HF directory at `out`: in
+    the export dtype the experiment sets, else in that of the HF model it came from, with
+    what the backend cannot derive carried over from that model (`export.carry_over`)."""
+    _emptied(out, force)
     start = time.perf_counter()
     source = find_source(adapter, module, backend_args)
     dtype, why = choose_dtype(adapter, module, source)
@@ -164,4 +170,27 @@ def export_hf(
         written = weights_dtype(staging)
     get_logger().info(f"exported to {out} in {time.perf_counter() - start:.1f} s, "
                       f"{written} tensors ({why})")  # fmt: skip
+    return out
+
+
+def export_adapter(
+    adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
+    iteration: int | None, out: Path, force: bool = False,
+) -> Path:  # fmt: skip
+    """Write the LoRA adapters of the run's checkpoint (latest, or `iteration`) as a PEFT
+    adapter folder at `out`, for the HF model the run started from (its `init_from`), in the
+    dtype an HF export would write (float32 where that is the checkpoint's own). The module
+    has a `peft:` section."""
+    assert module.peft is not None
+    _emptied(out, force)
+    source = find_source(adapter, module, backend_args)
+    dtype, why = choose_dtype(adapter, module, source)
+    base = str(source.folder or source.name) if source else None
+    with staged(out) as staging:
+        factors = adapter.lora_adapters(backend_args, iteration)
+        write_adapter(staging, factors, module.peft, base, dtype or "float32")
+        write_provenance(staging / PROVENANCE_FILE, experiment, module, None,
+                         source.record if source else None)  # fmt: skip
+    get_logger().info(f"exported the LoRA adapters of {len(factors)} linears to {out}, "
+                      f"{dtype or 'float32'} ({why}), for base model {base or 'unknown'}")  # fmt: skip
     return out

@@ -78,15 +78,17 @@ def _numpy_dtype(code: str) -> Any:
 
 class SafetensorsWriter:
     """HF safetensors files laid out before any tensor exists, from the tensors' names, shapes
-    and safetensors dtypes (in file order): `model.safetensors`, or files of about
-    `shard_bytes` (default SHARD_BYTES) each and HF's index. `write` then puts each tensor (torch or numpy, any
-    order) in its place, so an exporter holds one tensor at a time; `close` checks all came."""
+    and safetensors dtypes (in file order): `model.safetensors` (`stem` names it), or files of
+    about `shard_bytes` (default SHARD_BYTES) each and HF's index. `write` then puts each
+    tensor (torch or numpy, any order) in its place, so an exporter holds one tensor at a
+    time; `close` checks all came."""
 
     def __init__(
         self,
         out: Path,
         tensors: Mapping[str, tuple[list[int], str]],
         shard_bytes: int | None = None,
+        stem: str = "model",
     ) -> None:
         shards: list[dict[str, tuple[list[int], str]]] = [{}]
         size = 0
@@ -96,8 +98,8 @@ class SafetensorsWriter:
                 shards, size = [*shards, {}], 0
             shards[-1][name] = (list(shape), dtype)
             size += nbytes
-        files = ["model.safetensors"] if len(shards) == 1 else [
-            f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+        files = [f"{stem}.safetensors"] if len(shards) == 1 else [
+            f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
         ]  # fmt: skip
         self.places: dict[str, tuple[Path, int, int]] = {}  # name -> file, offset, bytes
         total = 0

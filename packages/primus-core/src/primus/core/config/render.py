@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -55,3 +56,23 @@ def to_json(tree: ConfigTree, provenance: bool = False) -> str:
             entry["overrode"] = [{"value": v, "source": str(o)} for v, o in tree.replaced[path]]
         sources[".".join(path)] = entry
     return json.dumps({"config": tree.data, "provenance": sources}, indent=2, default=str)
+
+
+def args_summary(args: Any) -> str:
+    """Backend args as YAML, whatever their type (namespace, dataclass, dict)."""
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        data = dataclasses.asdict(args)
+    elif isinstance(args, dict):
+        data = args
+    else:
+        data = vars(args) if hasattr(args, "__dict__") else {"args": args}
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        plain_types = (str, int, float, bool, type(None))  # exact: an IntEnum is shown by repr
+        return value if type(value) in plain_types else repr(value)
+
+    return yaml.safe_dump(plain(data), sort_keys=True, width=100)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
@@ -10,14 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from primus.core import __version__
 from primus.core.backend.backend_registry import BackendRegistry, require
-from primus.core.checkpoint.convert import export_hf, import_hf, init_from_hf
+from primus.core.checkpoint.convert import export_adapter, export_hf, import_hf, init_from_hf
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.experiment import Experiment, resolved_tree
-from primus.core.config.render import to_yaml
+from primus.core.config.render import args_summary, to_yaml
 from primus.core.config.tree import ConfigTree
 from primus.core.errors import ConfigError, Origin, filesystem_error
 from primus.core.folders import temp_dir_too_long, unwritable
@@ -35,26 +32,6 @@ from primus.core.trainer.base_trainer import BaseTrainer
 def _size(count: int) -> str:
     """Bytes as MiB, or GiB from 1 GiB on."""
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
-
-
-def args_summary(args: Any) -> str:
-    """Backend args as YAML, whatever their type (namespace, dataclass, dict)."""
-    if dataclasses.is_dataclass(args) and not isinstance(args, type):
-        data = dataclasses.asdict(args)
-    elif isinstance(args, dict):
-        data = args
-    else:
-        data = vars(args) if hasattr(args, "__dict__") else {"args": args}
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        plain_types = (str, int, float, bool, type(None))  # exact: an IntEnum is shown by repr
-        return value if type(value) in plain_types else repr(value)
-
-    return yaml.safe_dump(plain(data), sort_keys=True, width=100)
 
 
 class PrimusRuntime:
@@ -327,6 +304,17 @@ class PrimusRuntime:
         self.adapter.host_only = True
         args = self.backend_args()
         return export_hf(self.adapter, self.experiment, self.module, args, iteration, out, force)
+
+    def export_adapter(self, iteration: int | None, out: Path, force: bool = False) -> Path:
+        """`primus checkpoint export --adapter`: the run's LoRA adapters as a PEFT adapter."""
+        if self.module.peft is None:
+            raise ConfigError("the experiment has no peft: section, so its checkpoints hold no "
+                              "adapters", hint="export the whole model with --hf")  # fmt: skip
+        require(self.adapter, "lora-export")
+        self.adapter.host_only = True
+        args = self.backend_args()
+        return export_adapter(self.adapter, self.experiment, self.module, args, iteration, out,
+                              force)  # fmt: skip
 
     def training_job(self, gpus: int) -> Job:
         """The job on `gpus` GPUs as the projection and the benchmarks see it (the backend

@@ -41,7 +41,14 @@ class MegatronAdapter(BackendAdapter):
         "posttrain": "primus.backends.megatron.posttrain_trainer:MegatronPosttrainTrainer",
     }
     capabilities = frozenset(
-        {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"}
+        {
+            "hf-import",
+            "hf-export",
+            "checkpoint-inspect",
+            "memory-projection",
+            "lora",
+            "lora-export",
+        }
     )
     tested_versions = TESTED
     # Training choices in `model_preset_from_hf`'s result, not architecture (with RoPE,
@@ -143,6 +150,11 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.checkpoint.hf import export_hf
 
         export_hf(backend_args, iteration, out, dtype)
+
+    def lora_adapters(self, backend_args: Any, iteration: int | None) -> dict[str, Any]:
+        from primus.backends.megatron.checkpoint.hf import lora_adapters
+
+        return lora_adapters(backend_args, iteration)
 
     def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
         from primus.backends.megatron.projection import training_job

@@ -48,7 +48,14 @@ class TorchTitanAdapter(BackendAdapter):
         "posttrain": "primus.backends.torchtitan.posttrain_trainer:TorchTitanPosttrainTrainer",
     }
     capabilities = frozenset(
-        {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"}
+        {
+            "hf-import",
+            "hf-export",
+            "checkpoint-inspect",
+            "memory-projection",
+            "lora",
+            "lora-export",
+        }
     )
     tested_versions = TESTED
     # TorchTitan's own option; unset, an export writes the dtype of the HF model it came from
@@ -147,6 +154,11 @@ class TorchTitanAdapter(BackendAdapter):
         log_rank_0(
             f"[torchtitan] exported {source}" + (f" with {tokenizer}'s tokenizer" if copied else "")
         )
+
+    def lora_adapters(self, backend_args: Any, iteration: int | None) -> dict[str, Any]:
+        from primus.backends.torchtitan.checkpoint.hf import lora_adapters
+
+        return lora_adapters(backend_args, iteration)
 
     def training_job(self, backend_args: Any, gpus: int, applied: frozenset[str]) -> Job:
         from primus.backends.torchtitan.projection import training_job

@@ -110,6 +110,22 @@ def _read(reader: Any, stored: dict[str, Any], key: str) -> torch.Tensor:
     return whole[key]
 
 
+def lora_adapters(args: Any, iteration: int | None) -> dict[str, Any]:
+    """The LoRA adapters of the run's checkpoint (latest, or `iteration`) as (A, B) per HF
+    module (`lora.hf_factors`)."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = iteration_dir(Path(args.load or args.save or ""), iteration)
+    reader = dcp.FileSystemReader(str(folder))
+    stored: dict[str, Any] = reader.read_metadata().state_dict_metadata
+    adapters = {k: _read(reader, stored, k) for k in stored if lora.ADAPTER in k}
+    if not adapters:
+        raise ConfigError(f"{folder}: holds no LoRA adapters",
+                          hint="export a checkpoint the LoRA run saved (iteration 0 is the HF "
+                          "import)")  # fmt: skip
+    return lora.hf_factors(adapters)
+
+
 def export_hf(args: Any, iteration: int | None, out: Path, dtype_name: str | None) -> None:
     """Write the run's checkpoint (latest, or `iteration`) as an HF directory in `out`, in
     `dtype_name` (None: the checkpoint's dtype), read from the checkpoint alone one Megatron

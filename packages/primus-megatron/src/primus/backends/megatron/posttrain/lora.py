@@ -12,7 +12,8 @@ layout hf_mapping gives its weight (per query group q, k, v; [gate; up]):
 A is drawn like nn.Linear's default, B starts at zero (the adapted model starts as the base).
 The base is frozen and loaded from the run's HF import (iteration 0); the model's sharded
 state dict holds only the adapters, so checkpoints hold only them (and their optimizer state).
-Export merges W_hf += (alpha / r) * B A per HF tensor. Tensor parallel 1, dense models, local
+Export merges W_hf += (alpha / r) * B A per HF tensor, or writes each A and B under its HF
+module's name as a PEFT adapter. Tensor parallel 1, dense models, local
 layers (the LayerNorm Transformer Engine fuses into linear_qkv would hide the adapter's input).
 """
 
@@ -32,6 +33,7 @@ FUSED = {
     "gate_proj": "mlp.linear_fc1", "up_proj": "mlp.linear_fc1", "down_proj": "mlp.linear_fc2",
 }  # fmt: skip
 ADAPTER = ".lora."  # in the state-dict key of every adapter tensor
+HF_BLOCKS = {"self_attention": "self_attn", "mlp": "mlp"}  # Megatron's block -> HF's
 
 
 def adapter_key(name: str, side: str) -> str:
@@ -150,3 +152,17 @@ def merge(
         return weight
     a, b = adapters[adapter_key(name, "a")][layer], adapters[adapter_key(name, "b")][layer]
     return (weight.double() + b.double() @ a.double() * scaling).to(weight.dtype)
+
+
+def hf_factors(adapters: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The checkpoint's adapters (by key, each with a leading layer axis) as (A, B) per HF
+    module: `model.layers.{i}.self_attn.q_proj` and so on."""
+    found = {}
+    for name, fused in FUSED.items():
+        if adapter_key(name, "a") not in adapters:
+            continue
+        a, b = adapters[adapter_key(name, "a")], adapters[adapter_key(name, "b")]
+        block = HF_BLOCKS[fused.split(".")[0]]
+        for layer in range(a.shape[0]):
+            found[f"model.layers.{layer}.{block}.{name}"] = (a[layer], b[layer])
+    return found

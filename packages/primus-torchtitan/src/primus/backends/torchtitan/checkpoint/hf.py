@@ -289,6 +289,23 @@ def export_hf(config: Any, iteration: int | None, out: Path, dtype_name: str | N
     return source
 
 
+def lora_adapters(config: Any, iteration: int | None) -> dict[str, Any]:
+    """The LoRA adapters of the run's checkpoint (latest, or step `iteration`) as (A, B) per
+    HF module: B's rows in the HF weight's order (its q/k row permutation included)."""
+    import torch
+
+    from primus.backends.torchtitan.posttrain import lora
+
+    adapter, shapes, found = _adapter(config), base_state(config), {}
+    adapters = _adapters(_source(config, iteration), config)
+    for key, (a, b, _) in lora.factors(config, adapters).items():
+        out, width = shapes[key].shape
+        rows = torch.arange(out, dtype=torch.float64)[:, None].expand(out, width).contiguous()
+        ((name, order),) = adapter.to_hf({key: rows}).items()  # HF row i: native row order[i]
+        found[name.removesuffix(".weight")] = (a, b[order[:, 0].long()])
+    return found
+
+
 def _adapters(source: Path, config: Any) -> dict[str, Any]:
     """The LoRA adapters of a step folder, as stored (a step-N checkpoint of a LoRA run)."""
     import torch

@@ -83,9 +83,9 @@ def adapted_linears(config: Any) -> dict[str, Any]:
     }
 
 
-def updates(config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
-    """Native weight key -> a function giving its LoRA update (alpha / rank) B A in float64;
-    the fused qkv update is split into wq/wk/wv as TorchTitan splits wqkv."""
+def factors(config: Any, adapters: dict[str, Any]) -> dict[str, tuple[Any, Any, float]]:
+    """Native weight key -> (A, B, alpha / rank) of its LoRA update: the fused qkv adapter's B
+    split into wq/wk/wv rows as TorchTitan splits wqkv (A is theirs in common)."""
     from types import SimpleNamespace
 
     from torchtitan.models.common.attention import FusedQKVLinear
@@ -96,20 +96,20 @@ def updates(config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
     kv = attention.n_kv_heads or heads
     head_dim = attention.qkv_linear.head_dim or model.dim // heads
     shape = SimpleNamespace(head_dim=head_dim, heads_per_kv=heads // kv, r_dim=heads // kv + 2)
-
-    def update(fqn: str, cfg: Any, key: str) -> Any:
-        a, b = (adapters[f"{fqn}.lora_{side}.weight"].double() for side in "ab")
-        delta = {f"{fqn}.weight": cfg.alpha / cfg.rank * (b @ a)}
-        if fqn.endswith(f".{FUSED_QKV}"):
-            FusedQKVLinear._split_qkv_on_save(shape, delta, fqn.removesuffix(FUSED_QKV), None)
-        return delta[key]
-
-    found: dict[str, Any] = {}
+    found = {}
     for fqn, cfg in adapted_linears(config).items():
+        a, b = (adapters[f"{fqn}.lora_{side}.weight"] for side in "ab")
+        parts = {f"{fqn}.weight": b}
         if fqn.endswith(f".{FUSED_QKV}"):
-            keys = [f"{fqn.removesuffix(FUSED_QKV)}{w}.weight" for w in ("wq", "wk", "wv")]
-        else:
-            keys = [f"{fqn}.weight"]
-        for key in keys:
-            found[key] = partial(update, fqn, cfg, key)
+            FusedQKVLinear._split_qkv_on_save(shape, parts, fqn.removesuffix(FUSED_QKV), None)
+        found.update({key: (a, part, cfg.alpha / cfg.rank) for key, part in parts.items()})
     return found
+
+
+def updates(config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
+    """Native weight key -> a function giving its LoRA update (alpha / rank) B A in float64."""
+
+    def update(a: Any, b: Any, scaling: float) -> Any:
+        return scaling * (b.double() @ a.double())
+
+    return {key: partial(update, *found) for key, found in factors(config, adapters).items()}
