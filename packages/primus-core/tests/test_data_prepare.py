@@ -113,6 +113,41 @@ def test_a_worker_that_dies_is_an_error_that_keeps_the_work_done(
     assert Path(f"{tmp_path / 'c'}.journal").exists()
 
 
+def test_partial_output_of_another_command_is_started_over(
+    tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_texts(100))
+    prefix = tmp_path / "c"
+    Path(f"{prefix}.journal").write_text('{"fingerprint": "other"}\n{"chunk": 0, "bin": 3}\n')
+    Path(f"{prefix}.bin.partial").write_bytes(b"old")
+    args = ["data", "prepare", "-i", str(corpus), "-t", str(tokenizer), "-o", str(prefix)]
+    with pytest.raises(SystemExit):
+        main([*args, "--chunk-size", "1K", "--workers", "1"])
+    assert "starting over: partial output of another command" in capsys.readouterr().err
+    run([corpus], tokenizer, tmp_path / "clean")
+    assert files(prefix) == files(tmp_path / "clean")
+
+    with pytest.raises(SystemExit):
+        main(["data", "inspect", str(prefix), "--show", "1"])
+    said = capsys.readouterr().out
+    assert said.startswith("98 documents, ") and "\n  0: [" in said and '"documents": 98' in said
+
+
+def test_the_progress_line() -> None:
+    from primus.cli.data_cmd import ProgressLine
+    from primus.core.data.prepare import Counts, Plan
+
+    out = io.StringIO()
+    progress = ProgressLine(
+        Plan(None, 300, "uint16", 2, 4, 1, 4_000_000, Counts(bytes=1_000_000)), out
+    )
+    progress.start -= 2.0  # two seconds in, 1 MB read
+    progress.update(Counts(1234, 0, 56789, 2_000_000))
+    progress.finish()
+    line = out.getvalue().splitlines()[-1]
+    assert line.startswith("1,234 docs · 56,789 tokens · 0.5 MB/s · 50% · ETA 0:00:0")
+
+
 def test_parquet_txt_and_globs_in_order(tmp_path: Path, tokenizer: Path, eod: int) -> None:
     texts = corpus_texts(90, seed=2)
     table = pa.table({"id": list(range(30)), "body": texts[:30]})
@@ -278,6 +313,8 @@ def test_a_killed_run_continues_to_the_same_corpus(
     assert not Path(f"{prefix}.bin").exists()  # nothing final before the end
     with Path(f"{prefix}.bin.partial").open("ab") as torn:  # a chunk written, not journaled
         torn.write(b"\1\2\3")
+    with journal.open("a") as torn:  # and its journal line cut short
+        torn.write('{"chunk": 99, "bin"')
 
     with pytest.raises(SystemExit) as exited:
         main([*args[:-1], "1"])  # the same command (any number of workers)
