@@ -133,9 +133,27 @@ def test_partial_output_of_another_command_is_started_over(
     assert said.startswith("98 documents, ") and "\n  0: [" in said and '"documents": 98' in said
 
 
+def test_one_run_at_a_time_on_a_prefix(tmp_path: Path, tokenizer: Path) -> None:
+    import fcntl
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_texts(20))
+    with Path(f"{tmp_path / 'c'}.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another run's
+        with pytest.raises(ConfigError, match="is being prepared by another command"):
+            run([corpus], tokenizer, tmp_path / "c")
+    run([corpus], tokenizer, tmp_path / "c")  # the other run is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "c.bin",
+        "c.idx",
+        "c.json",
+        "corpus.jsonl",
+    ]
+
+
 def test_the_progress_line() -> None:
     from primus.cli.data_cmd import ProgressLine
-    from primus.core.data.prepare import Counts, Plan
+    from primus.core.data.journal import Counts
+    from primus.core.data.prepare import Plan
 
     out = io.StringIO()
     progress = ProgressLine(

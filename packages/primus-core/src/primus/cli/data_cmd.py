@@ -15,7 +15,8 @@ import typer
 from primus.cli.common import Debug
 
 if TYPE_CHECKING:
-    from primus.core.data.prepare import Counts, Plan, Prepared
+    from primus.core.data.journal import Counts
+    from primus.core.data.prepare import Plan, Prepared
 
 app = typer.Typer(
     help="Prepare training data (the indexed format, .bin/.idx) and inspect it.",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.data import indexed, manifest, sources
+from primus.core.data.journal import Counts, Output
 from primus.core.data.tokenizer import (
     INSTALL,
     Eod,
@@ -56,16 +57,6 @@ class Request:
     workers: int | None = None  # default: the cores this process may use
     chunk_bytes: int = CHUNK_BYTES
     command: str = ""
-
-
-@dataclass
-class Counts:
-    """Documents written, empty documents skipped, tokens and input bytes, so far."""
-
-    documents: int = 0
-    empty: int = 0
-    tokens: int = 0
-    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,68 +154,6 @@ def _in_order(
         yield pending.popleft().result()
 
 
-class Output:
-    """The files of a run: the partial ones and the journal, then the final ones."""
-
-    def __init__(self, prefix: Path) -> None:
-        self.prefix = prefix
-        self.bin, self.idx, self.json = (Path(f"{prefix}.{s}") for s in ("bin", "idx", "json"))
-        self.partial_bin = Path(f"{prefix}.bin.partial")
-        self.partial_sizes = Path(f"{prefix}.sizes.partial")
-        self.partial_idx = Path(f"{prefix}.idx.partial")
-        self.partial_json = Path(f"{prefix}.json.partial")
-        self.journal = Path(f"{prefix}.journal")
-
-    def all(self) -> list[Path]:
-        partial = [self.partial_bin, self.partial_sizes, self.partial_idx, self.partial_json]
-        return [self.bin, self.idx, self.json, *partial, self.journal]
-
-    def resume(self, fingerprint: str) -> tuple[int, Counts, str | None]:
-        """Chunks done, their counts, and why partial output is dropped (None: nothing to
-        drop, or continued). Leaves the partial files cut to the last chunk journaled."""
-        try:
-            lines = self.journal.read_text().splitlines()
-            ours = json.loads(lines[0]).get("fingerprint") == fingerprint
-        except (OSError, IndexError, ValueError, AttributeError):
-            lines, ours = [], True  # no journal (or not one of ours): nothing to continue
-        done, counts, positions, note = 0, Counts(), (0, 0), None
-        if not ours:
-            note = "partial output of another command (other input, tokenizer or options)"
-            lines = []
-        for line in lines[1:]:
-            try:
-                entry = json.loads(line)
-            except ValueError:  # the line being written when the run was killed
-                break
-            done, positions = entry["chunk"] + 1, (entry["bin"], entry["sizes"])
-            counts = Counts(**entry["counts"])
-        files = (self.partial_bin, self.partial_sizes)
-        sizes = [p.stat().st_size if p.exists() else -1 for p in files]
-        if done and any(size < want for size, want in zip(sizes, positions, strict=True)):
-            note = "partial output shorter than its journal"
-            done, counts, positions = 0, Counts(), (0, 0)
-        if not done:
-            self.journal.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
-        for path, size in zip(files, positions, strict=True):
-            with path.open("ab") as f:
-                f.truncate(size)
-        return done, counts, note
-
-    def discard(self) -> None:
-        for path in self.all()[3:]:
-            path.unlink(missing_ok=True)
-
-    def finish(self) -> None:
-        """Rename the finished files into place: the old index and manifest go first."""
-        self.idx.unlink(missing_ok=True)
-        self.json.unlink(missing_ok=True)
-        os.replace(self.partial_bin, self.bin)
-        os.replace(self.partial_idx, self.idx)
-        os.replace(self.partial_json, self.json)
-        self.partial_sizes.unlink()
-        self.journal.unlink()
-
-
 def _append(
     out: Output,
     results: Iterable[Tokenized],
@@ -293,6 +222,7 @@ def prepare(
     run = _Run(out, request.key, (str(file), None if eod is None else eod.id, dtype), on_chunk)
     try:
         request.prefix.parent.mkdir(parents=True, exist_ok=True)
+        out.lock()
         done, counts, note = out.resume(manifest.fingerprint(inputs, settings))
         workers = min(workers, max(len(chunks) - done, 1))  # no more than chunks to do
         if on_start:
@@ -317,6 +247,8 @@ def prepare(
         out.finish()
     except OSError as exc:
         raise PrimusError(f"cannot prepare {request.prefix}.bin/.idx: {exc}") from exc
+    finally:
+        out.unlock()
     seconds = time.monotonic() - start
     files = [out.bin, out.idx, out.json]
     return Prepared(counts, vocab, eod, dtype, request.prefix, seconds, done, files)
