@@ -10,6 +10,7 @@ their own, in an order and at boundaries that depend only on the files and the c
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -96,28 +97,33 @@ def expand(inputs: list[str]) -> list[Source]:
 def plan(sources: list[Source], chunk_bytes: int, key: str) -> list[Chunk]:
     """The chunks of `sources`, in order. Parquet files are checked for the text column here."""
     chunks: list[Chunk] = []
-    group: list[Source] = []  # txt files not yet in a chunk
-
-    def close_group() -> None:
-        if group:
-            paths = tuple(s.path for s in group)
-            chunks.append(Chunk("txt", paths, 0, 0, sum(s.size for s in group)))
-            group.clear()
-
-    for source in sources:
-        if source.kind == "txt":
-            group.append(source)
-            if sum(s.size for s in group) >= chunk_bytes:
-                close_group()
+    for kind, run in itertools.groupby(sources, key=lambda source: source.kind):
+        if kind == "txt":
+            chunks += _txt_chunks(list(run), chunk_bytes)
             continue
-        close_group()
-        if source.kind == "parquet":
-            chunks += _parquet_chunks(source, key)
-        else:
+        for source in run:
+            if kind == "parquet":
+                chunks += _parquet_chunks(source, key)
+                continue
             for start in range(0, source.size, chunk_bytes):
                 stop = min(start + chunk_bytes, source.size)
                 chunks.append(Chunk("jsonl", (source.path,), start, stop, stop - start))
-    close_group()
+    return chunks
+
+
+def _txt_chunks(files: list[Source], chunk_bytes: int) -> list[Chunk]:
+    """Consecutive text files, grouped until a group holds `chunk_bytes`."""
+    chunks: list[Chunk] = []
+    paths: list[str] = []
+    size = 0
+    for file in files:
+        paths.append(file.path)
+        size += file.size
+        if size >= chunk_bytes:
+            chunks.append(Chunk("txt", tuple(paths), 0, 0, size))
+            paths, size = [], 0
+    if paths:
+        chunks.append(Chunk("txt", tuple(paths), 0, 0, size))
     return chunks
 
 
