@@ -132,7 +132,7 @@ def test_architecture_mismatch_names_each_field_with_both_values(exp, tmp_path) 
     ("value", "message"),
     [
         ("{hf: /nonexistent}", "is not a Hugging Face model directory"),
-        ("{path: x}", "'init_from' must be {hf: <Hugging Face model directory>}"),
+        ("{path: x}", "'init_from' must be {hf: <Hugging Face model directory>, adapter: <PEFT"),
         ("{hf: [1]}", "'init_from.hf' must be a directory path"),
     ],
 )

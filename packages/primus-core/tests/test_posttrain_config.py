@@ -250,3 +250,39 @@ def test_validate_reads_every_train_file_through_its_columns(files, tmp_path) ->
     outcome = run_in_process(validate, tmp_path, {})
     assert outcome.code == 2 and "Traceback" not in outcome.stderr
     assert "error: sharegpt.jsonl:2: conversations[1] has unknown 'from' 'robot'" in outcome.stderr
+
+
+def test_init_from_adapter_is_checked_against_the_peft_section(files, tmp_path) -> None:
+    """`init_from: {hf, adapter}`: a PEFT LoRA adapter folder whose rank, alpha and targets
+    are the module's peft:'s; each refusal at the line at fault, the resolved experiment
+    keeps the adapter."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    peft = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": list(LORA_TARGETS)}
+    with_adapter = (
+        f"init_from: {{hf: {files['hf']}}} => init_from: {{hf: {files['hf']}, adapter: {adapter}}}"
+    )
+    cases = [
+        ({}, with_adapter, 4, "init_from.adapter: " + f"{adapter} is not a PEFT adapter directory"),
+        (peft, with_adapter + "\npeft:\\n      type: lora => ", 4,
+         "continuing an adapter needs the module's peft: section"),
+        (peft | {"r": 4}, with_adapter, 9, "peft.rank is 8, and the adapter init_from.adapter "
+         "names has 4\n  hint: set peft.rank: 4"),
+        (peft | {"target_modules": ["q_proj"]}, with_adapter, 9, "peft.target_modules is"),
+        (peft | {"use_dora": True}, with_adapter, 4, "is a LORA adapter with DoRA or rsLoRA"),
+        (peft | {"peft_type": "IA3"}, with_adapter, 4, "is a IA3 adapter"),
+    ]  # fmt: skip
+    for config, edit, line, message in cases:
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            (adapter / name).unlink(missing_ok=True)
+        if config:
+            (adapter / "adapter_config.json").write_text(json.dumps(config))
+            (adapter / "adapter_model.safetensors").write_bytes(b"")
+        with pytest.raises(ConfigError) as err:
+            load_experiment(experiment(files, tmp_path, edit))
+        assert message in str(err.value), str(err.value)
+        assert err.value.origin is not None and err.value.origin.line == line, str(err.value)
+    (adapter / "adapter_config.json").write_text(json.dumps(peft))
+    exp = load_experiment(experiment(files, tmp_path, with_adapter))
+    assert exp.modules["trainer"].peft.adapter == adapter  # type: ignore[union-attr]
+    assert f"adapter: {adapter}" in to_yaml(resolved_tree(exp))

@@ -24,6 +24,7 @@ from primus.testing.sft_runs import (
     assert_export_evaluates_as_run,
     assert_learned,
     assert_merged_only,
+    assert_run_keeps_its_adapter,
     eval_lines,
     eval_rows,
     export,
@@ -49,9 +50,13 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def experiment(
-    folder: Path, task: dict[str, Path], peft: dict[str, Any] | None = None, **sft: Any
+    folder: Path,
+    task: dict[str, Path],
+    peft: dict[str, Any] | None = None,
+    adapter: Path | None = None,
+    **sft: Any,
 ) -> Path:
-    return sft_experiment(RECIPE, folder, task, peft, **sft)
+    return sft_experiment(RECIPE, folder, task, peft, adapter, **sft)
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +234,18 @@ def test_the_peft_adapter_gives_the_merged_exports_logits(
     """`checkpoint export --adapter`: peft loads it onto the HF model the run started from,
     with the logits of the merged export (fp32): q, k and v apart, in HF's row order."""
     assert_adapter_is_the_merged_export(task["hf"], exported.parent / "adapter", exported)
+
+
+def test_a_run_continues_an_exported_peft_adapter(
+    exported: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """`init_from: {hf, adapter}`: the adapters start from the PEFT adapter the LoRA run
+    exported (learning rate 0: they end as they started)."""
+    adapter = exported.parent / "adapter"
+    exp = experiment(tmp_path / "continued", task, peft=LORA, adapter=adapter)
+    assert_run_keeps_its_adapter(
+        exp, adapter, "train_iters=2", "save_interval=2", "eval_interval=100", "lr_warmup_iters=0", "lr=0", "min_lr=0"
+    )
 
 
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:

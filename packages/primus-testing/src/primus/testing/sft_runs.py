@@ -64,13 +64,15 @@ def sft_experiment(
     folder: Path,
     task: dict[str, Path],
     peft: dict[str, Any] | None = None,
+    adapter: Path | None = None,
     **sft: Any,
 ) -> Path:
     """`recipe` (one module, `post_trainer`) on `task`'s chat data (sft keys changed by `sft`,
-    with `peft`), its workspace in `folder`; the experiment file."""
+    with `peft`, its adapters starting from the PEFT `adapter`), its workspace in `folder`;
+    the experiment file."""
     folder.mkdir(parents=True, exist_ok=True)
     module: dict[str, Any] = {
-        "init_from": {"hf": str(task["hf"])},
+        "init_from": {"hf": str(task["hf"])} | ({"adapter": str(adapter)} if adapter else {}),
         "sft": {"train": str(task["chat_train"]), "eval": str(task["chat_eval"]), **sft},
     }
     if peft is not None:
@@ -154,6 +156,23 @@ def export(exp: Path, out: Path, adapter: Path | None = None) -> Path:
     done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out), *also)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
+
+
+def assert_run_keeps_its_adapter(exp: Path, adapter: Path, *overrides: str) -> None:
+    """`exp` (its `init_from.adapter` the PEFT `adapter`) trained at learning rate 0 (by
+    `overrides`) ends with the adapter it started from: its `checkpoint export --adapter`
+    holds the same tensors, bit for bit."""
+    from safetensors.torch import load_file
+
+    run = posttrain(exp, *overrides)
+    assert f"the adapters start from {adapter}" in (run / "logs" / "rank-0.log").read_text()
+    out = exp.parent / "adapter-again"
+    done = primus("checkpoint", "export", "--config", str(exp), "--adapter", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    before, after = (load_file(f / "adapter_model.safetensors") for f in (adapter, out))
+    assert sorted(after) == sorted(before) and len(before) >= 4
+    assert all(after[k].equal(before[k]) for k in before), [k for k in before
+                                                             if not after[k].equal(before[k])]  # fmt: skip
 
 
 def assert_adapter_is_the_merged_export(base: Path, adapter: Path, merged: Path) -> None:

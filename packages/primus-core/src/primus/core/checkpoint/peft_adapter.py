@@ -1,6 +1,7 @@
 """A LoRA run's adapters as a PEFT adapter folder: `adapter_config.json` and
 `adapter_model.safetensors`, which `peft.PeftModel.from_pretrained(base, folder)` loads onto
-the HF base model, and which serving stacks (vLLM, TGI) load beside it.
+the HF base model, and which serving stacks (vLLM, TGI) load beside it; and such a folder
+read back (`init_from.adapter`).
 
 A backend gives each adapted HF linear's factors in HF space: A (rank x in) and B (out x
 rank), so that the linear's weight becomes W + (alpha / rank) B A, as PEFT computes it.
@@ -12,12 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from primus.core.checkpoint.hf import safetensors_header
 from primus.core.checkpoint.hf_tensors import SafetensorsWriter
+from primus.core.config.init_from import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from primus.core.config.posttrain import PeftConfig
+from primus.core.errors import ConfigError
 from primus.core.reliability.atomic import write_json
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_STEM = "adapter_model"  # adapter_model.safetensors
 CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 Factors = Mapping[str, tuple[Any, Any]]  # HF module name -> (A, B), torch tensors
@@ -58,9 +60,34 @@ def write_adapter(
     }
     code, torch_dtype = CODES[dtype], getattr(torch, dtype)
     writer = SafetensorsWriter(
-        out, {name: (list(t.shape), code) for name, t in tensors.items()}, stem=ADAPTER_STEM
+        out,
+        {name: (list(t.shape), code) for name, t in tensors.items()},
+        stem=ADAPTER_WEIGHTS.removesuffix(".safetensors"),
     )
     for name, tensor in tensors.items():
         writer.write(name, tensor.to(torch_dtype))
     writer.close()
     write_json(out / ADAPTER_CONFIG, adapter_config(peft, factors, base))
+
+
+def read_adapter(folder: Path) -> dict[str, tuple[Any, Any]]:
+    """The LoRA factors of the PEFT adapter in `folder`: HF module name -> (A, B), float32
+    torch tensors; a ConfigError naming the file where a module lacks A or B."""
+    import re
+
+    from safetensors import safe_open
+
+    path = folder / ADAPTER_WEIGHTS
+    pattern = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight")
+    found: dict[str, dict[str, Any]] = {}
+    with safe_open(path, "pt") as f:
+        for name in safetensors_header(path):
+            match = pattern.fullmatch(name)
+            if match is None:
+                raise ConfigError(f"{path}: tensor '{name}' is not a LoRA factor",
+                                  hint="Primus continues adapters of LoRA alone")  # fmt: skip
+            found.setdefault(match[1], {})[match[2]] = f.get_tensor(name).float()
+    for module, pair in found.items():
+        if set(pair) != {"A", "B"}:
+            raise ConfigError(f"{path}: {module} has lora_{''.join(pair)} alone")
+    return {module: (pair["A"], pair["B"]) for module, pair in found.items()}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus.core.config.init_from import init_from, with_adapter
 from primus.core.config.limits import check_env, check_run_dir
 from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
@@ -61,6 +62,7 @@ class ModuleConfig:
     params: dict[str, Any]
     tree: ConfigTree
     # `init_from: {hf: DIR}`: the HF model directory the run starts from, and where it was set
+    # (its `adapter:`, with LoRA, is `peft.adapter`)
     init_from: Path | None = None
     init_from_origin: Origin | None = None
     # `sft:` and `peft:` (primus.core.config.posttrain), checked, or None where absent
@@ -204,35 +206,11 @@ def _resolve_module(
     params.merge(exp.subtree((*path, "overrides")))
     for layer in cli:
         params.merge(layer)
-    init_from, init_origin = _init_from(exp, path)
-    sft = sft_config(exp, path, init_from)
-    return ModuleConfig(
-        name, framework, params.data, params, init_from, init_origin, sft, peft_config(exp, path)
-    )
-
-
-def _init_from(exp: ConfigTree, module: KeyPath) -> tuple[Path | None, Origin | None]:
-    """A module's `init_from: {hf: DIR}`: an HF model directory (relative to the current
-    directory, like every path in an experiment), checked to exist."""
-    path: KeyPath = (*module, "init_from")
-    section = exp.get(path)
-    if section is None:
-        return None, None
-    if not isinstance(section, dict) or set(section) != {"hf"}:
-        raise ConfigError(
-            "'init_from' must be {hf: <Hugging Face model directory>}", exp.origin(path)
-        )
-    origin = exp.origin((*path, "hf"))
-    if not isinstance(section["hf"], str) or not section["hf"]:
-        raise ConfigError("'init_from.hf' must be a directory path", origin)
-    folder = Path(os.path.expanduser(section["hf"]))  # Path's raises for an unknown ~user
-    if not os.path.isfile(folder / "config.json") or not any(folder.glob("*.safetensors")):
-        raise ConfigError(
-            f"init_from.hf: {folder} is not a Hugging Face model directory",
-            origin,
-            hint="it needs config.json and *.safetensors",
-        )
-    return folder.resolve(), origin
+    init, init_origin, adapter = init_from(exp, path)
+    sft, peft = sft_config(exp, path, init), peft_config(exp, path)
+    if adapter is not None:
+        peft = with_adapter(peft, adapter, exp.origin((*path, "init_from", "adapter")))
+    return ModuleConfig(name, framework, params.data, params, init, init_origin, sft, peft)
 
 
 def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None:
@@ -352,6 +330,10 @@ def resolved_tree(experiment: Experiment) -> ConfigTree:
             where = module.init_from_origin or Origin("default")
             hf = (*prefix, "init_from", "hf")
             tree.merge(single_value_tree(hf, str(module.init_from), where))
+        if module.peft is not None and module.peft.adapter is not None:
+            where = module.peft.origins.get("adapter") or Origin("default")
+            adapter = (*prefix, "init_from", "adapter")
+            tree.merge(single_value_tree(adapter, str(module.peft.adapter), where))
         for key in POSTTRAIN_KEYS:
             if (section := getattr(module, key)) is not None:
                 tree.merge(section_tree(prefix, key, section))

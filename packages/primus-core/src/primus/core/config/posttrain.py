@@ -119,6 +119,7 @@ class PeftConfig(_Located):
     dropout: float
     target_modules: tuple[str, ...]
     origins: dict[str, Origin] = field(compare=False, repr=False)
+    adapter: Path | None = None  # init_from.adapter: the PEFT adapter the adapters start from
 
     @property
     def scaling(self) -> float:

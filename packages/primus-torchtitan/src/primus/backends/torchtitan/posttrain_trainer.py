@@ -15,7 +15,7 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
     stages = ("posttrain",)
 
     def init(self) -> None:
-        from primus.backends.torchtitan.checkpoint.hf import import_dir
+        from primus.backends.torchtitan.checkpoint.hf import adapters_from_peft, import_dir
         from primus.backends.torchtitan.posttrain import lora
         from primus.core.posttrain import build_sft_data
 
@@ -44,3 +44,7 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
         loaded = lora.load_base(model, base)
         lora.init_adapters(model, config.debug.seed or 0)  # a resume loads them afterwards
         log_rank_0(f"[torchtitan] LoRA: {loaded} frozen tensors from {base}")
+        peft = config.dataloader._peft
+        if peft is not None and peft.adapter is not None:
+            lora.set_adapters(model, adapters_from_peft(config, peft.adapter))
+            log_rank_0(f"[torchtitan] LoRA: the adapters start from {peft.adapter}")

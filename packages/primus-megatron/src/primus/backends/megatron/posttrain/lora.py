@@ -10,6 +10,7 @@ layout hf_mapping gives its weight (per query group q, k, v; [gate; up]):
     down_proj                -> mlp.linear_fc2
 
 A is drawn like nn.Linear's default, B starts at zero (the adapted model starts as the base).
+With `init_from.adapter`, A and B start from that PEFT adapter's instead.
 The base is frozen and loaded from the run's HF import (iteration 0); the model's sharded
 state dict holds only the adapters, so checkpoints hold only them (and their optimizer state).
 Export merges W_hf += (alpha / r) * B A per HF tensor, or writes each A and B under its HF
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 
 from primus.backends.megatron.checkpoint.hf_mapping import Layout, Param, params, to_megatron
+from primus.core.checkpoint.peft_adapter import read_adapter
+from primus.core.errors import ConfigError
 from primus.core.posttrain import PeftConfig
 
 # The fused Megatron linear (under decoder.layers.) holding each HF projection.
@@ -47,9 +50,10 @@ def target(hf_name: str) -> str:
 
 
 def describe(peft: PeftConfig) -> str:
+    start = f"; the adapters start from {peft.adapter}" if peft.adapter else ""
     return (
         f"rank {peft.rank}, alpha {peft.alpha:g} (scaling {peft.scaling:g}), dropout "
-        f"{peft.dropout:g}, on {', '.join(peft.target_modules)}"
+        f"{peft.dropout:g}, on {', '.join(peft.target_modules)}{start}"
     )
 
 
@@ -111,6 +115,8 @@ def add_lora(model: Any, args: Any) -> None:
     base = getattr(args, "primus_lora_base", None)
     if base:
         _load_base(model, base, args)
+    if peft.adapter is not None:  # a resume loads the checkpoint's adapters over these
+        _load_adapter(model, read_adapter(peft.adapter))
     full = model.sharded_state_dict
 
     def adapters_only(*a: Any, **k: Any) -> dict[str, Any]:
@@ -135,6 +141,29 @@ def _load_base(model: Any, folder: str, args: Any) -> None:
     assert not unexpected, unexpected
     left = [key for key in missing if ADAPTER not in key and not key.endswith("_extra_state")]
     assert not left, f"not in the HF import {folder}: {left}"
+
+
+def _load_adapter(model: Any, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Each adapter's A and B from a PEFT adapter's factors (`read_adapter`), by HF module:
+    the layer's global number, its block and projection."""
+    for layer in model.decoder.layers:
+        for path in dict.fromkeys(FUSED.values()):
+            block, name = path.split(".")
+            adapter: Any = getattr(getattr(getattr(layer, block), name), "lora", None)
+            for target in adapter.a if adapter is not None else ():
+                module = f"model.layers.{layer.layer_number - 1}.{HF_BLOCKS[block]}.{target}"
+                if module not in factors:
+                    raise ConfigError(f"init_from.adapter: no adapter for {module}")
+                linears = (adapter.a[target], adapter.b[target])
+                pairs = zip("AB", linears, factors[module], strict=True)
+                for side, linear, tensor in pairs:
+                    if tensor.shape != linear.weight.shape:
+                        raise ConfigError(
+                            f"init_from.adapter: {module}'s lora_{side} has shape "
+                            f"{list(tensor.shape)}, this model's {list(linear.weight.shape)}"
+                        )
+                    with torch.no_grad():
+                        linear.weight.copy_(tensor)
 
 
 def merge(

@@ -289,21 +289,54 @@ def export_hf(config: Any, iteration: int | None, out: Path, dtype_name: str | N
     return source
 
 
+def _hf_rows(adapter: Any, key: str, shape: Any) -> tuple[str, Any]:
+    """The HF name of native weight `key` (of `shape`), and the native row of each HF row
+    (the q/k row permutation of RoPE; the identity elsewhere)."""
+    import torch
+
+    out, width = shape
+    rows = torch.arange(out, dtype=torch.float64)[:, None].expand(out, width).contiguous()
+    ((name, order),) = adapter.to_hf({key: rows}).items()
+    return name, order[:, 0].long()
+
+
 def lora_adapters(config: Any, iteration: int | None) -> dict[str, Any]:
     """The LoRA adapters of the run's checkpoint (latest, or step `iteration`) as (A, B) per
     HF module: B's rows in the HF weight's order (its q/k row permutation included)."""
-    import torch
-
     from primus.backends.torchtitan.posttrain import lora
 
     adapter, shapes, found = _adapter(config), base_state(config), {}
     adapters = _adapters(_source(config, iteration), config)
     for key, (a, b, _) in lora.factors(config, adapters).items():
-        out, width = shapes[key].shape
-        rows = torch.arange(out, dtype=torch.float64)[:, None].expand(out, width).contiguous()
-        ((name, order),) = adapter.to_hf({key: rows}).items()  # HF row i: native row order[i]
-        found[name.removesuffix(".weight")] = (a, b[order[:, 0].long()])
+        name, order = _hf_rows(adapter, key, shapes[key].shape)
+        found[name.removesuffix(".weight")] = (a, b[order])
     return found
+
+
+def adapters_from_peft(config: Any, folder: Path) -> dict[str, Any]:
+    """The adapter parameters of the model, whole, from the PEFT adapter in `folder`
+    (`init_from.adapter`): the inverse of `lora_adapters`."""
+    import torch
+
+    from primus.backends.torchtitan.posttrain import lora
+    from primus.core.checkpoint.peft_adapter import read_adapter
+
+    adapter, shapes, factors = _adapter(config), base_state(config), read_adapter(folder)
+
+    def factor(key: str) -> tuple[Any, Any]:
+        name, order = _hf_rows(adapter, key, shapes[key].shape)
+        module = name.removesuffix(".weight")
+        if module not in factors:
+            raise ConfigError(f"init_from.adapter: {folder} has no adapter for {module}")
+        a, b = factors[module]
+        if b.shape[0] != len(order) or a.shape[1] != shapes[key].shape[1]:
+            raise ConfigError(f"init_from.adapter: {module}'s factors are {list(b.shape)} x "
+                              f"{list(a.shape)}, this model's weight {list(shapes[key].shape)}")  # fmt: skip
+        native = torch.empty_like(b)
+        native[order] = b
+        return a, native
+
+    return lora.native_adapters(config, factor)
 
 
 def _adapters(source: Path, config: Any) -> dict[str, Any]:

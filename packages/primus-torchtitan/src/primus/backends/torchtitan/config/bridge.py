@@ -210,7 +210,7 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
         from primus.backends.torchtitan.posttrain.sft import SFTDataLoader, SFTValidator
 
         dataloader, extra["validator"] = (
-            SFTDataLoader.Config(_sft=config.sft),
+            SFTDataLoader.Config(_sft=config.sft, _peft=config.peft),
             SFTValidator.Config(),
         )
     return Trainer.Config(

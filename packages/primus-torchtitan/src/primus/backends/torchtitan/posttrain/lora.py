@@ -10,15 +10,18 @@ import, loaded by Primus (fresh run and resume alike); checkpoints hold the adap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from primus.core.errors import ConfigError
 from primus.core.posttrain import PeftConfig
 
 # HF name -> TorchTitan Linear (the last segment of its FQN)
 LINEARS = {"o_proj": "wo", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 QKV = ("q_proj", "k_proj", "v_proj")
+QKV_NATIVE = ("wq", "wk", "wv")  # TorchTitan's unfused names, as its checkpoints hold them
 FUSED_QKV = "wqkv"
 ADAPTER = (".lora_a.", ".lora_b.")
 
@@ -48,6 +51,16 @@ def load_base(model: Any, folder: Path) -> int:
     return len(state)
 
 
+def _copy_whole(param: Any, full: Any) -> None:
+    """Copy the whole (unsharded) tensor `full` into `param`, sharded as it is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        mesh = param.device_mesh
+        full = distribute_tensor(full.to(mesh.device_type), mesh, param.placements)
+    param.copy_(full)
+
+
 def init_adapters(model: Any, seed: int) -> None:
     """Draw each adapter's A anew (B stays zeros) from one generator, over the whole tensor,
     as nn.Linear draws its weight: the same start whatever the sharding (TorchTitan draws on
@@ -55,7 +68,6 @@ def init_adapters(model: Any, seed: int) -> None:
     import math
 
     import torch
-    from torch.distributed.tensor import DTensor, distribute_tensor
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -66,10 +78,17 @@ def init_adapters(model: Any, seed: int) -> None:
             full = torch.empty(param.shape, dtype=param.dtype).uniform_(
                 -bound, bound, generator=generator
             )
-            if isinstance(param, DTensor):
-                mesh = param.device_mesh
-                full = distribute_tensor(full.to(mesh.device_type), mesh, param.placements)
-            param.copy_(full)
+            _copy_whole(param, full)
+
+
+def set_adapters(model: Any, adapters: dict[str, Any]) -> None:
+    """Each adapter parameter from `adapters` (`native_adapters`: whole tensors by name)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_adapter(name):
+                _copy_whole(param, adapters[name].to(param.dtype))
 
 
 def adapted_linears(config: Any) -> dict[str, Any]:
@@ -83,26 +102,61 @@ def adapted_linears(config: Any) -> dict[str, Any]:
     }
 
 
-def factors(config: Any, adapters: dict[str, Any]) -> dict[str, tuple[Any, Any, float]]:
-    """Native weight key -> (A, B, alpha / rank) of its LoRA update: the fused qkv adapter's B
-    split into wq/wk/wv rows as TorchTitan splits wqkv (A is theirs in common)."""
+def _qkv_shape(config: Any) -> Any:
+    """What TorchTitan's wqkv split and merge read of the attention (as its module)."""
     from types import SimpleNamespace
-
-    from torchtitan.models.common.attention import FusedQKVLinear
 
     model = config.model_spec.model
     attention = model.layers[0].attention
     heads = attention.n_heads
     kv = attention.n_kv_heads or heads
     head_dim = attention.qkv_linear.head_dim or model.dim // heads
-    shape = SimpleNamespace(head_dim=head_dim, heads_per_kv=heads // kv, r_dim=heads // kv + 2)
+    return SimpleNamespace(head_dim=head_dim, heads_per_kv=heads // kv, r_dim=heads // kv + 2)
+
+
+def factors(config: Any, adapters: dict[str, Any]) -> dict[str, tuple[Any, Any, float]]:
+    """Native weight key -> (A, B, alpha / rank) of its LoRA update: the fused qkv adapter's B
+    split into wq/wk/wv rows as TorchTitan splits wqkv (A is theirs in common)."""
+    from torchtitan.models.common.attention import FusedQKVLinear
+
     found = {}
     for fqn, cfg in adapted_linears(config).items():
         a, b = (adapters[f"{fqn}.lora_{side}.weight"] for side in "ab")
         parts = {f"{fqn}.weight": b}
         if fqn.endswith(f".{FUSED_QKV}"):
-            FusedQKVLinear._split_qkv_on_save(shape, parts, fqn.removesuffix(FUSED_QKV), None)
+            FusedQKVLinear._split_qkv_on_save(
+                _qkv_shape(config), parts, fqn.removesuffix(FUSED_QKV), None
+            )
         found.update({key: (a, part, cfg.alpha / cfg.rank) for key, part in parts.items()})
+    return found
+
+
+def native_adapters(config: Any, factor: Callable[[str], tuple[Any, Any]]) -> dict[str, Any]:
+    """The adapter parameters (`....lora_a.weight`, `....lora_b.weight`) from `factor`, which
+    gives (A, B) per native weight key: q, k and v's B joined into the fused adapter's as
+    TorchTitan joins wqkv, their A the fused adapter's (they must share it)."""
+    import torch
+
+    from torchtitan.models.common.attention import FusedQKVLinear
+
+    found = {}
+    for fqn in adapted_linears(config):
+        if not fqn.endswith(f".{FUSED_QKV}"):
+            a, b = factor(f"{fqn}.weight")
+        else:
+            prefix = fqn.removesuffix(FUSED_QKV)
+            parts = {f"{prefix}{w}.weight": factor(f"{prefix}{w}.weight") for w in QKV_NATIVE}
+            (a, _), *others = parts.values()
+            if not all(torch.equal(a, other) for other, _ in others):
+                raise ConfigError(
+                    f"init_from.adapter: q, k and v of {prefix.rstrip('.')} have different A; "
+                    "TorchTitan's fused q/k/v adapter has one",
+                    hint="continue this adapter on Megatron (an adapter per projection)",
+                )
+            state = {key: b for key, (_, b) in parts.items()}
+            FusedQKVLinear._merge_qkv_on_load(_qkv_shape(config), state, prefix)
+            b = state[f"{fqn}.weight"]
+        found[f"{fqn}.lora_a.weight"], found[f"{fqn}.lora_b.weight"] = a, b
     return found
 
 

@@ -75,8 +75,9 @@ class SFTDataLoader(ParallelAwareDataloader):
     @dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):
         dataset: str = "sft"
-        # not from the CLI: the module's sft: (convert_config), its rows (the trainer)
+        # not from the CLI: the module's sft: and peft: (convert_config), its rows (the trainer)
         _sft: Annotated[Any, tyro.conf.Suppress] = None
+        _peft: Annotated[Any, tyro.conf.Suppress] = None
         _rows: Annotated[Any, tyro.conf.Suppress] = None
         _global_batch: Annotated[int, tyro.conf.Suppress] = -1  # training.global_batch_size
 
