@@ -244,7 +244,14 @@ def test_a_run_continues_an_exported_peft_adapter(
     adapter = exported.parent / "adapter"
     exp = experiment(tmp_path / "continued", task, peft=LORA, adapter=adapter)
     assert_run_keeps_its_adapter(
-        exp, adapter, "train_iters=2", "save_interval=2", "eval_interval=100", "lr_warmup_iters=0", "lr=0", "min_lr=0"
+        exp,
+        adapter,
+        "train_iters=2",
+        "save_interval=2",
+        "eval_interval=100",
+        "lr_warmup_iters=0",
+        "lr=0",
+        "min_lr=0",
     )
 
 
