@@ -38,7 +38,7 @@ def test_megatron_reads_and_would_have_written_the_same_corpus(tmp_path: Path) -
     from primus.backends.megatron.config.bridge import silence_import_notices
 
     silence_import_notices()  # imported after the prepare: its workers fork a process without torch
-    indexed_dataset = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    from megatron.core.datasets import indexed_dataset
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
 
     documents = expected_documents(tokenizer, texts, eod)
@@ -62,3 +62,31 @@ def test_megatron_reads_and_would_have_written_the_same_corpus(tmp_path: Path) -
         )
     )  # fmt: skip
     assert (null.eod, null.vocab_size) == (eod, vocab)
+
+
+def test_megatron_trains_on_a_prepared_corpus_with_the_params_its_check_names(
+    tmp_path: Path,
+) -> None:
+    """Prepare a corpus, then train the tiny recipe on it with the NullTokenizer params
+    Megatron's data check names from the manifest: on the data (no mock data), the loss falls."""
+    import json
+
+    from primus.testing.runs import train_run
+
+    texts = corpus_texts(600, seed=3)
+    prefix = tmp_path / "data" / "corpus"
+    tokenizer = tokenizer_dir(tmp_path / "tokenizer")
+    prepare(Request([str(write_jsonl(tmp_path / "corpus.jsonl", texts))], tokenizer, prefix))
+    manifest = read_manifest(prefix)
+    assert manifest is not None
+    recipe = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+    run_dir = train_run(
+        recipe, tmp_path / "ws", f"data_path=[{prefix}]", "tokenizer_type=NullTokenizer",
+        f"vocab_size={manifest['vocab_size']}", f"null_tokenizer_eod_id={manifest['eod']['id']}",
+        "exp_name=on-data", "train_iters=15", "split=100,0,0",  # a few dozen samples: all train
+    )  # fmt: skip
+    report = json.loads((run_dir / "patch_report.json").read_text())
+    mock = next(p for p in report["patches"] if p["id"] == "megatron.mock_data")
+    assert mock["status"] == "skipped"  # it trained on the data, not on mock data
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["step"] == 15 and steps[-1]["loss"] < steps[0]["loss"] - 0.5
