@@ -148,3 +148,16 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         pytest.skip(reason)
     with local_cluster(tmp_path_factory.mktemp("slurm")) as env:
         yield env
+
+
+@pytest.fixture(scope="module")
+def cached_schemas() -> None:
+    """Every backend's parameter schema in the test session's cache, read in this process
+    (which imports the upstreams), as the first `config validate` after an install does."""
+    from primus.core.config.schema_cache import schema_of
+    from primus.core.runtime import resolution
+
+    for backend in ("megatron", "torchtitan", "maxtext"):
+        config = REPO / "configs" / backend / "tiny-cpu.yaml"
+        module = next(iter(resolution.load(config).modules.values()))
+        schema_of(resolution.adapter_class(module.framework)(module.framework))

@@ -62,6 +62,29 @@ def primus_imports(
     return done, [name for name in told.removeprefix("imported: ").split(",") if name]
 
 
+# The three ways to check an experiment: each must refuse bad input alike, before any import.
+FAST_FORMS = {
+    "run": ("train", "pretrain", "--config"),
+    "dry-run": ("train", "pretrain", "--dry-run", "--config"),
+    "validate": ("config", "validate"),
+}
+
+
+def refused(tmp_path: Path, form: str, config: Path, *args: str) -> str:
+    """Run `form` (of FAST_FORMS) of `config` with `args`; assert it failed as bad config
+    (exit 2, no traceback) without importing a framework or making the workspace; its
+    stderr."""
+    workspace = tmp_path / "ws"
+    done, imported = primus_imports(
+        *FAST_FORMS[form], str(config), *args, PRIMUS_WORKSPACE=str(workspace)
+    )
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert imported == []
+    assert not workspace.exists()
+    return done.stderr
+
+
 def preset_args(
     workspace: Path,
     framework: str,
