@@ -309,22 +309,30 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
 def test_a_killed_run_continues_to_the_same_corpus(
-    tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str], stop: signal.Signals
 ) -> None:
+    """SIGKILL to the command alone, or Ctrl-C's SIGINT to its process group (which says so
+    and exits 130), after 4 chunks: the same command continues to the bytes of a clean run."""
     corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_texts(600))
     prefix = tmp_path / "out" / "c"
     args = ["data", "prepare", "-i", str(corpus), "-t", str(tokenizer), "-o", str(prefix),
             "--chunk-size", str(CHUNK), "--workers", "2"]  # fmt: skip
     journal = Path(f"{prefix}.journal")
-    process = subprocess.Popen([sys.executable, "-c", SLOW, *args], stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", SLOW, *args], stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         if journal.exists() and len(journal.read_text().splitlines()) > 4:  # 4 chunks done
-            process.send_signal(signal.SIGKILL)
+            process.send_signal(stop) if stop == signal.SIGKILL else os.killpg(process.pid, stop)
             break
         time.sleep(0.01)
-    assert process.wait() == -signal.SIGKILL
+    stderr = process.communicate(timeout=60)[1]
+    assert process.returncode == (-stop if stop == signal.SIGKILL else 130), stderr[-2000:]
+    if stop == signal.SIGINT:
+        assert "Traceback" not in stderr
+        assert "interrupted: the chunks done are kept; run the same command again" in stderr
     while processes_naming(str(prefix)) and time.monotonic() < deadline:
         time.sleep(0.05)  # its workers die with it
     assert processes_naming(str(prefix)) == []

@@ -216,10 +216,15 @@ def prepare(
         progress.append(ProgressLine(plan))
 
     try:
-        result = run(request, on_start, lambda counts: progress[0].update(counts))
-    finally:
-        if progress:
-            progress[0].finish()
+        try:
+            result = run(request, on_start, lambda counts: progress[0].update(counts))
+        finally:
+            if progress:
+                progress[0].finish()
+    except KeyboardInterrupt:
+        print("[primus] interrupted: the chunks done are kept; run the same command again to "
+              "continue from them", file=sys.stderr)  # fmt: skip
+        raise typer.Exit(130) from None
     sys.stdout.write(_summary(result) + "\n")
 
 
