@@ -317,6 +317,21 @@ def test_a_backend_without_a_memory_projection_says_so() -> None:
     assert "the dummy backend does not provide memory-projection" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("outputs", "message"),
+    [([], "name what to write: --hf, --adapter or both"),
+     (["--hf", "out", "--adapter", "out/"], "the model and the adapter need folders of their own"),
+     (["--adapter", "out"], "the experiment has no peft: section, so its checkpoints hold no "
+      "adapters hint: export the whole model with --hf")],
+)  # fmt: skip
+def test_an_export_names_what_it_writes(tmp_path: Path, outputs: list[str], message: str) -> None:
+    args = ["checkpoint", "export", "--config", str(DUMMY_QUICKSTART), *outputs]
+    result = primus(*args, cwd=tmp_path)
+    said = " ".join(re.sub("[│╭╮╰╯─]", " ", result.stderr).split())  # typer's box unwrapped
+    assert result.returncode == 2 and message in said, result.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
 def test_shell_completion_installs_and_completes_override_names(tmp_path: Path) -> None:
     """`--show-completion` prints the script; completing after `--config` offers the resolved
     experiment's keys as `key=`, and the backend's once its schema is cached, without importing

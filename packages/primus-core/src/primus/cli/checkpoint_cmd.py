@@ -78,6 +78,9 @@ def export(
     if hf is None and adapter is None:
         raise typer.BadParameter("name what to write: --hf, --adapter or both",
                                  param_hint="--hf / --adapter")  # fmt: skip
+    if hf is not None and adapter is not None and hf.resolve() == adapter.resolve():
+        raise typer.BadParameter("the model and the adapter need folders of their own",
+                                 param_hint="--hf / --adapter")  # fmt: skip
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on, converting=True)
     if hf is not None:
         typer.echo(f"exported {runtime.export_hf(iteration, hf, force)}")
