@@ -296,12 +296,39 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
     assert_resumes_exactly(lora_run, exp, 30, *TRAIN)
 
 
+def test_lora_dropout_drops_the_adapters_input_in_training_only() -> None:
+    """`peft.dropout` on TorchTitan's LoRA linear: the adapter's output is that of its input
+    with dropout (PEFT's lora_dropout) in training, of the input itself in eval; the base
+    path keeps the whole input."""
+    from torchtitan.components.lora import _get_lora_cls
+    from torchtitan.models.common import Linear
+
+    from primus.backends.torchtitan.posttrain.lora import add_dropout
+
+    torch.manual_seed(0)
+    config = _get_lora_cls(Linear).Config(in_features=16, out_features=8, bias=False, rank=4,
+                                          alpha=8.0)  # fmt: skip
+    linear = config.build()
+    torch.nn.init.normal_(linear.lora_b.weight)
+    assert add_dropout(torch.nn.Sequential(linear), 0.5) == 1
+    x = torch.randn(64, 16)
+    base, scaling = x @ linear.weight.T, 8.0 / 4
+
+    def adapter(inputs: torch.Tensor) -> torch.Tensor:  # by the weights: no hook on the way
+        return scaling * inputs @ linear.lora_a.weight.T @ linear.lora_b.weight.T
+
+    torch.manual_seed(1)
+    trained = linear.train()(x)
+    torch.manual_seed(1)
+    dropped = torch.nn.functional.dropout(x, 0.5, training=True)
+    assert torch.allclose(trained, base + adapter(dropped), atol=1e-6)
+    assert not torch.allclose(trained, base + adapter(x), atol=1e-3)
+    assert torch.allclose(linear.eval()(x), base + adapter(x), atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("peft", "message"),
-    [
-        ({"dropout": 0.1}, "peft.dropout"),
-        ({"target_modules": ["q_proj", "v_proj"]}, "q_proj, v_proj without k_proj"),
-    ],
+    [({"target_modules": ["q_proj", "v_proj"]}, "q_proj, v_proj without k_proj")],
 )
 def test_what_torchtitans_lora_lacks_is_refused(
     task: dict[str, Path], tmp_path: Path, peft: dict[str, Any], message: str

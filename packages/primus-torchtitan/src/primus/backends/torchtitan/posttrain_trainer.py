@@ -45,6 +45,9 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
         lora.init_adapters(model, config.debug.seed or 0)  # a resume loads them afterwards
         log_rank_0(f"[torchtitan] LoRA: {loaded} frozen tensors from {base}")
         peft = config.dataloader._peft
+        if peft is not None and peft.dropout:
+            count = lora.add_dropout(model, peft.dropout)
+            log_rank_0(f"[torchtitan] LoRA: dropout {peft.dropout:g} on {count} adapters' input")
         if peft is not None and peft.adapter is not None:
             lora.set_adapters(model, adapters_from_peft(config, peft.adapter))
             log_rank_0(f"[torchtitan] LoRA: the adapters start from {peft.adapter}")

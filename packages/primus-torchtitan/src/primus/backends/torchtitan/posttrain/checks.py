@@ -36,11 +36,8 @@ def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
 
 
 def check_peft(peft: PeftConfig) -> None:
-    """A ConfigError (at the peft key) for what TorchTitan's LoRA cannot do: dropout, and
-    q/k/v targeted apart (the adapter's `check_params`, without TorchTitan)."""
-    if peft.dropout:
-        raise peft.error("dropout", "torchtitan: TorchTitan's LoRA has no dropout",
-                         hint="set peft.dropout: 0")  # fmt: skip
+    """A ConfigError (at the peft key) for what TorchTitan's LoRA cannot do: q/k/v targeted
+    apart (the adapter's `check_params`, without TorchTitan)."""
     targets = list(peft.target_modules)
     qkv = [t for t in targets if t in QKV]
     if qkv and len(qkv) != len(QKV):

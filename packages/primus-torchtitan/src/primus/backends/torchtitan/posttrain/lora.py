@@ -4,7 +4,8 @@ zeros), the update scaled by alpha / rank; every other parameter frozen).
 
 Core's `peft.target_modules` are HF (Llama-family) names; TorchTitan's llama3 fuses q, k and v
 into one Linear (`qkv_linear.wqkv`), so `q_proj`, `k_proj`, `v_proj` are targeted together (one
-adapter on the fused projection) or not at all. The frozen weights come from the run's HF
+adapter on the fused projection) or not at all. `peft.dropout` drops the adapters' input
+(`add_dropout`; TorchTitan's LoRA has none). The frozen weights come from the run's HF
 import, loaded by Primus (fresh run and resume alike); checkpoints hold the adapters only.
 """
 
@@ -89,6 +90,21 @@ def set_adapters(model: Any, adapters: dict[str, Any]) -> None:
         for name, param in model.named_parameters():
             if is_adapter(name):
                 _copy_whole(param, adapters[name].to(param.dtype))
+
+
+def add_dropout(model: Any, p: float) -> int:
+    """Dropout with probability `p` on each adapter's input (in training only), as PEFT's
+    `lora_dropout`: TorchTitan's LoRA linear feeds its input to `lora_a` as is. How many
+    adapters got it."""
+    import torch
+
+    def drop(module: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (torch.nn.functional.dropout(inputs[0], p, module.training), *inputs[1:])
+
+    adapters = [m.lora_a for m in model.modules() if hasattr(m, "lora_a")]
+    for lora_a in adapters:
+        lora_a.register_forward_pre_hook(drop)
+    return len(adapters)
 
 
 def adapted_linears(config: Any) -> dict[str, Any]:
