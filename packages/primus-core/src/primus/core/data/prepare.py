@@ -233,7 +233,8 @@ def prepare(
         if counts.documents == 0:
             hashes.cancel()
             out.discard()
-            raise ConfigError(f"no documents to write: the input holds {counts.empty} empty ones")
+            held = f"only {counts.empty} that tokenize to nothing" if counts.empty else "none"
+            raise ConfigError(f"no documents to write: the input holds {held}")
         with out.partial_idx.open("wb") as idx, out.partial_sizes.open("rb") as sizes:
             indexed.write_index(idx, sizes, dtype)
         record = manifest.Manifest(
