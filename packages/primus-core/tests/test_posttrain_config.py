@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -286,3 +287,17 @@ def test_init_from_adapter_is_checked_against_the_peft_section(files, tmp_path) 
     exp = load_experiment(experiment(files, tmp_path, with_adapter))
     assert exp.modules["trainer"].peft.adapter == adapter  # type: ignore[union-attr]
     assert f"adapter: {adapter}" in to_yaml(resolved_tree(exp))
+
+
+def test_init_from_is_set_on_the_command_line_too(files, tmp_path) -> None:
+    """`init_from.hf=DIR` (and `init_from.adapter=DIR`) on the command line, as `sft.X`."""
+    other = tmp_path / "other"
+    shutil.copytree(files["hf"], other)
+    module = load_experiment(experiment(files, tmp_path), [f"init_from.hf={other}"]).modules[
+        "trainer"
+    ]
+    assert module.init_from == other and module.init_from_origin is not None
+    assert module.init_from_origin.kind == "cli"
+    with pytest.raises(ConfigError, match=r"init_from\.adapter: .* is not a PEFT adapter") as err:
+        load_experiment(experiment(files, tmp_path), [f"init_from.adapter={tmp_path}"])
+    assert err.value.origin is not None and err.value.origin.kind == "cli"

@@ -260,8 +260,8 @@ def load_experiment(
 
     Precedence, low to high: module preset < model preset < `overrides:` < CLI. CLI keys that
     name an experiment field (`exp_name`, `patches.select`, `env.X`, ...) set that field;
-    `sft.X` and `peft.X` set that key of each module's section; any other key is a param of
-    the module. `module` picks one module; None resolves all.
+    `init_from.X`, `sft.X` and `peft.X` set that key of each module's section; any other key
+    is a param of the module. `module` picks one module; None resolves all.
     """
     path = Path(path)
     exp = load_config_file(path)
@@ -270,9 +270,10 @@ def load_experiment(
         if key not in exp.data:
             exp.merge(single_value_tree((key,), value, Origin("default")))
     cli_params: list[ConfigTree] = []
-    cli_sections: list[tuple[KeyPath, Any, Origin]] = []  # sft.*, peft.*: each module's section
+    # init_from.*, sft.*, peft.*: each module's section
+    cli_sections: list[tuple[KeyPath, Any, Origin]] = []
     for keypath, value, origin in parse_overrides(overrides or []):
-        if keypath[0] in POSTTRAIN_KEYS:
+        if keypath[0] in ("init_from", *POSTTRAIN_KEYS):
             cli_sections.append((keypath, value, origin))
             continue
         layer = single_value_tree(keypath, value, origin)
