@@ -39,7 +39,7 @@ def test_the_shipped_sft_data_is_the_reverse_task(tmp_path: Path) -> None:
         assert (shipped / "tokenizer" / file.name).read_bytes() == file.read_bytes(), file.name
 
 
-def test_the_model_command_refuses_a_full_folder_and_a_folder_without_a_tokenizer(
+def test_the_model_command_refuses_a_full_folder_a_file_and_a_folder_without_a_tokenizer(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "hf").mkdir()
@@ -50,6 +50,11 @@ def test_the_model_command_refuses_a_full_folder_and_a_folder_without_a_tokenize
     bare = run_in_process(argv, ROOT, {})
     assert bare.code == 2 and "no tokenizer.json" in bare.message, bare.stderr
     assert not (tmp_path / "new").exists()
+    (tmp_path / "a-file").write_text("x")
+    for folder, said in (("a-file", "a-file is a file, not a folder"),
+                         ("a-file/sub", "a-file is not a folder")):  # fmt: skip
+        refused = run_in_process(["checkpoint", "tiny", "--hf", str(tmp_path / folder)], ROOT, {})
+        assert refused.code == 2 and said in refused.message, refused.stderr
 
 
 @pytest.mark.parametrize("recipe", GPU, ids=str)
