@@ -175,6 +175,8 @@ def test_export_writes_hf_with_provenance_and_never_clobbers(exp, tmp_path) -> N
     ).read_bytes()
     with pytest.raises(ConfigError, match="exists and is not empty"):
         PrimusRuntime(exp).export_hf(None, out)
+    with pytest.raises(ConfigError, match=r"cannot write .*: .*model.safetensors is not a folder"):
+        PrimusRuntime(exp).export_hf(None, out / "model.safetensors" / "x")
     PrimusRuntime(exp).export_hf(None, out, force=True)
     info = inspect_checkpoint(out)
     assert info["format"] == "huggingface"

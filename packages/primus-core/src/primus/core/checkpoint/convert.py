@@ -24,6 +24,7 @@ from primus.core.checkpoint.preset import flatten, same_value
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.schema_cache import schema_of
 from primus.core.errors import ConfigError
+from primus.core.folders import unwritable
 from primus.core.logging import get_logger
 
 if TYPE_CHECKING:
@@ -147,7 +148,9 @@ def _emptied(out: Path, force: bool) -> None:
         shutil.rmtree(out) if out.is_dir() else out.unlink()
     elif out.exists():
         out.rmdir()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    why = unwritable(out.parent)
+    if why is not None:
+        raise ConfigError(f"cannot write {out}: {why}")
 
 
 def export_hf(
