@@ -176,6 +176,12 @@ def test_a_preset_is_derived_without_importing_a_framework(
     )
     assert done.returncode == 0 and imported == [], done.stderr[-3000:]
     assert f"{width}\n" in done.stdout
+    if framework == "megatron":  # --out where nothing can be written: one error, no traceback
+        out = ("--out", str(hf / "config.json" / "preset.yaml"))
+        refused, _ = primus_imports(
+            "checkpoint", "preset", "--hf", str(hf), "--framework", framework, *out
+        )
+        assert refused.returncode == 2 and "config.json is not a folder" in refused.stderr
 
 
 def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path, hf: Path) -> None:

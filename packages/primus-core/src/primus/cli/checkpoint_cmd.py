@@ -105,12 +105,17 @@ def preset(
     """Derive a backend's model preset from an HF config.json (shapes, norms, RoPE, MoE), so
     architecture numbers are never copied by hand. Unsupported fields are named (exit 2)."""
     from primus.core.checkpoint.preset import derive_preset, pick_framework
+    from primus.core.errors import ConfigError
+    from primus.core.folders import unwritable
     from primus.core.reliability.atomic import write_atomic
 
     text = derive_preset(hf, pick_framework(framework))
     if out is None:
         typer.echo(text, nl=False)
         return
+    why = unwritable(out.parent)
+    if why is not None or out.is_dir():
+        raise ConfigError(f"cannot write {out}: {why or 'it is a folder'}")
     write_atomic(out, text)
     typer.echo(f"wrote {out}")
 
