@@ -53,6 +53,16 @@ def test_a_new_file_gets_the_mode_a_plain_write_would_and_a_rewrite_keeps_its_ow
     assert atomic.stat().st_mode & 0o777 == 0o600 and atomic.read_bytes() == b"b"
 
 
+def test_a_file_where_no_folder_can_hold_it_is_a_config_error(tmp_path: Path) -> None:
+    """A path a user named (`--json`, `--out`) under a file or a folder that is not there: one
+    error naming it, not an OSError's traceback."""
+    (tmp_path / "a-file").write_text("x")
+    for path, why in ((tmp_path / "a-file" / "r.json", "a-file is not a folder"),
+                      (tmp_path / "none" / "r.json", f"no folder {tmp_path / 'none'}")):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"cannot write {path}: .*{why}"):
+            write_atomic(path, "{}")
+
+
 def test_an_append_the_disk_cuts_short_is_taken_back(disk: Path) -> None:
     metrics = disk / "metrics.jsonl"
     for step in (1, 2):

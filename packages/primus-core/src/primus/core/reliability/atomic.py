@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from primus.core.errors import ConfigError
+
 
 def _umask() -> int:
     """The process's umask (read, not set: setting it would race other threads)."""
@@ -64,6 +66,12 @@ def atomic_file(
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):  # where it was told to write
+            folder = path.parent
+            why = (f"{folder} is not a folder" if folder.exists() and not folder.is_dir() else
+                   f"no folder {folder}" if not folder.exists() else exc.strerror)  # fmt: skip
+            raise ConfigError(f"cannot write {path}: {why}",
+                              hint="name a file in a folder you can write") from None  # fmt: skip
         raise _named(exc, path)  # noqa: B904 - the cause is set, the context is the same
     try:
         try:
