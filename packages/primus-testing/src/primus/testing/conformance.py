@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -158,6 +159,16 @@ class BackendConformance:
             assert "no_such_param_zz" in exc.message and exc.origin is not None
         else:
             raise AssertionError("an unknown parameter was accepted")
+
+    def test_the_example_fits_a_launch_of_one_model_replica(self) -> None:
+        """`parallel_sizes` gives positive sizes and `check_launch` accepts the processes that
+        one model replica of the example spans, without the upstream."""
+        experiment = resolution.load(self.example_config, [], single=True)
+        module = next(iter(experiment.modules.values()))
+        adapter = self.adapter()
+        sizes = adapter.parallel_sizes(module)
+        assert all(isinstance(v, int) and v > 0 for v in sizes.values()), sizes
+        adapter.check_launch(module, math.prod(sizes.values()))
 
     @pytest.mark.slow
     def test_dry_run_trains_nothing(self, tmp_path: Path) -> None:
