@@ -332,6 +332,15 @@ def test_an_export_names_what_it_writes(tmp_path: Path, outputs: list[str], mess
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_file_no_folder_holds_is_refused_before_the_work(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    for command in (["projection", "memory"], ["benchmark", "gemm"]):
+        out = str(tmp_path / "a-file" / "r.json")
+        result = primus(*command, "--config", str(DUMMY_QUICKSTART), "--json", out)
+        said = " ".join(re.sub("[│╭╮╰╯─]", " ", result.stderr).split())
+        assert result.returncode == 2 and "a-file is not a folder" in said, result.stderr[-2000:]
+
+
 def test_shell_completion_installs_and_completes_override_names(tmp_path: Path) -> None:
     """`--show-completion` prints the script; completing after `--config` offers the resolved
     experiment's keys as `key=`, and the backend's once its schema is cached, without importing

@@ -20,6 +20,7 @@ from primus.cli.common import (
     NodeRank,
     NprocPerNode,
     checked_launch,
+    output_file,
 )
 
 if TYPE_CHECKING:
@@ -42,11 +43,16 @@ Dtype = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
 Repeats = Annotated[int, typer.Option("--repeats", min=1, help="Timed calls each.")]
 Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls first.")]
 JsonPath = Annotated[
-    Path | None, typer.Option("--json", help="Also write the timings as JSON here.")
+    Path | None,
+    typer.Option("--json", help="Also write the timings as JSON here.", callback=output_file),
 ]
 PlotPath = Annotated[
     Path | None,
-    typer.Option("--plot", help="Also draw the rates against size into this PNG (matplotlib)."),
+    typer.Option(
+        "--plot",
+        help="Also draw the rates against size into this PNG (matplotlib).",
+        callback=output_file,
+    ),
 ]
 
 

@@ -39,6 +39,16 @@ Debug = Annotated[
 ]
 
 
+def output_file(value: Path | None) -> Path | None:
+    """An option naming a file the command writes at its end: refused at once (a usage
+    error) where no folder holds it, not after the work."""
+    if value is not None and not value.parent.is_dir():
+        folder = value.parent
+        why = f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
+        raise typer.BadParameter(f"cannot write {value}: {why}")
+    return value
+
+
 # Where workers start, as torchrun takes it (primus train, primus preflight).
 NprocPerNode = Annotated[
     int,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module
+from primus.cli.common import DEBUG, OVERRIDES, ConfigFile, Debug, Module, output_file
 
 if TYPE_CHECKING:
     from primus.core.metrics import Peak
@@ -29,7 +29,8 @@ Gpus = Annotated[
     int, typer.Option("--gpus", min=1, help="GPUs of the job (data parallel fills the rest).")
 ]
 JsonPath = Annotated[
-    Path | None, typer.Option("--json", help="Also write the projection as JSON here.")
+    Path | None,
+    typer.Option("--json", help="Also write the projection as JSON here.", callback=output_file),
 ]
 
 
