@@ -290,12 +290,13 @@ def test_the_command_fails_on_a_bad_line_in_one_line(tmp_path: Path, tokenizer: 
     assert "Traceback" not in result.stderr
 
 
-# The command in a process of its own, each chunk made slow (in its forked workers too), so
-# that a kill lands mid-run.
+# The command in a process of its own, its chunks from the seventh on held back a minute (in
+# its forked workers too), so that a stop after four chunks lands mid-run however loaded the
+# machine is.
 SLOW = (
     "import sys, time; from primus.core.data import sources; texts = sources.texts; "
-    "sources.texts = lambda *a: (time.sleep(0.05), texts(*a))[1]; "
-    "from primus.cli.main import main; main(sys.argv[1:])"
+    f"sources.texts = lambda c, k: (time.sleep(0.05 if c.start < 6 * {CHUNK} else 60), "
+    "texts(c, k))[1]; from primus.cli.main import main; main(sys.argv[1:])"
 )
 
 

@@ -294,6 +294,10 @@ class _Run:
             try:
                 results = _in_order(pool, todo, 2 * workers, started)
                 _append(self.out, results, done, counts, self.on_chunk)
+            except KeyboardInterrupt:  # Ctrl-C: stop now; the journal holds the chunks done
+                for process in list(pool._processes.values()):
+                    process.kill()
+                raise
             finally:
                 hashes = hashed[0] if hashed else None
                 pool.shutdown(wait=True, cancel_futures=True)
