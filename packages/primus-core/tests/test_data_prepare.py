@@ -292,8 +292,10 @@ def test_the_command_fails_on_a_bad_line_in_one_line(tmp_path: Path, tokenizer: 
 
 # The command in a process of its own, its chunks from the seventh on held back a minute (in
 # its forked workers too), so that a stop after four chunks lands mid-run however loaded the
-# machine is.
+# machine is; Ctrl-C's handler as in a terminal, even where the suite runs with SIGINT ignored
+# (a background job), which its processes would inherit.
 SLOW = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
     "import sys, time; from primus.core.data import sources; texts = sources.texts; "
     f"sources.texts = lambda c, k: (time.sleep(0.05 if c.start < 6 * {CHUNK} else 60), "
     "texts(c, k))[1]; from primus.cli.main import main; main(sys.argv[1:])"
