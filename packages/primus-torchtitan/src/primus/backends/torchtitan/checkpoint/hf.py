@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -289,15 +290,19 @@ def export_hf(config: Any, iteration: int | None, out: Path, dtype_name: str | N
     return source
 
 
-def _hf_rows(adapter: Any, key: str, shape: Any) -> tuple[str, Any]:
+def _hf_rows(adapter: Any, key: str, shape: Any, orders: dict[Any, Any]) -> tuple[str, Any]:
     """The HF name of native weight `key` (of `shape`), and the native row of each HF row
-    (the q/k row permutation of RoPE; the identity elsewhere)."""
+    (the q/k row permutation of RoPE; the identity elsewhere). The order is the same in every
+    layer: it is found once per projection and kept in `orders`."""
     import torch
 
-    out, width = shape
-    rows = torch.arange(out, dtype=torch.float64)[:, None].expand(out, width).contiguous()
-    ((name, order),) = adapter.to_hf({key: rows}).items()
-    return name, order[:, 0].long()
+    name = _hf_name(adapter, key, torch.empty(shape, device="meta"))
+    kind = (re.sub(r"\.\d+\.", ".", key), tuple(shape))
+    if kind not in orders:
+        out, width = shape
+        rows = torch.arange(out, dtype=torch.float64)[:, None].expand(out, width).contiguous()
+        orders[kind] = next(iter(adapter.to_hf({key: rows}).values()))[:, 0].long()
+    return name, orders[kind]
 
 
 def lora_adapters(config: Any, iteration: int | None) -> dict[str, Any]:
@@ -306,9 +311,10 @@ def lora_adapters(config: Any, iteration: int | None) -> dict[str, Any]:
     from primus.backends.torchtitan.posttrain import lora
 
     adapter, shapes, found = _adapter(config), base_state(config), {}
+    orders: dict[Any, Any] = {}
     adapters = _adapters(_source(config, iteration), config)
     for key, (a, b, _) in lora.factors(config, adapters).items():
-        name, order = _hf_rows(adapter, key, shapes[key].shape)
+        name, order = _hf_rows(adapter, key, shapes[key].shape, orders)
         found[name.removesuffix(".weight")] = (a, b[order])
     return found
 
@@ -322,9 +328,10 @@ def adapters_from_peft(config: Any, folder: Path) -> dict[str, Any]:
     from primus.core.checkpoint.peft_adapter import read_adapter
 
     adapter, shapes, factors = _adapter(config), base_state(config), read_adapter(folder)
+    orders: dict[Any, Any] = {}
 
     def factor(key: str) -> tuple[Any, Any]:
-        name, order = _hf_rows(adapter, key, shapes[key].shape)
+        name, order = _hf_rows(adapter, key, shapes[key].shape, orders)
         module = name.removesuffix(".weight")
         if module not in factors:
             raise ConfigError(f"init_from.adapter: {folder} has no adapter for {module}")
