@@ -42,9 +42,10 @@ Debug = Annotated[
 def output_file(value: Path | None) -> Path | None:
     """An option naming a file the command writes at its end: refused at once (a usage
     error) where no folder holds it, not after the work."""
-    if value is not None and not value.parent.is_dir():
-        folder = value.parent
-        why = f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
+    from primus.core.folders import not_a_folder
+
+    why = not_a_folder(value.parent) if value is not None else None
+    if why is not None:
         raise typer.BadParameter(f"cannot write {value}: {why}")
     return value
 

@@ -14,6 +14,13 @@ SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
 PROBE = ".primus-probe-"
 
 
+def not_a_folder(folder: Path) -> str | None:
+    """Why `folder` cannot hold a file written into it (a file there, or nothing), or None."""
+    if folder.is_dir():
+        return None
+    return f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
+
+
 def unwritable(folder: Path, create: bool = True) -> str | None:
     """Make `folder` (and its parents) and write a probe file into it, removed at once: None
     if that worked, else why not (a regular file on the way, a read-only file system, ...).

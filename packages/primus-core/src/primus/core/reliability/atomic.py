@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from primus.core.errors import ConfigError
+from primus.core.folders import not_a_folder
 
 
 def _umask() -> int:
@@ -67,9 +68,7 @@ def atomic_file(
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):  # where it was told to write
-            folder = path.parent
-            why = (f"{folder} is not a folder" if folder.exists() and not folder.is_dir() else
-                   f"no folder {folder}" if not folder.exists() else exc.strerror)  # fmt: skip
+            why = not_a_folder(path.parent) or exc.strerror
             raise ConfigError(f"cannot write {path}: {why}",
                               hint="name a file in a folder you can write") from None  # fmt: skip
         raise _named(exc, path)  # noqa: B904 - the cause is set, the context is the same
