@@ -232,7 +232,7 @@ def test_the_peft_adapter_gives_the_merged_exports_logits(
     exported: Path, task: dict[str, Path]
 ) -> None:
     """`checkpoint export --adapter`: peft loads it onto the HF model the run started from,
-    with the logits of the merged export (fp32): q, k and v apart, in HF's row order."""
+    with the logits of the merged export (fp32): each projection's adapter under its HF name."""
     assert_adapter_is_the_merged_export(task["hf"], exported.parent / "adapter", exported)
 
 
