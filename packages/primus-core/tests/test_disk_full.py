@@ -5,6 +5,7 @@ refuses, each end the run as one FileSystemError; what Primus wrote is whole."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from primus.core.errors import FileSystemError
-from primus.core.logging import get_logger, setup_logging, write_refused
+from primus.core.logging import LineFileHandler, get_logger, setup_logging, write_refused
 from primus.core.metrics import MetricsSink, step_metrics
 from primus.core.runtime import PrimusRuntime
 from primus.testing.disk import assert_nothing_half_written, small_disk
@@ -97,3 +98,15 @@ def test_a_log_file_the_disk_refuses_ends_the_run_with_one_error(
         not in (runtime.run_dir / "logs" / "rank-0.log").read_text()
     )
     assert_nothing_half_written(disk)
+
+
+def test_a_record_after_the_log_file_closed_is_dropped_without_logging_s_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handler = LineFileHandler(tmp_path / "rank-0.log")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.handle(logging.makeLogRecord({"msg": "before"}))
+    handler.close()  # logging's shutdown at exit; a finalizer logs after it
+    handler.handle(logging.makeLogRecord({"msg": "after"}))
+    assert (tmp_path / "rank-0.log").read_text() == "before\n"
+    assert "Logging error" not in capsys.readouterr().err

@@ -62,7 +62,9 @@ def write_refused() -> OSError | None:
 
 class LineFileHandler(logging.Handler):
     """Appends each record to `path` with one write; a full file system's refusal is kept
-    (`write_refused`) and the record dropped, whole."""
+    (`write_refused`) and the record dropped, whole. Once closed (logging's shutdown at exit)
+    it drops records: a finalizer's record after that (an upstream's unretrieved asyncio
+    future) still reaches the console, not a "Logging error" traceback."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -70,6 +72,8 @@ class LineFileHandler(logging.Handler):
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.fd < 0:
+            return
         try:
             data = (self.format(record) + "\n").encode(errors="backslashreplace")
             append_record(self.fd, data, self.path)
