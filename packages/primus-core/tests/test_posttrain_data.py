@@ -203,8 +203,8 @@ GOOD = chat(("user", "apple"), ("assistant", "apple"))
         ('{"messages": [', "not valid JSON: Expecting value (column 15)"),
         ("[1, 2]", "a record must be a JSON object, got list"),
         ({"text": "apple"}, "a record needs 'messages' (chat), 'prompt' and 'completion' "
-         "(prompt_completion), 'conversations' (sharegpt) or 'instruction' and 'output' (alpaca); "
-         "it has 'text'"),
+         "(prompt_completion), 'conversations' (sharegpt), 'instruction' and 'output' (alpaca) "
+         "or 'chosen' and 'rejected' (preference); it has 'text'"),
         ({"messages": [], "prompt": "a", "completion": "b"},
          "a record with the keys of several formats: chat and prompt_completion"),
         ({"messages": []}, "'messages' must be a non-empty list, got []"),

@@ -42,7 +42,8 @@ ALPACA = {"instruction": "apple", "output": "apple"}
         (ALPACA, SHAREGPT, "a sharegpt record, but sft.format is alpaca", {"format": "alpaca"}),
         ({"q": "a", "completion": "b"}, {"prompt": "a", "completion": "b"},
          "a record needs 'messages' (chat), 'q' (prompt) and 'completion' (prompt_completion), "
-         "'conversations' (sharegpt) or 'instruction' and 'output' (alpaca); it has 'completion'",
+         "'conversations' (sharegpt), 'instruction' and 'output' (alpaca) or 'chosen' and "
+         "'rejected' (preference); it has 'completion'",
          {"columns": {"prompt": "q"}}),
     ],
 )  # fmt: skip

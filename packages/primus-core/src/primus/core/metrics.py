@@ -151,6 +151,11 @@ class StepMetrics:
     # fine-tuning's eval at this step (primus.core.posttrain.metrics defines them)
     eval_loss: float | None = None
     eval_token_accuracy: float | None = None
+    # preference training's rewards (primus.core.posttrain.preference defines them)
+    reward_chosen: float | None = None
+    reward_rejected: float | None = None
+    reward_margin: float | None = None
+    reward_accuracy: float | None = None
 
     def line(self) -> str:
         parts = [f"step {self.step}/{self.total_steps}"]
@@ -160,6 +165,10 @@ class StepMetrics:
             parts.append(f"eval loss {self.eval_loss:.4f}")
         if self.eval_token_accuracy is not None:
             parts.append(f"eval token acc {self.eval_token_accuracy:.2%}")
+        if self.reward_margin is not None:
+            parts.append(f"reward margin {self.reward_margin:.4f}")
+        if self.reward_accuracy is not None:
+            parts.append(f"reward acc {self.reward_accuracy:.2%}")
         if self.lr is not None:
             parts.append(f"lr {self.lr:.3g}")
         parts += [
@@ -186,9 +195,12 @@ class StepMetrics:
             "primus/tflops_per_gpu": self.tflops_per_gpu,
         }
         evals = {
-            "primus/eval_loss": self.eval_loss,
-            "primus/eval_token_accuracy": self.eval_token_accuracy,
-        }
+            f"primus/{name}": getattr(self, name)
+            for name in (
+                "eval_loss", "eval_token_accuracy",
+                "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy",
+            )
+        }  # fmt: skip
         values |= {k: v for k, v in evals.items() if v is not None}
         return values | ({"primus/mfu": self.mfu} if self.mfu is not None else {})
 

@@ -15,8 +15,10 @@ from primus.core.config.loader import load_config_file
 from primus.core.config.overrides import parse_overrides
 from primus.core.config.posttrain import (
     POSTTRAIN_KEYS,
+    DPOConfig,
     PeftConfig,
     SFTConfig,
+    dpo_config,
     peft_config,
     section_tree,
     sft_config,
@@ -68,6 +70,7 @@ class ModuleConfig:
     # `sft:` and `peft:` (primus.core.config.posttrain), checked, or None where absent
     sft: SFTConfig | None = None
     peft: PeftConfig | None = None
+    dpo: DPOConfig | None = None  # `dpo:`: preference training on the sft: data
 
     def origin(self, dotted_key: str) -> Origin | None:
         return self.tree.origin(tuple(dotted_key.split(".")))
@@ -208,9 +211,10 @@ def _resolve_module(
         params.merge(layer)
     init, init_origin, adapter = init_from(exp, path)
     sft, peft = sft_config(exp, path, init), peft_config(exp, path)
+    dpo, sft = dpo_config(exp, path, sft)
     if adapter is not None:
         peft = with_adapter(peft, adapter, exp.origin((*path, "init_from", "adapter")))
-    return ModuleConfig(name, framework, params.data, params, init, init_origin, sft, peft)
+    return ModuleConfig(name, framework, params.data, params, init, init_origin, sft, peft, dpo)
 
 
 def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None:

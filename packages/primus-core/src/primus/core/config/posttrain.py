@@ -1,5 +1,5 @@
-"""A module's posttrain keys, beside `init_from`: `sft:` (data, tokenizer, sequence) and
-`peft:` (LoRA). Checked when the experiment loads; each error names the file:line it is about.
+"""A module's posttrain keys, beside `init_from`: `sft:` (data, tokenizer, sequence), `peft:`
+(LoRA) and `dpo:` (preference training on the `sft:` data). Checked when the experiment loads; each error names the file:line it is about.
 The data keys' own checks (`train` lists, weights, `columns`) are in `sft_data`.
 
 Paths are relative to the current directory, like every path in an experiment.
@@ -8,7 +8,7 @@ Paths are relative to the current directory, like every path in an experiment.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath, read_text
 from primus.core.errors import ConfigError, Origin
 
-POSTTRAIN_KEYS = ("sft", "peft")
-FORMATS = ("auto", "chat", "prompt_completion", "sharegpt", "alpaca")
+POSTTRAIN_KEYS = ("sft", "peft", "dpo")
+FORMATS = ("auto", "chat", "prompt_completion", "sharegpt", "alpaca", "preference")
 # LoRA targets by their Hugging Face (Llama-family) names; each backend maps them to its layers.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -75,6 +75,19 @@ PEFT_SCHEMA = ParamSchema(
         ),
         "peft.dropout": ParamSpec(float, "dropout on the adapter's input", default=0.0),
         "peft.target_modules": ParamSpec(list, "layers that get adapters", default=LORA_TARGETS),
+    }
+)
+DPO_SCHEMA = ParamSchema(
+    {
+        "dpo.beta": ParamSpec(
+            float,
+            "the scale of the log-probability ratios to the reference model in the loss: "
+            "larger keeps the policy closer to the reference",
+            default=0.1,
+        ),
+        "dpo.label_smoothing": ParamSpec(
+            float, "the share of pairs assumed mislabelled (conservative DPO), 0-0.5", default=0.0
+        ),
     }
 )
 
@@ -130,6 +143,22 @@ class PeftConfig(_Located):
         """The section, as resolved."""
         values = {f: getattr(self, f) for f in ("type", "rank", "alpha", "dropout")}
         return values | {"target_modules": list(self.target_modules)}
+
+
+@dataclass(frozen=True)
+class DPOConfig(_Located):
+    """`dpo:` resolved: direct preference optimization on the `sft:` section's preference
+    records, against the run's initial weights as the frozen reference (the base without
+    its adapters, with `peft:`)."""
+
+    beta: float
+    label_smoothing: float
+    origins: dict[str, Origin] = field(compare=False, repr=False)
+
+    @property
+    def written(self) -> dict[str, Any]:
+        """The section, as resolved."""
+        return {"beta": self.beta, "label_smoothing": self.label_smoothing}
 
 
 def _section(
@@ -274,7 +303,45 @@ def peft_config(exp: ConfigTree, module: KeyPath) -> PeftConfig | None:
     )  # fmt: skip
 
 
-def section_tree(prefix: KeyPath, name: str, section: SFTConfig | PeftConfig) -> ConfigTree:
+def dpo_config(
+    exp: ConfigTree, module: KeyPath, sft: SFTConfig | None
+) -> tuple[DPOConfig | None, SFTConfig | None]:
+    """The module's `dpo:` section, checked, and its `sft:` section reading preference
+    records; (None, sft) when the module has no `dpo:`."""
+    section = _section(exp, module, "dpo", DPO_SCHEMA)
+    if section is None:
+        return None, sft
+    values, origins = section
+    if values["beta"] <= 0:
+        raise ConfigError(f"dpo.beta must be positive, got {values['beta']}", origins["beta"])
+    if not 0 <= values["label_smoothing"] < 0.5:
+        raise ConfigError(
+            f"dpo.label_smoothing must be at least 0 and below 0.5, got "
+            f"{values['label_smoothing']}",
+            origins["label_smoothing"],
+        )
+    if sft is None:
+        raise ConfigError(
+            "dpo: trains on the sft: section's data, and the module has none",
+            origins[""],
+            hint="add sft: {train: PREFERENCES.jsonl, seq_length: N} (records with prompt, "
+            "chosen and rejected)",
+        )
+    refused = (
+        ("packing", sft.packing, "each row holds one side of one pair: set sft.packing: false"),
+        ("train_on_prompt", sft.train_on_prompt, "the loss compares the answers only"),
+        ("format", sft.format not in ("auto", "preference"), "set sft.format: preference"),
+    )
+    for key, on, hint in refused:
+        if on:
+            raise sft.error(key, f"sft.{key} {sft.written[key]} does not go with dpo:", hint)
+    dpo = DPOConfig(float(values["beta"]), float(values["label_smoothing"]), origins)
+    return dpo, replace(sft, format="preference")
+
+
+def section_tree(
+    prefix: KeyPath, name: str, section: SFTConfig | PeftConfig | DPOConfig
+) -> ConfigTree:
     """A resolved section as the tree `name:` under `prefix`, each key with its origin (for
     the resolved experiment)."""
     tree = ConfigTree()

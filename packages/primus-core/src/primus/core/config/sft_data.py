@@ -21,7 +21,7 @@ DATA_SUFFIXES = (".jsonl", ".parquet")
 MESSAGE_COLUMNS = ("role", "content", "from", "value")
 RECORD_COLUMNS = (
     "messages", "prompt", "completion", "conversations",
-    "instruction", "input", "output", "system", "history",
+    "instruction", "input", "output", "system", "history", "chosen", "rejected",
 )  # fmt: skip
 COLUMNS = (*RECORD_COLUMNS, *MESSAGE_COLUMNS)
 ENTRY_KEYS = ("path", "weight", "columns")

@@ -1,9 +1,10 @@
-"""Fine-tuning without a framework: the `sft:`/`peft:` keys, reading and checking the data,
-tokenizing with the chat template and a loss mask, packing, and the eval metrics. Backends
+"""Fine-tuning without a framework: the `sft:`/`peft:`/`dpo:` keys, reading and checking the
+data, tokenizing with the chat template and a loss mask, packing, the eval metrics, and
+preference training's pairs and loss. Backends
 feed the rows to their trainers (docs/posttrain.md). numpy, transformers and pyarrow are
 imported when used, never by this import."""
 
-from primus.core.config.posttrain import PeftConfig, SFTConfig
+from primus.core.config.posttrain import DPOConfig, PeftConfig, SFTConfig
 from primus.core.posttrain.dataset import SFTData, SFTDataset, build_sft_data
 from primus.core.posttrain.metrics import (
     TokenStats,
@@ -12,15 +13,30 @@ from primus.core.posttrain.metrics import (
     token_stats_torch,
     token_sums,
 )
+from primus.core.posttrain.preference import (
+    REWARD_METRICS,
+    PairData,
+    PairDataset,
+    build_pair_data,
+    dpo_loss_torch,
+    sequence_logps_torch,
+)
 
 __all__ = [
+    "REWARD_METRICS",
+    "DPOConfig",
+    "PairData",
+    "PairDataset",
     "PeftConfig",
     "SFTConfig",
     "SFTData",
     "SFTDataset",
     "TokenStats",
+    "build_pair_data",
     "build_sft_data",
+    "dpo_loss_torch",
     "masked_mean",
+    "sequence_logps_torch",
     "token_stats",
     "token_stats_torch",
     "token_sums",

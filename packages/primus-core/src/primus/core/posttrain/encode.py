@@ -10,6 +10,8 @@ two is the span, and a token is trained on when it starts inside one.
 Prompt/completion: tokenizer(prompt) (with the tokenizer's BOS), then the completion's tokens
 and EOS; the loss covers the completion and EOS.
 With `sft.train_on_prompt` the loss covers every token (the prompt's too).
+Preference: each side (the prompt with the chosen, or the rejected, answer) as above; in a
+chat only the answer's assistant turns are in the mask, not those of the prompt.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class Encoder:
         )
 
     def encode(self, record: Record) -> Sample:
+        if record.format == "preference":
+            raise record.error(
+                "a preference record (chosen, rejected): fine-tuning on it is preference "
+                "training", hint="add dpo: {beta: 0.1} to the module (docs/posttrain.md)",
+            )  # fmt: skip
         if record.messages is not None:
             return self._chat(record, record.messages)
         assert record.prompt is not None and record.completion is not None
@@ -109,7 +116,7 @@ class Encoder:
             return Sample(list(tokens), [True] * len(tokens), record.where)
         spans: list[tuple[int, int]] = []
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
+            if message["role"] != "assistant" or i < record.train_from:
                 continue
             before = self._render(record, messages[:i], True)
             after = self._render(record, messages[: i + 1], False)

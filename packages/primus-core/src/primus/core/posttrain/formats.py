@@ -5,6 +5,11 @@
     sharegpt           {"conversations": [{"from": "human", "value": ...}, ...], "system"?: ...}
     alpaca             {"instruction": ..., "input"?: ..., "output": ..., "system"?: ...,
                         "history"?: [[user, assistant], ...]}
+    preference         {"prompt"?: ..., "chosen": ..., "rejected": ...} (TRL's: strings, or
+                        lists of messages; without a prompt, the messages chosen and rejected
+                        begin with alike are the prompt)
+
+A preference record is two: the prompt with the chosen answer, and with the rejected one.
 
 A `Columns` mapping renames the data's own keys to these first. A record that does not fit
 raises `Invalid`, which the reader turns into an error at its file:line.
@@ -30,6 +35,7 @@ FORMAT_KEYS = {
     "prompt_completion": ("prompt", "completion"),
     "sharegpt": ("conversations",),
     "alpaca": ("instruction", "output"),
+    "preference": ("chosen", "rejected"),
 }
 Fields = dict[str, Any]  # a Record's messages, or its prompt and completion
 
@@ -192,9 +198,49 @@ def prompt_completion(data: dict[str, Any], columns: Columns) -> Fields:
     return {k: _text(data, k, columns) for k in ("prompt", "completion")}
 
 
+def _answer(data: dict[str, Any], key: str, columns: Columns) -> Any:
+    """A preference record's `chosen` or `rejected`: a string, or messages (checked as a chat)."""
+    value = data.get(key)
+    if isinstance(value, list):
+        return chat({"messages": value}, columns)["messages"]
+    return _text(data, key, columns)
+
+
+def preference(data: dict[str, Any], columns: Columns) -> Fields:
+    """`chosen` and `rejected`, each a prompt/completion pair or a chat whose messages from
+    `train_from` on are the answer."""
+    chosen, rejected = (_answer(data, k, columns) for k in ("chosen", "rejected"))
+    prompt = data.get("prompt")
+    if isinstance(chosen, str) != isinstance(rejected, str):
+        raise Invalid("'chosen' and 'rejected' must both be strings or both lists of messages")
+    if isinstance(chosen, str):
+        if prompt is None:
+            raise Invalid(
+                f"{columns.name('prompt')} is missing",
+                hint="a preference record of strings needs the prompt they answer",
+            )
+        text = _text(data, "prompt", columns)
+        sides = [{"prompt": text, "completion": answer} for answer in (chosen, rejected)]
+        return {"chosen": sides[0], "rejected": sides[1]}
+    if prompt is None:  # the messages both begin with: the prompt
+        shared = 0
+        while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+            shared += 1
+        prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+    elif isinstance(prompt, str):
+        prompt = [{"role": "user", "content": _text(data, "prompt", columns)}]
+    else:
+        prompt = chat({"messages": prompt}, columns)["messages"]
+    sides = [
+        {"messages": [*prompt, *answer], "train_from": len(prompt)} for answer in (chosen, rejected)
+    ]
+    return {"chosen": sides[0], "rejected": sides[1]}
+
+
 CONVERTERS: dict[str, Callable[[dict[str, Any], Columns], Fields]] = {
     "chat": chat,
     "prompt_completion": prompt_completion,
     "sharegpt": sharegpt,
     "alpaca": alpaca,
+    "preference": preference,
 }

@@ -22,16 +22,29 @@ from primus.core.posttrain.formats import CONVERTERS, Columns, Invalid, detect
 @dataclass(frozen=True)
 class Record:
     """One checked record: `messages` for a chat, else `prompt` and `completion`; `format`
-    is the one it was written in."""
+    is the one it was written in. A preference record holds its two sides' fields instead
+    (`sides`)."""
 
     where: Origin  # the file and line; for parquet `detail` is "row N"
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     completion: str | None = None
     format: str = "chat"
+    train_from: int = 0  # a chat's first message whose assistant turns are trained on
+    chosen: dict[str, Any] | None = None
+    rejected: dict[str, Any] | None = None
 
     def error(self, message: str, hint: str | None = None) -> ConfigError:
         return data_error(self.where, message, hint)
+
+    def sides(self) -> tuple[Record, Record]:
+        """A preference record as the chosen and the rejected sample's records."""
+        assert self.chosen is not None and self.rejected is not None
+        kind = "chat" if "messages" in self.chosen else "prompt_completion"
+        return (
+            Record(self.where, format=kind, **self.chosen),
+            Record(self.where, format=kind, **self.rejected),
+        )
 
 
 def data_error(where: Origin, message: str, hint: str | None = None) -> ConfigError:
@@ -86,6 +99,11 @@ def _record(where: Origin, data: Any, format: str, why: str, columns: Columns) -
         found = detect(data, columns)
         if format != "auto" and found != format:
             article = "an" if found[0] in "aeiou" else "a"
+            if format == "preference":
+                raise Invalid(
+                    f"{article} {found} record, but the dpo: section trains on preference "
+                    "records", hint="each record: prompt, chosen and rejected",
+                )  # fmt: skip
             raise Invalid(f"{article} {found} record, but {why} {format}")
         return Record(where, format=found, **CONVERTERS[found](data, columns))
     except Invalid as exc:

@@ -1,0 +1,151 @@
+"""Preference training (DPO) without a framework: the pairs a backend trains on, and the loss.
+
+Each preference record is two samples, the prompt with the chosen answer and with the
+rejected one, tokenized as fine-tuning tokenizes (`primus.core.posttrain.encode`); one
+sample per row, never packed. A pair row holds the two sides stacked: every key of
+`primus.core.posttrain.dataset`'s rows with a leading axis of 2 (0: chosen, 1: rejected).
+Positions and their order over epochs are those of fine-tuning's rows, counted in pairs.
+
+The loss of a pair (Rafailov et al. 2023, with conservative DPO's label smoothing e), where
+log p is the sum of a side's log-probabilities over its loss mask, under the policy and
+under the frozen reference (the run's initial weights):
+
+    r_chosen   = beta * (log p_policy(chosen)   - log p_reference(chosen))
+    r_rejected = beta * (log p_policy(rejected) - log p_reference(rejected))
+    loss       = -(1 - e) * log sigmoid(r_chosen - r_rejected) - e * log sigmoid(r_rejected - r_chosen)
+
+averaged over the pairs of the global batch. Logged beside it: the mean rewards, the mean
+margin r_chosen - r_rejected, and the share of pairs whose margin is positive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from primus.core.config.posttrain import DPOConfig, SFTConfig
+from primus.core.posttrain.dataset import ROW_KEYS, Row, SFTDataset, read_data
+from primus.core.posttrain.encode import Encoder, Sample, check_length, load_tokenizer
+from primus.core.posttrain.records import Record
+
+PAIR_KEYS = ROW_KEYS[:-1]  # one sample per row: no cu_seqlens
+# the step metrics DPO adds, each a mean over the global batch's pairs
+REWARD_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy")
+
+
+class PairDataset:
+    """The pairs' rows: `chosen` and `rejected` hold one sample per row, row i of each the
+    two sides of pair i."""
+
+    def __init__(self, chosen: SFTDataset, rejected: SFTDataset) -> None:
+        assert len(chosen) == len(rejected)
+        self.chosen, self.rejected = chosen, rejected
+        self.seq_length = chosen.seq_length
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    def __getitem__(self, index: int) -> Row:
+        """Pair `index` of the unshuffled pairs: each key (2, seq_length)."""
+        import numpy as np
+
+        sides = self.chosen[index], self.rejected[index]
+        return {k: np.stack([side[k] for side in sides]) for k in PAIR_KEYS}
+
+    def row(self, position: int) -> Row:
+        """The pair at `position` (counted from the start of training, over epochs)."""
+        epoch, index = divmod(position, len(self))
+        return self[self.chosen.order(epoch)[index]]
+
+    def batch(self, start: int, size: int) -> Row:
+        """Pairs at positions start .. start + size - 1: each key (size, 2, seq_length)."""
+        import numpy as np
+
+        rows = [self.row(p) for p in range(start, start + size)]
+        return {k: np.stack([r[k] for r in rows]) for k in PAIR_KEYS}
+
+    def describe(self) -> str:
+        tokens = self.chosen.loss_tokens + self.rejected.loss_tokens
+        return (
+            f"{len(self)} preference pairs in rows of {self.seq_length}, "
+            f"{tokens} answer tokens in the loss"
+        )
+
+
+@dataclass
+class PairData:
+    """What `build_pair_data` returns: the train and eval pairs, the tokenizer, and how many
+    pairs truncation left with nothing to train on (dropped)."""
+
+    train: PairDataset
+    eval: PairDataset | None
+    tokenizer: Any
+    dropped: int = 0
+
+
+def _encode(encoder: Encoder, record: Record, cfg: SFTConfig) -> tuple[Sample, Sample] | None:
+    chosen, rejected = (check_length(encoder.encode(side), cfg) for side in record.sides())
+    return None if chosen is None or rejected is None else (chosen, rejected)
+
+
+def build_pair_data(cfg: SFTConfig, tokenizer: Any | None = None) -> PairData:
+    """Read, check and tokenize the `sft:` section's preference records (the module's `sft`
+    once `dpo:` is set: format preference, packing off). `tokenizer`: an HF tokenizer to use
+    instead of loading `sft.tokenizer`."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+    encoder = Encoder(tokenizer, cfg)
+    train, held = read_data(cfg)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    built: dict[str, PairDataset] = {}
+    dropped = 0
+    encoded: dict[int, tuple[Sample, Sample] | None] = {}  # by record: a mix repeats records
+    for name, records in (("train", train), ("eval", held)):
+        if not records:
+            continue
+        for r in records:
+            if id(r) not in encoded:
+                encoded[id(r)] = _encode(encoder, r, cfg)
+        pairs = [p for p in (encoded[id(r)] for r in records) if p is not None]
+        dropped += len(records) - len(pairs)
+        if not pairs:
+            raise cfg.error(
+                "truncate",
+                f"truncation to seq_length {cfg.seq_length} leaves no {name} pair with "
+                "answer tokens on both sides",
+            )
+        sides = (
+            SFTDataset([p[side] for p in pairs], cfg.seq_length, False, pad or 0, cfg.seed)
+            for side in (0, 1)
+        )
+        built[name] = PairDataset(*sides)
+    return PairData(built["train"], built.get("eval"), tokenizer, dropped)
+
+
+def dpo_loss_torch(policy: Any, reference: Any, dpo: DPOConfig) -> tuple[Any, dict[str, Any]]:
+    """The DPO loss of a batch of pairs and its reward metrics, from the sides' summed
+    log-probabilities: `policy` and `reference` (pairs, 2), column 0 chosen, 1 rejected.
+    Returns the mean loss over the pairs (a tensor with the policy's gradient) and each of
+    REWARD_METRICS as a detached mean. Imports torch."""
+    import torch.nn.functional as F
+
+    rewards = dpo.beta * (policy - reference.detach())
+    margin = rewards[:, 0] - rewards[:, 1]
+    e = dpo.label_smoothing
+    losses = -(1 - e) * F.logsigmoid(margin) - e * F.logsigmoid(-margin)
+    metrics = {
+        "reward_chosen": rewards[:, 0].detach().mean(),
+        "reward_rejected": rewards[:, 1].detach().mean(),
+        "reward_margin": margin.detach().mean(),
+        "reward_accuracy": (margin.detach() > 0).float().mean(),
+    }
+    return losses.mean(), metrics
+
+
+def sequence_logps_torch(logits: Any, labels: Any, loss_mask: Any) -> Any:
+    """Each row's summed log-probability of its labels over its loss mask, in float32:
+    logits (..., seq, vocab), labels and loss_mask (..., seq) -> (...). Imports torch."""
+    import torch
+
+    logps = torch.log_softmax(logits.float(), dim=-1)
+    token = logps.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return (token * loss_mask.float()).sum(-1)
