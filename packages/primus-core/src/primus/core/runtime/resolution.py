@@ -153,6 +153,8 @@ def validate(
         check_init_from(module, adapter)
     if module.peft is not None:
         require(adapter, "lora", module.peft.origins.get("type") or module.peft.origins.get(""))
+    if module.dpo is not None:
+        require(adapter, "dpo", module.dpo.origins.get(""))
     return undecided
 
 

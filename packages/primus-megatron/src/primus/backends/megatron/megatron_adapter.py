@@ -48,6 +48,7 @@ class MegatronAdapter(BackendAdapter):
             "memory-projection",
             "lora",
             "lora-export",
+            "dpo",
         }
     )
     tested_versions = TESTED

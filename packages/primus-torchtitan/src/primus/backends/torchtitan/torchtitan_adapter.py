@@ -55,6 +55,7 @@ class TorchTitanAdapter(BackendAdapter):
             "memory-projection",
             "lora",
             "lora-export",
+            "dpo",
         }
     )
     tested_versions = TESTED
