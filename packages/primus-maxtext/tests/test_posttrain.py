@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from primus.testing import sft_runs
 from primus.testing.runs import primus, step_metrics
@@ -137,15 +138,31 @@ def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path:
     assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
 
 
-def test_peft_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
-    """MaxText does not declare the lora capability (its LoRA lives in its Tunix trainer only):
-    `peft:` is one error at its line, naming the backends that have it."""
-    exp = experiment(tmp_path / "lora", task, peft={"type": "lora", "rank": 4})
+@pytest.mark.parametrize(
+    ("section", "capability", "line_of"), [("peft", "lora", "type: lora"), ("dpo", "dpo", "dpo:")]
+)
+def test_lora_and_dpo_are_refused(
+    task: dict[str, Path], tmp_path: Path, section: str, capability: str, line_of: str
+) -> None:
+    """MaxText declares neither the lora capability (its LoRA lives in its Tunix trainer only)
+    nor dpo: each section is one error at its line, naming the backends that have it."""
+    exp = experiment(tmp_path / section, task, peft={"type": "lora", "rank": 4})
+    if section == "dpo":  # preference training instead: no peft, no eval
+        from primus.testing.dpo import write_preference_task
+
+        written = yaml.safe_load(exp.read_text())
+        module = written["modules"]["post_trainer"]
+        del module["peft"]
+        module["sft"]["eval"] = None  # the recipe's eval file: none
+        module["sft"]["train"] = str(write_preference_task(tmp_path / "pairs", 4)["train"])
+        exp.write_text(
+            yaml.safe_dump(written | {"modules": {"post_trainer": module | {"dpo": {"beta": 0.1}}}})
+        )
     done = primus("train", "posttrain", "--config", str(exp), "--dry-run")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "the maxtext backend does not provide lora" in done.stderr
+    assert f"the maxtext backend does not provide {capability}" in done.stderr
     assert "backends that do: megatron, torchtitan" in done.stderr
-    line = next(n for n, text in enumerate(exp.read_text().splitlines(), 1) if "type: lora" in text)
+    line = next(n for n, text in enumerate(exp.read_text().splitlines(), 1) if line_of in text)
     assert f"error: {exp}:{line}:" in done.stderr
 
 
