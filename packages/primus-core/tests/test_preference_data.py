@@ -121,7 +121,7 @@ def test_the_pairs_order_keeps_each_pair_whole(tmp_path: Path, tok_dir: Path) ->
         ({"sft": {"packing": True}}, "packing", "sft.packing True does not go with dpo:"),
         ({"sft": {"train_on_prompt": True}}, "train_on_prompt", "does not go with dpo:"),
         ({"sft": {"format": "chat"}}, "format", "sft.format chat does not go with dpo:"),
-        ({"sft": {"eval_fraction": 0.1}}, "eval_fraction", "preference training has no eval"),
+        ({"sft": {"eval_fraction": 0.1}}, "eval_fraction", "eval_fraction 0.1 does not go with"),
         ({"sft": None}, "dpo", "dpo: trains on the sft: section's data"),
     ],
 )
