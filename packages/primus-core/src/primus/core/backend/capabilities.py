@@ -52,14 +52,12 @@ CAPABILITIES = {
         ),
         Capability("lora", "LoRA adapters in post-training (peft:)", {}, stage="posttrain"),
         Capability(
-            "dpo", "preference training in post-training (dpo:)", {}, stage="posttrain"
-        ),
-        Capability(
             "lora-export",
             "write a LoRA run's adapters as a PEFT adapter (primus checkpoint export --adapter)",
             {"lora_adapters": ("backend_args", "iteration")},
             stage="posttrain",
         ),
+        Capability("dpo", "preference training in post-training (dpo:)", {}, stage="posttrain"),
     )
 }
 
