@@ -122,8 +122,8 @@ class MegatronAdapter(BackendAdapter):
 
         actions = megatron_actions()
         args = build_megatron_args(config, {k: v for k, v in config.params.items() if k in actions})
-        # the module's `sft:`/`peft:` (None when absent) for the posttrain trainer and export
-        args.primus_sft, args.primus_peft = config.sft, config.peft
+        # the module's `sft:`/`peft:`/`dpo:` (None when absent) for the posttrain trainer, export
+        args.primus_sft, args.primus_peft, args.primus_dpo = config.sft, config.peft, config.dpo
         return args
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The posttrain trainer: megatron.training's `pretrain()` loop on the module's SFT rows."""
+"""The posttrain trainer: megatron.training's `pretrain()` loop on the module's SFT rows, or
+with `dpo:`, on its preference pairs."""
 
 from __future__ import annotations
 
@@ -12,19 +13,28 @@ from primus.core.logging import log_rank_0
 class MegatronPosttrainTrainer(MegatronPretrainTrainer):
     """Fine-tunes from the `init_from` import (or the run's latest checkpoint) on
     `build_sft_data(module.sft)`, evaluating every `eval_interval` steps; with `peft:`, only
-    the LoRA adapters train (primus.backends.megatron.posttrain.lora)."""
+    the LoRA adapters train (primus.backends.megatron.posttrain.lora); with `dpo:`, on
+    `build_pair_data(module.sft)` against the run's initial weights (posttrain.dpo)."""
 
     stages = ("posttrain",)
 
     def setup(self) -> None:
         from primus.backends.megatron.checkpoint.hf_mapping import padded_vocab_size
         from primus.backends.megatron.checkpoint.native import is_imported
-        from primus.backends.megatron.posttrain import lora, sft
-        from primus.core.posttrain import build_sft_data
+        from primus.backends.megatron.posttrain import dpo, lora, sft
+        from primus.core.posttrain import PairData, SFTData, build_pair_data, build_sft_data
 
         args = self.backend_args
-        self.data = build_sft_data(args.primus_sft)
-        log_rank_0(f"[megatron] sft train: {self.data.train.describe()}")
+        self.data: SFTData | PairData
+        if args.primus_dpo is not None:
+            self.data = build_pair_data(args.primus_sft)
+            log_rank_0(f"[megatron] dpo train: {self.data.train.describe()}")
+            log_rank_0(f"[megatron] DPO: {dpo.describe(args.primus_dpo, bool(args.primus_peft))}")
+            if args.primus_peft is None:  # the reference: the HF import's weights, frozen
+                args.primus_dpo_reference = self._hf_import("DPO's reference")
+        else:
+            self.data = build_sft_data(args.primus_sft)
+            log_rank_0(f"[megatron] sft train: {self.data.train.describe()}")
         args.padded_vocab_size = padded_vocab_size(args)  # the model's, not the tokenizer's
         args.eval_iters = 0
         if self.data.eval is not None:
@@ -37,32 +47,41 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
                 )
             args.eval_iters = sft.eval_batches(self.data.eval, args.global_batch_size)
         if args.primus_peft is not None:
-            load = Path(args.load or "")
-            if not (load / "iter_0000000").is_dir():
-                raise ConfigError(
-                    "megatron: LoRA needs the base model as the run's HF import (iteration 0)",
-                    hint="set init_from: {hf: DIR}, or run primus checkpoint import first",
-                )
-            args.primus_lora_base = str(load / "iter_0000000")
-            if is_imported(load):  # a fresh fine-tune: no adapters yet, nothing for Megatron
+            args.primus_lora_base = self._hf_import("LoRA")
+            if is_imported(Path(args.load)):  # a fresh fine-tune: no adapters yet
                 args.load = None
             log_rank_0(f"[megatron] LoRA: {lora.describe(args.primus_peft)}")
         super().setup()
+
+    def _hf_import(self, what: str) -> str:
+        """The run's HF import (iteration 0), which `what` needs as the base model."""
+        import_dir = Path(self.backend_args.load or "") / "iter_0000000"
+        if not import_dir.is_dir():
+            raise ConfigError(
+                f"megatron: {what} needs the base model as the run's HF import (iteration 0)",
+                hint="set init_from: {hf: DIR}, or run primus checkpoint import first",
+            )
+        return str(import_dir)
 
     def train(self) -> None:
         from megatron.core.enums import ModelType
         from megatron.training import pretrain
         from primus.backends.megatron import providers
-        from primus.backends.megatron.posttrain import sft
+        from primus.backends.megatron.posttrain import dpo, sft
 
         args = self.backend_args
         log_rank_0(f"[megatron] posttrain: {args.train_iters} iterations")
+        forward_step = (
+            sft.forward_step
+            if args.primus_dpo is None
+            else dpo.forward_step(args.primus_dpo, args.primus_peft is not None)
+        )
         pretrain(
             self.cfg,
             sft.datasets_provider(
                 self.data.train, self.data.eval, args.primus_sft.packing, args.global_batch_size
             ),
             ModelType.encoder_or_decoder,
-            sft.forward_step,
+            forward_step,
             model_provider=providers.model_provider,
         )

@@ -89,6 +89,11 @@ def model_provider(
         from primus.backends.megatron.posttrain.lora import add_lora
 
         add_lora(model, args)
+    reference = getattr(args, "primus_dpo_reference", None)
+    if reference:  # full DPO (`dpo:` without `peft:`): the HF import, frozen, beside the model
+        from primus.backends.megatron.posttrain.dpo import keep_reference
+
+        keep_reference(model, reference, args)
     return model
 
 
@@ -137,9 +142,11 @@ def _to_gpu(value: Any) -> Any:
     return value.cuda(non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
-def get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
-    """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP."""
+def get_batch(data_iterator: Any, pairs: bool = False) -> dict[str, torch.Tensor | None]:
+    """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP.
+    `pairs`: a micro-batch of preference pairs (mbs, 2, seq), as 2 x mbs rows."""
     args = get_args()
+    rows = args.micro_batch_size * (2 if pairs else 1)
     first = parallel_state.is_pipeline_first_stage()
     last = parallel_state.is_pipeline_last_stage()
     if not (first or last):
@@ -150,6 +157,8 @@ def get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
     local = None
     if data_iterator is not None:  # TP rank 0 reads; the others receive the broadcast
         local = {k: _to_gpu(v) for k, v in next(data_iterator).items()}
+        if pairs:
+            local = {k: v.flatten(0, 1) for k, v in local.items()}
     if local is not None and first and last and tp_group.size() == 1:
         batch = local  # one TP rank, one stage: nothing to broadcast or drop
     else:
@@ -162,7 +171,7 @@ def get_batch(data_iterator: Any) -> dict[str, torch.Tensor | None]:
             broadcast_group=tp_group,
             cp_size=args.context_parallel_size,
             tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-            micro_batch_size=args.micro_batch_size,
+            micro_batch_size=rows,
             seq_length=args.seq_length,
             mtp_on_this_rank=False,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size,

@@ -148,8 +148,31 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
     return norm_undecided(args)
 
 
+def _check_dpo(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """What Primus's DPO on Megatron does not cover: the forward step runs the policy and the
+    reference on whole rows of one pipeline stage, and takes the model's output for the
+    per-token cross-entropy alone."""
+    if config.dpo is None:
+        return
+    problems = {
+        "pipeline_model_parallel_size": args.pipeline_model_parallel_size != 1,
+        "context_parallel_size": args.context_parallel_size != 1,
+        "num_experts": bool(args.num_experts),
+        "mtp_num_layers": bool(args.mtp_num_layers),
+    }
+    for key, bad in problems.items():
+        if bad:
+            raise config.error(
+                key,
+                f"megatron: dpo is not supported with {key}: {getattr(args, key)}",
+                hint="Primus's Megatron DPO covers dense models without multi-token "
+                "prediction, pipeline and context parallel 1",
+            )
+
+
 def _check_finetuning(config: ModuleConfig, args: argparse.Namespace) -> None:
-    """What Primus's fine-tuning on Megatron does not cover (`sft:` packing, `peft:`)."""
+    """What Primus's fine-tuning on Megatron does not cover (`sft:` packing, `peft:`, `dpo:`)."""
+    _check_dpo(config, args)
     # megatron.local_layers_without_te builds local layers where TE is not installed
     te = args.transformer_impl == "transformer_engine" and _installed("transformer_engine")
     if config.sft is not None and config.sft.packing and te:

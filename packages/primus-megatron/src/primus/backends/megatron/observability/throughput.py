@@ -1,7 +1,9 @@
-"""Step metrics in Primus's format: loss, tokens/s/GPU, TFLOP/s/GPU, MFU, peak memory.
+"""Step metrics in Primus's format: loss, tokens/s/GPU, TFLOP/s/GPU, MFU, peak memory; with
+`dpo:`, the reward metrics.
 
 FLOPs per step are Megatron's own count (`num_floating_point_operations`: forward and
-backward, causal attention counted as half the full score matrix). See primus.core.metrics.
+backward, causal attention counted as half the full score matrix); DPO counts both rows of
+each pair, and the reference's forward. See primus.core.metrics.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from primus.core.metrics import MetricsSink, metrics_enabled, step_metrics
 from primus.core.patches import PatchContext, register_patch
+from primus.core.posttrain.preference import REWARD_METRICS
 
 
 class StepMeter:
@@ -58,17 +61,23 @@ class StepMeter:
         if steps <= 0 or not self.is_last_rank():
             return result
         loss = loss_dict.get("lm loss")
+        rows, passes = args.global_batch_size, 1.0
+        if getattr(args, "primus_dpo", None) is not None:
+            # two rows a pair; the reference's forward adds a third to forward and backward
+            rows, passes = 2 * rows, 4 / 3
+        rewards = {key: float(loss_dict[key]) for key in REWARD_METRICS if key in loss_dict}
         metrics = step_metrics(
             iteration,
             args.train_iters,
             float(loss) if loss is not None else None,
             (now - start) / steps,
-            args.global_batch_size * args.seq_length,
-            self.flops(args, args.global_batch_size),
+            rows * args.seq_length,
+            self.flops(args, rows) * passes,
             args.world_size,
             self.peak,
             lr=float(lr) if lr is not None else None,
             peak_memory_gib=self.max_memory() / 2**30 if self.on_gpu else None,
+            **rewards,
         )
         evaluates = args.do_valid and args.eval_interval and iteration % args.eval_interval == 0
         if self.posttrain and evaluates:

@@ -20,6 +20,8 @@ layers (the LayerNorm Transformer Engine fuses into linear_qkv would hide the ad
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -72,6 +74,7 @@ class LoRA(torch.nn.Module):
                 self.b[name] = b = torch.nn.Linear(peft.rank, out, bias=False)
                 torch.nn.init.zeros_(b.weight)
         self.dropout = torch.nn.Dropout(peft.dropout)
+        self.enabled = True  # off: the linear gives the base's output (`adapters_off`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.dropout(x)
@@ -90,9 +93,22 @@ def _add_adapter(linear: torch.nn.Module, adapter: LoRA) -> None:
 
     def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
         out, bias = output
-        return out + adapter(inputs[0]), bias
+        return (out + adapter(inputs[0]) if adapter.enabled else out), bias
 
     linear.register_forward_hook(hook)
+
+
+@contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[None]:
+    """`model` computes as its frozen base within: every LoRA adapter switched off."""
+    adapters = [module for module in model.modules() if isinstance(module, LoRA)]
+    for adapter in adapters:
+        adapter.enabled = False
+    try:
+        yield
+    finally:
+        for adapter in adapters:
+            adapter.enabled = True
 
 
 def add_lora(model: Any, args: Any) -> None:
@@ -125,8 +141,9 @@ def add_lora(model: Any, args: Any) -> None:
     model.sharded_state_dict = adapters_only
 
 
-def _load_base(model: Any, folder: str, args: Any) -> None:
-    """The frozen weights from the Megatron checkpoint in `folder` (model tensors only)."""
+def import_weights(model: Any, folder: str, args: Any) -> dict[str, torch.Tensor]:
+    """The weights of `model` (its frozen ones, with LoRA) in the Megatron checkpoint in
+    `folder`, by state-dict key (model tensors only); `model` itself is left as it is."""
     from megatron.core import dist_checkpointing
     from megatron.training.checkpointing import _build_sharded_state_dict_metadata
 
@@ -137,7 +154,12 @@ def _load_base(model: Any, folder: str, args: Any) -> None:
         if ADAPTER not in key and not key.endswith("_extra_state")
     }
     loaded = dist_checkpointing.load(wanted, folder)  # with the checkpoint's common state
-    missing, unexpected = model.load_state_dict({key: loaded[key] for key in wanted}, strict=False)
+    return {key: loaded[key] for key in wanted}
+
+
+def _load_base(model: Any, folder: str, args: Any) -> None:
+    """The frozen weights from the Megatron checkpoint in `folder` (model tensors only)."""
+    missing, unexpected = model.load_state_dict(import_weights(model, folder, args), strict=False)
     assert not unexpected, unexpected
     left = [key for key in missing if ADAPTER not in key and not key.endswith("_extra_state")]
     assert not left, f"not in the HF import {folder}: {left}"

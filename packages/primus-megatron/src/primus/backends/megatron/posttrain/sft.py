@@ -20,7 +20,9 @@ from typing import Any
 import torch
 
 from primus.backends.megatron.providers import get_batch, loss_func
-from primus.core.posttrain import SFTDataset, token_stats_torch
+from primus.core.posttrain import PairDataset, SFTDataset, token_stats_torch
+
+Rows = SFTDataset | PairDataset  # SFT rows, or DPO's pairs (each tensor with a leading 2)
 
 
 def document_mask(segment_ids: Any) -> torch.Tensor:
@@ -32,11 +34,11 @@ def document_mask(segment_ids: Any) -> torch.Tensor:
 
 
 class SFTSamples(torch.utils.data.Dataset):
-    """`length` Megatron samples over SFT rows: training rows by position (over epochs), or
+    """`length` Megatron samples over `Rows`: training rows by position (over epochs), or
     eval rows in order, padded with empty rows (loss mask 0) to a multiple of `multiple`."""
 
     def __init__(
-        self, rows: SFTDataset, length: int, packed: bool, train: bool, multiple: int = 1
+        self, rows: Rows, length: int, packed: bool, train: bool, multiple: int = 1
     ) -> None:
         self.rows, self.length, self.packed, self.train = rows, length, packed, train
         self.cycle = math.ceil(len(rows) / multiple) * multiple
@@ -61,15 +63,13 @@ class SFTSamples(torch.utils.data.Dataset):
         return sample
 
 
-def eval_batches(rows: SFTDataset, global_batch: int) -> int:
+def eval_batches(rows: Rows, global_batch: int) -> int:
     """Global batches one pass over the eval rows takes (the last padded)."""
     return math.ceil(len(rows) / global_batch)
 
 
-def datasets_provider(
-    train: SFTDataset, evaluation: SFTDataset | None, packed: bool, global_batch: int
-) -> Any:
-    """megatron.training's dataset provider over the SFT rows (no test split)."""
+def datasets_provider(train: Rows, evaluation: Rows | None, packed: bool, global_batch: int) -> Any:
+    """megatron.training's dataset provider over the SFT rows or pairs (no test split)."""
 
     def provide(num_samples: list[int], vp_stage: int | None = None) -> Any:
         train_samples, eval_samples, _ = num_samples

@@ -1,0 +1,121 @@
+"""Preference training (DPO) on Megatron: core's pairs as Megatron samples, the forward step
+against the frozen reference, the loss as Megatron reduces it.
+
+A Megatron sample is one pair (each tensor (2, seq): chosen, rejected), so the global batch,
+consumed samples and a resume count pairs (`SFTSamples` over `PairDataset.row`). The forward
+step flattens a micro-batch (mbs, 2, seq) to 2 x mbs rows and runs them through the reference
+(without gradient, in eval mode) and the policy; each side's log-probability is minus the sum
+of the model's per-token cross-entropy (vocabulary-parallel) over its loss mask.
+
+The reference is the run's initial weights, also after a resume: with `peft:`, the model with
+its LoRA adapters switched off (the frozen base is the HF import); without, a frozen copy of
+the HF import's weights (iteration 0) kept beside the model (not a parameter, not in its state
+dict) and run with `torch.func.functional_call`.
+
+Reporting: the loss function returns the micro-batch's summed pair losses with its pair count
+as Megatron's "token" count (`calculate_per_token_loss`), so the gradient is that of the mean
+over the global batch's pairs; `lm loss` and each of REWARD_METRICS go out as [sum, pairs],
+which Megatron adds up over micro-batches and data-parallel ranks before dividing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+
+from primus.backends.megatron.providers import get_batch
+from primus.core.posttrain import DPOConfig, dpo_loss_torch
+
+REFERENCE = "primus_dpo_reference"  # the model's attribute holding the frozen copy (full DPO)
+
+
+def describe(dpo: DPOConfig, lora: bool) -> str:
+    reference = "the base without its adapters" if lora else "a frozen copy of the HF import"
+    return f"beta {dpo.beta:g}, label smoothing {dpo.label_smoothing:g}; reference: {reference}"
+
+
+def keep_reference(model: torch.nn.Module, folder: str, args: Any) -> None:
+    """Full DPO: hold the weights of the Megatron checkpoint in `folder` (the HF import) beside
+    `model` (a GPTModel of one stage) as its reference."""
+    from primus.backends.megatron.posttrain.lora import import_weights
+
+    weights = import_weights(model, folder, args)
+    missing = [name for name, _ in model.named_parameters() if name not in weights]
+    assert not missing, f"not in the HF import {folder}: {missing}"
+    setattr(model, REFERENCE, weights)
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """`model` in eval mode within (no dropout), in its own mode after."""
+    mode = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(mode)
+
+
+def _placed(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen copy on the device and in the dtype of the weights it stands for (once)."""
+    weights: dict[str, torch.Tensor] = getattr(model, REFERENCE)
+    own = dict(model.named_parameters()) | dict(model.named_buffers())
+    for name, tensor in weights.items():
+        if tensor.device != own[name].device or tensor.dtype != own[name].dtype:
+            weights[name] = tensor.to(own[name].device, own[name].dtype)
+    return weights
+
+
+def reference_losses(
+    model: Any, lora: bool, inputs: tuple[Any, ...], labels: torch.Tensor
+) -> torch.Tensor:
+    """The reference's per-token cross-entropy of `labels`, without gradient: `model` (as
+    Megatron wraps it) with its adapters off (`lora`), else its frozen copy."""
+    from megatron.core.utils import unwrap_model
+    from primus.backends.megatron.posttrain.lora import adapters_off
+
+    inner = unwrap_model(model)
+    with torch.no_grad(), evaluating(inner):
+        if lora:
+            with adapters_off(inner):
+                return model(*inputs, labels=labels)
+        weights = _placed(inner)
+        return torch.func.functional_call(inner, weights, inputs, {"labels": labels})
+
+
+def side_logps(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """(pairs, 2) summed log-probabilities from per-token cross-entropy (2 x pairs, seq)."""
+    return -(losses.float() * loss_mask.float()).sum(-1).view(-1, 2)
+
+
+def loss_func(
+    dpo: DPOConfig, loss_mask: torch.Tensor, reference: torch.Tensor, output: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The micro-batch's summed DPO loss, its pair count, and for logging `lm loss` and the
+    reward metrics, each as [sum, pairs]."""
+    loss, metrics = dpo_loss_torch(side_logps(output, loss_mask), reference, dpo)
+    pairs = reference.shape[0]
+    count = torch.tensor(float(pairs), device=loss.device)
+    means = {"lm loss": loss.detach()} | metrics
+    reduced = {key: torch.stack([mean.float() * pairs, count]) for key, mean in means.items()}
+    return loss * pairs, torch.tensor(pairs, dtype=torch.int, device=loss.device), reduced
+
+
+def forward_step(dpo: DPOConfig, lora: bool) -> Callable[[Any, Any], tuple[torch.Tensor, Any]]:
+    """Megatron's forward step for DPO: the policy's per-token losses of the micro-batch's
+    pairs, and the loss function holding the reference's log-probabilities."""
+
+    def step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
+        batch = get_batch(data_iterator, pairs=True)
+        labels, loss_mask = batch["labels"], batch["loss_mask"]
+        assert labels is not None and loss_mask is not None, "one pipeline stage"
+        inputs = (batch["tokens"], batch["position_ids"], None)
+        reference = side_logps(reference_losses(model, lora, inputs, labels), loss_mask)
+        output = model(*inputs, labels=labels, loss_mask=loss_mask)
+        return output, partial(loss_func, dpo, loss_mask, reference)
+
+    return step
