@@ -157,7 +157,9 @@ def test_cli_validate_and_show_name_the_line_and_the_command_line(files, tmp_pat
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert re.search(r"exp.yaml:7: sft.seq_length must be positive", result.stderr), result.stderr
     path = experiment(files, tmp_path, framework="dummy")
-    result = primus("config", "show", str(path), "--provenance", "sft.seq_length=32", cwd=tmp_path)
+    result = primus(  # with --config, the first override is not taken for the experiment
+        "config", "show", "--config", str(path), "sft.seq_length=32", "--provenance", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert re.search(r"seq_length: 32 +# cli \(sft.seq_length=32\)", result.stdout), result.stdout
     assert re.search(r"packing: true +# exp.yaml:8", result.stdout)

@@ -25,7 +25,13 @@ ConfigOpt = Annotated[
 ]
 
 
-def _experiment_file(argument: Path | None, option: Path | None) -> Path:
+def _experiment_file(ctx: typer.Context, argument: Path | None, option: Path | None) -> Path:
+    """The experiment YAML, given as the argument or with --config. With --config, a first
+    override (`config show --config exp.yaml lr=0.1`) lands in the argument's place: it goes
+    back to the overrides."""
+    if argument is not None and option is not None and "=" in str(argument):
+        ctx.args.insert(0, str(argument))
+        return option
     if (argument is None) == (option is None):
         raise typer.BadParameter("give the experiment YAML once: as an argument or with --config")
     return argument or option  # type: ignore[return-value]
@@ -63,7 +69,7 @@ def show(
     from primus.core.config.render import to_json, to_yaml
     from primus.core.runtime import resolution
 
-    config = _experiment_file(config, config_option)
+    config = _experiment_file(ctx, config, config_option)
     if after_patches:
         from primus.core.runtime.primus_runtime import PrimusRuntime
 
@@ -125,7 +131,7 @@ def validate(
     from primus.core.runtime import resolution
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
-    config = _experiment_file(config, config_option)
+    config = _experiment_file(ctx, config, config_option)
     overrides = list(ctx.args)
     experiment = resolution.load(config, overrides, module)
     for name, mod in experiment.modules.items():
