@@ -156,8 +156,11 @@ def test_records_of_the_wrong_kind_are_refused_at_file_and_line(
         ({"prompt": "a", "chosen": "river", "rejected": CHOSEN}, "both be strings or both"),
         (
             {"prompt": "a", "chosen": [{"role": "robot", "content": "x"}], "rejected": CHOSEN},
-            "unknown role",
+            r"chosen\[0\] has unknown role",
         ),
+        ({"prompt": [], "chosen": CHOSEN, "rejected": REJECTED}, "'prompt' must be a non-empty"),
+        ({"chosen": [*PROMPT, *CHOSEN], "rejected": [*PROMPT, *CHOSEN]}, "are the same"),
+        ({"prompt": "a", "chosen": "b", "rejected": "b"}, "'chosen' and 'rejected' are the same"),
     ):
         sft = module(experiment(tmp_path, tok_dir, [bad])).sft
         with pytest.raises(ConfigError, match=why):

@@ -16,9 +16,11 @@ def write_preference_task(
     folder: Path, n_train: int = 64, n_eval: int = 0, seed: int = 0, chat: bool = True
 ) -> dict[str, Path]:
     """The reverse task as TRL preference records: conversational (`prompt`, `chosen` and
-    `rejected` lists of messages) or, with chat False, strings; `train` (and `eval`) files."""
+    `rejected` lists of messages) or, with chat False, strings; `train` (and `eval`) files.
+    Prompts that read the same reversed are left out (their two answers would be one)."""
     folder.mkdir(parents=True, exist_ok=True)
-    prompts = reverse_task(n_train + n_eval, seed)
+    drawn = reverse_task(2 * (n_train + n_eval), seed)
+    prompts = [w for w in drawn if w != w[::-1]][: n_train + n_eval]  # answers that differ
     files = {}
     for split, chunk in (("train", prompts[:n_train]), ("eval", prompts[n_train:])):
         if not chunk:

@@ -133,18 +133,23 @@ def _content(turn: dict[str, Any], where: str, key: str, columns: Columns) -> No
         raise Invalid(f"{where} {columns.name(key)} must be a string, got {got}")
 
 
-def chat(data: dict[str, Any], columns: Columns) -> Fields:
-    """`messages`, each with a known role and string content."""
-    messages = _turns(data, "messages", columns)
+def _messages(data: dict[str, Any], key: str, columns: Columns) -> list[dict[str, Any]]:
+    """The messages under `key`, each with a known role and string content."""
+    messages = _turns(data, key, columns)
     hint = f"roles: {', '.join(ROLES)}"
     for index, message in enumerate(messages):
-        role, where = message.get("role"), f"messages[{index}]"
+        role, where = message.get("role"), f"{key}[{index}]"
         if role is None:
             raise Invalid(f"{where} has no {columns.name('role')}", hint)
         if role not in ROLES:
             raise Invalid(f"{where} has unknown role {role!r}", hint)
         _content(message, where, "content", columns)
-    return {"messages": messages}
+    return messages
+
+
+def chat(data: dict[str, Any], columns: Columns) -> Fields:
+    """`messages`, each with a known role and string content."""
+    return {"messages": _messages(data, "messages", columns)}
 
 
 def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
@@ -200,9 +205,8 @@ def prompt_completion(data: dict[str, Any], columns: Columns) -> Fields:
 
 def _answer(data: dict[str, Any], key: str, columns: Columns) -> Any:
     """A preference record's `chosen` or `rejected`: a string, or messages (checked as a chat)."""
-    value = data.get(key)
-    if isinstance(value, list):
-        return chat({"messages": value}, columns)["messages"]
+    if isinstance(data.get(key), list):
+        return _messages(data, key, columns)
     return _text(data, key, columns)
 
 
@@ -213,6 +217,11 @@ def preference(data: dict[str, Any], columns: Columns) -> Fields:
     prompt = data.get("prompt")
     if isinstance(chosen, str) != isinstance(rejected, str):
         raise Invalid("'chosen' and 'rejected' must both be strings or both lists of messages")
+    if chosen == rejected:  # with an implicit prompt too: the same answer after it
+        raise Invalid(
+            "'chosen' and 'rejected' are the same",
+            hint="a pair teaches nothing unless its answers differ",
+        )
     if isinstance(chosen, str):
         if prompt is None:
             raise Invalid(
@@ -230,7 +239,7 @@ def preference(data: dict[str, Any], columns: Columns) -> Fields:
     elif isinstance(prompt, str):
         prompt = [{"role": "user", "content": _text(data, "prompt", columns)}]
     else:
-        prompt = chat({"messages": prompt}, columns)["messages"]
+        prompt = _messages(data, "prompt", columns)
     sides = [
         {"messages": [*prompt, *answer], "train_from": len(prompt)} for answer in (chosen, rejected)
     ]
