@@ -23,14 +23,17 @@ GPU = [p for p in RECIPES if p.name not in ON_CPU and not p.name.endswith("-sft.
 
 
 def test_the_shipped_sft_data_is_the_reverse_task(tmp_path: Path) -> None:
-    """configs/data/sft-tiny holds what write_reverse_task (4096 train, 64 eval samples, seed 0)
-    and write_tokenizer write: regenerated with them, byte for byte."""
+    """configs/data/sft-tiny holds what write_reverse_task (4096 train, 64 eval samples, seed 0),
+    write_preference_task (1024 pairs, seed 1) and write_tokenizer write: regenerated with them,
+    byte for byte."""
+    from primus.testing.dpo import write_preference_task
     from primus.testing.sft_data import write_reverse_task, write_tokenizer
 
     made = write_reverse_task(tmp_path, 4096, 64)
+    made["preference_train"] = write_preference_task(tmp_path, 1024, seed=1)["train"]
     write_tokenizer(tmp_path / "tokenizer")
     shipped = ROOT / SHIPPED
-    for name in ("chat_train", "chat_eval"):
+    for name in ("chat_train", "chat_eval", "preference_train"):
         assert (shipped / f"{name}.jsonl").read_bytes() == made[name].read_bytes(), name
     assert sorted(p.name for p in (shipped / "tokenizer").iterdir()) == sorted(
         p.name for p in (tmp_path / "tokenizer").iterdir()
