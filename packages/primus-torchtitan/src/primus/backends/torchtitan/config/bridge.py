@@ -206,11 +206,11 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     if mock_data:
         extra = {"tokenizer": MockTokenizer.Config(vocab_size=vocab), "hf_assets_path": "."}
     dataloader = MockDataLoader.Config() if mock_data else HuggingFaceTextDataLoader.Config()
-    if config.sft is not None:  # fine-tuning: core's SFT rows, evaluated by Primus's validator
+    if config.sft is not None:  # fine-tuning: core's SFT rows (DPO's pairs), Primus's validator
         from primus.backends.torchtitan.posttrain.sft import SFTDataLoader, SFTValidator
 
         dataloader, extra["validator"] = (
-            SFTDataLoader.Config(_sft=config.sft, _peft=config.peft),
+            SFTDataLoader.Config(_sft=config.sft, _peft=config.peft, _dpo=config.dpo),
             SFTValidator.Config(),
         )
     return Trainer.Config(

@@ -1,7 +1,8 @@
 """Step metrics in Primus's format: loss, tokens/s/GPU, TFLOP/s/GPU, MFU, peak memory.
 
 FLOPs per token are TorchTitan's own count (`num_flops_per_token`: 6 x parameters plus the
-attention term, forward and backward). See primus.core.metrics for the formulas.
+attention term, forward and backward), and for DPO a third more (the reference's forward); a
+DPO sample is a pair of rows. See primus.core.metrics for the formulas.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class StepMeter:
         self.sink = MetricsSink(ctx)
         self.pp_schedule = ctx.backend_args.parallelism.pipeline_parallel_schedule
         self.pending: StepMetrics | None = None  # fine-tuning: a step line held for its eval
+        module = ctx.extra.get("module")
+        # DPO: a sample is a pair, two rows; each row also runs through the reference (a forward:
+        # a third of TorchTitan's forward-and-backward count)
+        self.dpo = module is not None and module.dpo is not None
 
     def measure(self, processor: Any, step: int, loss: float) -> StepMetrics | None:
         """Called just before the processor's own `log` resets its counters."""
@@ -29,7 +34,7 @@ class StepMeter:
         global_batch = training.global_batch_size
         if global_batch <= 0:
             global_batch = training.local_batch_size * batch_degree
-        tokens = global_batch * training.seq_len  # per step, all ranks
+        tokens = global_batch * training.seq_len * (2 if self.dpo else 1)  # per step, all ranks
         # steps since the last log, from this rank's token count (right after a resume too)
         steps = round(processor.ntokens_since_last_log * batch_degree / tokens)
         if steps <= 0:
@@ -43,7 +48,7 @@ class StepMeter:
             float(loss),
             seconds,
             tokens,
-            processor.num_flops_per_token * tokens,
+            processor.num_flops_per_token * tokens * (4 / 3 if self.dpo else 1),
             dims.world_size,
             self.sink.peak(monitor.device_name if on_gpu else None),
             lr=_lr(processor),
@@ -100,10 +105,13 @@ def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU, MFU and peak memory every metrics.log_freq steps;
     write metrics.jsonl and tensorboard scalars (when tensorboard is on). Under pipeline
     parallelism the loss comes from the last stage, so rank 0 logs it instead of -1.
-    Fine-tuning: a step's eval loss and token accuracy go on its line."""
+    Fine-tuning: a step's eval loss and token accuracy go on its line; DPO's reward metrics
+    too."""
     meter = StepMeter(ctx)
-    validator: Any = getattr(getattr(ctx.extra.get("trainer"), "trainer", None), "validator", None)
+    trainer = ctx.extra.get("trainer")
+    validator: Any = getattr(getattr(trainer, "trainer", None), "validator", None)
     evaluates = ctx.stage == "posttrain" and validator is not None
+    dpo: Any = getattr(trainer, "dpo", None)  # posttrain.dpo.DPOStep: the step's rewards
 
     def metered(original: Any) -> Any:
         def log(
@@ -113,6 +121,10 @@ def step_metrics_patch(ctx: PatchContext) -> None:
                 self.parallel_dims, meter.pp_schedule, avg_loss, max_loss
             )
             metrics = meter.measure(self, step, avg_loss)
+            rewards = dpo.rewards() if dpo is not None else {}  # on every rank: a collective
+            if metrics is not None:
+                for name, value in rewards.items():
+                    setattr(metrics, name, value)
             original(self, step, avg_loss, max_loss, *args, **kw)
             if metrics is not None and evaluates and validator.should_validate(step):
                 meter.pending = metrics  # reported with the eval that follows the step

@@ -19,6 +19,13 @@ def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
         check_peft(config.peft)
     if config.sft is None:
         return
+    if config.dpo is not None and config.init_from is None:
+        raise config.dpo.error(
+            "beta",
+            "torchtitan: DPO's reference model is the run's initial weights, the HF import of "
+            "init_from.hf, and the module has no init_from",
+            hint="set init_from: {hf: DIR} (the model to train and to hold as the reference)",
+        )
     for key in ("pipeline_parallel_degree", "context_parallel_degree"):
         if value(f"parallelism.{key}") != 1:
             raise config.error(

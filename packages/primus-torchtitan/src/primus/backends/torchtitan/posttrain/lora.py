@@ -7,11 +7,13 @@ into one Linear (`qkv_linear.wqkv`), so `q_proj`, `k_proj`, `v_proj` are targete
 adapter on the fused projection) or not at all. `peft.dropout` drops the adapters' input
 (`add_dropout`; TorchTitan's LoRA has none). The frozen weights come from the run's HF
 import, loaded by Primus (fresh run and resume alike); checkpoints hold the adapters only.
+`adapters_off` switches the adapters off (DPO's reference: the base model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,21 @@ def add_dropout(model: Any, p: float) -> int:
     for lora_a in adapters:
         lora_a.register_forward_pre_hook(drop)
     return len(adapters)
+
+
+@contextmanager
+def adapters_off(model: Any) -> Iterator[None]:
+    """The model without its LoRA updates inside the block: each LoRA linear's scaling
+    (TorchTitan's `_lora_scaling`, alpha / rank) is 0, so it gives its base output."""
+    linears = [m for m in model.modules() if hasattr(m, "_lora_scaling")]
+    scalings = [m._lora_scaling for m in linears]
+    for linear in linears:
+        linear._lora_scaling = 0.0
+    try:
+        yield
+    finally:
+        for linear, scaling in zip(linears, scalings, strict=True):
+            linear._lora_scaling = scaling
 
 
 def adapted_linears(config: Any) -> dict[str, Any]:

@@ -75,9 +75,11 @@ class SFTDataLoader(ParallelAwareDataloader):
     @dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):
         dataset: str = "sft"
-        # not from the CLI: the module's sft: and peft: (convert_config), its rows (the trainer)
+        # not from the CLI: the module's sft:, peft: and dpo: (convert_config), its rows (the
+        # trainer: SFT rows, or DPO's pairs)
         _sft: Annotated[Any, tyro.conf.Suppress] = None
         _peft: Annotated[Any, tyro.conf.Suppress] = None
+        _dpo: Annotated[Any, tyro.conf.Suppress] = None
         _rows: Annotated[Any, tyro.conf.Suppress] = None
         _global_batch: Annotated[int, tyro.conf.Suppress] = -1  # training.global_batch_size
 
@@ -97,18 +99,26 @@ class SFTDataLoader(ParallelAwareDataloader):
         if global_batch <= 0:  # TorchTitan's -1: no gradient accumulation
             global_batch = local_batch_size * dp_world_size
         rows = SFTRows(config._rows, global_batch, dp_rank, dp_world_size)
+        pairs = {"collate_fn": collate_pairs} if config._dpo is not None else {}
         super().__init__(
-            rows, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size
-        )
+            rows, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
+            **pairs,
+        )  # fmt: skip
 
 
-def _logits(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The model's full logits for one batch (as TorchTitan's trainer calls it)."""
+def collate_pairs(pairs: list[Batch]) -> Batch:
+    """DPO's pairs (each (2, seq): chosen, rejected) as one batch of rows (2 * pairs, seq):
+    row 2i is pair i's chosen side, row 2i + 1 its rejected side."""
+    inputs = {k: torch.cat([i[k] for i, _ in pairs]) for k in pairs[0][0]}
+    return inputs, torch.cat([labels for _, labels in pairs])
+
+
+def logits(model: Any, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """The model's full logits for `tokens` (`kwargs`: positions, attention masks, as
+    TorchTitan's trainer passes them)."""
     from torch.distributed.tensor import DTensor
 
-    positions = inputs["positions"]
-    masks = model.get_attention_masks(positions=positions)
-    output = model(inputs["input"], positions=positions, attention_masks=masks)
+    output = model(tokens, **kwargs)
     if getattr(model, "_skip_lm_head", False):  # the chunked loss applies lm_head itself
         output = model.lm_head(output)
     return output.full_tensor() if isinstance(output, DTensor) else output
@@ -164,10 +174,12 @@ class SFTValidator(BaseValidator):
         for inputs, labels in self.batches():
             inputs = {k: v.to(device) for k, v in inputs.items()}
             labels = labels.to(device)
+            positions = inputs["positions"]
+            masks = model.get_attention_masks(positions=positions)
             with self.context():
-                logits = _logits(model, inputs)
+                out = logits(model, inputs["input"], positions=positions, attention_masks=masks)
             mask = labels != IGNORE_INDEX
-            total += token_stats_torch(logits, labels.clamp(min=0), mask)
+            total += token_stats_torch(out, labels.clamp(min=0), mask)
         if self.dims.dp_enabled:
             torch.distributed.all_reduce(total, group=self.dims.get_mesh("batch").get_group())
         return TokenStats(*total.tolist())
