@@ -60,9 +60,12 @@ def pairs(exp: Path, step: int) -> Any:
 def assert_logs_the_hf_loss(
     line: dict[str, Any], policy: Path, reference: Path, batch: Any
 ) -> None:
+    """The logged loss to 1e-5 relative; each reward, a difference of two float32 sums of
+    log-probs (tens each), to 1e-5."""
     expected = hf_dpo_loss(policy, reference, batch, BETA)
-    for name in METRICS:
-        assert line[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
+    assert line["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    for name in METRICS[1:]:
+        assert line[name] == pytest.approx(expected[name], abs=1e-5), name
 
 
 @pytest.fixture(scope="module")
