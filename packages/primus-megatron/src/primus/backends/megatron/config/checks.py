@@ -149,11 +149,18 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
 
 
 def _check_dpo(config: ModuleConfig, args: argparse.Namespace) -> None:
-    """What Primus's DPO on Megatron does not cover: the forward step runs the policy and the
-    reference on whole rows of one pipeline stage, and takes the model's output for the
-    per-token cross-entropy alone."""
+    """What Primus's DPO on Megatron does not cover: a reference other than the HF import; the
+    forward step runs the policy and the reference on whole rows of one pipeline stage, and
+    takes the model's output for the per-token cross-entropy alone."""
     if config.dpo is None:
         return
+    if config.init_from is None and not args.load:
+        raise config.dpo.error(
+            "",
+            "megatron: dpo needs the run's initial weights as its reference, and the module "
+            "starts from none",
+            hint="set init_from: {hf: DIR} (or load: a checkpoint folder holding the HF import)",
+        )
     problems = {
         "pipeline_model_parallel_size": args.pipeline_model_parallel_size != 1,
         "context_parallel_size": args.context_parallel_size != 1,

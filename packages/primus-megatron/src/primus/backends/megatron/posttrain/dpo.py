@@ -43,7 +43,8 @@ def keep_reference(model: torch.nn.Module, folder: str, args: Any) -> None:
     `model` (a GPTModel of one stage) as its reference."""
     from primus.backends.megatron.posttrain.lora import import_weights
 
-    weights = import_weights(model, folder, args)
+    # copies: the loaded tensors may be the model's own parameters (loaded in place)
+    weights = {key: t.detach().clone() for key, t in import_weights(model, folder, args).items()}
     missing = [name for name, _ in model.named_parameters() if name not in weights]
     assert not missing, f"not in the HF import {folder}: {missing}"
     setattr(model, REFERENCE, weights)

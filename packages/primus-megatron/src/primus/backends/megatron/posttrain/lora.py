@@ -143,7 +143,8 @@ def add_lora(model: Any, args: Any) -> None:
 
 def import_weights(model: Any, folder: str, args: Any) -> dict[str, torch.Tensor]:
     """The weights of `model` (its frozen ones, with LoRA) in the Megatron checkpoint in
-    `folder`, by state-dict key (model tensors only); `model` itself is left as it is."""
+    `folder`, by state-dict key (model tensors only; some may be `model`'s own parameters,
+    loaded in place)."""
     from megatron.core import dist_checkpointing
     from megatron.training.checkpointing import _build_sharded_state_dict_metadata
 
