@@ -84,14 +84,18 @@ def test_one_failing_worker_stops_the_others(
 
 def reach_together(folder: Path, config: str) -> list[str]:
     """A worker that waits for both ranks, runs `primus train pretrain --config <config>` (a
-    Python expression) and exits a second after it returns: the spawner stops the other worker
-    at the first failure, so without the wait the second might not get to report."""
+    Python expression) and, once it returns, waits for the other rank's to return before it
+    exits: the spawner stops the other worker at the first failure, so without the wait the
+    second might not get to report (however slow the machine)."""
     return python(
         "import os, sys, time; from pathlib import Path; from primus.cli.main import main\n"
-        f"folder = Path({str(folder)!r}); (folder / os.environ['RANK']).touch()\n"
-        "while len(list(folder.iterdir())) < 2: time.sleep(0.01)\n"
+        f"folder = Path({str(folder)!r}); rank = os.environ['RANK']\n"
+        "def meet(stage):\n"
+        "    (folder / f'{stage}-{rank}').touch()\n"
+        "    while len(list(folder.glob(f'{stage}-*'))) < 2: time.sleep(0.01)\n"
+        "meet('start')\n"
         f"try: main(['train', 'pretrain', '--config', {config}])\n"
-        "except SystemExit: time.sleep(1); raise"
+        "except SystemExit: meet('done'); raise"
     )
 
 

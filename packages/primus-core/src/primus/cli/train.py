@@ -120,18 +120,8 @@ def _command(stage: str) -> Callable[..., None]:
             code = launch_workers(runtime.adapter.launcher, worker, launch)
             # A worker stopped because another failed marks the run too: that is no preemption.
             preempted = code == preemption.EXIT_PREEMPTED or preemption.requested()
-            if code != 0 and preempted and (mark := preemption.marked(runtime.run_dir)):
-                where = (
-                    "before the first step"
-                    if mark["step"] is None
-                    else f"at step {mark['step']}; checkpoint {mark['checkpoint']}"
-                )
-                print(
-                    f"[primus] preempted by {mark['signal']} {where}; run the same command "
-                    "again to resume",
-                    file=sys.stderr,
-                )
-                code = preemption.EXIT_PREEMPTED
+            if code != 0 and preempted:
+                code = _say_preempted(runtime.run_dir, code)
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run, full=full)
 
@@ -149,3 +139,31 @@ for _stage in ("pretrain", "posttrain"):
     app.command(_stage, cls=OverridesCommand, context_settings=OVERRIDES, epilog=EPILOG)(
         _command(_stage)
     )
+
+
+def _say_preempted(run_dir: Path, code: int) -> int:
+    """Say where the preempted workers stopped (the run dir's mark) and return 75; `code` when
+    the run was not preempted after all. Rank 0 marks the run after the last barrier, so the
+    launcher of another node may see its workers end first: it waits a little for the mark."""
+    from primus.core.reliability import preemption
+
+    saved = code == preemption.EXIT_PREEMPTED
+    mark = preemption.marked(run_dir) or (saved and preemption.wait_marked(run_dir, 10.0))
+    if not mark:
+        if saved:  # a node that does not share the run dir
+            print(
+                f"[primus] preempted by {preemption.requested() or 'a stop signal'}: the "
+                "workers stopped with a checkpoint; run the same command again to resume",
+                file=sys.stderr,
+            )
+        return code
+    where = (
+        "before the first step"
+        if mark["step"] is None
+        else f"at step {mark['step']}; checkpoint {mark['checkpoint']}"
+    )
+    print(
+        f"[primus] preempted by {mark['signal']} {where}; run the same command again to resume",
+        file=sys.stderr,
+    )
+    return preemption.EXIT_PREEMPTED

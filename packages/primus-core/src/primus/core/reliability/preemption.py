@@ -113,6 +113,14 @@ def marked(run_dir: Path) -> dict | None:
         return None
 
 
+def wait_marked(run_dir: Path, seconds: float) -> dict | None:
+    """`marked(run_dir)` once it is there, polling for up to `seconds`; None after."""
+    deadline = time.monotonic() + seconds
+    while (found := marked(run_dir)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
 def mark(run_dir: Path, step: int | None, checkpoint: Path | str | None) -> None:
     """Say in `run_dir` that this run was preempted at `step` with `checkpoint` (None, None:
     before the first step): what `marked` reads, and what a Slurm job requeues on."""
