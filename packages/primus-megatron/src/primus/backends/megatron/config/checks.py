@@ -192,17 +192,17 @@ def _check_finetuning(config: ModuleConfig, args: argparse.Namespace) -> None:
     if config.peft is None:
         return
     problems = {
-        "tensor_model_parallel_size": args.tensor_model_parallel_size != 1,
         "num_experts": bool(args.num_experts),
         "transformer_impl": te,
+        "sequence_parallel": args.sequence_parallel and args.tensor_model_parallel_size > 1,
     }
     for key, bad in problems.items():
         if bad:
             raise config.peft.error(
                 "type",
                 f"megatron: LoRA is not supported with {key}: {getattr(args, key)}",
-                hint="Primus's Megatron LoRA covers dense models, tensor parallel 1, "
-                "Megatron's local layers (docs/posttrain.md)",
+                hint="Primus's Megatron LoRA covers dense models, Megatron's local layers, "
+                "tensor parallel without sequence parallel (docs/posttrain.md)",
             )
 
 

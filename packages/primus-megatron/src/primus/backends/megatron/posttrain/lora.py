@@ -4,24 +4,36 @@ Each targeted Hugging Face projection gets its own adapter pair, y += (alpha / r
 on the fused Megatron linear that holds it; the pieces join the linear's output in the
 layout hf_mapping gives its weight (per query group q, k, v; [gate; up]):
 
-    q_proj, k_proj, v_proj   -> self_attention.linear_qkv
-    o_proj                   -> self_attention.linear_proj
-    gate_proj, up_proj       -> mlp.linear_fc1
-    down_proj                -> mlp.linear_fc2
+    q_proj, k_proj, v_proj   -> self_attention.linear_qkv    (column-parallel)
+    o_proj                   -> self_attention.linear_proj   (row-parallel)
+    gate_proj, up_proj       -> mlp.linear_fc1               (column-parallel)
+    down_proj                -> mlp.linear_fc2               (row-parallel)
 
-A is drawn like nn.Linear's default, B starts at zero (the adapted model starts as the base).
-With `init_from.adapter`, A and B start from that PEFT adapter's instead.
+Tensor parallel: on a column-parallel linear (output split) every rank holds the whole A and
+B's rows for its slice of the output (its query groups; its part of gate and of up), A's
+gradient all-reduced over the TP group (Megatron's copy-to-region); on a row-parallel one
+(input split) A's columns for the rank's input slice and the whole B, the partial A x summed
+over the group (reduce-from-region) before B. Replicated factors get identical gradients on
+every rank; the sharded ones carry Megatron's TP attributes (gradient norm) and TP axis in
+the sharded state dict, so checkpoints hold whole A and B as at TP 1.
+
+A is drawn like nn.Linear's default over the whole tensor, from a generator seeded with the
+run's seed and the layer's number, then sharded; B starts at zero (the adapted model starts
+as the base), so any TP starts alike. Dropout draws its mask over the whole input alike.
+With `init_from.adapter`, A and B start from that PEFT adapter's (sharded) instead.
 The base is frozen and loaded from the run's HF import (iteration 0); the model's sharded
 state dict holds only the adapters, so checkpoints hold only them (and their optimizer state).
 Export merges W_hf += (alpha / r) * B A per HF tensor, or writes each A and B under its HF
-module's name as a PEFT adapter. Tensor parallel 1, dense models, local
-layers (the LayerNorm Transformer Engine fuses into linear_qkv would hide the adapter's input).
+module's name as a PEFT adapter. Dense models, local layers (the LayerNorm Transformer Engine
+fuses into linear_qkv would hide the adapter's input), no sequence parallel.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -37,6 +49,11 @@ FUSED = {
     "v_proj": "self_attention.linear_qkv", "o_proj": "self_attention.linear_proj",
     "gate_proj": "mlp.linear_fc1", "up_proj": "mlp.linear_fc1", "down_proj": "mlp.linear_fc2",
 }  # fmt: skip
+# The axis of each fused linear's weight that tensor parallel splits: 0 its output
+# (column-parallel), 1 its input (row-parallel); SHARDED[axis]: the factor split with it.
+SPLIT = {"self_attention.linear_qkv": 0, "self_attention.linear_proj": 1,
+         "mlp.linear_fc1": 0, "mlp.linear_fc2": 1}  # fmt: skip
+SHARDED = ("b", "a")
 ADAPTER = ".lora."  # in the state-dict key of every adapter tensor
 HF_BLOCKS = {"self_attention": "self_attn", "mlp": "mlp"}  # Megatron's block -> HF's
 
@@ -59,27 +76,85 @@ def describe(peft: PeftConfig) -> str:
     )
 
 
-class LoRA(torch.nn.Module):
-    """The adapters of one fused linear: A (rank x in) and B (out x rank) per targeted part."""
+def _linear(weight: torch.Tensor) -> torch.nn.Linear:
+    """A bias-free nn.Linear holding `weight` (drawing nothing from the default generator)."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(weight)
+    return linear
 
-    def __init__(self, param: Param, layout: Layout, peft: PeftConfig) -> None:
+
+class LoRA(torch.nn.Module):
+    """The adapters of one fused linear on one tensor-parallel rank of `group`: A (rank x in)
+    and B (out x rank) per targeted part, the factor SHARDED on the linear's `split` axis
+    holding this rank's slice. A is drawn from `generator` over the whole tensor."""
+
+    def __init__(
+        self, param: Param, layout: Layout, peft: PeftConfig, split: int, group: Any,
+        generator: torch.Generator,
+    ) -> None:  # fmt: skip
+        from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+        from megatron.core.utils import get_pg_rank, get_pg_size
+
         super().__init__()
-        self.param, self.layout, self.scaling = param, layout, peft.scaling
+        self.param, self.scaling, self.p = param, peft.scaling, peft.dropout
+        self.split, self.group, self.sharded = split, group, SHARDED[split]
+        self.tp, self.tp_rank = get_pg_size(group), get_pg_rank(group)
+        per_rank = 1 if split else self.tp  # the output this rank's linear holds
+        self.layout = replace(layout, heads=layout.heads // per_rank,
+                              groups=layout.groups // per_rank)  # fmt: skip
         named = [(target(name), shape) for name, shape in zip(param.hf, param.shapes, strict=True)]
-        self.parts = [(name, shape[0]) for name, shape in named]
+        self.parts = [(name, shape[0] // per_rank) for name, shape in named]
         self.a, self.b = torch.nn.ModuleDict(), torch.nn.ModuleDict()
         for name, (out, inp) in named:
-            if name in peft.target_modules:
-                self.a[name] = torch.nn.Linear(inp, peft.rank, bias=False)
-                self.b[name] = b = torch.nn.Linear(peft.rank, out, bias=False)
-                torch.nn.init.zeros_(b.weight)
-        self.dropout = torch.nn.Dropout(peft.dropout)
+            if name not in peft.target_modules:
+                continue
+            bound = 1 / math.sqrt(inp)  # nn.Linear's default init of the whole A
+            a = torch.empty(peft.rank, inp).uniform_(-bound, bound, generator=generator)
+            self.a[name] = _linear(self.shard("a", a).clone())
+            self.b[name] = _linear(self.shard("b", torch.zeros(out, peft.rank)).clone())
+            factor = getattr(self, self.sharded)[name].weight
+            set_tensor_model_parallel_attributes(factor, True, split, 1)
         self.enabled = True  # off: the linear gives the base's output (`adapters_off`)
 
+    def shard(self, side: str, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the whole factor `side` (a or b)."""
+        if side != self.sharded:
+            return whole
+        size = whole.shape[self.split] // self.tp
+        return whole.narrow(self.split, self.tp_rank * size, size)
+
+    def whole_shape(self, side: str, name: str) -> list[int]:
+        """The shape of the whole factor `side` (a or b) of part `name`."""
+        shape = list(getattr(self, side)[name].weight.shape)
+        if side == self.sharded:
+            shape[self.split] *= self.tp
+        return shape
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        """Dropout with the mask drawn over the whole input (split: this rank's slice)."""
+        if not self.training or not self.p:
+            return x
+        width = x.shape[-1] * (self.tp if self.split else 1)
+        keep = x.new_empty(*x.shape[:-1], width).bernoulli_(1 - self.p)
+        if self.split:
+            keep = keep.narrow(-1, self.tp_rank * x.shape[-1], x.shape[-1])
+        return x * keep / (1 - self.p)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(x)
+        from megatron.core.tensor_parallel import (
+            copy_to_tensor_model_parallel_region,
+            reduce_from_tensor_model_parallel_region,
+        )
+
+        x = self._dropout(x)
+        low = torch.cat([a(x) for a in self.a.values()], dim=-1)
+        if self.tp > 1:  # row-parallel: sum the partial A x; column: all-reduce A's gradient
+            region = (reduce_from_tensor_model_parallel_region if self.split
+                      else copy_to_tensor_model_parallel_region)  # fmt: skip
+            low = region(low, group=self.group)
+        factors = dict(zip(self.a, low.chunk(len(self.a), dim=-1), strict=True))
         pieces = [
-            self.b[name](self.a[name](x)) if name in self.a else x.new_zeros(*x.shape[:-1], out)
+            self.b[name](factors[name]) if name in factors else x.new_zeros(*x.shape[:-1], out)
             for name, out in self.parts
         ]
         if len(pieces) == 1:
@@ -89,6 +164,7 @@ class LoRA(torch.nn.Module):
 
 
 def _add_adapter(linear: torch.nn.Module, adapter: LoRA) -> None:
+    """`adapter` on `linear`'s output, its factors in `linear`'s sharded state dict."""
     linear.add_module("lora", adapter)
 
     def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
@@ -96,6 +172,23 @@ def _add_adapter(linear: torch.nn.Module, adapter: LoRA) -> None:
         return (out + adapter(inputs[0]) if adapter.enabled else out), bias
 
     linear.register_forward_hook(hook)
+    own = linear.sharded_state_dict
+
+    def sharded_state_dict(
+        prefix: str = "", sharded_offsets: tuple[Any, ...] = (), metadata: Any = None
+    ) -> dict[str, Any]:
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        tensors: dict[str, Any] = own(prefix, sharded_offsets, metadata)
+        factors = adapter.state_dict(keep_vars=True)
+        axes = {key: adapter.split for key in factors if key.startswith(f"{adapter.sharded}.")}
+        tensors |= make_sharded_tensors_for_checkpoint(
+            factors, f"{prefix}lora.", axes, sharded_offsets, tp_group=adapter.group,
+            dp_cp_group=metadata["dp_cp_group"],
+        )  # fmt: skip
+        return tensors
+
+    linear.sharded_state_dict = sharded_state_dict
 
 
 @contextmanager
@@ -123,11 +216,14 @@ def add_lora(model: Any, args: Any) -> None:
     for param in model.parameters():
         param.requires_grad_(False)
     for layer in model.decoder.layers:
+        generator = torch.Generator().manual_seed(args.seed * 10_000 + layer.layer_number)
         for path in dict.fromkeys(FUSED.values()):
-            adapter = LoRA(table[f"decoder.layers.{path}.weight"], layout, peft)
+            block, name = path.split(".")
+            linear = getattr(getattr(layer, block), name)
+            param = table[f"decoder.layers.{path}.weight"]
+            adapter = LoRA(param, layout, peft, SPLIT[path], linear.tp_group, generator)
             if len(adapter.a):
-                block, name = path.split(".")
-                _add_adapter(getattr(getattr(layer, block), name), adapter)
+                _add_adapter(linear, adapter)
     base = getattr(args, "primus_lora_base", None)
     if base:
         _load_base(model, base, args)
@@ -177,16 +273,15 @@ def _load_adapter(model: Any, factors: dict[str, tuple[torch.Tensor, torch.Tenso
                 module = f"model.layers.{layer.layer_number - 1}.{HF_BLOCKS[block]}.{target}"
                 if module not in factors:
                     raise ConfigError(f"init_from.adapter: no adapter for {module}")
-                linears = (adapter.a[target], adapter.b[target])
-                pairs = zip("AB", linears, factors[module], strict=True)
-                for side, linear, tensor in pairs:
-                    if tensor.shape != linear.weight.shape:
+                for side, tensor in zip("ab", factors[module], strict=True):
+                    whole = adapter.whole_shape(side, target)
+                    if list(tensor.shape) != whole:
                         raise ConfigError(
-                            f"init_from.adapter: {module}'s lora_{side} has shape "
-                            f"{list(tensor.shape)}, this model's {list(linear.weight.shape)}"
+                            f"init_from.adapter: {module}'s lora_{side.upper()} has shape "
+                            f"{list(tensor.shape)}, this model's {whole}"
                         )
                     with torch.no_grad():
-                        linear.weight.copy_(tensor)
+                        getattr(adapter, side)[target].weight.copy_(adapter.shard(side, tensor))
 
 
 def merge(
