@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from primus.testing.runs import primus, step_metrics
+from primus.testing.runs import step_metrics
 from primus.testing.sft_runs import (
     assert_adapter_is_the_merged_export,
     assert_adapters_learned,
@@ -34,6 +34,7 @@ from primus.testing.sft_runs import (
     published_dry_run,
     resumed,
     run_dir,
+    safetensors,
     sft_experiment,
     shipped_run,
 )
@@ -288,10 +289,24 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
     assert_resumes_exactly(lora_run, exp, 30, *TRAIN)
 
 
-def test_lora_with_tensor_parallel_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
-    exp = experiment(tmp_path / "tp", task, peft=LORA)
-    done = primus("train", "posttrain", "--config", str(exp), "--dry-run",
-                  "tensor_model_parallel_size=2")  # fmt: skip
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "LoRA is not supported with tensor_model_parallel_size: 2" in done.stderr
-    assert f"{exp}:" in done.stderr  # at the peft section's line
+def test_lora_with_tensor_parallel_trains_as_one_process(
+    lora_run: Path, exported: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two processes at tensor parallel 2 (gloo; column-parallel linears: B sharded by output
+    rows, row-parallel: A by input columns) log the one-process LoRA run's losses and evals,
+    and their checkpoint (whole A and B) exports as that run's: merged and PEFT adapter."""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    exp = experiment(tmp_path / "tp2", task, peft=LORA)
+    run = posttrain(exp, "--nproc-per-node", "2", "tensor_model_parallel_size=2", *TRAIN)
+    saved = load_common_state_dict(str(run / "checkpoints" / f"iter_{LORA_STEPS:07d}"))["args"]
+    assert saved.tensor_model_parallel_size == 2
+    assert_continues(lora_run, run, 0)
+    ours = export(exp, tmp_path / "hf", tmp_path / "adapter")
+    for folder, theirs in (
+        (ours, exported),
+        (ours.with_name("adapter"), exported.with_name("adapter")),
+    ):
+        two, one = safetensors(folder), safetensors(theirs)
+        assert sorted(two) == sorted(one)
+        assert all((two[k] - one[k]).abs().max() <= 1e-5 for k in one), folder
