@@ -163,8 +163,9 @@ class LoRA(torch.nn.Module):
         return joined.movedim(0, -1) * self.scaling
 
 
-def _add_adapter(linear: torch.nn.Module, adapter: LoRA) -> None:
-    """`adapter` on `linear`'s output, its factors in `linear`'s sharded state dict."""
+def _add_adapter(linear: Any, adapter: LoRA) -> None:
+    """`adapter` on the output of `linear` (a Megatron parallel linear), its factors in the
+    linear's sharded state dict."""
     linear.add_module("lora", adapter)
 
     def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
