@@ -1,9 +1,9 @@
 """`primus train posttrain` through TorchTitan's Trainer on CPU: a tiny Llama-3 HF model (with
 its tokenizer) fine-tuned on the reverse-words task from its import, resumed, exported; the rows
 TorchTitan's dataloader yields against the tokenizer's chat template; a packed eval against
-transformers. LoRA (TorchTitan's LoRAConverter): only the adapters train and are checkpointed,
-the frozen weights stay the HF import's, and the merged export gives the adapted model's logits
-and eval."""
+transformers. LoRA (q and v apart on TorchTitan's fused q/k/v linear, as PEFT's modules): only
+the adapters train and are checkpointed, the frozen weights stay the HF import's, the merged
+export gives the adapted model's logits and eval, and PEFT's own adapter continues."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 
-from primus.testing.runs import primus
 from primus.testing.sft_runs import (
     assert_adapter_is_the_merged_export,
     assert_adapters_learned,
@@ -173,7 +172,7 @@ def test_the_gpu_recipe_builds_against_the_published_model(
 
 # -- LoRA ----------------------------------------------------------------------------
 LORA_STEPS = 60
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]  # not gate_proj
+TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]  # not k_proj, gate_proj
 LORA = {"type": "lora", "rank": 4, "alpha": 8.0, "target_modules": TARGETS}
 TRAIN = (f"training.steps={LORA_STEPS}", "metrics.log_freq=10", "validator.freq=30",
          "checkpoint.interval=30")  # fmt: skip
@@ -181,7 +180,7 @@ TRAIN = (f"training.steps={LORA_STEPS}", "metrics.log_freq=10", "validator.freq=
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
-    """The LoRA fine-tune (TorchTitan's LoRAConverter) from the HF import, run by
+    """The LoRA fine-tune (q and v on the fused wqkv; o, up, down) from the HF import, run by
     frozen_weights.py (`primus train posttrain`'s runtime, in a subprocess), which also saves the
     trained model's frozen weights in `frozen.pt` beside the experiment: the run directory."""
     import subprocess
@@ -209,17 +208,18 @@ def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
     stored = dcp.FileSystemReader(str(step)).read_metadata().state_dict_metadata
     tensors = [k for k, v in stored.items() if hasattr(v, "size")]
     model = [k for k in tensors if not k.startswith("optimizer.")]
-    paths = ("attention.qkv_linear.wqkv", "attention.wo", "feed_forward.w3", "feed_forward.w2")
+    paths = ("attention.wo", "feed_forward.w3", "feed_forward.w2")
+    qkv = "attention.qkv_linear.wqkv"
     assert sorted(model) == sorted(
-        f"layers.{layer}.{path}.lora_{side}.weight"
-        for layer in range(2)
-        for path in paths
-        for side in "ab"
-    )
+        [f"layers.{layer}.{path}.lora_{side}.weight"
+         for layer in range(2) for path in paths for side in "ab"]
+        + [f"layers.{layer}.{qkv}.lora_{side}.{part}.weight"
+           for layer in range(2) for part in ("wq", "wv") for side in "ab"]
+    )  # fmt: skip
     optimizer = {k.split(".", 2)[-1] for k in tensors if k.startswith("optimizer.")}
     assert optimizer and all(".lora_" in k for k in optimizer), optimizer
     log = (lora_run / "logs" / "rank-0.log").read_text()
-    assert "Optimizer AdamW (model_part=0): 16 params" in log
+    assert "Optimizer AdamW (model_part=0): 20 params" in log
 
 
 def test_the_adapters_learn(lora_run: Path, task: dict[str, Path]) -> None:
@@ -230,9 +230,9 @@ def test_the_merged_export_keeps_the_frozen_weights(exported: Path, task: dict[s
     assert_merged_only(task["hf"], exported, TARGETS)
 
 
-def titan_lora_logits(run: Path, tokens: torch.Tensor) -> torch.Tensor:
+def titan_lora_logits(run: Path, tokens: torch.Tensor, step: int = LORA_STEPS) -> torch.Tensor:
     """TorchTitan's fp32 forward of the adapted model: the frozen weights from the run's HF
-    import, the adapters from its last checkpoint."""
+    import, the adapters from its checkpoint of `step`."""
     import torch.distributed.checkpoint as dcp
 
     from primus.backends.torchtitan.posttrain.lora import is_adapter
@@ -246,7 +246,7 @@ def titan_lora_logits(run: Path, tokens: torch.Tensor) -> torch.Tensor:
         adapters = {k: v for k, v in state.items() if is_adapter(k)}
         checkpoint = run / "checkpoint"
         dcp.load(base, checkpoint_id=str(checkpoint / "hf_import"), no_dist=True)
-        dcp.load(adapters, checkpoint_id=str(checkpoint / f"step-{LORA_STEPS}"), no_dist=True)
+        dcp.load(adapters, checkpoint_id=str(checkpoint / f"step-{step}"), no_dist=True)
         model.load_state_dict({**base, **adapters})
         positions = torch.arange(tokens.shape[1]).expand(tokens.shape)
         with torch.no_grad():
@@ -265,7 +265,7 @@ def test_the_peft_adapter_gives_the_merged_exports_logits(
     exported: Path, task: dict[str, Path]
 ) -> None:
     """`checkpoint export --adapter`: peft loads it onto the HF model the run started from,
-    with the logits of the merged export (fp32): q, k and v apart, in HF's row order."""
+    with the logits of the merged export (fp32): q and v apart, in HF's row order."""
     assert_adapter_is_the_merged_export(task["hf"], exported.parent / "adapter", exported)
 
 
@@ -326,17 +326,60 @@ def test_lora_dropout_drops_the_adapters_input_in_training_only() -> None:
     assert torch.allclose(linear.eval()(x), base + adapter(x), atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("peft", "message"),
-    [({"target_modules": ["q_proj", "v_proj"]}, "q_proj, v_proj without k_proj")],
-)
-def test_what_torchtitans_lora_lacks_is_refused(
-    task: dict[str, Path], tmp_path: Path, peft: dict[str, Any], message: str
+def test_each_part_of_the_fused_qkv_adds_its_own_update(
+    task: dict[str, Path], tmp_path: Path
 ) -> None:
-    exp = experiment(tmp_path, task, peft={**LORA, **peft})
-    done = primus("train", "posttrain", "--config", str(exp), "--dry-run")
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert message in done.stderr and f"{exp}:" in done.stderr
+    """q, k and v targeted (GQA, 2 q heads a kv group): the fused linear's output is that of
+    the three projections of TorchTitan's checkpoint (wq, wk, wv), each with its own update
+    (alpha / rank) B A."""
+    from torchtitan.models.common.attention import FusedQKVLinear
+
+    from primus.testing.torchtitan import runtime
+
+    peft = {**LORA, "target_modules": ["q_proj", "k_proj", "v_proj"]}
+    with runtime(experiment(tmp_path, task, peft=peft)) as rt:
+        model = rt.backend_args().model_spec.model.build()
+    qkv = model.layers["0"].attention.qkv_linear
+    linear, parts = qkv.wqkv, {}
+    torch.manual_seed(0)
+    for part in ("wq", "wk", "wv"):
+        a, b = (
+            torch.nn.init.normal_(adapter[part].weight)
+            for adapter in (linear.lora_a, linear.lora_b)
+        )
+        parts[part] = (b @ a * LORA["alpha"] / LORA["rank"]).detach()
+    weights = {"wqkv.weight": linear.weight.detach()}
+    FusedQKVLinear._split_qkv_on_save(qkv, weights, "", None)
+    weights = {f"{part}.weight": weights[f"{part}.weight"] + parts[part] for part in parts}
+    FusedQKVLinear._merge_qkv_on_load(qkv, weights, "")
+    x = torch.randn(2, 5, linear.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x), x @ weights["wqkv.weight"].T, rtol=1e-5, atol=1e-4)
+
+
+def test_peft_adapter_on_q_and_v_continues_with_its_logits(
+    task: dict[str, Path], tmp_path: Path
+) -> None:
+    """PEFT's own LoraConfig(target_modules=[q_proj, v_proj]), random A and B, continued by a
+    run (`init_from.adapter`) at learning rate 0: TorchTitan's logits with the adapters of the
+    run's checkpoint are PEFT's (fp32)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    targets = ["q_proj", "v_proj"]
+    torch.manual_seed(0)
+    config = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], target_modules=targets,
+                        init_lora_weights=False)  # fmt: skip
+    base = AutoModelForCausalLM.from_pretrained(task["hf"], dtype=torch.float32)
+    get_peft_model(base, config).save_pretrained(tmp_path / "adapter")
+    exp = experiment(tmp_path / "qv", task, peft={**LORA, "target_modules": targets},
+                     adapter=tmp_path / "adapter")  # fmt: skip
+    run = posttrain(exp, "training.steps=2", "checkpoint.interval=2", "optimizer.lr=0")
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    base = AutoModelForCausalLM.from_pretrained(task["hf"], dtype=torch.float32)
+    with torch.no_grad():
+        theirs = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()(tokens).logits
+    assert (titan_lora_logits(run, tokens, 2) - theirs).abs().max() <= 1e-4
 
 
 def test_the_frozen_weights_are_the_imports_bits_after_training(lora_run: Path) -> None:

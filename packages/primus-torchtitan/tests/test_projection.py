@@ -68,7 +68,7 @@ def test_the_model_has_the_parameters_of_torchtitans(tmp_path: Path, preset: str
 def test_with_lora_only_the_adapters_torchtitan_builds_have_gradients_and_moments(
     tmp_path: Path,
 ) -> None:
-    """The tiny SFT recipe with LoRA (q, k and v in one adapter on TorchTitan's fused wqkv):
+    """The tiny SFT recipe with LoRA (q, k and v each its own adapter on TorchTitan's wqkv):
     the projected adapters are the built model's parameters that require a gradient; every
     parameter has its fp32 weight, only those have gradients and AdamW's moments."""
     lora = {"type": "lora", "rank": 4, "alpha": 8.0,

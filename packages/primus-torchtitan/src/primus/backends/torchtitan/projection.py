@@ -138,11 +138,14 @@ def _data_parallel(parallelism: Any, gpus: int, tp: int, pp: int, cp: int) -> tu
 
 def adapter_parameters(config: Any) -> int:
     """The LoRA adapters' parameters (`peft:`): A (rank x in) and B (out x rank) of each
-    adapted Linear, as TorchTitan's LoRAConverter builds them."""
+    adapted Linear, one pair per targeted part (its rows) of the fused q/k/v linear."""
     from primus.backends.torchtitan.posttrain.lora import adapted_linears
 
+    def rows(c: Any) -> list[int]:
+        return list(c.part_rows().values()) if hasattr(c, "part_rows") else [c.out_features]
+
     linears = adapted_linears(config).values()
-    return sum(c.rank * (c.in_features + c.out_features) for c in linears)
+    return sum(c.rank * (c.in_features + out) for c in linears for out in rows(c))
 
 
 def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:

@@ -6,17 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from primus.backends.torchtitan.posttrain.lora import QKV
 from primus.core.config import ModuleConfig
 from primus.core.errors import ConfigError
-from primus.core.posttrain import PeftConfig
 
 
 def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
     """What Primus's fine-tuning on TorchTitan does not cover, for a module with `sft:` or
     `peft:` (`value`: a dotted key's value, or its default), without TorchTitan."""
-    if config.peft is not None:
-        check_peft(config.peft)
     if config.sft is None:
         return
     if config.dpo is not None and config.init_from is None:
@@ -39,18 +35,4 @@ def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
         raise ConfigError(
             f"torchtitan: validator.freq {freq} is not a multiple of metrics.log_freq {log_freq}",
             hint="the eval is reported on the step line of the step it follows",
-        )
-
-
-def check_peft(peft: PeftConfig) -> None:
-    """A ConfigError (at the peft key) for what TorchTitan's LoRA cannot do: q/k/v targeted
-    apart (the adapter's `check_params`, without TorchTitan)."""
-    targets = list(peft.target_modules)
-    qkv = [t for t in targets if t in QKV]
-    if qkv and len(qkv) != len(QKV):
-        raise peft.error(
-            "target_modules",
-            f"torchtitan: {', '.join(qkv)} without {', '.join(t for t in QKV if t not in qkv)}: "
-            "TorchTitan's llama3 computes q, k and v in one fused linear (wqkv)",
-            hint="target q_proj, k_proj and v_proj together (one adapter on wqkv) or none",
         )

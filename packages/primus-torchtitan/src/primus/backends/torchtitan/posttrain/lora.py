@@ -1,13 +1,15 @@
-"""LoRA on TorchTitan: its own `LoRAConverter` (a model-config converter: each targeted Linear
-becomes a LoRA linear, frozen, with trainable `lora_a` (rank x in) and `lora_b` (out x rank,
-zeros), the update scaled by alpha / rank; every other parameter frozen).
+"""LoRA on TorchTitan: Primus's `fused_lora.LoRAConverter` (a model-config converter: each
+targeted Linear gets trainable `lora_a` (rank x in) and `lora_b` (out x rank, zeros), its update
+scaled by alpha / rank; every other parameter frozen).
 
-Core's `peft.target_modules` are HF (Llama-family) names; TorchTitan's llama3 fuses q, k and v
-into one Linear (`qkv_linear.wqkv`), so `q_proj`, `k_proj`, `v_proj` are targeted together (one
-adapter on the fused projection) or not at all. `peft.dropout` drops the adapters' input
-(`add_dropout`; TorchTitan's LoRA has none). The frozen weights come from the run's HF
-import, loaded by Primus (fresh run and resume alike); checkpoints hold the adapters only.
-`adapters_off` switches the adapters off (DPO's reference: the base model).
+Core's `peft.target_modules` are HF (Llama-family) names. o_proj, gate_proj, up_proj and
+down_proj are TorchTitan's LoRA linears (its LoRAConverter). TorchTitan's llama3 and qwen3 fuse
+q, k and v into one Linear (`qkv_linear.wqkv`): any of `q_proj`, `k_proj`, `v_proj` gets its
+own A and B on that linear's rows of its part (`fused_lora`), as PEFT's adapter per module.
+`peft.dropout` drops each adapter's input (`add_dropout`; TorchTitan's LoRA has none). The
+frozen weights come from the run's HF import, loaded by Primus (fresh run and resume alike);
+checkpoints hold the adapters only. `adapters_off` switches the adapters off (DPO's reference:
+the base model).
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from primus.core.errors import ConfigError
 from primus.core.posttrain import PeftConfig
 
 # HF name -> TorchTitan Linear (the last segment of its FQN)
 LINEARS = {"o_proj": "wo", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
-QKV = ("q_proj", "k_proj", "v_proj")
-QKV_NATIVE = ("wq", "wk", "wv")  # TorchTitan's unfused names, as its checkpoints hold them
+# HF name -> its part of the fused q/k/v Linear, named as TorchTitan's checkpoints name it
+QKV = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv"}
 FUSED_QKV = "wqkv"
 ADAPTER = (".lora_a.", ".lora_b.")
 
@@ -34,13 +35,14 @@ def is_adapter(key: str) -> bool:
 
 
 def converter(peft: PeftConfig) -> Any:
-    """TorchTitan's LoRAConverter.Config for `peft:` (checked by `checks.check_peft`)."""
-    from torchtitan.components.lora import LoRAConverter
+    """The LoRAConverter.Config (`fused_lora`) for `peft:`."""
+    from primus.backends.torchtitan.posttrain.fused_lora import LoRAConverter
 
     targets = list(peft.target_modules)
-    qkv = [t for t in targets if t in QKV]
-    names = [LINEARS[t] for t in targets if t in LINEARS] + ([FUSED_QKV] if qkv else [])
-    return LoRAConverter.Config(rank=peft.rank, alpha=peft.alpha, target_modules=names)
+    return LoRAConverter.Config(
+        rank=peft.rank, alpha=peft.alpha, target_modules=[LINEARS[t] for t in targets if t in LINEARS],
+        qkv=[QKV[t] for t in targets if t in QKV],
+    )  # fmt: skip
 
 
 def load_base(model: Any, folder: Path) -> int:
@@ -75,7 +77,7 @@ def init_adapters(model: Any, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            if not name.endswith(".lora_a.weight"):
+            if ".lora_a." not in name:
                 continue
             bound = 1 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5))
             full = torch.empty(param.shape, dtype=param.dtype).uniform_(
@@ -96,14 +98,18 @@ def set_adapters(model: Any, adapters: dict[str, Any]) -> None:
 
 def add_dropout(model: Any, p: float) -> int:
     """Dropout with probability `p` on each adapter's input (in training only), as PEFT's
-    `lora_dropout`: TorchTitan's LoRA linear feeds its input to `lora_a` as is. How many
-    adapters got it."""
+    `lora_dropout` (one per adapter, q's and v's apart): TorchTitan's LoRA linear feeds its
+    input to `lora_a` as is. How many adapters got it."""
     import torch
 
     def drop(module: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         return (torch.nn.functional.dropout(inputs[0], p, module.training), *inputs[1:])
 
-    adapters = [m.lora_a for m in model.modules() if hasattr(m, "lora_a")]
+    adapters = [
+        module
+        for name, module in model.named_modules()
+        if ".lora_a" in f".{name}" and isinstance(module, torch.nn.Linear)
+    ]
     for lora_a in adapters:
         lora_a.register_forward_pre_hook(drop)
     return len(adapters)
@@ -135,61 +141,37 @@ def adapted_linears(config: Any) -> dict[str, Any]:
     }
 
 
-def _qkv_shape(config: Any) -> Any:
-    """What TorchTitan's wqkv split and merge read of the attention (as its module)."""
-    from types import SimpleNamespace
-
-    model = config.model_spec.model
-    attention = model.layers[0].attention
-    heads = attention.n_heads
-    kv = attention.n_kv_heads or heads
-    head_dim = attention.qkv_linear.head_dim or model.dim // heads
-    return SimpleNamespace(head_dim=head_dim, heads_per_kv=heads // kv, r_dim=heads // kv + 2)
-
-
-def factors(config: Any, adapters: dict[str, Any]) -> dict[str, tuple[Any, Any, float]]:
-    """Native weight key -> (A, B, alpha / rank) of its LoRA update: the fused qkv adapter's B
-    split into wq/wk/wv rows as TorchTitan splits wqkv (A is theirs in common)."""
-    from torchtitan.models.common.attention import FusedQKVLinear
-
+def adapter_keys(config: Any) -> dict[str, tuple[str, str, float]]:
+    """Native weight key -> the parameter names of its LoRA A and B, and alpha / rank: each
+    targeted part of a fused wqkv under its own key (`....wq.weight`, ...)."""
     found = {}
     for fqn, cfg in adapted_linears(config).items():
-        a, b = (adapters[f"{fqn}.lora_{side}.weight"] for side in "ab")
-        parts = {f"{fqn}.weight": b}
-        if fqn.endswith(f".{FUSED_QKV}"):
-            FusedQKVLinear._split_qkv_on_save(
-                _qkv_shape(config), parts, fqn.removesuffix(FUSED_QKV), None
-            )
-        found.update({key: (a, part, cfg.alpha / cfg.rank) for key, part in parts.items()})
+        scaling = cfg.alpha / cfg.rank
+        if not hasattr(cfg, "parts"):
+            found[f"{fqn}.weight"] = (f"{fqn}.lora_a.weight", f"{fqn}.lora_b.weight", scaling)
+            continue
+        prefix = fqn.removesuffix(FUSED_QKV)
+        for part in cfg.parts:
+            a, b = (f"{fqn}.lora_{side}.{part}.weight" for side in "ab")
+            found[f"{prefix}{part}.weight"] = (a, b, scaling)
     return found
 
 
+def factors(config: Any, adapters: dict[str, Any]) -> dict[str, tuple[Any, Any, float]]:
+    """Native weight key -> (A, B, alpha / rank) of its LoRA update, from the adapter
+    parameters `adapters` (whole tensors by name)."""
+    return {
+        key: (adapters[a], adapters[b], scaling)
+        for key, (a, b, scaling) in adapter_keys(config).items()
+    }
+
+
 def native_adapters(config: Any, factor: Callable[[str], tuple[Any, Any]]) -> dict[str, Any]:
-    """The adapter parameters (`....lora_a.weight`, `....lora_b.weight`) from `factor`, which
-    gives (A, B) per native weight key: q, k and v's B joined into the fused adapter's as
-    TorchTitan joins wqkv, their A the fused adapter's (they must share it)."""
-    import torch
-
-    from torchtitan.models.common.attention import FusedQKVLinear
-
+    """The adapter parameters (whole tensors by name) from `factor`, which gives (A, B) per
+    native weight key: the inverse of `factors`."""
     found = {}
-    for fqn in adapted_linears(config):
-        if not fqn.endswith(f".{FUSED_QKV}"):
-            a, b = factor(f"{fqn}.weight")
-        else:
-            prefix = fqn.removesuffix(FUSED_QKV)
-            parts = {f"{prefix}{w}.weight": factor(f"{prefix}{w}.weight") for w in QKV_NATIVE}
-            (a, _), *others = parts.values()
-            if not all(torch.equal(a, other) for other, _ in others):
-                raise ConfigError(
-                    f"init_from.adapter: q, k and v of {prefix.rstrip('.')} have different A; "
-                    "TorchTitan's fused q/k/v adapter has one",
-                    hint="continue this adapter on Megatron (an adapter per projection)",
-                )
-            state = {key: b for key, (_, b) in parts.items()}
-            FusedQKVLinear._merge_qkv_on_load(_qkv_shape(config), state, prefix)
-            b = state[f"{fqn}.weight"]
-        found[f"{fqn}.lora_a.weight"], found[f"{fqn}.lora_b.weight"] = a, b
+    for key, (a, b, _) in adapter_keys(config).items():
+        found[a], found[b] = factor(key)
     return found
 
 
