@@ -331,9 +331,10 @@ def test_each_part_of_the_fused_qkv_adds_its_own_update(
 ) -> None:
     """q, k and v targeted (GQA, 2 q heads a kv group): the fused linear's output is that of
     the three projections of TorchTitan's checkpoint (wq, wk, wv), each with its own update
-    (alpha / rank) B A."""
+    (alpha / rank) B A; with the adapters off (DPO's reference), the fused weight's alone."""
     from torchtitan.models.common.attention import FusedQKVLinear
 
+    from primus.backends.torchtitan.posttrain.lora import adapters_off
     from primus.testing.torchtitan import runtime
 
     peft = {**LORA, "target_modules": ["q_proj", "k_proj", "v_proj"]}
@@ -355,6 +356,8 @@ def test_each_part_of_the_fused_qkv_adds_its_own_update(
     x = torch.randn(2, 5, linear.in_features)
     with torch.no_grad():
         torch.testing.assert_close(linear(x), x @ weights["wqkv.weight"].T, rtol=1e-5, atol=1e-4)
+        with adapters_off(model):
+            assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight))
 
 
 def test_peft_adapter_on_q_and_v_continues_with_its_logits(
