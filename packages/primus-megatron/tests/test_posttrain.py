@@ -310,3 +310,18 @@ def test_lora_with_tensor_parallel_trains_as_one_process(
         two, one = safetensors(folder), safetensors(theirs)
         assert sorted(two) == sorted(one)
         assert all((two[k] - one[k]).abs().max() <= 1e-5 for k in one), folder
+
+
+def test_lora_with_sequence_parallel_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
+    """From the config alone, at the peft section's line."""
+    from primus.backends.megatron.megatron_adapter import MegatronAdapter
+    from primus.core.errors import ConfigError
+    from primus.core.runtime import resolution
+
+    exp = experiment(tmp_path / "sp", task, peft=LORA)
+    overrides = ["tensor_model_parallel_size=2", "sequence_parallel=true"]
+    (module,) = resolution.load(exp, overrides, None, single=True).modules.values()
+    with pytest.raises(ConfigError) as refused:
+        MegatronAdapter("megatron").check_params(module, "posttrain")
+    assert "LoRA is not supported with sequence_parallel: True" in str(refused.value)
+    assert f"{exp}:" in str(refused.value)
