@@ -58,6 +58,25 @@ def check_tokenizer_folder(module: ModuleConfig, key: str, value: Any) -> Path:
     return folder
 
 
+PREPARE = "primus data prepare makes a corpus: PREFIX.bin and PREFIX.idx"
+
+
+def check_corpus(module: ModuleConfig, key: str, prefix: str) -> dict[str, Any] | None:
+    """The prepared corpus PREFIX (named by `key`) has a readable .idx and .bin that agree (a
+    ConfigError at the key otherwise); its manifest (PREFIX.json), or None without one."""
+    from primus.core.data.indexed import index_problem
+    from primus.core.data.manifest import read_manifest
+
+    idx = input_path(module, key, f"{prefix}.idx", "the index file", hint=PREPARE)
+    data = Path(f"{prefix}.bin").expanduser()
+    if not data.is_file():  # an empty one is judged against its index
+        input_path(module, key, data, "the token file", hint=PREPARE)
+    problem = index_problem(idx, data)
+    if problem:
+        raise module.error(key, f"{key}: {problem}", f"make it again: {PREPARE}")
+    return read_manifest(Path(prefix).expanduser())
+
+
 def check_inputs(module: ModuleConfig) -> None:
     """Core's inputs: `init_from`'s config.json and safetensors headers, and every `sft:`
     record (a bad one is file:line). Reads files, imports no framework."""

@@ -24,7 +24,14 @@ class TorchTitanPretrainTrainer(BaseTrainer):
         self.build()
 
     def build(self) -> None:
-        """TorchTitan's Trainer from the config."""
+        """TorchTitan's Trainer from the config (a prepared corpus's loader told the steps and
+        the global batch, which fix its samples)."""
+        from primus.backends.torchtitan.data.corpus import CorpusDataLoader
+
+        config = self.backend_args
+        if isinstance(config.dataloader, CorpusDataLoader.Config):
+            config.dataloader._steps = config.training.steps
+            config.dataloader._global_batch = config.training.global_batch_size
         try:
             self.trainer = self.backend_args.build()
         except NotImplementedError as exc:  # TorchTitan's word for a combination it lacks

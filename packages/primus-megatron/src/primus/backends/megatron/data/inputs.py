@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.config.inputs import input_path, is_remote
-from primus.core.data.indexed import index_problem
+from primus.core.config.inputs import check_corpus, input_path, is_remote
 from primus.core.data.manifest import read_manifest
 
 DATA_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
-PREPARE = "primus data prepare makes a corpus: PREFIX.bin and PREFIX.idx"
 SET_TOKENIZER = (
     "set tokenizer_type (HuggingFaceTokenizer with tokenizer_model, or NullTokenizer "
     "with vocab_size for data tokenized elsewhere)"
@@ -51,13 +49,7 @@ def check_data_inputs(module: ModuleConfig) -> None:
             if is_remote(prefix):  # object storage: Megatron reads it
                 continue
             local.append(prefix)
-            idx = input_path(module, key, f"{prefix}.idx", "the index file", hint=PREPARE)
-            data = Path(f"{prefix}.bin").expanduser()
-            if not data.is_file():  # an empty one is judged against its index
-                input_path(module, key, data, "the token file", hint=PREPARE)
-            problem = index_problem(idx, data)
-            if problem:
-                raise module.error(key, f"{key}: {problem}", f"make it again: {PREPARE}")
+            check_corpus(module, key, prefix)
     if named and params.get("tokenizer_type") is None:
         raise module.error(
             "data_path",

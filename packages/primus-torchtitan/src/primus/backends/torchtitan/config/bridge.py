@@ -177,6 +177,7 @@ def cli_args(params: dict[str, Any], owned: ParamSchema) -> list[str]:
 
 def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     """Trainer.Config with what TorchTitan's CLI cannot set: model, loss, optimizer, data."""
+    from primus.backends.torchtitan.data.corpus import INDEXED, CorpusDataLoader
     from primus.backends.torchtitan.data.datasets import MockDataLoader, MockTokenizer
     from primus.backends.torchtitan.model.flavors import register_flavor
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
@@ -203,9 +204,16 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     if opt.get("name"):
         group.optimizer_name = opt["name"]
     extra: dict[str, Any] = {}
-    if mock_data:
+    indexed = (params.get("dataloader") or {}).get("dataset") == INDEXED
+    if mock_data or indexed:  # token ids already: the vocabulary size is all that is used
         extra = {"tokenizer": MockTokenizer.Config(vocab_size=vocab), "hf_assets_path": "."}
-    dataloader = MockDataLoader.Config() if mock_data else HuggingFaceTextDataLoader.Config()
+    dataloader = (
+        MockDataLoader.Config()
+        if mock_data
+        else CorpusDataLoader.Config()
+        if indexed
+        else HuggingFaceTextDataLoader.Config()
+    )
     if config.sft is not None:  # fine-tuning: core's SFT rows (DPO's pairs), Primus's validator
         from primus.backends.torchtitan.posttrain.sft import SFTDataLoader, SFTValidator
 

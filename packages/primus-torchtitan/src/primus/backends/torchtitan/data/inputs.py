@@ -1,6 +1,7 @@
 """The local dataset and tokenizer a TorchTitan module names, checked without importing
 TorchTitan: every file `dataloader.dataset_path` matches, each jsonl's first record, and the
-tokenizer folder in `hf_assets_path`."""
+tokenizer folder in `hf_assets_path`; or, for a prepared corpus (`dataloader.dataset:
+indexed`), its .idx and .bin, and token ids that fit the model's vocabulary."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.config.inputs import check_tokenizer_folder, input_path, is_remote
+from primus.core.config.inputs import check_corpus, check_tokenizer_folder, input_path, is_remote
 
 LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
+INDEXED = "indexed"  # the dataset name of a prepared corpus (primus data prepare)
 TEXT_FIELD = "text"
 
 
@@ -42,6 +44,9 @@ def check_data_inputs(module: ModuleConfig) -> None:
     dataset = _param(module, "dataloader.dataset")
     if _param(module, "mock_data") is True or not isinstance(dataset, str):
         return
+    if dataset == INDEXED:
+        check_indexed(module)
+        return
     if dataset not in LOCAL_FORMATS:
         return
     key = "dataloader.dataset_path"
@@ -58,3 +63,21 @@ def check_data_inputs(module: ModuleConfig) -> None:
             if problem:
                 raise module.error(key, f"{key}: {problem}")
     check_tokenizer_folder(module, "hf_assets_path", _param(module, "hf_assets_path"))
+
+
+def check_indexed(module: ModuleConfig) -> None:
+    """`dataloader.dataset_path` names a prepared corpus whose vocabulary (its manifest's) fits
+    the model's."""
+    key = "dataloader.dataset_path"
+    prefix = _param(module, key)
+    if not prefix:
+        raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
+    manifest = check_corpus(module, key, str(prefix))
+    vocab = _param(module, "model.vocab_size")
+    if manifest and isinstance(vocab, int) and manifest["vocab_size"] > vocab:
+        raise module.error(
+            key,
+            f"{key}: {prefix} was tokenized with a vocabulary of {manifest['vocab_size']} "
+            f"(its manifest {prefix}.json), more than the model's {vocab}",
+            hint="prepare it with the model's tokenizer, or a model with that vocabulary",
+        )

@@ -1,0 +1,93 @@
+"""Pretraining on a prepared corpus (`primus data prepare`): `dataloader.dataset: indexed` with
+`dataloader.dataset_path: PREFIX` reads PREFIX.bin/.idx through core's `CorpusSamples`, so
+TorchTitan trains on the samples Megatron draws from the same corpus with the same seed,
+sequence length and global batch: step s reads samples s * G .. s * G + G - 1 (G the global
+batch), data-parallel rank r its slice r * L .. r * L + L - 1 of them (L = G / dp, its
+micro-batches in order). Every target is in the loss and positions run 0 .. seq_len - 1 per
+row, as Megatron's defaults have them. The rows read are the dataloader's state, in the
+checkpoint: a resumed run reads exactly the samples it would have read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import torch
+import tyro
+from torch.utils.data import IterableDataset
+
+from primus.backends.torchtitan.data.inputs import INDEXED
+from torchtitan.components.dataloader import ParallelAwareDataloader
+
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+def global_position(k: int, global_batch: int, dp_rank: int, dp_size: int) -> int:
+    """The global position of the k-th row data-parallel rank `dp_rank` of `dp_size` reads,
+    each step's `global_batch` rows split into contiguous slices, one per rank."""
+    share = global_batch // dp_size
+    return (k // share) * global_batch + dp_rank * share + k % share
+
+
+class CorpusRows(IterableDataset):
+    """This data-parallel rank's training samples, as TorchTitan's (inputs, labels)."""
+
+    def __init__(self, samples: Any, global_batch: int, dp_rank: int, dp_size: int) -> None:
+        self.samples, self.global_batch = samples, global_batch
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.read = 0  # rows this rank has read
+
+    def __iter__(self) -> Iterator[Batch]:
+        seq_len = self.samples.seq_length
+        positions = torch.arange(seq_len)
+        while True:
+            at = global_position(self.read, self.global_batch, self.dp_rank, self.dp_size)
+            tokens = torch.from_numpy(self.samples[at % len(self.samples)])
+            self.read += 1
+            yield {"input": tokens[:-1], "positions": positions}, tokens[1:]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"read": self.read}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.read = state["read"]
+
+
+class CorpusDataLoader(ParallelAwareDataloader):
+    """TorchTitan's parallel-aware dataloader over a prepared corpus's samples."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = INDEXED
+        seed: int = 1234
+        """The seed of the documents' and samples' order (Megatron's `seed`)."""
+        # not from the CLI: set by the trainer from training.steps and global_batch_size
+        _steps: Annotated[int, tyro.conf.Suppress] = 0
+        _global_batch: Annotated[int, tyro.conf.Suppress] = -1
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        seq_len: int,
+        local_batch_size: int,
+        **_: Any,
+    ) -> None:
+        from primus.core.data.indexed import IndexedCorpus
+        from primus.core.data.samples import CorpusSamples
+        from primus.core.logging import log_rank_0
+
+        global_batch = config._global_batch
+        if global_batch <= 0:  # TorchTitan's -1: no gradient accumulation
+            global_batch = local_batch_size * dp_world_size
+        corpus = IndexedCorpus(str(config.dataset_path))
+        samples = CorpusSamples(corpus, seq_len, config._steps * global_batch, config.seed)
+        log_rank_0(f"[torchtitan] data: {samples.describe()}")
+        rows = CorpusRows(samples, global_batch, dp_rank, dp_world_size)
+        super().__init__(
+            rows, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size
+        )

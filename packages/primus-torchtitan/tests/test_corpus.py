@@ -1,0 +1,75 @@
+"""TorchTitan on a prepared corpus (`dataloader.dataset: indexed`): each data-parallel rank
+reads its slice of each step's samples (core's `CorpusSamples`, Megatron's order), a resumed
+loader goes on where it stopped, and a corpus that is missing or tokenized wider than the model
+is refused before TorchTitan is imported. Training on it beside Megatron:
+tests/test_corpus_parity.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from primus.core.data.indexed import IndexedCorpus
+from primus.core.data.prepare import Request, prepare
+from primus.core.data.samples import CorpusSamples
+from primus.testing.runs import refused
+from primus.testing.sft_data import reverse_task
+from primus.testing.sft_runs import REPO, SHIPPED
+
+TINY = REPO / "configs" / "torchtitan" / "tiny-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 reverse-task texts prepared with the shipped tokenizer (vocabulary 61)."""
+    root = tmp_path_factory.mktemp("corpus")
+    text = root / "text.jsonl"
+    words = reverse_task(300, seed=2, max_words=30)
+    text.write_text("".join(json.dumps({"text": " ".join(w)}) + "\n" for w in words))
+    prepare(Request([str(text)], REPO / SHIPPED / "tokenizer", root / "c"))
+    return root / "c"
+
+
+def test_each_rank_reads_its_slice_of_each_steps_samples(corpus: Path) -> None:
+    from primus.backends.torchtitan.data.corpus import CorpusRows
+
+    samples = CorpusSamples(IndexedCorpus(corpus), 16, 40, seed=9)
+    ranks = [CorpusRows(samples, 8, rank, 2) for rank in (0, 1)]
+    read = [list(itertools.islice(iter(rows), 12)) for rows in ranks]  # 3 steps of 4 each
+    for step in range(3):
+        mine = [read[r][step * 4 : step * 4 + 4] for r in (0, 1)]
+        rows = [torch_row(inputs, labels) for part in mine for inputs, labels in part]
+        for k, row in enumerate(rows):
+            assert np.array_equal(row, samples[step * 8 + k]), (step, k)
+    resumed = CorpusRows(samples, 8, 1, 2)
+    resumed.load_state_dict(ranks[1].state_dict())
+    inputs, labels = next(iter(resumed))
+    assert np.array_equal(torch_row(inputs, labels), samples[3 * 8 + 4])  # step 4, rank 1's first
+    assert inputs["positions"].tolist() == list(range(16))
+
+
+def torch_row(inputs: dict, labels: object) -> np.ndarray:
+    """A (inputs, labels) row back as the sample's seq_len + 1 tokens."""
+    return np.concatenate([inputs["input"].numpy(), labels.numpy()[-1:]])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "extra", "said"),
+    [
+        ("missing", (), "dataloader.dataset_path: the index file "),
+        ("c", ("model.vocab_size=32",), "was tokenized with a vocabulary of 61"),
+    ],
+    ids=["missing", "wider than the model"],
+)
+def test_a_corpus_that_cannot_be_read_is_refused_at_its_key(
+    corpus: Path, tmp_path: Path, prefix: str, extra: tuple[str, ...], said: str
+) -> None:
+    stderr = refused(
+        tmp_path, "validate", TINY, "mock_data=false", "dataloader.dataset=indexed",
+        f"dataloader.dataset_path={corpus.parent / prefix}", *extra,
+    )  # fmt: skip
+    assert said in stderr, stderr[-2000:]
