@@ -24,35 +24,48 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
-def global_position(k: int, global_batch: int, dp_rank: int, dp_size: int) -> int:
-    """The global position of the k-th row data-parallel rank `dp_rank` of `dp_size` reads,
-    each step's `global_batch` rows split into contiguous slices, one per rank."""
-    share = global_batch // dp_size
-    return (k // share) * global_batch + dp_rank * share + k % share
+class GlobalRows(IterableDataset):
+    """A data-parallel rank's rows of a sequence read by global position, endless: each step's
+    `global_batch` rows split into contiguous slices, one per rank (a rank's micro-batches of
+    the step in order). The rows read are its state. Subclasses give the row at a position."""
 
-
-class CorpusRows(IterableDataset):
-    """This data-parallel rank's training samples, as TorchTitan's (inputs, labels)."""
-
-    def __init__(self, samples: Any, global_batch: int, dp_rank: int, dp_size: int) -> None:
-        self.samples, self.global_batch = samples, global_batch
-        self.dp_rank, self.dp_size = dp_rank, dp_size
+    def __init__(self, global_batch: int, dp_rank: int, dp_size: int) -> None:
+        self.global_batch = global_batch
+        self.share = global_batch // dp_size
+        self.first = dp_rank * self.share
         self.read = 0  # rows this rank has read
 
+    def position(self, k: int) -> int:
+        """The global position of this rank's k-th row."""
+        return (k // self.share) * self.global_batch + self.first + k % self.share
+
+    def item(self, position: int) -> Batch:
+        raise NotImplementedError
+
     def __iter__(self) -> Iterator[Batch]:
-        seq_len = self.samples.seq_length
-        positions = torch.arange(seq_len)
         while True:
-            at = global_position(self.read, self.global_batch, self.dp_rank, self.dp_size)
-            tokens = torch.from_numpy(self.samples[at % len(self.samples)])
+            at = self.position(self.read)
             self.read += 1
-            yield {"input": tokens[:-1], "positions": positions}, tokens[1:]
+            yield self.item(at)
 
     def state_dict(self) -> dict[str, int]:
         return {"read": self.read}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.read = state["read"]
+
+
+class CorpusRows(GlobalRows):
+    """This data-parallel rank's training samples, as TorchTitan's (inputs, labels)."""
+
+    def __init__(self, samples: Any, global_batch: int, dp_rank: int, dp_size: int) -> None:
+        super().__init__(global_batch, dp_rank, dp_size)
+        self.samples = samples
+        self.positions = torch.arange(samples.seq_length)
+
+    def item(self, position: int) -> Batch:
+        tokens = torch.from_numpy(self.samples[position % len(self.samples)])
+        return {"input": tokens[:-1], "positions": self.positions}, tokens[1:]
 
 
 class CorpusDataLoader(ParallelAwareDataloader):

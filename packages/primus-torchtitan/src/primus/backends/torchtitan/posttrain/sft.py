@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 import torch
 import tyro
-from torch.utils.data import IterableDataset
 
+from primus.backends.torchtitan.data.corpus import Batch, GlobalRows
 from primus.core.errors import ConfigError
 from primus.core.posttrain import SFTDataset, TokenStats, token_stats_torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
@@ -29,7 +29,6 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import BaseValidator, Validator
 
 ACCURACY = "validation_metrics/token_accuracy"  # log_validation's extra metric
-Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
 def titan_row(row: dict[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -43,30 +42,15 @@ def titan_row(row: dict[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tenso
     return inputs, labels
 
 
-class SFTRows(IterableDataset):
+class SFTRows(GlobalRows):
     """This data-parallel rank's training rows, endless (epochs follow each other)."""
 
     def __init__(self, rows: SFTDataset, global_batch: int, dp_rank: int, dp_size: int) -> None:
-        self.rows, self.global_batch = rows, global_batch
-        self.share = global_batch // dp_size
-        self.first = dp_rank * self.share
-        self.read = 0  # rows this rank has read
+        super().__init__(global_batch, dp_rank, dp_size)
+        self.rows = rows
 
-    def position(self, k: int) -> int:
-        """The global position of this rank's k-th row."""
-        return (k // self.share) * self.global_batch + self.first + k % self.share
-
-    def __iter__(self) -> Iterator[Batch]:
-        while True:
-            row = self.rows.row(self.position(self.read))
-            self.read += 1
-            yield titan_row(row)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"read": self.read}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.read = state["read"]
+    def item(self, position: int) -> Batch:
+        return titan_row(self.rows.row(position))
 
 
 class SFTDataLoader(ParallelAwareDataloader):
