@@ -1,7 +1,8 @@
 """Every recipe under configs/ as a user has it after the README's set-up, from the repository
 root. The CPU recipes train as shipped in the backends' tests (quickstart.yaml and tiny-cpu.yaml
 in test_training.py; sft-tiny-cpu.yaml in test_posttrain.py, after the model command of its
-comment: primus.testing.sft_runs.shipped_run); the GPU fine-tuning recipes make their dry run
+comment: primus.testing.sft_runs.shipped_run; dpo-tiny-cpu.yaml makes its dry run here, after
+that command); the GPU fine-tuning recipes make their dry run
 (--full) against Llama-3.2-1B's published config in test_posttrain.py too. Here: the data the
 SFT recipes ship is the reverse task's generator's, the model command's refusals, and each GPU
 pretraining recipe passes `config validate` and the dry run on the CPU (in process: no
@@ -19,7 +20,10 @@ from primus.testing.sft_runs import MODEL_COMMAND, SHIPPED
 ROOT = Path(__file__).resolve().parents[1]
 ON_CPU = {"quickstart.yaml", "tiny-cpu.yaml", "sft-tiny-cpu.yaml"}  # trained by the tests
 RECIPES = sorted(p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml"))
-GPU = [p for p in RECIPES if p.name not in ON_CPU and not p.name.endswith("-sft.yaml")]
+DPO = [p for p in RECIPES if p.name == "dpo-tiny-cpu.yaml"]  # dry run after the model command
+GPU = [
+    p for p in RECIPES if p.name not in ON_CPU and p not in DPO and not p.name.endswith("-sft.yaml")
+]
 
 
 def test_the_shipped_sft_data_is_the_reverse_task(tmp_path: Path) -> None:
@@ -67,3 +71,25 @@ def test_a_gpu_recipe_validates_and_dry_runs_on_the_cpu(recipe: Path, tmp_path: 
         done = run_in_process(argv, ROOT, {"PRIMUS_WORKSPACE": str(tmp_path / "ws")})
         assert done.code == 0, (argv, done.stderr[-3000:])
     assert not (tmp_path / "ws").exists()  # neither writes anything
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CPU fine-tuning recipes' model, made by the command their comment gives."""
+    from primus.testing.sft_runs import make_task
+
+    return make_task(tmp_path_factory.mktemp("model"))["hf"]
+
+
+@pytest.mark.parametrize("recipe", DPO, ids=str)
+def test_a_dpo_recipe_validates_and_dry_runs_after_the_model_command(
+    recipe: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The preference-training CPU recipes as their comment runs them (their training, as
+    shipped, is in docs/posttrain.md; the backends' test_dpo.py train DPO)."""
+    env = {"PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_SFT_HF": str(tiny_model)}
+    for argv in (["config", "validate", str(recipe)],
+                 ["train", "posttrain", "--config", str(recipe), "--dry-run"]):  # fmt: skip
+        done = run_in_process(argv, ROOT, env)
+        assert done.code == 0, (argv, done.stderr[-3000:])
+    assert not (tmp_path / "ws").exists()

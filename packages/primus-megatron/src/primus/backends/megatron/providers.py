@@ -91,7 +91,7 @@ def model_provider(
         add_lora(model, args)
     reference = getattr(args, "primus_dpo_reference", None)
     if reference:  # full DPO (`dpo:` without `peft:`): the HF import, frozen, beside the model
-        from primus.backends.megatron.posttrain.dpo import keep_reference
+        from primus.backends.megatron.posttrain.reference import keep_reference
 
         keep_reference(model, reference, args)
     return model
