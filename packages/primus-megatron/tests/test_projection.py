@@ -65,6 +65,16 @@ def test_weights_and_optimizer_state_equal_megatrons_count(
     assert ours == pytest.approx(megatron_count(args, gpus), rel=1e-5)
 
 
+class Linear(torch.nn.Identity):
+    """A Megatron parallel linear as add_lora sees one: its tensor-parallel group (None: one
+    rank) and its sharded state dict (none of its own)."""
+
+    tp_group = None
+
+    def sharded_state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+
 class Decoder(torch.nn.Module):
     """The linears add_lora adapts, nested as in Megatron's GPTModel (identities: no weights).
 
@@ -76,14 +86,16 @@ class Decoder(torch.nn.Module):
         super().__init__()
 
         def block(*names: str) -> torch.nn.ModuleDict:
-            return torch.nn.ModuleDict({name: torch.nn.Identity() for name in names})
+            return torch.nn.ModuleDict({name: Linear() for name in names})
+
+        def layer(number: int) -> torch.nn.ModuleDict:
+            found = torch.nn.ModuleDict({"self_attention": block("linear_qkv", "linear_proj"),
+                                         "mlp": block("linear_fc1", "linear_fc2")})  # fmt: skip
+            found.layer_number = number  # type: ignore[assignment]
+            return found
 
         self.decoder = torch.nn.Module()
-        self.decoder.layers = torch.nn.ModuleList(
-            torch.nn.ModuleDict({"self_attention": block("linear_qkv", "linear_proj"),
-                                 "mlp": block("linear_fc1", "linear_fc2")})
-            for _ in range(layers)
-        )  # fmt: skip
+        self.decoder.layers = torch.nn.ModuleList(layer(n) for n in range(1, layers + 1))
 
     def sharded_state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {}

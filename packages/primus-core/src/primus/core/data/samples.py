@@ -1,19 +1,20 @@
-"""The training samples of a prepared corpus, drawn as megatron-core's GPTDataset draws them, so
-that every backend reading a corpus through this module trains on Megatron's sample sequence.
+"""The training samples of a prepared corpus in the indexed format's standard GPT sample order
+(the order of the format's reference trainer, which reads the corpus natively), so that every
+backend reading a corpus through this module trains on the same sample sequence.
 
 For `num_samples` samples of `seq_length` + 1 tokens (inputs and the next-token targets) from
-every sequence of the corpus (Megatron's split "100,0,0"), with one `numpy.random.RandomState`
+every sequence of the corpus (the whole corpus for training), with one `numpy.random.RandomState`
 seeded by `seed`:
 
     epochs      the fewest whose tokens cover num_samples * seq_length + 1
     documents   the sequence ids repeated once per epoch, shuffled; when the last epoch would
                 give fewer than 80% of an epoch's samples, the earlier epochs are shuffled
-                together and the last apart (Megatron's "separate final epoch")
+                together and the last apart (a "separate final epoch")
     stream      the documents' tokens end to end; sample j is stream[j * L : j * L + L + 1]
                 (L = seq_length: consecutive samples share one token)
     order       sample positions shuffled; apart too for the separate final epoch
 
-Sample i of training is sample `order[i]` of the stream: Megatron's sampler hands a step the
+Sample i of training is sample `order[i]` of the stream: the reference sampler hands a step the
 samples step * G .. step * G + G - 1 (G the global batch), and so must every reader.
 """
 
@@ -23,11 +24,11 @@ from typing import Any
 
 from primus.core.data.indexed import IndexedCorpus
 
-FINAL_EPOCH_SHARE = 0.80  # Megatron's threshold for shuffling the last epoch apart
+FINAL_EPOCH_SHARE = 0.80  # the threshold for shuffling the last epoch apart
 
 
 class CorpusSamples:
-    """Samples of `seq_length` + 1 tokens from `corpus` in Megatron's GPTDataset order:
+    """Samples of `seq_length` + 1 tokens from `corpus` in the standard GPT sample order:
     `samples[i]` is training sample i (int64), `len(samples)` how many the epochs hold (at
     least `num_samples`)."""
 
@@ -98,7 +99,7 @@ class CorpusSamples:
 
 
 def _shuffled_epochs(sequences: Any, epochs: int, rng: Any) -> Any:
-    """`sequences` once per epoch, shuffled together (as Megatron's document index)."""
+    """`sequences` once per epoch, shuffled together (the document index)."""
     import numpy as np
 
     documents = np.tile(sequences, epochs).astype(np.int32)
