@@ -166,6 +166,30 @@ def test_the_signal_handler_tells_the_processes_started_after_it(
         os.environ.pop(ENV, None)
 
 
+def test_only_the_watched_process_announces_the_signal(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A process forked from a worker (a data loader, a saver) notes a signal sent to every
+    process of the run but leaves the announcement to the worker: one line per worker."""
+    monkeypatch.setattr(preemption, "_received", None)
+    monkeypatch.delenv(ENV, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+    try:
+        preemption.watch()
+        child = os.fork()
+        if child == 0:  # the forked process: its inherited handler notes, and says nothing
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(0 if preemption.requested() == "SIGTERM" else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        assert "received" not in capfd.readouterr().err
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert capfd.readouterr().err.count("[primus] SIGTERM received") == 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.environ.pop(ENV, None)
+
+
 def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_checkpoint(
     tmp_path: Path,
 ) -> None:

@@ -35,6 +35,7 @@ ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after i
 
 _received: int | None = None
 _received_at = 0.0
+_watcher = 0  # the process that called `watch()`: those forked from it do not announce a signal
 
 
 class Preempted(PrimusError):
@@ -76,6 +77,8 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
         abort()
     if _received is None:
         note(signum)
+        if os.getpid() != _watcher:  # a process forked from a worker (a data loader, a saver)
+            return
         again = " (Ctrl-C again to abort)" if signum == ABORT else ""
         message = (
             f"[primus] {signal.Signals(signum).name} received: stopping after this step "
@@ -87,8 +90,11 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
 def watch() -> None:
     """From now on SIGTERM, SIGINT and SIGUSR1 only ask the run to stop at the next step
     boundary (a second SIGINT aborts); one that reached the process which started this one
-    (ENV) counts as received.
+    (ENV) counts as received. This process says so on stderr; those forked from it (which
+    inherit the handler) only note it.
     Call again where an upstream installs its own handlers (JAX's distributed runtime)."""
+    global _watcher
+    _watcher = os.getpid()
     if _received is None and (name := os.environ.get(ENV)) in {s.name for s in SIGNALS}:
         note(signal.Signals[name])
     for sig in SIGNALS:
