@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,30 +165,49 @@ def read_data(cfg: SFTConfig) -> tuple[list[Record], list[Record]]:
     return mix(groups, weights, cfg.seed), held
 
 
-def build_sft_data(cfg: SFTConfig, tokenizer: Any | None = None) -> SFTData:
-    """Read, check, tokenize and pack `sft.train` (and `sft.eval`, or the eval_fraction split).
-    `tokenizer`: an HF tokenizer to use instead of loading `sft.tokenizer`."""
+def encode_splits[T](
+    cfg: SFTConfig,
+    tokenizer: Any | None,
+    encode: Callable[[Encoder, Record], T | None],
+    what: str,
+) -> tuple[Any, int, dict[str, list[T]], int]:
+    """Read and encode the training and eval records with `encode` (None: truncation left
+    nothing to train on): the tokenizer (loaded unless given), the pad id, each split's
+    encoded samples ("train", and "eval" when there are eval records), how many were dropped.
+    `what` names a sample in the error when a split keeps none."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     encoder = Encoder(tokenizer, cfg)
     train, held = read_data(cfg)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    built: dict[str, SFTDataset] = {}
+    splits: dict[str, list[T]] = {}
     dropped = 0
-    encoded: dict[int, Sample | None] = {}  # by record: a weighted mix repeats records
+    encoded: dict[int, T | None] = {}  # by record: a weighted mix repeats records
     for name, records in (("train", train), ("eval", held)):
         if not records:
             continue
         for r in records:
             if id(r) not in encoded:
-                encoded[id(r)] = check_length(encoder.encode(r), cfg)
-        samples = [encoded[id(r)] for r in records]
-        kept = [s for s in samples if s is not None]
-        dropped += len(samples) - len(kept)
+                encoded[id(r)] = encode(encoder, r)
+        kept = [s for s in (encoded[id(r)] for r in records) if s is not None]
+        dropped += len(records) - len(kept)
         if not kept:
             raise cfg.error(
                 "truncate",
-                f"truncation to seq_length {cfg.seq_length} leaves no {name} sample with "
-                "tokens to train on",
+                f"truncation to seq_length {cfg.seq_length} leaves no {name} {what}",
             )
-        built[name] = SFTDataset(kept, cfg.seq_length, cfg.packing, pad or 0, cfg.seed)
+        splits[name] = kept
+    return tokenizer, pad or 0, splits, dropped
+
+
+def build_sft_data(cfg: SFTConfig, tokenizer: Any | None = None) -> SFTData:
+    """Read, check, tokenize and pack `sft.train` (and `sft.eval`, or the eval_fraction split).
+    `tokenizer`: an HF tokenizer to use instead of loading `sft.tokenizer`."""
+    tokenizer, pad, splits, dropped = encode_splits(
+        cfg, tokenizer, lambda e, r: check_length(e.encode(r), cfg),
+        "sample with tokens to train on",
+    )  # fmt: skip
+    built = {
+        name: SFTDataset(samples, cfg.seq_length, cfg.packing, pad, cfg.seed)
+        for name, samples in splits.items()
+    }
     return SFTData(built["train"], built.get("eval"), tokenizer, dropped)

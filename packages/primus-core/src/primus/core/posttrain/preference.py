@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus.core.config.posttrain import DPOConfig, SFTConfig
-from primus.core.posttrain.dataset import ROW_KEYS, Row, SFTDataset, read_data
-from primus.core.posttrain.encode import Encoder, Sample, check_length, load_tokenizer
+from primus.core.posttrain.dataset import ROW_KEYS, Row, SFTDataset, encode_splits
+from primus.core.posttrain.encode import Encoder, Sample, check_length
 from primus.core.posttrain.records import Record
 
 PAIR_KEYS = ROW_KEYS[:-1]  # one sample per row: no cu_seqlens
@@ -92,32 +92,16 @@ def build_pair_data(cfg: SFTConfig, tokenizer: Any | None = None) -> PairData:
     """Read, check and tokenize the `sft:` section's preference records (the module's `sft`
     once `dpo:` is set: format preference, packing off). `tokenizer`: an HF tokenizer to use
     instead of loading `sft.tokenizer`."""
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
-    encoder = Encoder(tokenizer, cfg)
-    train, held = read_data(cfg)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    built: dict[str, PairDataset] = {}
-    dropped = 0
-    encoded: dict[int, tuple[Sample, Sample] | None] = {}  # by record: a mix repeats records
-    for name, records in (("train", train), ("eval", held)):
-        if not records:
-            continue
-        for r in records:
-            if id(r) not in encoded:
-                encoded[id(r)] = _encode(encoder, r, cfg)
-        pairs = [p for p in (encoded[id(r)] for r in records) if p is not None]
-        dropped += len(records) - len(pairs)
-        if not pairs:
-            raise cfg.error(
-                "truncate",
-                f"truncation to seq_length {cfg.seq_length} leaves no {name} pair with "
-                "answer tokens on both sides",
-            )
-        sides = (
-            SFTDataset([p[side] for p in pairs], cfg.seq_length, False, pad or 0, cfg.seed)
+    tokenizer, pad, splits, dropped = encode_splits(
+        cfg, tokenizer, lambda e, r: _encode(e, r, cfg), "pair with answer tokens on both sides"
+    )
+    built = {
+        name: PairDataset(*(
+            SFTDataset([p[side] for p in pairs], cfg.seq_length, False, pad, cfg.seed)
             for side in (0, 1)
-        )
-        built[name] = PairDataset(*sides)
+        ))
+        for name, pairs in splits.items()
+    }  # fmt: skip
     return PairData(built["train"], built.get("eval"), tokenizer, dropped)
 
 
