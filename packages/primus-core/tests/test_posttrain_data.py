@@ -202,9 +202,7 @@ GOOD = chat(("user", "apple"), ("assistant", "apple"))
     [
         ('{"messages": [', "not valid JSON: Expecting value (column 15)"),
         ("[1, 2]", "a record must be a JSON object, got list"),
-        ({"text": "apple"}, "a record needs 'messages' (chat), 'prompt' and 'completion' "
-         "(prompt_completion), 'conversations' (sharegpt), 'instruction' and 'output' (alpaca) "
-         "or 'chosen' and 'rejected' (preference); it has 'text'"),
+        ({"text": "apple"}, "a record needs 'messages' (chat); it has 'text'"),
         ({"messages": [], "prompt": "a", "completion": "b"},
          "a record with the keys of several formats: chat and prompt_completion"),
         ({"messages": []}, "'messages' must be a non-empty list, got []"),
@@ -214,7 +212,7 @@ GOOD = chat(("user", "apple"), ("assistant", "apple"))
         ({"messages": [{"role": "user"}]}, "messages[0] 'content' must be a string, got none"),
         ({"messages": ["apple"]}, "messages[0] is not a mapping"),
         ({"prompt": "a", "completion": "b"}, "a prompt_completion record, but the file's first record is chat"),
-        (chat(("user", "apple river")), "renders no assistant tokens for this chat (it has no assistant message)"),
+        (chat(("user", "apple river")), "messages has no assistant message: nothing to train on"),
         (chat(("user", "apple"), ("assistant", " ".join(["river"] * 70))),
          "sample is 80 tokens, more than seq_length + 1 = 65"),
     ],

@@ -34,6 +34,11 @@ ALPACA = {"instruction": "apple", "output": "apple"}
         (SHAREGPT, {"conversations": [{"from": ["gpt"], "value": "x"}]}, "conversations[0] has unknown 'from' ['gpt']", {}),
         (SHAREGPT, {"conversations": [{"from": "human"}]}, "conversations[0] 'value' must be a string, got none", {}),
         (SHAREGPT, {"conversations": []}, "'conversations' must be a non-empty list, got []", {}),
+        (SHAREGPT, {"conversations": [{"from": "human", "value": "x"}]},
+         "conversations has no assistant message: nothing to train on", {}),
+        ({"messages": CHAT}, {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]},
+         "messages has no assistant message: nothing to train on\n  hint: add the assistant's "
+         "answer, or leave the record out", {}),
         (ALPACA, {"instruction": "apple", "output": ""}, "'output' must be a non-empty string, got ''", {}),
         (ALPACA, {"instruction": "a", "input": 3, "output": "b"}, "'input' must be a string, got int", {}),
         (ALPACA, {"instruction": "a", "output": "b", "history": [["x"]]},
@@ -41,9 +46,7 @@ ALPACA = {"instruction": "apple", "output": "apple"}
         (SHAREGPT, ALPACA, "an alpaca record, but the file's first record is sharegpt", {}),
         (ALPACA, SHAREGPT, "a sharegpt record, but sft.format is alpaca", {"format": "alpaca"}),
         ({"q": "a", "completion": "b"}, {"prompt": "a", "completion": "b"},
-         "a record needs 'messages' (chat), 'q' (prompt) and 'completion' (prompt_completion), "
-         "'conversations' (sharegpt), 'instruction' and 'output' (alpaca) or 'chosen' and "
-         "'rejected' (preference); it has 'completion'",
+         "a record needs 'q' (prompt) and 'completion' (prompt_completion); it has 'completion'",
          {"columns": {"prompt": "q"}}),
     ],
 )  # fmt: skip

@@ -161,6 +161,14 @@ def test_records_of_the_wrong_kind_are_refused_at_file_and_line(
         ({"prompt": [], "chosen": CHOSEN, "rejected": REJECTED}, "'prompt' must be a non-empty"),
         ({"chosen": [*PROMPT, *CHOSEN], "rejected": [*PROMPT, *CHOSEN]}, "are the same"),
         ({"prompt": "a", "chosen": "b", "rejected": "b"}, "'chosen' and 'rejected' are the same"),
+        (
+            {"prompt": "a", "chosen": PROMPT[:1], "rejected": CHOSEN},
+            "chosen after the prompt has no",
+        ),
+        (
+            {"question": "a", "good": "b", "bad": "c"},
+            r"needs 'chosen' and 'rejected' \(preference\); it has 'question', 'good', 'bad'",
+        ),
     ):
         sft = module(experiment(tmp_path, tok_dir, [bad])).sft
         with pytest.raises(ConfigError, match=why):

@@ -141,10 +141,7 @@ class Encoder:
             k = bisect.bisect_right(starts, start) - 1
             mask.append(end > start and k >= 0 and start < spans[k][1])
         if not any(mask):
-            why = "" if spans else " (it has no assistant message)"
-            raise record.error(
-                f"{self.template_source} renders no assistant tokens for this chat{why}"
-            )
+            raise record.error(f"{self.template_source} renders no assistant tokens for this chat")
         return Sample(list(encoded["input_ids"]), mask, record.where)
 
 

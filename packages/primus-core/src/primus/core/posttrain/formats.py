@@ -75,8 +75,8 @@ class Columns:
         return self._renamed(data, MESSAGE_COLUMNS)
 
 
-def detect(data: dict[str, Any], columns: Columns) -> str:
-    """The one format whose keys the record has."""
+def detect(data: dict[str, Any], columns: Columns, expected: str = "auto") -> str:
+    """The one format whose keys the record has (what `expected` needs, where it has none)."""
     found = [f for f, keys in FORMAT_KEYS.items() if all(k in data for k in keys)]
     if len(found) == 1:
         return found[0]
@@ -86,10 +86,12 @@ def detect(data: dict[str, Any], columns: Columns) -> str:
             hint="one format per file: leave out the other format's keys, or map the keys "
             "to read with sft.columns",
         )
-    wanted = [" and ".join(map(columns.name, keys)) + f" ({f})" for f, keys in FORMAT_KEYS.items()]
+    formats = FORMAT_KEYS if expected == "auto" else {expected: FORMAT_KEYS[expected]}
+    wanted = [" and ".join(map(columns.name, keys)) + f" ({f})" for f, keys in formats.items()]
+    needs = " or ".join(filter(None, (", ".join(wanted[:-1]), wanted[-1])))
     has = ", ".join(map(repr, data)) or "nothing"
     raise Invalid(
-        f"a record needs {', '.join(wanted[:-1])} or {wanted[-1]}; it has {has}",
+        f"a record needs {needs}; it has {has}",
         hint="sft.columns maps the data's own keys to these, e.g. {prompt: question}",
     )
 
@@ -147,9 +149,19 @@ def _messages(data: dict[str, Any], key: str, columns: Columns) -> list[dict[str
     return messages
 
 
+def _answered(messages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """`messages`, refused where no assistant message answers (nothing to learn from)."""
+    if not any(message["role"] == "assistant" for message in messages):
+        raise Invalid(
+            f"{key} has no assistant message: nothing to train on",
+            hint="add the assistant's answer, or leave the record out",
+        )
+    return messages
+
+
 def chat(data: dict[str, Any], columns: Columns) -> Fields:
-    """`messages`, each with a known role and string content."""
-    return {"messages": _messages(data, "messages", columns)}
+    """`messages`, each with a known role and string content, one at least the assistant's."""
+    return {"messages": _answered(_messages(data, "messages", columns), "messages")}
 
 
 def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
@@ -167,7 +179,7 @@ def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
     system = _optional_text(data, "system", columns)
     if system and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system})
-    return {"messages": messages}
+    return {"messages": _answered(messages, "conversations")}
 
 
 def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
@@ -240,6 +252,8 @@ def preference(data: dict[str, Any], columns: Columns) -> Fields:
         prompt = [{"role": "user", "content": _text(data, "prompt", columns)}]
     else:
         prompt = _messages(data, "prompt", columns)
+    for key, answer in (("chosen", chosen), ("rejected", rejected)):
+        _answered(answer, f"{key} after the prompt")
     sides = [
         {"messages": [*prompt, *answer], "train_from": len(prompt)} for answer in (chosen, rejected)
     ]

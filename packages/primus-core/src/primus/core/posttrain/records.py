@@ -96,7 +96,7 @@ def _record(where: Origin, data: Any, format: str, why: str, columns: Columns) -
         raise bare.error(f"a record must be a JSON object, got {type(data).__name__}")
     data = columns.record(data)
     try:
-        found = detect(data, columns)
+        found = detect(data, columns, format)
         if format != "auto" and found != format:
             article = "an" if found[0] in "aeiou" else "a"
             if format == "preference":
