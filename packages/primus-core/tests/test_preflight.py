@@ -154,16 +154,23 @@ def test_a_node_with_slow_links_is_caught_by_its_bandwidth_within_the_node(tmp_p
     assert "outlier: rank 2 " in out and "within the node" in out
 
 
-@pytest.mark.parametrize("case", ["tolerance", "workspace"])
-def test_bad_input_is_one_error_line(tmp_path: Path, case: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tolerance", "-5"], "--tolerance -5 is not a percentage"),
+        (["--workspace", "file/ws"], "workspace file/ws cannot take files"),
+        (["--json", "no/r.json"], "cannot write {}/no/r.json: no folder {}/no"),
+        (["--node-smoke", "--nodes-bad", "file/bad"], "cannot write {}/file/bad: {}/file is not"),
+    ],
+)
+def test_bad_input_is_one_error_line_before_any_check(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     (tmp_path / "file").write_text("")
-    args = (
-        ["--tolerance", "-5"] if case == "tolerance" else ["--workspace", str(tmp_path / "file/ws")]
-    )
     result = primus("preflight", "--nproc-per-node", "3", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("error: ")
+    assert result.stderr.startswith(f"error: {message.format(tmp_path, tmp_path)}"), result.stderr
     assert not list(tmp_path.glob(".preflight*"))
 
 

@@ -76,6 +76,7 @@ def preflight(
     from primus.core.diagnostics.preflight import check_workspace, run
     from primus.core.diagnostics.preflight_report import render_markdown, render_table, verdict
     from primus.core.errors import ConfigError
+    from primus.core.folders import not_a_folder
     from primus.core.launch.dist_env import under_torchrun
     from primus.core.launch.workers import launch_workers
     from primus.core.reliability.atomic import write_atomic, write_json
@@ -83,6 +84,10 @@ def preflight(
     if tolerance < 0 or tolerance >= 100:
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
     workspace = check_workspace(workspace)
+    for path in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
+        if why := not_a_folder((workspace / path).parent):  # refused before the checks run
+            raise ConfigError(f"cannot write {workspace / path}: {why}",
+                              hint="name a file in a folder that exists")  # fmt: skip
     if node_smoke:
         if nproc_per_node > 1 or nnodes > 1 or markdown_path:
             raise ConfigError(
