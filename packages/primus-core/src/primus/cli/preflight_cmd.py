@@ -84,9 +84,9 @@ def preflight(
     if tolerance < 0 or tolerance >= 100:
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
     workspace = check_workspace(workspace)
-    for path in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
-        if why := not_a_folder((workspace / path).parent):  # refused before the checks run
-            raise ConfigError(f"cannot write {workspace / path}: {why}",
+    for output in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
+        if why := not_a_folder((workspace / output).parent):  # refused before the checks run
+            raise ConfigError(f"cannot write {workspace / output}: {why}",
                               hint="name a file in a folder that exists")  # fmt: skip
     if node_smoke:
         if nproc_per_node > 1 or nnodes > 1 or markdown_path:
