@@ -63,3 +63,22 @@ def test_every_sample_is_megatrons(
     assert len(theirs) == count
     for i, sample in enumerate(theirs):
         assert np.array_equal(ours[i], sample), i
+
+
+def test_the_data_section_is_megatrons_blend_split_seed_and_sequence(tmp_path: Path) -> None:
+    """`data:` becomes data_path (a blend as [weight, prefix, ...]), the whole corpus for
+    training, the seed and seq_length, each with the line that set it as origin."""
+    from primus.core.runtime.resolution import load
+
+    recipe = Path(__file__).parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+    blend = f"data.path=[{{path: {tmp_path}/a, weight: 0.3}}, {{path: {tmp_path}/b, weight: 0.7}}]"
+    overrides = [blend, "data.seq_length=48", "data.seed=9"]
+    tree = load(recipe, overrides).modules["pre_trainer"].tree
+    for key, value, said in (
+        ("data_path", ["0.3", f"{tmp_path}/a", "0.7", f"{tmp_path}/b"], overrides[0]),
+        ("split", "100,0,0", overrides[0]),
+        ("mock_data", False, overrides[0]),
+        ("seed", 9, overrides[2]),
+        ("seq_length", 48, overrides[1]),
+    ):
+        assert (tree.get((key,)), str(tree.origin((key,)))) == (value, f"cli ({said})"), key

@@ -73,3 +73,52 @@ def test_a_corpus_that_cannot_be_read_is_refused_at_its_key(
         f"dataloader.dataset_path={corpus.parent / prefix}", *extra,
     )  # fmt: skip
     assert said in stderr, stderr[-2000:]
+
+
+def test_the_data_section_is_the_indexed_dataloader(corpus: Path) -> None:
+    """`data:` becomes the dataloader's keys and training.seq_len, each with the line (here
+    the override) that set it as origin; the recipe's mock data is replaced."""
+    from primus.core.runtime.resolution import load
+
+    overrides = [f"data.path={corpus}", "data.seq_length=16", "data.seed=5"]
+    experiment = load(TINY, overrides)
+    tree = experiment.modules["pre_trainer"].tree
+    for key, value, said in (
+        ("dataloader.dataset", "indexed", overrides[0]),
+        ("dataloader.dataset_path", str(corpus), overrides[0]),
+        ("dataloader.seed", 5, overrides[2]),
+        ("training.seq_len", 16, overrides[1]),
+        ("mock_data", False, overrides[0]),
+    ):
+        path = tuple(key.split("."))
+        assert (tree.get(path), str(tree.origin(path))) == (value, f"cli ({said})"), key
+    assert any("mock_data True is replaced by False from data.path" in n for n in experiment.notes)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("data.path=missing/c",), "cli (data.path=missing/c): data.path: the index file"),
+        (
+            ("data.path=[{path: a, weight: 1}, {path: b, weight: 1}]",),
+            "data.path blends 2 corpora; TorchTitan reads one",
+        ),
+        (
+            ("data.path={corpus}", "data.seq_length=16", "training.seq_len=32"),
+            "data.seq_length sets training.seq_len to 16, and cli (training.seq_len=32) sets "
+            "it to 32",
+        ),
+        (
+            ("data.path={corpus}", "--stage", "posttrain"),
+            "data: is the corpus pretraining reads; posttrain reads sft:",
+        ),
+    ],
+    ids=["missing", "a blend", "set twice", "posttrain"],
+)
+def test_a_data_section_torchtitan_cannot_read_is_refused(
+    corpus: Path, tmp_path: Path, args: tuple[str, ...], said: str
+) -> None:
+    stderr = refused(
+        tmp_path, "validate", TINY, *(a.replace("{corpus}", str(corpus)) for a in args)
+    )
+    assert said in stderr, stderr[-2000:]

@@ -18,6 +18,7 @@ from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 
 if TYPE_CHECKING:
+    from primus.core.config.data_section import DataConfig
     from primus.core.config.experiment import ModuleConfig
     from primus.core.config.schema import ParamSchema
     from primus.core.projection import Job
@@ -39,7 +40,7 @@ class BackendAdapter(ABC):
 
     trainers: ClassVar[dict[str, str]] = {}
     # The optional capabilities this backend provides (names of `capabilities.CAPABILITIES`:
-    # "hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora"); each needs
+    # "hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "lora", "corpus"...); each needs
     # its hooks implemented, and a hook implemented needs its capability declared.
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
@@ -188,6 +189,13 @@ class BackendAdapter(ABC):
         `dtype` (float32, bfloat16 or float16; None: the checkpoint's own). Core then carries
         over what the args cannot say from the HF model the checkpoint came from."""
         raise ConfigError(f"the {self.framework} backend cannot export HF checkpoints")
+
+    def corpus_params(self, data: DataConfig) -> dict[str, tuple[Any, str]]:
+        """The params that make this backend pretrain on `data:`'s prepared corpora in their
+        standard sample order (`primus.core.data.samples`): dotted key -> (value, the `data:`
+        key it says, whose line becomes its origin; "" for what the section only implies, such
+        as mock data off). A ConfigError (`data.error(key, ...)`) for what it cannot read."""
+        raise ConfigError(f"the {self.framework} backend cannot read prepared corpora")
 
     def lora_adapters(self, backend_args: Any, iteration: int | None) -> dict[str, Any]:
         """The LoRA adapters of the run's checkpoint (the latest, or `iteration`), in HF

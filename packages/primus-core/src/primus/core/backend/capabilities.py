@@ -58,6 +58,12 @@ CAPABILITIES = {
             stage="posttrain",
         ),
         Capability("dpo", "preference training in post-training (dpo:)", {}, stage="posttrain"),
+        Capability(
+            "corpus",
+            "pretrain on prepared corpora (data:) in their one standard sample order",
+            {"corpus_params": ("data",)},
+            stage="pretrain",
+        ),
     )
 }
 

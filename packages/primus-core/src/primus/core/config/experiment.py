@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus.core.config.data_section import DataConfig, data_config
 from primus.core.config.init_from import init_from, with_adapter
 from primus.core.config.limits import check_env, check_run_dir
 from primus.core.config.loader import load_config_file
@@ -20,11 +21,11 @@ from primus.core.config.posttrain import (
     SFTConfig,
     dpo_config,
     peft_config,
-    section_tree,
     sft_config,
 )
 from primus.core.config.sanity import Rules
 from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
+from primus.core.config.sections import section_tree
 from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.config.yaml_io import KeyPath
 from primus.core.errors import ConfigError, Origin, PrimusError, did_you_mean
@@ -49,7 +50,9 @@ EXPERIMENT_SCHEMA = ParamSchema(
         "modules": ParamSpec(dict, "the modules (trainers) of this experiment"),
     }
 )
-MODULE_KEYS = ("framework", "config", "model", "overrides", "init_from", *POSTTRAIN_KEYS)
+# The module's sections beside its params (a CLI override `sft.X=...` sets its key)
+SECTIONS = ("init_from", "data", *POSTTRAIN_KEYS)
+MODULE_KEYS = ("framework", "config", "model", "overrides", *SECTIONS)
 # The original backend guide's module key for the console log level; Primus's is the
 # experiment's `log_level`.
 LEGACY_LOG_LEVEL = "stderr_sink_level"
@@ -71,6 +74,7 @@ class ModuleConfig:
     sft: SFTConfig | None = None
     peft: PeftConfig | None = None
     dpo: DPOConfig | None = None  # `dpo:`: preference training on the sft: data
+    data: DataConfig | None = None  # `data:`: the prepared corpus a pretraining run reads
 
     def origin(self, dotted_key: str) -> Origin | None:
         return self.tree.origin(tuple(dotted_key.split(".")))
@@ -214,7 +218,10 @@ def _resolve_module(
     dpo, sft = dpo_config(exp, path, sft)
     if adapter is not None:
         peft = with_adapter(peft, adapter, exp.origin((*path, "init_from", "adapter")))
-    return ModuleConfig(name, framework, params.data, params, init, init_origin, sft, peft, dpo)
+    return ModuleConfig(
+        name, framework, params.data, params, init, init_origin, sft, peft, dpo,
+        data_config(exp, path),
+    )  # fmt: skip
 
 
 def _adopt_legacy_log_level(exp: ConfigTree, module: ModuleConfig) -> str | None:
@@ -264,7 +271,7 @@ def load_experiment(
 
     Precedence, low to high: module preset < model preset < `overrides:` < CLI. CLI keys that
     name an experiment field (`exp_name`, `patches.select`, `env.X`, ...) set that field;
-    `init_from.X`, `sft.X` and `peft.X` set that key of each module's section; any other key
+    `init_from.X`, `data.X`, `sft.X`, `peft.X` and `dpo.X` set that key of each module's section; any other key
     is a param of the module. `module` picks one module; None resolves all.
     """
     path = Path(path)
@@ -274,10 +281,10 @@ def load_experiment(
         if key not in exp.data:
             exp.merge(single_value_tree((key,), value, Origin("default")))
     cli_params: list[ConfigTree] = []
-    # init_from.*, sft.*, peft.*: each module's section
+    # init_from.*, data.*, sft.*, peft.*, dpo.*: each module's section
     cli_sections: list[tuple[KeyPath, Any, Origin]] = []
     for keypath, value, origin in parse_overrides(overrides or []):
-        if keypath[0] in ("init_from", *POSTTRAIN_KEYS):
+        if keypath[0] in SECTIONS:
             cli_sections.append((keypath, value, origin))
             continue
         layer = single_value_tree(keypath, value, origin)
@@ -339,7 +346,7 @@ def resolved_tree(experiment: Experiment) -> ConfigTree:
             where = module.peft.origins.get("adapter") or Origin("default")
             adapter = (*prefix, "init_from", "adapter")
             tree.merge(single_value_tree(adapter, str(module.peft.adapter), where))
-        for key in POSTTRAIN_KEYS:
+        for key in ("data", *POSTTRAIN_KEYS):
             if (section := getattr(module, key)) is not None:
                 tree.merge(section_tree(prefix, key, section))
         params = ConfigTree({"modules": {name: {"overrides": module.tree.data}}})

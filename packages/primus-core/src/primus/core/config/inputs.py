@@ -78,8 +78,8 @@ def check_corpus(module: ModuleConfig, key: str, prefix: str) -> dict[str, Any] 
 
 
 def check_inputs(module: ModuleConfig) -> None:
-    """Core's inputs: `init_from`'s config.json and safetensors headers, and every `sft:`
-    record (a bad one is file:line). Reads files, imports no framework."""
+    """Core's inputs: `init_from`'s config.json and safetensors headers, `data:`'s corpora,
+    and every `sft:` record (a bad one is file:line). Reads files, imports no framework."""
     from primus.core.checkpoint.hf import read_config, safetensors_files, safetensors_header
 
     if module.init_from is not None:
@@ -90,6 +90,13 @@ def check_inputs(module: ModuleConfig) -> None:
         except ConfigError as exc:
             exc.origin = exc.origin or module.init_from_origin
             raise
+    if module.data is not None:
+        for corpus in module.data.corpora:
+            try:
+                check_corpus(module, "data.path", str(corpus.prefix))
+            except ConfigError as exc:
+                exc.origin = exc.origin or module.data.origins.get("path")
+                raise
     if module.sft is not None:  # its files' presence and the tokenizer: checked at load
         from primus.core.posttrain.records import iter_records
 

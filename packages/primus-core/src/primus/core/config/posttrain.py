@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from primus.core.config.schema import ParamSchema, ParamSpec, raise_all
+from primus.core.config.schema import ParamSchema, ParamSpec
+from primus.core.config.sections import Located, read_section
 from primus.core.config.sft_data import (
     DataFile,
     check_columns,
@@ -21,7 +22,7 @@ from primus.core.config.sft_data import (
     refuse_unknown,
     train_files,
 )
-from primus.core.config.tree import ConfigTree, single_value_tree
+from primus.core.config.tree import ConfigTree
 from primus.core.config.yaml_io import KeyPath, read_text
 from primus.core.errors import ConfigError, Origin
 
@@ -92,18 +93,8 @@ DPO_SCHEMA = ParamSchema(
 )
 
 
-class _Located:
-    """A resolved section that knows where each key was set (the section's own line under "")."""
-
-    origins: dict[str, Origin]
-
-    def error(self, key: str, message: str, hint: str | None = None) -> ConfigError:
-        """A ConfigError at the line that set `key` (the section's line if it is a default)."""
-        return ConfigError(message, self.origins.get(key) or self.origins.get(""), hint)
-
-
 @dataclass(frozen=True)
-class SFTConfig(_Located):
+class SFTConfig(Located):
     """`sft:` resolved: absolute paths, defaults filled, the chat template's text read."""
 
     train: tuple[DataFile, ...]  # one, or several (all with a weight, or none)
@@ -123,7 +114,7 @@ class SFTConfig(_Located):
 
 
 @dataclass(frozen=True)
-class PeftConfig(_Located):
+class PeftConfig(Located):
     """`peft:` resolved. The adapter's update is (alpha / rank) * B @ A."""
 
     type: str
@@ -146,7 +137,7 @@ class PeftConfig(_Located):
 
 
 @dataclass(frozen=True)
-class DPOConfig(_Located):
+class DPOConfig(Located):
     """`dpo:` resolved: direct preference optimization on the `sft:` section's preference
     records, against the run's initial weights as the frozen reference (the base without
     its adapters, with `peft:`)."""
@@ -159,27 +150,6 @@ class DPOConfig(_Located):
     def written(self) -> dict[str, Any]:
         """The section, as resolved."""
         return {"beta": self.beta, "label_smoothing": self.label_smoothing}
-
-
-def _section(
-    exp: ConfigTree, module: KeyPath, name: str, schema: ParamSchema
-) -> tuple[dict[str, Any], dict[str, Origin]] | None:
-    """The section `name` of a module, type-checked, with defaults; None when absent."""
-    if name not in (exp.get(module) or {}):
-        return None
-    path = (*module, name)
-    data = exp.get(path)
-    if not isinstance(data, dict):
-        raise ConfigError(f"'{name}' must be a mapping", exp.origin(path))
-    n = len(module)
-    origins = {
-        k[n:]: o for k, o in exp.origins.items() if k[:n] == module and k[n : n + 1] == (name,)
-    }
-    raise_all(schema.check(ConfigTree({name: data}, origins), what=f"{name} key"))
-    defaults = {key.split(".", 1)[1]: spec.default for key, spec in schema.specs.items()}
-    where = {".".join(k[1:]): o for k, o in origins.items() if len(k) >= 2}  # columns.prompt
-    where[""] = exp.origin(path) or Origin("default")
-    return defaults | data, where
 
 
 def _tokenizer_dir(
@@ -237,7 +207,7 @@ def _eval_or_fraction(exp: ConfigTree, values: dict[str, Any], origins: dict[str
 
 def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTConfig | None:
     """The module's `sft:` section, checked; None when the module has none."""
-    section = _section(exp, module, "sft", SFT_SCHEMA)
+    section = read_section(exp, module, "sft", SFT_SCHEMA)
     if section is None:
         return None
     values, origins = section
@@ -275,7 +245,7 @@ def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTC
 
 def peft_config(exp: ConfigTree, module: KeyPath) -> PeftConfig | None:
     """The module's `peft:` section, checked; None when the module has none."""
-    section = _section(exp, module, "peft", PEFT_SCHEMA)
+    section = read_section(exp, module, "peft", PEFT_SCHEMA)
     if section is None:
         return None
     values, origins = section
@@ -308,7 +278,7 @@ def dpo_config(
 ) -> tuple[DPOConfig | None, SFTConfig | None]:
     """The module's `dpo:` section, checked, and its `sft:` section reading preference
     records; (None, sft) when the module has no `dpo:`."""
-    section = _section(exp, module, "dpo", DPO_SCHEMA)
+    section = read_section(exp, module, "dpo", DPO_SCHEMA)
     if section is None:
         return None, sft
     values, origins = section
@@ -339,15 +309,3 @@ def dpo_config(
             raise sft.error(key, f"sft.{key} {sft.written[key]} does not go with dpo:", hint)
     dpo = DPOConfig(float(values["beta"]), float(values["label_smoothing"]), origins)
     return dpo, replace(sft, format="preference")
-
-
-def section_tree(
-    prefix: KeyPath, name: str, section: SFTConfig | PeftConfig | DPOConfig
-) -> ConfigTree:
-    """A resolved section as the tree `name:` under `prefix`, each key with its origin (for
-    the resolved experiment)."""
-    tree = ConfigTree()
-    for key, value in section.written.items():
-        where = section.origins.get(key) or Origin("default")
-        tree.merge(single_value_tree((*prefix, name, key), value, where))
-    return tree

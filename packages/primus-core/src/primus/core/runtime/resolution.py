@@ -16,6 +16,7 @@ from primus.core.config.experiment import Experiment, ModuleConfig, load_experim
 from primus.core.config.inputs import check_inputs
 from primus.core.config.schema import raise_all, registered_params
 from primus.core.config.schema_cache import schema_of
+from primus.core.config.tree import ConfigTree, single_value_tree
 from primus.core.errors import BackendError, ConfigError
 from primus.core.logging import get_logger, log_rank_0
 from primus.core.patches.registry import all_patches, load_patch_modules
@@ -63,7 +64,47 @@ def load(
     module: str | None = None,
     single: bool = False,
 ) -> Experiment:
-    return load_experiment(config, overrides, preset_folders, module, single)
+    """The experiment resolved, each module's `data:` section turned into its backend's params."""
+    experiment = load_experiment(config, overrides, preset_folders, module, single)
+    for each in experiment.modules.values():
+        if each.data is not None:
+            experiment.notes += apply_data(each, experiment.tree)
+    return experiment
+
+
+def apply_data(module: ModuleConfig, experiment: ConfigTree) -> list[str]:
+    """Lay the params the backend reads `data:` with (`corpus_params`) over the module's, each
+    with its `data:` line as origin. Where the experiment itself (not a preset) sets one to
+    another value, the later layer wins (the command line over the file, a file over those it
+    extends) and a note says so; set in the same layer, a param that a `data:` key names is a
+    ConfigError (the run would not read what one of the two says), one that the section only
+    implies (mock data off) is the section's."""
+    assert module.data is not None
+    data = module.data
+    adapter = adapter_class(module.framework)(module.framework)
+    require(adapter, "corpus", data.origins[""])
+    notes = []
+    for key, (value, source) in adapter.corpus_params(data).items():
+        path = tuple(key.split("."))
+        origin, old = module.tree.origin(path), module.tree.get(path)
+        where = data.origins.get(source) or data.origins[""]
+        mine = origin is not None and (origin.kind == "cli" or origin.file in experiment.files)
+        if not mine or old == value:
+            module.tree.merge(single_value_tree(path, value, where))
+            continue
+        said = f"data.{source or 'path'}"
+        if experiment.layer(origin) == experiment.layer(where) and source:
+            raise data.error(
+                source,
+                f"{said} sets {key} to {value!r}, and {origin} sets it to {old!r}",
+                hint=f"keep one: drop {key} from the module's overrides, or {said}",
+            )
+        if experiment.layer(origin) > experiment.layer(where):
+            notes.append(f"{origin}: {key} {old!r}, set later than {said} at {where}, is kept")
+            continue
+        notes.append(f"{origin}: {key} {old!r} is replaced by {value!r} from {said} at {where}")
+        module.tree.merge(single_value_tree(path, value, where))
+    return notes
 
 
 def apply_env(env: dict[str, Any]) -> list[str]:
@@ -132,6 +173,8 @@ def validate(
     A patch module of the backend's own distribution that fails to import stops here (the
     backend is broken); one from another distribution is a warning.
     """
+    if module.data is not None and stage != "pretrain":
+        raise module.data.error("", f"data: is the corpus pretraining reads; {stage} reads sft:")
     own = BackendRegistry.info(module.framework).distribution
     for failure in load_patch_modules():
         message = f"patch module {failure.entry_point} ({failure.distribution}) failed to import: {failure.error}"

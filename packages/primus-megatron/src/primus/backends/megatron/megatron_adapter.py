@@ -9,6 +9,7 @@ from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.data_section import DataConfig
 from primus.core.config.schema_cache import schema_of
 from primus.core.devices import DEVICE_PARAM
 from primus.core.errors import ConfigError
@@ -49,6 +50,7 @@ class MegatronAdapter(BackendAdapter):
             "lora",
             "lora-export",
             "dpo",
+            "corpus",
         }
     )
     tested_versions = TESTED
@@ -81,6 +83,11 @@ class MegatronAdapter(BackendAdapter):
         from primus.backends.megatron.data.inputs import check_data_inputs
 
         check_data_inputs(config)
+
+    def corpus_params(self, data: DataConfig) -> dict[str, tuple[Any, str]]:
+        from primus.backends.megatron.data.inputs import corpus_params
+
+        return corpus_params(data)
 
     def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.megatron.config.checks import check_params

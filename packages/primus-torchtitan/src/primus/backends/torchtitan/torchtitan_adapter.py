@@ -8,6 +8,7 @@ from typing import Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
+from primus.core.config.data_section import DataConfig
 from primus.core.config.schema import registered_params
 from primus.core.config.schema_cache import schema_of
 from primus.core.devices import DEVICE_PARAM
@@ -24,6 +25,9 @@ PRIMUS_KEYS = ParamSchema(
         "device": DEVICE_PARAM,
         "mock_data": ParamSpec(
             bool, "train on a synthetic token stream (no tokenizer or dataset needed)"
+        ),
+        "dataloader.seed": ParamSpec(
+            int, "seed of a prepared corpus's sample order (dataloader.dataset: indexed)"
         ),
     }
 )
@@ -56,6 +60,7 @@ class TorchTitanAdapter(BackendAdapter):
             "lora",
             "lora-export",
             "dpo",
+            "corpus",
         }
     )
     tested_versions = TESTED
@@ -78,6 +83,11 @@ class TorchTitanAdapter(BackendAdapter):
         from primus.backends.torchtitan.model.flavors import MODEL_KEYS
 
         return torchtitan_schema().merged(PRIMUS_KEYS, ParamSchema(MODEL_KEYS))
+
+    def corpus_params(self, data: DataConfig) -> dict[str, tuple[Any, str]]:
+        from primus.backends.torchtitan.data.inputs import corpus_params
+
+        return corpus_params(data)
 
     def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.torchtitan.config.bridge import check_params

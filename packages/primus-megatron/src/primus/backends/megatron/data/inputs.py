@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from primus.core.config.data_section import DataConfig
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import check_corpus, input_path, is_remote
 from primus.core.data.manifest import read_manifest
@@ -72,3 +73,25 @@ def tokenizer_hint(local: list[str]) -> str:
                 params += f" null_tokenizer_eod_id={record['eod']['id']}"
             return f"{prefix} is tokenized already (its manifest {prefix}.json): set {params}"
     return SET_TOKENIZER
+
+
+def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
+    """`data:` as Megatron's own keys: `data_path` (a blend as [weight, prefix, ...]), the
+    whole corpus for training (`split` 100,0,0, as every backend reads it), `seed` (Megatron's
+    one seed: the sample order's, and the initial weights' without init_from) and
+    `seq_length`."""
+    corpora = data.corpora
+    blend = (
+        [str(corpora[0].prefix)]
+        if len(corpora) == 1
+        else [item for c in corpora for item in (str(c.weight), str(c.prefix))]
+    )
+    params: dict[str, tuple[Any, str]] = {
+        "data_path": (blend, "path"),
+        "split": ("100,0,0", ""),
+        "mock_data": (False, ""),
+        "seed": (data.seed, "seed"),
+    }
+    if data.seq_length is not None:
+        params["seq_length"] = (data.seq_length, "seq_length")
+    return params

@@ -204,13 +204,14 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     if opt.get("name"):
         group.optimizer_name = opt["name"]
     extra: dict[str, Any] = {}
-    indexed = (params.get("dataloader") or {}).get("dataset") == INDEXED
+    data = params.get("dataloader") or {}
+    indexed = data.get("dataset") == INDEXED
     if mock_data or indexed:  # token ids already: the vocabulary size is all that is used
         extra = {"tokenizer": MockTokenizer.Config(vocab_size=vocab), "hf_assets_path": "."}
     dataloader = (
         MockDataLoader.Config()
         if mock_data
-        else CorpusDataLoader.Config()
+        else CorpusDataLoader.Config(**({"seed": data["seed"]} if "seed" in data else {}))
         if indexed
         else HuggingFaceTextDataLoader.Config()
     )

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from primus.core.config.data_section import DataConfig
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import check_corpus, check_tokenizer_folder, input_path, is_remote
 
@@ -81,3 +82,24 @@ def check_indexed(module: ModuleConfig) -> None:
             f"(its manifest {prefix}.json), more than the model's {vocab}",
             hint="prepare it with the model's tokenizer, or a model with that vocabulary",
         )
+
+
+def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
+    """`data:` as TorchTitan's keys: the prepared corpus read through core's `CorpusSamples`
+    (`dataloader.dataset: indexed`), its seed, and `training.seq_len`. One corpus: a blend is
+    refused at `data.path`."""
+    if len(data.corpora) > 1:
+        raise data.error(
+            "path",
+            f"data.path blends {len(data.corpora)} corpora; TorchTitan reads one",
+            hint="give data.path one corpus (primus data prepare can make one of several sources)",
+        )
+    params: dict[str, tuple[Any, str]] = {
+        "dataloader.dataset": (INDEXED, ""),
+        "dataloader.dataset_path": (str(data.corpora[0].prefix), "path"),
+        "dataloader.seed": (data.seed, "seed"),
+        "mock_data": (False, ""),
+    }
+    if data.seq_length is not None:
+        params["training.seq_len"] = (data.seq_length, "seq_length")
+    return params

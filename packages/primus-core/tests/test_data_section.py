@@ -1,0 +1,95 @@
+"""The `data:` module section: one prepared corpus or a weighted blend, the sequence length and
+the seed, written the same for every backend; checked when the experiment loads, every error at
+the line it is about. The backends' own keys it becomes are their packages' tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from primus.core.config import load_experiment
+from primus.core.config.data_section import Corpus
+from primus.core.config.experiment import resolved_tree
+from primus.core.config.render import to_yaml
+from primus.core.errors import ConfigError
+from primus.testing.fuzz_runs import run_in_process
+
+# the data section's first key is on line 5
+EXPERIMENT = """\
+modules:
+  trainer:
+    framework: dummy
+    data:
+      path: corpus/c
+      seq_length: 64
+"""
+
+
+def experiment(tmp_path: Path, edit: str = "") -> Path:
+    """The experiment above, with `edit` ("old => new") applied."""
+    old, _, new = (part.replace("\\n", "\n") for part in edit.partition(" => "))
+    assert old in EXPERIMENT
+    (path := tmp_path / "exp.yaml").write_text(EXPERIMENT.replace(old, new) if edit else EXPERIMENT)
+    return path
+
+
+def test_one_corpus_a_blend_and_the_defaults(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # paths are relative to where primus runs
+    data = load_experiment(experiment(tmp_path)).modules["trainer"].data
+    assert data is not None
+    assert (data.corpora, data.seq_length, data.seed) == (
+        (Corpus(tmp_path / "corpus/c"),),
+        64,
+        1234,
+    )
+    blend = "path: corpus/c => path: [{path: a, weight: 0.25}, {path: /data/b, weight: 3}]"
+    data = load_experiment(experiment(tmp_path, blend), ["data.seed=7"]).modules["trainer"].data
+    assert data is not None and data.seed == 7
+    assert data.corpora == (Corpus(tmp_path / "a", 0.25), Corpus(Path("/data/b"), 3.0))
+
+
+def test_the_resolved_experiment_writes_the_section_back(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    blend = "path: corpus/c => path: [{path: a, weight: 1}, {path: b, weight: 2}]"
+    for edit in ("", blend):
+        first = load_experiment(experiment(tmp_path, edit))
+        again = tmp_path / "again.yaml"
+        again.write_text(to_yaml(resolved_tree(first)))
+        assert load_experiment(again).modules["trainer"].data == first.modules["trainer"].data
+
+
+@pytest.mark.parametrize(
+    ("edit", "message", "line"),
+    [
+        ("path: corpus/c => path: ''", "a corpus path must be a non-empty string", 5),
+        ("path: corpus/c => path: []", "data.path is an empty list", 5),
+        ("path: corpus/c => path: [corpus/c]", "data.path[0] must be {path: PREFIX, weight: SHARE}", 5),
+        ("path: corpus/c => path: [{path: a, weight: 0}]", "data.path[0].weight must be positive, got 0", 5),
+        ("path: corpus/c => path: [{path: a, weight: .nan}]", "data.path[0].weight must be positive", 5),
+        ("path: corpus/c => path: [{path: a, weight: x}]", "data.path[0].weight must be a number, got 'x'", 5),
+        ("path: corpus/c => path: [{path: a, weight: true}]", "data.path[0].weight must be a number", 5),
+        ("path: corpus/c => path: [{path: a, weight: 1}, {path: a, weight: 2}]", "data.path names a corpus twice", 5),
+        ("path: corpus/c => path: corpus/c.idx", "names the corpus by its PREFIX, not a file", 5),
+        ("path: corpus/c => path: 3", "data.path: must be a string or a list, got int 3", 5),
+        ("seq_length: 64 => seq_length: 1", "data.seq_length must be at least 2, got 1", 6),
+        ("seq_length: 64 => seed: -1", "data.seed must be at least 0, got -1", 6),
+        ("seq_length: 64 => sequence: 64", "unknown data key 'data.sequence'", 6),
+        ("path: corpus/c => seed: 3", "data: needs path, the prepared corpus", 4),
+        ("    data:\\n      path: corpus/c\\n      seq_length: 64 =>     data: 3", "'data' must be a mapping", 4),
+    ],
+)  # fmt: skip
+def test_bad_sections_are_refused_at_their_line(
+    tmp_path: Path, edit: str, message: str, line: int
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_experiment(experiment(tmp_path, edit))
+    assert message in str(err.value)
+    assert err.value.origin is not None and err.value.origin.line == line, str(err.value)
+
+
+def test_a_backend_that_reads_no_corpus_refuses_the_section_at_its_line(tmp_path: Path) -> None:
+    path = experiment(tmp_path)
+    outcome = run_in_process(["config", "validate", str(path)], tmp_path, {})
+    assert outcome.code == 2 and "Traceback" not in outcome.stderr, outcome.stderr
+    assert "exp.yaml:4: the dummy backend does not provide corpus" in outcome.stderr
