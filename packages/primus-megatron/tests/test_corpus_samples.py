@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from primus.core.data.blend import training_samples
 from primus.core.data.indexed import IndexedCorpus
 from primus.core.data.samples import CorpusSamples
 
@@ -30,21 +31,31 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prefix
 
 
-def megatron_samples(prefix: Path, seq_length: int, count: int, seed: int, cache: Path) -> list:
+def megatron_samples(
+    prefix: Path | list, seq_length: int, count: int, seed: int, cache: Path
+) -> list:
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.utils import get_blend_from_list
 
     tokenizer = SimpleNamespace(eod=0, pad=0, unique_identifiers={"class": "null"}, vocab_size=1000)
     config = GPTDatasetConfig(
-        random_seed=seed, sequence_length=seq_length, blend=([str(prefix)], None),
+        random_seed=seed, sequence_length=seq_length,
+        blend=get_blend_from_list(prefix if isinstance(prefix, list) else [str(prefix)]),
         split="100,0,0", path_to_cache=str(cache), tokenizer=tokenizer,  # type: ignore[arg-type]
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
     )  # fmt: skip
     train, _, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [count, None, None], lambda: True, config
+        GPTDataset, [count, 1, 1], lambda: True, config  # splits 2 and 3 are empty
     ).build()
+    if isinstance(prefix, list):  # a BlendedDataset: each sample one of its GPTDatasets'
+        parts, which, number = train.datasets, train.dataset_index, train.dataset_sample_index
+        return [
+            parts[which[i]]._query_document_sample_shuffle_indices(number[i])[0]
+            for i in range(len(train))
+        ]
     return [train._query_document_sample_shuffle_indices(i)[0] for i in range(count)]
 
 
@@ -82,3 +93,24 @@ def test_the_data_section_is_megatrons_blend_split_seed_and_sequence(tmp_path: P
         ("seq_length", 48, overrides[1]),
     ):
         assert (tree.get((key,)), str(tree.origin((key,)))) == (value, f"cli ({said})"), key
+
+
+def test_a_blend_draws_megatrons_samples(corpus: Path, tmp_path: Path) -> None:
+    """Three corpora (two small) blended 5:3:2: every sample of megatron-core's
+    BlendedDataset, in its order, over several epochs of the small corpora."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    smalls = [tmp_path / "small-a", tmp_path / "small-b"]
+    for seed, small in enumerate(smalls):
+        builder = IndexedDatasetBuilder(f"{small}.bin", dtype=np.int32)
+        for doc in np.random.default_rng(seed).integers(0, 1000, (40, 30)):
+            builder.add_document(doc, [len(doc)])
+        builder.finalize(f"{small}.idx")
+    corpora = [(str(corpus), 5.0), (str(smalls[0]), 3.0), (str(smalls[1]), 2.0)]
+    ours = training_samples(corpora, 32, 700, 11)
+    blend = [item for prefix, weight in corpora for item in (str(weight), prefix)]
+    theirs = megatron_samples(blend, 32, 700, 11, tmp_path / "cache")
+    assert len(ours) == len(theirs) >= 700
+    assert ours.parts[1].epochs > 1  # type: ignore[union-attr]
+    for i, sample in enumerate(theirs):
+        assert np.array_equal(ours[i], sample), i

@@ -93,6 +93,10 @@ def test_the_data_section_is_the_indexed_dataloader(corpus: Path) -> None:
         path = tuple(key.split("."))
         assert (tree.get(path), str(tree.origin(path))) == (value, f"cli ({said})"), key
     assert any("mock_data True is replaced by False from data.path" in n for n in experiment.notes)
+    blend = f"data.path=[{{path: {corpus}, weight: 1}}, {{path: {corpus}-b, weight: 3}}]"
+    tree = load(TINY, [blend]).modules["pre_trainer"].tree
+    expected = [{"path": str(corpus), "weight": 1.0}, {"path": f"{corpus}-b", "weight": 3.0}]
+    assert tree.get(("dataloader", "blend")) == expected
 
 
 @pytest.mark.parametrize(
@@ -100,8 +104,8 @@ def test_the_data_section_is_the_indexed_dataloader(corpus: Path) -> None:
     [
         (("data.path=missing/c",), "cli (data.path=missing/c): data.path: the index file"),
         (
-            ("data.path=[{path: a, weight: 1}, {path: b, weight: 1}]",),
-            "data.path blends 2 corpora; TorchTitan reads one",
+            ("data.path=[{path: {corpus}, weight: 1}, {path: b/c, weight: 1}]",),
+            "data.path: the index file",
         ),
         (
             ("data.path={corpus}", "data.seq_length=16", "training.seq_len=32"),
@@ -113,7 +117,7 @@ def test_the_data_section_is_the_indexed_dataloader(corpus: Path) -> None:
             "data: is the corpus pretraining reads; posttrain reads sft:",
         ),
     ],
-    ids=["missing", "a blend", "set twice", "posttrain"],
+    ids=["missing", "missing in a blend", "set twice", "posttrain"],
 )
 def test_a_data_section_torchtitan_cannot_read_is_refused(
     corpus: Path, tmp_path: Path, args: tuple[str, ...], said: str

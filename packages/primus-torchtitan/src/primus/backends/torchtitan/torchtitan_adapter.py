@@ -29,6 +29,11 @@ PRIMUS_KEYS = ParamSchema(
         "dataloader.seed": ParamSpec(
             int, "seed of a prepared corpus's sample order (dataloader.dataset: indexed)"
         ),
+        "dataloader.blend": ParamSpec(
+            list,
+            "prepared corpora blended by weight, [{path: PREFIX, weight: W}, ...], instead of "
+            "dataloader.dataset_path (dataloader.dataset: indexed)",
+        ),
     }
 )
 

@@ -211,7 +211,7 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     dataloader = (
         MockDataLoader.Config()
         if mock_data
-        else CorpusDataLoader.Config(**({"seed": data["seed"]} if "seed" in data else {}))
+        else CorpusDataLoader.Config(**{k: data[k] for k in ("seed", "blend") if k in data})
         if indexed
         else HuggingFaceTextDataLoader.Config()
     )

@@ -1,6 +1,7 @@
 """Pretraining on a prepared corpus (`primus data prepare`): `dataloader.dataset: indexed` with
-`dataloader.dataset_path: PREFIX` reads PREFIX.bin/.idx through core's `CorpusSamples`, so
-TorchTitan trains on the samples Megatron draws from the same corpus with the same seed,
+`dataloader.dataset_path: PREFIX` reads PREFIX.bin/.idx through core's `CorpusSamples` (and
+`dataloader.blend` several through `BlendedSamples`), so TorchTitan trains on the samples
+Megatron draws from the same corpus (or blend) with the same seed,
 sequence length and global batch: step s reads samples s * G .. s * G + G - 1 (G the global
 batch), data-parallel rank r its slice r * L .. r * L + L - 1 of them (L = G / dp, its
 micro-batches in order). Every target is in the loss and positions run 0 .. seq_len - 1 per
@@ -76,6 +77,8 @@ class CorpusDataLoader(ParallelAwareDataloader):
         dataset: str = INDEXED
         seed: int = 1234
         """The seed of the documents' and samples' order (Megatron's `seed`)."""
+        # prepared corpora blended by weight, instead of dataset_path (dataloader.blend)
+        blend: Annotated[list[dict[str, Any]] | None, tyro.conf.Suppress] = None
         # not from the CLI: set by the trainer from training.steps and global_batch_size
         _steps: Annotated[int, tyro.conf.Suppress] = 0
         _global_batch: Annotated[int, tyro.conf.Suppress] = -1
@@ -90,15 +93,15 @@ class CorpusDataLoader(ParallelAwareDataloader):
         local_batch_size: int,
         **_: Any,
     ) -> None:
-        from primus.core.data.indexed import IndexedCorpus
-        from primus.core.data.samples import CorpusSamples
+        from primus.core.data.blend import training_samples
         from primus.core.logging import log_rank_0
 
         global_batch = config._global_batch
         if global_batch <= 0:  # TorchTitan's -1: no gradient accumulation
             global_batch = local_batch_size * dp_world_size
-        corpus = IndexedCorpus(str(config.dataset_path))
-        samples = CorpusSamples(corpus, seq_len, config._steps * global_batch, config.seed)
+        blend = config.blend or [{"path": config.dataset_path, "weight": None}]
+        corpora = [(str(c["path"]), c["weight"]) for c in blend]
+        samples = training_samples(corpora, seq_len, config._steps * global_batch, config.seed)
         log_rank_0(f"[torchtitan] data: {samples.describe()}")
         rows = CorpusRows(samples, global_batch, dp_rank, dp_world_size)
         super().__init__(

@@ -67,39 +67,41 @@ def check_data_inputs(module: ModuleConfig) -> None:
 
 
 def check_indexed(module: ModuleConfig) -> None:
-    """`dataloader.dataset_path` names a prepared corpus whose vocabulary (its manifest's) fits
-    the model's."""
-    key = "dataloader.dataset_path"
-    prefix = _param(module, key)
-    if not prefix:
-        raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
-    manifest = check_corpus(module, key, str(prefix))
-    vocab = _param(module, "model.vocab_size")
-    if manifest and isinstance(vocab, int) and manifest["vocab_size"] > vocab:
-        raise module.error(
-            key,
-            f"{key}: {prefix} was tokenized with a vocabulary of {manifest['vocab_size']} "
-            f"(its manifest {prefix}.json), more than the model's {vocab}",
-            hint="prepare it with the model's tokenizer, or a model with that vocabulary",
-        )
+    """`dataloader.dataset_path` (or each corpus of `dataloader.blend`) names a prepared corpus
+    whose vocabulary (its manifest's) fits the model's."""
+    key, blend = "dataloader.dataset_path", _param(module, "dataloader.blend")
+    prefixes = [_param(module, key)]
+    if blend:
+        key, prefixes = "dataloader.blend", [item.get("path") for item in blend]
+    for prefix in prefixes:
+        if not prefix:
+            raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
+        manifest = check_corpus(module, key, str(prefix))
+        vocab = _param(module, "model.vocab_size")
+        if manifest and isinstance(vocab, int) and manifest["vocab_size"] > vocab:
+            raise module.error(
+                key,
+                f"{key}: {prefix} was tokenized with a vocabulary of {manifest['vocab_size']} "
+                f"(its manifest {prefix}.json), more than the model's {vocab}",
+                hint="prepare it with the model's tokenizer, or a model with that vocabulary",
+            )
 
 
 def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
-    """`data:` as TorchTitan's keys: the prepared corpus read through core's `CorpusSamples`
-    (`dataloader.dataset: indexed`), its seed, and `training.seq_len`. One corpus: a blend is
-    refused at `data.path`."""
-    if len(data.corpora) > 1:
-        raise data.error(
-            "path",
-            f"data.path blends {len(data.corpora)} corpora; TorchTitan reads one",
-            hint="give data.path one corpus (primus data prepare can make one of several sources)",
-        )
+    """`data:` as TorchTitan's keys: the prepared corpus (`dataloader.dataset_path`) or the
+    blend (`dataloader.blend`) read through core's samples (`dataloader.dataset: indexed`),
+    its seed, and `training.seq_len`."""
+    corpora = data.corpora
     params: dict[str, tuple[Any, str]] = {
         "dataloader.dataset": (INDEXED, ""),
-        "dataloader.dataset_path": (str(data.corpora[0].prefix), "path"),
         "dataloader.seed": (data.seed, "seed"),
         "mock_data": (False, ""),
     }
+    if len(corpora) == 1:
+        params["dataloader.dataset_path"] = (str(corpora[0].prefix), "path")
+    else:
+        blend = [{"path": str(c.prefix), "weight": c.weight} for c in corpora]
+        params["dataloader.blend"] = (blend, "path")
     if data.seq_length is not None:
         params["training.seq_len"] = (data.seq_length, "seq_length")
     return params
