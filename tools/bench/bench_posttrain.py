@@ -1,6 +1,7 @@
 """Fine-tuning against pretraining throughput, per backend, on the same GPU in one run.
 
     python tools/bench/bench_posttrain.py --backends megatron maxtext --steps 30 --out posttrain.json
+    python tools/bench/bench_posttrain.py --backends megatron --dpo megatron --steps 20 --warmup 6
 
 For each backend: `primus train pretrain` of `configs/<backend>/llama3.2_1B-pretrain.yaml`
 and `primus train posttrain` of `configs/<backend>/llama3.2_1B-sft.yaml` (sequence 4096,
@@ -11,7 +12,14 @@ Both are measured by Primus's own step metrics (metrics.jsonl: tokens/s/GPU coun
 position of a row, padding included; peak GPU memory): the median after `--warmup` steps.
 Goal: fine-tuning tokens/s >= 0.95x pretraining's. With `--lora BACKEND...`, a
 LoRA fine-tune (rank 16, every projection) is measured too, for its step time and memory against
-full fine-tuning. Results: docs/benchmarks/posttrain.md.
+full fine-tuning. With `--dpo BACKEND...`, two runs more (alone with an empty `--backends`):
+the SFT recipe with packing off, and the same recipe as DPO (`dpo: {beta: 0.1}`,
+no eval) on preference pairs of the same reverse-task prompts (chosen: the words reversed,
+rejected: as given), its batch sizes halved since DPO's count pairs of two rows: both train the
+same number of rows of the same length a step. Reported with the DPO run's last loss and reward
+metrics. Goal: DPO tokens/s >= 0.9x unpacked SFT's (its frozen reference's forward adds about a
+third of a training step's compute: 0.75x at equal efficiency). Every run logs each step and
+saves no checkpoint. Results: docs/benchmarks/posttrain.md.
 """
 
 from __future__ import annotations
@@ -26,24 +34,32 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import device_label, environment, print_table
+from common import device_label, environment, print_table, resolved_params
 
 ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = (
     ("tokens/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
     ("ms/step", "step_ms", ".1f"),
     ("x pretrain", "vs_pretrain", ".3f"),
+    ("x SFT unpacked", "vs_sft_unpacked", ".3f"),
     ("peak GiB", "peak_memory_gib", ".2f"),
 )
 LORA = "peft.type=lora peft.rank=16 peft.alpha=32"
+SFT = "modules.post_trainer.sft"
+# every run: a step line a step, no checkpoint (a 1B run's optimizer state is 14 GB)
+EVERY = {"megatron": ["log_interval=1", "save_interval=null"],
+         "torchtitan": ["metrics.log_freq=1", "checkpoint.enable=false"]}  # fmt: skip
+REWARDS = ("loss", "reward_margin", "reward_accuracy", "reward_chosen", "reward_rejected")
 
 
 def make_inputs(work: Path, model: str, samples: int, words: int) -> tuple[Path, Path]:
     """A random HF model (`model`: a published config's name, or `tiny`, the tests' tiny
-    Llama 3) with the tiny test tokenizer, and `samples` chats of the reverse task (and 64 for eval), 20 to
-    `words` words each (made in a child process: this one holds no tensors)."""
+    Llama 3) with the tiny test tokenizer, `samples` chats of the reverse task (and 64 for eval)
+    and `samples` preference pairs of it (chosen: the words reversed, rejected: as given, as
+    `primus.testing.dpo.write_preference_task` writes them), 20 to `words` words each (made in
+    a child process: this one holds no tensors)."""
     hf, data = work / "hf", work / "data"
-    if (data / "chat_train.jsonl").is_file():  # an earlier run's, in the same --work
+    if (data / "preference_train.jsonl").is_file():  # an earlier run's, in the same --work
         return hf, data
     make = f"""
 import json, sys
@@ -63,15 +79,33 @@ for split, n, seed in (("train", {samples}, 0), ("eval", 64, 1)):
             turns = [{{"role": "user", "content": " ".join(words)}},
                      {{"role": "assistant", "content": " ".join(reversed(words))}}]
             f.write(json.dumps({{"messages": turns}}) + "\\n")
+with (data / "preference_train.jsonl").open("w") as f:
+    for words in reverse_task({samples}, 2, min({words}, 20), {words}):
+        if words != words[::-1]:  # two answers that differ
+            record = {{"prompt": [{{"role": "user", "content": " ".join(words)}}],
+                      "chosen": [{{"role": "assistant", "content": " ".join(reversed(words))}}],
+                      "rejected": [{{"role": "assistant", "content": " ".join(words)}}]}}
+            f.write(json.dumps(record) + "\\n")
 """
     subprocess.run([sys.executable, "-c", make], check=True, cwd=ROOT)
     return hf, data
 
 
+def as_dpo(recipe: Path, data: Path) -> list[str]:
+    """The overrides that make an SFT recipe DPO at the same rows a step: the preference pairs,
+    packing and eval off, and the batch sizes halved (DPO's count pairs, two rows each)."""
+    params = resolved_params(recipe)
+    batch, prefix = (params["training"], "training.") if "training" in params else (params, "")
+    keys = ("micro_batch_size", "local_batch_size", "global_batch_size")
+    halved = [f"{prefix}{k}={max(batch[k] // 2, 1)}" for k in keys if (batch.get(k) or 0) > 0]
+    return [f"{SFT}.train={data / 'preference_train.jsonl'}", f"{SFT}.packing=false",
+            f"{SFT}.eval=null", f"{SFT}.eval_fraction=0", "modules.post_trainer.dpo.beta=0.1",
+            *halved]  # fmt: skip
+
+
 def train(stage: str, recipe: Path, work: Path, name: str, *overrides: str) -> Path:
     """One `primus train` run; its run directory."""
-    env = {**os.environ, "PRIMUS_WORKSPACE": str(work / "runs"), "PRIMUS_EXP_NAME": name,
-           "PRIMUS_SFT_HF": str(work / "hf"), "PRIMUS_SFT_DATA": str(work / "data")}  # fmt: skip
+    env = {**os.environ, "PRIMUS_WORKSPACE": str(work / "runs"), "PRIMUS_EXP_NAME": name}
     command = [sys.executable, "-m", "primus.cli", "train", stage, "--config", str(recipe),
                *overrides]  # fmt: skip
     print("$", " ".join(command), flush=True)
@@ -94,12 +128,16 @@ def measure(run: Path, warmup: int) -> dict[str, float | None]:
     }
     peaks = [s["peak_memory_gib"] for s in kept if s.get("peak_memory_gib") is not None]
     result["peak_memory_gib"] = max(peaks) if peaks else None
+    if (
+        steps[-1].get("reward_margin") is not None
+    ):  # DPO: the last step's loss and rewards, a sanity check
+        result |= {f"last_{key}": steps[-1].get(key) for key in REWARDS}
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backends", nargs="+", default=["megatron", "torchtitan", "maxtext"])
+    parser.add_argument("--backends", nargs="*", default=["megatron", "torchtitan", "maxtext"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
     parser.add_argument("--rounds", type=int, default=1)
@@ -116,41 +154,50 @@ def main() -> None:
     parser.add_argument(
         "--lora", nargs="*", default=[], help="backends whose LoRA fine-tune is measured too"
     )
+    parser.add_argument(
+        "--dpo", nargs="*", default=[], help="backends whose DPO and unpacked SFT are measured too"
+    )
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report (default: stdout)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-posttrain-"))
-    make_inputs(work, args.model, args.samples, args.words)
+    hf, data = make_inputs(work, args.model, args.samples, args.words)
+    os.environ |= {"PRIMUS_SFT_HF": str(hf), "PRIMUS_SFT_DATA": str(data)}
     runs: dict[str, list[dict[str, float | None]]] = {}
-    for backend in args.backends:
-        recipes = ROOT / "configs" / backend
+    for backend in dict.fromkeys([*args.backends, *args.dpo]):
+        pretrain, sft = (ROOT / "configs" / backend / f"{name}.yaml" for name in args.recipes)
         steps = {"megatron": "train_iters", "torchtitan": "training.steps"}.get(backend, "steps")
-        every = ["log_interval=1"] if backend == "megatron" else []  # a step line per step
-        jobs = {
-            "pretrain": ("pretrain", recipes / f"{args.recipes[0]}.yaml", every),
-            "sft": ("posttrain", recipes / f"{args.recipes[1]}.yaml", every),
-        }
+        every = EVERY.get(backend, [])
+        jobs: dict[str, tuple[str, Path, list[str]]] = {}
+        if backend in args.dpo:
+            jobs["sft-unpacked"] = ("posttrain", sft, [*every, f"{SFT}.packing=false"])
+            jobs["dpo"] = ("posttrain", sft, [*every, *as_dpo(sft, data)])
+        if backend in args.backends:
+            jobs |= {"pretrain": ("pretrain", pretrain, every), "sft": ("posttrain", sft, every)}
         if backend in args.lora:
-            jobs["lora"] = ("posttrain", jobs["sft"][1], [*jobs["sft"][2], *LORA.split()])
+            jobs["lora"] = ("posttrain", sft, [*every, *LORA.split()])
         for round_ in range(args.rounds):
             for job, (stage, recipe, extra) in jobs.items():
-                name = f"{backend}-{job}-{round_}"
+                name, label = f"{backend}-{job}-{round_}", f"{backend} {job}"
                 run = train(stage, recipe, work, name, f"{steps}={args.steps}", *extra)
-                runs.setdefault(f"{backend} {job}", []).append(measure(run, args.warmup))
+                runs.setdefault(label, []).append(measure(run, args.warmup))
+                print(f"{label}: {runs[label][-1]}", flush=True)  # kept if a later run fails
     results: dict[str, Any] = {}
     for label, measured in runs.items():
         values = {k: [m[k] for m in measured if m[k] is not None] for k in measured[0]}
         results[label] = {k: statistics.median(v) if v else None for k, v in values.items()}
     for label, values in results.items():
-        pretrain = results[label.split()[0] + " pretrain"]["tokens_per_s_per_gpu"]
-        values["vs_pretrain"] = round(values["tokens_per_s_per_gpu"] / pretrain, 3)
+        for key, base in (("vs_pretrain", "pretrain"), ("vs_sft_unpacked", "sft-unpacked")):
+            against = results.get(f"{label.split()[0]} {base}", {}).get("tokens_per_s_per_gpu")
+            values[key] = round(values["tokens_per_s_per_gpu"] / against, 3) if against else None
     distributions = ("primus-core", "torch", "megatron-core", "torchtitan", "maxtext", "jax")
     device = device_label()
     report = {**environment(distributions, device), "args": vars(args) | {"work": str(work), "out": str(args.out)},
               "results": results}  # fmt: skip
     text = json.dumps(report, indent=2, default=str)
     (args.out.write_text(text + "\n") if args.out else print(text))
-    print_table(results, COLUMNS, "goal: fine-tuning tokens/s >= 0.95x pretraining's")
+    print_table(results, COLUMNS, "goals: fine-tuning tokens/s >= 0.95x pretraining's; "
+                "DPO's >= 0.9x unpacked SFT's")  # fmt: skip
 
 
 if __name__ == "__main__":
