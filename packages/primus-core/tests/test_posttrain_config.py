@@ -303,3 +303,11 @@ def test_init_from_is_set_on_the_command_line_too(files, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"init_from\.adapter: .* is not a PEFT adapter") as err:
         load_experiment(experiment(files, tmp_path), [f"init_from.adapter={tmp_path}"])
     assert err.value.origin is not None and err.value.origin.kind == "cli"
+
+
+def test_a_key_set_to_null_takes_its_default(files, tmp_path) -> None:
+    nulls = ["sft.eval_fraction=null", "sft.format=null", "sft.packing=null", "peft.rank=null"]
+    module = load_experiment(experiment(files, tmp_path), nulls).modules["trainer"]
+    assert module.sft is not None and module.peft is not None
+    assert (module.sft.eval_fraction, module.sft.format, module.sft.packing) == (0.0, "auto", False)
+    assert module.peft.rank == 8

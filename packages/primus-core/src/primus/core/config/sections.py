@@ -34,7 +34,8 @@ class Section(Protocol):
 def read_section(
     exp: ConfigTree, module: KeyPath, name: str, schema: ParamSchema
 ) -> tuple[dict[str, Any], dict[str, Origin]] | None:
-    """The section `name` of a module, type-checked, with defaults; None when absent."""
+    """The section `name` of a module, type-checked, with defaults (a key set to null takes
+    its default); None when absent."""
     if name not in (exp.get(module) or {}):
         return None
     path = (*module, name)
@@ -49,7 +50,7 @@ def read_section(
     defaults = {key.split(".", 1)[1]: spec.default for key, spec in schema.specs.items()}
     where = {".".join(k[1:]): o for k, o in origins.items() if len(k) >= 2}  # columns.prompt
     where[""] = exp.origin(path) or Origin("default")
-    return defaults | data, where
+    return defaults | {k: v for k, v in data.items() if v is not None}, where  # null: default
 
 
 def section_tree(prefix: KeyPath, name: str, section: Section) -> ConfigTree:
