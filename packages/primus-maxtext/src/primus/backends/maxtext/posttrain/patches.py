@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus.backends.maxtext.data.rows import TRAIN, feed, loaded_batch
 from primus.backends.maxtext.maxtext_adapter import TESTED
-from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.patches import PatchContext, get_param, register_patch
 
@@ -47,23 +47,6 @@ def posttrain(ctx: PatchContext) -> None:
         ctx.set_param("eval_interval", -1, "sft: has no eval split")
     elif interval > 0:
         ctx.set_param("eval_start_step", interval - 1, "evals after steps eval_interval, 2x, ...")
-
-
-class SFTStart:
-    """`get_first_step` of MaxText's train loop, wrapped: the step the loop starts from (0,
-    or a resumed checkpoint's) is where the training rows start."""
-
-    def __init__(self, rows: Any) -> None:
-        self.rows = rows
-
-    def __call__(self, original: Any) -> Any:
-        def get_first_step(model: Any, state: Any) -> int:
-            step = int(original(model, state))
-            self.rows.start = step
-            log_rank_0(f"[maxtext] sft rows from position {step * self.rows.global_batch}")
-            return step
-
-        return get_first_step
 
 
 def _eval_sums(original: Any) -> Any:
@@ -106,31 +89,17 @@ def sft_data(ctx: PatchContext) -> None:
 
     trainer = ctx.extra["trainer"]
     config = trainer.config
-    if config.global_batch_size_to_load != config.global_batch_size_to_train_on:
-        raise ConfigError(
-            "maxtext: fine-tuning needs per_device_batch_size >= 1 (every loaded row trained on)"
-        )
+    batch = loaded_batch(config, "fine-tuning")
     data = build_sft_data(ctx.extra["module"].sft)
     log_rank_0(f"[maxtext] sft train: {data.train.describe()}")
     where = (jax.process_index(), jax.process_count())
-    train = sft.TrainRows(data.train, config.global_batch_size_to_load, *where)
+    train = sft.TrainRows(data.train, batch, *where)
     evaluation = None
     if data.eval is not None and config.eval_interval > 0:
         log_rank_0(f"[maxtext] sft eval: {data.eval.describe()}")
         evaluation = sft.EvalRows(data.eval, config.global_batch_size_to_load_eval, *where)
 
-    def create_data_iterator(config: Any, mesh: Any) -> tuple[Any, Any]:
-        from maxtext.input_pipeline.multihost_dataloading import MultiHostDataLoadIterator
-
-        batches = MultiHostDataLoadIterator(train, mesh)
-        return batches, MultiHostDataLoadIterator(evaluation, mesh) if evaluation else None
-
-    ctx.replace(
-        "maxtext.input_pipeline.input_pipeline_interface",
-        "create_data_iterator",
-        create_data_iterator,
-    )
-    ctx.wrap("maxtext.trainers.pre_train.train", "get_first_step", SFTStart(train))
-    ctx.replace("maxtext.trainers.pre_train.train", "eval_step", sft.eval_step)
+    feed(ctx, train, evaluation)
+    ctx.replace(TRAIN, "eval_step", sft.eval_step)
     ctx.wrap("maxtext.common.metric_logger.MetricLogger", "_accumulate_eval_metrics", _eval_sums)
     trainer.sft_rows = train

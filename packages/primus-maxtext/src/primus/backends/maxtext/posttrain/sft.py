@@ -1,16 +1,12 @@
 """Fine-tuning on MaxText: core's SFT rows as MaxText batches, and the eval step.
 
-A MaxText batch holds `inputs`, `inputs_position`, `inputs_segmentation`, `targets`,
-`targets_position` and `targets_segmentation`. MaxText's `loss_fn` sums the cross-entropy where
-`targets_segmentation != 0` and divides by the count of those positions over the global batch;
-its attention keeps each position within its `inputs_segmentation` segment and its RoPE rotates
-by `inputs_position`. So a row's segment ids and position ids (restarting per sample) become
-the inputs', and `targets_segmentation` is the segment id where `loss_mask` is 1, else 0: the
-loss is core's masked mean over the global batch, and packed samples never see each other.
+A row's segment ids and position ids (restarting per sample) become the MaxText batch's
+inputs', and `targets_segmentation` is the segment id where `loss_mask` is 1, else 0
+(`primus.backends.maxtext.data.rows.maxtext_batch`): the loss is core's masked mean over the
+global batch, and packed samples never see each other.
 
-Batches are global: process p of n loads rows p * b / n .. (p + 1) * b / n - 1 of each global
-batch of b rows (MaxText's `MultiHostDataLoadIterator` puts them on its devices in that order).
-Training step s (counted from 0) reads the rows at positions s * b .. s * b + b - 1.
+Training step s reads the rows at positions s * b .. s * b + b - 1 of a global batch of b,
+each process its share (primus.backends.maxtext.data.rows).
 """
 
 from __future__ import annotations
@@ -21,46 +17,23 @@ from typing import Any
 
 import numpy as np
 
+from primus.backends.maxtext.data.rows import GlobalRows, maxtext_batch, share
 from primus.core.posttrain import SFTDataset
 
 ROW_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "segment_ids")  # what a batch needs
 
 
-def maxtext_batch(rows: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Stacked core rows (`SFTDataset.batch`, or rows stacked alike) as a MaxText batch."""
-    segments = np.asarray(rows["segment_ids"], np.int32)
-    positions = np.asarray(rows["position_ids"], np.int32)
-    return {
-        "inputs": np.asarray(rows["tokens"], np.int32),
-        "inputs_position": positions,
-        "inputs_segmentation": segments,
-        "targets": np.asarray(rows["labels"], np.int32),
-        "targets_position": positions,
-        "targets_segmentation": np.where(np.asarray(rows["loss_mask"]) > 0, segments, 0),
-    }
+class TrainRows(GlobalRows):
+    """This process's share of every training batch of SFT rows, from step `start` on."""
 
-
-def _share(global_batch: int, process: int, processes: int) -> tuple[int, int]:
-    """(first row, rows) of one process's share of a global batch."""
-    local = global_batch // processes
-    return process * local, local
-
-
-class TrainRows:
-    """This process's share of every training batch from step `start` on (set once the
-    run's first step is known: 0, or the step a resumed run continues from)."""
+    what = "sft rows"
 
     def __init__(self, rows: SFTDataset, global_batch: int, process: int, processes: int):
-        self.rows, self.global_batch = rows, global_batch
-        self.offset, self.local = _share(global_batch, process, processes)
-        self.start: int | None = None
+        super().__init__(global_batch, process, processes)
+        self.rows = rows
 
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        assert self.start is not None, "the first step is set before the first batch"
-        step = self.start
-        while True:
-            yield maxtext_batch(self.rows.batch(step * self.global_batch + self.offset, self.local))
-            step += 1
+    def batch(self, first: int, count: int) -> dict[str, np.ndarray]:
+        return maxtext_batch(self.rows.batch(first, count))
 
 
 class EvalRows:
@@ -69,7 +42,7 @@ class EvalRows:
 
     def __init__(self, rows: SFTDataset, global_batch: int, process: int, processes: int):
         self.rows, self.global_batch = rows, global_batch
-        self.offset, self.local = _share(global_batch, process, processes)
+        self.offset, self.local = share(global_batch, process, processes)
         self.batches = math.ceil(len(rows) / global_batch)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
