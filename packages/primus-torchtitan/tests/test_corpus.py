@@ -7,18 +7,16 @@ tests/test_corpus_parity.py."""
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from primus.core.data.indexed import IndexedCorpus
-from primus.core.data.prepare import Request, prepare
 from primus.core.data.samples import CorpusSamples
+from primus.testing.corpus import prepared_reverse_task
 from primus.testing.runs import refused
-from primus.testing.sft_data import reverse_task
-from primus.testing.sft_runs import REPO, SHIPPED
+from primus.testing.sft_runs import REPO
 
 TINY = REPO / "configs" / "torchtitan" / "tiny-cpu.yaml"
 
@@ -26,12 +24,7 @@ TINY = REPO / "configs" / "torchtitan" / "tiny-cpu.yaml"
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """300 reverse-task texts prepared with the shipped tokenizer (vocabulary 61)."""
-    root = tmp_path_factory.mktemp("corpus")
-    text = root / "text.jsonl"
-    words = reverse_task(300, seed=2, max_words=30)
-    text.write_text("".join(json.dumps({"text": " ".join(w)}) + "\n" for w in words))
-    prepare(Request([str(text)], REPO / SHIPPED / "tokenizer", root / "c"))
-    return root / "c"
+    return prepared_reverse_task(tmp_path_factory.mktemp("corpus") / "c", 300, 2, 30)
 
 
 def test_each_rank_reads_its_slice_of_each_steps_samples(corpus: Path) -> None:

@@ -64,3 +64,18 @@ def expected_documents(tokenizer_path: Path, texts: list[str], eod: int) -> list
     tokenizer = Tokenizer.from_file(str(tokenizer_path / "tokenizer.json"))
     encoded = (tokenizer.encode(text).ids for text in texts)
     return [[*ids, eod] for ids in encoded if ids]
+
+
+def prepared_reverse_task(prefix: Path, texts: int, seed: int, max_words: int) -> Path:
+    """`texts` texts of the reverse task's words (`sft_data.reverse_task`), prepared at
+    `prefix` (`primus data prepare`) with the shipped tokenizer (vocabulary 61); the prefix."""
+    from primus.core.data.prepare import Request, prepare
+    from primus.testing.sft_data import reverse_task
+    from primus.testing.sft_runs import REPO, SHIPPED
+
+    source = prefix.parent / f"{prefix.name}-text.jsonl"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    words = reverse_task(texts, seed=seed, max_words=max_words)
+    source.write_text("".join(json.dumps({"text": " ".join(w)}) + "\n" for w in words))
+    prepare(Request([str(source)], REPO / SHIPPED / "tokenizer", prefix))
+    return prefix

@@ -108,3 +108,19 @@ def read_manifest(prefix: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+
+
+VOCABULARY_HINT = "prepare it with the model's tokenizer, or a model with that vocabulary"
+
+
+def vocabulary_problem(prefix: str | Path, vocab: Any) -> str | None:
+    """Why the corpus at `prefix` does not fit a model of `vocab` token ids (an int; any other
+    value is not checked): its manifest's vocabulary is larger. None when it fits, or when it
+    has no manifest."""
+    record = read_manifest(Path(prefix).expanduser())
+    if record is None or not isinstance(vocab, int) or record["vocab_size"] <= vocab:
+        return None
+    return (
+        f"{prefix} was tokenized with a vocabulary of {record['vocab_size']} (its manifest "
+        f"{prefix}.json), more than the model's {vocab}"
+    )

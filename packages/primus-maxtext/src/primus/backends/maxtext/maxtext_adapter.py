@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +56,17 @@ class MaxTextAdapter(BackendAdapter):
         check_data_inputs(config)
 
     def param_schema(self) -> ParamSchema:
+        """MaxText's config keys; `dataset_type` also takes `indexed`, a prepared corpus (the
+        patch maxtext.corpus turns it into a value MaxText knows)."""
         from primus.backends.maxtext.config.bridge import maxtext_schema
+        from primus.backends.maxtext.data.inputs import INDEXED
 
-        return maxtext_schema()
+        schema = maxtext_schema()
+        spec = schema.specs["dataset_type"]
+        choices = (*(spec.choices or ()), INDEXED)
+        text = f"{spec.help} (or {INDEXED}: the prepared corpus at dataset_path)"
+        widened = replace(spec, choices=choices, help=text)
+        return schema.merged(ParamSchema({"dataset_type": widened}))
 
     # the preset's keys that are training choices, not architecture
     hf_preset_training_keys = frozenset({"enable_dropout"})

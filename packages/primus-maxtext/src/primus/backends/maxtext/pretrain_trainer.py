@@ -19,6 +19,7 @@ class MaxTextPretrainTrainer(BaseTrainer):
 
     config: Any = None
     recorder: Any = None
+    corpus_rows: Any = None  # set by the maxtext.corpus_data patch
 
     def init(self) -> None:
         import jax
@@ -49,6 +50,7 @@ class MaxTextPretrainTrainer(BaseTrainer):
         )
         from maxtext.trainers.pre_train import train
 
+        self.check_corpus_read()
         devices = jax.devices()
         log_rank_0(
             f"[maxtext] training: {self.config.steps} steps on {len(devices)} "
@@ -66,3 +68,18 @@ class MaxTextPretrainTrainer(BaseTrainer):
                     hint=f"raise steps above {self.config.steps} to continue this run, "
                     "or give a new exp_name to start another",
                 ) from exc
+
+    def check_corpus_read(self) -> None:
+        """A prepared corpus at `dataset_path` is what the loop reads, not synthetic data."""
+        from pathlib import Path
+
+        path = self.config.dataset_path
+        if self.corpus_rows is not None or self.config.dataset_type != "synthetic" or not path:
+            return
+        if Path(f"{path}.idx").expanduser().is_file():
+            raise ConfigError(
+                f"maxtext: dataset_path names the prepared corpus {path}, and the patch "
+                "maxtext.corpus_data did not run, so MaxText would train on synthetic data",
+                hint="leave maxtext.corpus and maxtext.corpus_data enabled (PRIMUS_PATCHES), "
+                "or drop dataset_path for synthetic data",
+            )

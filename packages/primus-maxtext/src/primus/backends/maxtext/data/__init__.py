@@ -1,1 +1,2 @@
-"""Data: the data position of a grain pipeline, global across a change of process count."""
+"""Data: a prepared corpus read in Megatron's sample order, rows by global position, and the
+data position of a grain pipeline, global across a change of process count."""

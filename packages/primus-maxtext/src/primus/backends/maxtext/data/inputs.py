@@ -1,6 +1,8 @@
 """The data files and tokenizer a MaxText module names, checked without importing MaxText or
 JAX: every file `grain_train_files` (and `grain_eval_files`) matches, with the ArrayRecord
-signature where they are ArrayRecord files, and a local `tokenizer_path`."""
+signature where they are ArrayRecord files, and a local `tokenizer_path`; or, for a prepared
+corpus (`dataset_type: indexed`), its .idx and .bin, and token ids that fit the model's
+vocabulary."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.config.inputs import input_path, is_remote
+from primus.core.config.inputs import check_corpus, input_path, is_remote
+from primus.core.data.manifest import VOCABULARY_HINT, vocabulary_problem
 
 GRAIN_KEYS = ("grain_train_files", "grain_eval_files")
+INDEXED = "indexed"  # dataset_type of a prepared corpus (primus data prepare)
 # Every ArrayRecord file is a Riegeli file, which starts with these 64 bytes (its signature)
 ARRAY_RECORD_SIGNATURE = bytes.fromhex(
     "83af70d10d884a3f00000000000000004000000000000000"
@@ -46,6 +50,9 @@ def check_data_inputs(module: ModuleConfig) -> None:
     """Grain's files exist and are not empty, and ArrayRecord files (grain_file_type's default,
     MaxText's) start as one does; a tokenizer path that looks local exists."""
     params = module.params
+    if params.get("dataset_type") == INDEXED:
+        check_indexed(module)
+        return
     if params.get("dataset_type") == "grain":
         for key in GRAIN_KEYS:
             for pattern in _patterns(params.get(key)):
@@ -66,3 +73,24 @@ def check_data_inputs(module: ModuleConfig) -> None:
         and tokenizer.startswith(("/", "./", "../", "~"))
     ):
         input_path(module, "tokenizer_path", tokenizer, "the tokenizer", kind="any")
+
+
+def check_indexed(module: ModuleConfig) -> None:
+    """`dataset_path` names a prepared corpus whose vocabulary (its manifest's) fits the
+    model's `vocab_size`; it is read for training only (no eval)."""
+    key, params = "dataset_path", module.params
+    prefix = params.get(key)
+    if not prefix:
+        raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
+    check_corpus(module, key, str(prefix))
+    problem = vocabulary_problem(str(prefix), params.get("vocab_size"))
+    if problem:
+        raise module.error(key, f"{key}: {problem}", VOCABULARY_HINT)
+    interval = params.get("eval_interval")
+    if isinstance(interval, int) and interval > 0:
+        raise module.error(
+            "eval_interval",
+            f"eval_interval: {interval} evaluates, and a prepared corpus (dataset_type: "
+            "indexed) is read for training only",
+            hint="set eval_interval: -1",
+        )

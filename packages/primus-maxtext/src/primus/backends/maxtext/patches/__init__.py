@@ -11,6 +11,7 @@ MODULES = (
     "primus.backends.maxtext.config.errors",
     "primus.backends.maxtext.devices.cudnn_attention",
     "primus.backends.maxtext.data.position",
+    "primus.backends.maxtext.data.corpus",
     "primus.backends.maxtext.devices.patches",
     "primus.backends.maxtext.devices.gpu_attention_sharding",
     "primus.backends.maxtext.observability.log_routing",

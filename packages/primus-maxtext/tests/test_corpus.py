@@ -1,0 +1,69 @@
+"""MaxText on a prepared corpus (`dataset_type: indexed`): each process loads its share of each
+step's samples (core's `CorpusSamples`, Megatron's order) as MaxText batches, from the step a
+run starts at, and a corpus that is missing, tokenized wider than the model or asked to evaluate
+is refused before JAX is imported. Training on it beside Megatron, stopped half-way and resumed:
+tests/test_corpus_parity.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from primus.core.data.indexed import IndexedCorpus
+from primus.core.data.samples import CorpusSamples
+from primus.testing.corpus import prepared_reverse_task
+from primus.testing.runs import refused
+
+RECIPES = Path(__file__).resolve().parents[3] / "configs" / "maxtext"
+TINY = RECIPES / "tiny-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 reverse-task texts prepared with the shipped tokenizer (vocabulary 61)."""
+    return prepared_reverse_task(tmp_path_factory.mktemp("corpus") / "c", 300, 2, 30)
+
+
+def test_each_process_loads_its_share_of_each_steps_samples(corpus: Path) -> None:
+    """Two processes from step 2 (a run resumed there): process p loads rows 4p .. 4p + 3 of the
+    step's 8 samples; a sample's first 16 tokens are the inputs, its last 16 the targets, all
+    in the loss, at positions 0 .. 15 of one segment."""
+    from primus.backends.maxtext.data.corpus import CorpusRows
+
+    samples = CorpusSamples(IndexedCorpus(corpus), 16, 40, seed=9)
+    halves = [CorpusRows(samples, 8, process, 2) for process in (0, 1)]
+    for half in halves:
+        half.start = 2
+    loaders = [iter(half) for half in halves]
+    for step in (2, 3):
+        parts = [next(loader) for loader in loaders]
+        batch = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        rows = np.stack([samples[step * 8 + k] for k in range(8)])
+        assert np.array_equal(batch["inputs"], rows[:, :-1]), step
+        assert np.array_equal(batch["targets"], rows[:, 1:]), step
+        for key in ("inputs_position", "targets_position"):
+            assert (batch[key] == np.arange(16)).all(), key
+        for key in ("inputs_segmentation", "targets_segmentation"):
+            assert (batch[key] == 1).all(), key
+        assert all(value.dtype == np.int32 for value in batch.values())
+
+
+@pytest.mark.parametrize(
+    ("prefix", "extra", "said"),
+    [
+        ("missing", (), "dataset_path: the index file "),
+        ("c", ("vocab_size=32",), "was tokenized with a vocabulary of 61"),
+        ("c", ("eval_interval=5",), "a prepared corpus (dataset_type: indexed) is read for "),
+    ],
+    ids=["missing", "wider than the model", "evaluated"],
+)
+def test_a_corpus_that_cannot_be_read_is_refused_at_its_key(
+    corpus: Path, tmp_path: Path, prefix: str, extra: tuple[str, ...], said: str
+) -> None:
+    stderr = refused(
+        tmp_path, "validate", TINY, "dataset_type=indexed",
+        f"dataset_path={corpus.parent / prefix}", *extra,
+    )  # fmt: skip
+    assert said in stderr, stderr[-2000:]
