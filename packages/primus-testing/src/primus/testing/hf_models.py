@@ -150,6 +150,42 @@ def hf_loss(folder: Any, tokens: Any) -> float:
     )
 
 
+def hf_adamw_losses(
+    folder: Any, batches: Any, lr: float, max_norm: float, query_folded: bool = False
+) -> list[float]:
+    """transformers' fp32 training of the HF model in `folder`, one step per batch of
+    `batches` (rows of seq + 1 tokens: inputs [:, :-1], targets [:, 1:]): AdamW at the constant
+    `lr` (betas 0.9, 0.95, eps 1e-8, no weight decay) on gradients clipped to the global norm
+    `max_norm`; each step's loss. `query_folded`: the same model in MaxText's parametrization,
+    the attention's 1/sqrt(head_dim) folded into the query projection (as MaxText's HF import
+    stores it) and the attention scaling by 1, which Adam trains otherwise."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
+    if query_folded:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(layer.self_attn.head_dim**-0.5)
+                layer.self_attn.scaling = 1.0
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
+    )
+    losses = []
+    for batch in batches:
+        tokens = torch.as_tensor(batch)
+        logits = model(tokens[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def published_shapes(name: str) -> tuple[Any, dict[str, Any]]:
     """The HF config of the published model `name` (a key of HF_CONFIGS) and the shape of
     each tensor its checkpoint holds (none made: the model is built on the meta device)."""
