@@ -48,7 +48,10 @@ def megatron_samples(
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
     )  # fmt: skip
     train, _, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [count, 1, 1], lambda: True, config  # splits 2 and 3 are empty
+        GPTDataset,
+        [count, 1, 1],
+        lambda: True,
+        config,  # splits 2 and 3 are empty
     ).build()
     if isinstance(prefix, list):  # a BlendedDataset: each sample one of its GPTDatasets'
         parts, which, number = train.datasets, train.dataset_index, train.dataset_sample_index
