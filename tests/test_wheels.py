@@ -249,7 +249,7 @@ def test_turbo_wheel_adds_its_patches_without_importing_torch(venv: Venv) -> Non
             "megatron.core.transformer.dot_product_attention.DotProductAttention"
         )
         assert attention["how to enable"].startswith(
-            "turbo.enable and turbo.attention (default true) are true"
+            "turbo.enable (default auto: true on a GPU) and turbo.attention (default true) are true"
         )
     finally:
         venv.uninstall("primus-turbo-kernels")

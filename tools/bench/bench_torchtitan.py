@@ -25,7 +25,16 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import COLUMNS, environment, medians, module_params, print_table, resolved, run
+from common import (
+    COLUMNS,
+    environment,
+    installed,
+    medians,
+    module_params,
+    print_table,
+    resolved,
+    run,
+)
 
 HERE = Path(__file__).resolve().parent
 STEP = re.compile(
@@ -110,7 +119,8 @@ def main() -> None:
     logs = opts.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    variants = {"primus": overrides, "primus-turbo": [*overrides, "turbo.enable=true"]}
+    plain = ["turbo.enable=false"] if installed("primus-turbo-kernels") else []  # auto: on
+    variants = {"primus": [*overrides, *plain], "primus-turbo": [*overrides, "turbo.enable=true"]}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in opts.runs}
     for i in range(opts.rounds):
         commands = {

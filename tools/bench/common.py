@@ -46,7 +46,7 @@ def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> str
     return result.stdout + result.stderr
 
 
-def _installed(distribution: str) -> bool:
+def installed(distribution: str) -> bool:
     try:
         metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -83,7 +83,7 @@ def environment(distributions: tuple[str, ...], device: str | None = None) -> di
         "device": device,
         "versions": {
             "python": platform.python_version(),
-            **{d: metadata.version(d) for d in distributions if _installed(d)},
+            **{d: metadata.version(d) for d in distributions if installed(d)},
         },
     }
 

@@ -130,8 +130,8 @@ def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state(tmp_path
 # and an H200, with their step time and peak memory (torch's max_memory_allocated)
 NO_GRAPHS = ["turbo.enable=true", "turbo.cuda_graphs=false"]  # measured before turbo had them
 MEASURED = [
-    ("megatron-h100-2026-11-21.json", "primus", [], 1),
-    ("megatron-h200-2026-11-21.json", "primus", [], 1),
+    ("megatron-h100-2026-11-21.json", "primus", ["turbo.enable=false"], 1),
+    ("megatron-h200-2026-11-21.json", "primus", ["turbo.enable=false"], 1),
     ("e2e-megatron-h100-2026-11-21.json", "primus-turbo", NO_GRAPHS, 1),
     ("megatron-cuda-graphs-h100-2026-11-25.json", "turbo", NO_GRAPHS, 1),
     ("megatron-cuda-graphs-h100-2026-11-25.json", "graphs", ["turbo.enable=true"], 1),

@@ -176,9 +176,10 @@ def test_each_gpu_holds_the_shards_torchtitan_gives_it(
 
 # (benchmark JSON, its variant, overrides of the 1B recipe): H100 runs with TorchTitan's
 # reserved peak (its step line's `memory:`)
+PLAIN = "turbo.enable=false"  # the runs measured without turbo (on by default on a GPU)
 RESERVED = [
-    ("torchtitan-h100-eager-2026-11-21.json", "primus", []),
-    ("torchtitan-h100-compile-2026-11-21.json", "primus", ["compile.enable=true"]),
+    ("torchtitan-h100-eager-2026-11-21.json", "primus", [PLAIN]),
+    ("torchtitan-h100-compile-2026-11-21.json", "primus", [PLAIN, "compile.enable=true"]),
     ("e2e-torchtitan-eager-h100-2026-11-21.json", "primus-turbo", ["turbo.enable=true"]),
     ("e2e-torchtitan-compile-h100-2026-11-21.json", "primus-turbo",
      ["turbo.enable=true", "compile.enable=true"]),
@@ -233,7 +234,7 @@ def test_with_cuda_graphs_off_the_peak_is_within_10_percent(tmp_path: Path, vari
     run = GRAPHS_OFF[variant]
     out = tmp_path / "p.json"
     finished(cli("projection", "memory", "--config", str(RECIPE), "--json", str(out),
-                 *GRAPHS_OFF["overrides"], *run.get("overrides", [])))  # fmt: skip
+                 *GRAPHS_OFF["overrides"], PLAIN, *run.get("overrides", [])))  # fmt: skip
     record = json.loads(out.read_text())
     job, projected = record["job"], record["bytes"]
     assert not job["gradients_kept"]
@@ -303,7 +304,7 @@ def projected_steps(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
         config = ROOT / "configs" / "torchtitan" / Path(run["config"]).name
         runs.append(cli("projection", "performance", "--config", str(config), "--gpus",
                         str(run.get("gpus", 1)), "--device", run["device"], "--top", "0",
-                        "--json", str(folder / f"{i}.json"), *run.get("overrides", []),
+                        "--json", str(folder / f"{i}.json"), PLAIN, *run.get("overrides", []),
                         f"compile.enable={str(run['compile']).lower()}"))  # fmt: skip
     for run in runs:
         finished(run)

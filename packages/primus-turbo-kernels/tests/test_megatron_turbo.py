@@ -63,7 +63,7 @@ def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
         assert on[patch][0] == "applied" or feature == "cuda_graphs", patch
         assert off[patch] == (
             "skipped",
-            f"condition false: turbo.enable and turbo.{feature} (default true) are true",
+            f"condition false: turbo.enable (default auto: true on a GPU) and turbo.{feature} (default true) are true",
         )
     log = (runs["turbo"] / "logs" / "rank-0.log").read_text()
     sites = dict(
@@ -169,7 +169,7 @@ def test_patches_list_shows_target_and_switch() -> None:
         rope["target"] == "megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb"
     )
     assert rope["how to enable"] == (
-        "turbo.enable and turbo.rope (default true) are true; upstream <0.20,>=0.19"
+        "turbo.enable (default auto: true on a GPU) and turbo.rope (default true) are true; upstream <0.20,>=0.19"
     )
     assert {f"megatron.turbo_{f}" for f in FEATURES} <= set(patches)
 

@@ -74,7 +74,7 @@ def test_patch_report_says_what_turbo_did(runs: dict[str, tuple[Path, str]]) -> 
     on, off = patch_status(runs["turbo"][0]), patch_status(runs["plain"][0])
     for feature in FEATURES:
         patch = f"torchtitan.turbo_{feature}"
-        condition = f"turbo.enable and turbo.{feature} (default true) are true"
+        condition = f"turbo.enable (default auto: true on a GPU) and turbo.{feature} (default true) are true"
         assert on[patch] == ("applied", condition)
         assert off[patch] == ("skipped", f"condition false: {condition}")
     log = (runs["turbo"][0] / "logs" / "rank-0.log").read_text()
@@ -168,5 +168,5 @@ def test_patches_list_shows_target_and_switch() -> None:
         assert patch["target"] == target
         assert patch["phase"] == "build_args"
         assert patch["how to enable"] == (
-            f"turbo.enable and turbo.{feature} (default true) are true; upstream <0.4,>=0.3"
+            f"turbo.enable (default auto: true on a GPU) and turbo.{feature} (default true) are true; upstream <0.4,>=0.3"
         )
