@@ -1,27 +1,29 @@
-"""One prepared corpus, one HF initial checkpoint, one schedule: pretraining through Megatron-LM
-(its indexed data, natively), through TorchTitan (`dataloader.dataset: indexed`) and through
-MaxText (`dataset_type: indexed`), both reading core's `CorpusSamples`, on CPU in float32.
+"""One blend of two prepared corpora, one HF initial checkpoint, one schedule: pretraining
+through Megatron-LM (its indexed data and blend, natively), through TorchTitan and through
+MaxText (both reading core's `BlendedSamples`), on CPU in float32, each experiment naming its
+data with the same `data:` section.
 
 TorchTitan logs Megatron's loss at every step. MaxText logs the same first loss, then drifts by
 up to 1.5%: it folds attention's 1/sqrt(head_dim) into the query projection (its HF import
 scales the weights), and Adam's step does not scale with it, so its queries train
 sqrt(head_dim) = 4 times faster. transformers trained with AdamW in either parametrization logs
-Megatron's losses and MaxText's, to 1e-5. MaxText's run stops at step 50 with a checkpoint, and
-the same experiment resumes from it to step 100. Megatron does not log its first step (its timers
-start there); every later step is compared."""
+Megatron's losses and MaxText's, to 1e-5. MaxText's run is stopped by SIGTERM at about step 50
+(it saves that step and exits 75), and the same command resumes it to step 100. Megatron does
+not log its first step (its timers start there); every later step is compared."""
 
 from __future__ import annotations
 
-import json
+import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import yaml
 
-from primus.core.data.indexed import IndexedCorpus
-from primus.core.data.samples import CorpusSamples
+from primus.core.data.blend import training_samples
 from primus.testing.corpus import prepared_reverse_task
+from primus.testing.faults import interrupt
 from primus.testing.hf_models import hf_adamw_losses
 from primus.testing.runs import losses, primus
 from primus.testing.sft_runs import make_task, run_dir
@@ -33,43 +35,36 @@ OVERRIDES = {
     "megatron": {
         "device": "cpu", "bf16": False, "train_iters": STEPS,
         "global_batch_size": SCHEDULE["batch"], "micro_batch_size": SCHEDULE["batch"],
-        "seq_length": SCHEDULE["seq"], "lr": SCHEDULE["lr"], "min_lr": SCHEDULE["lr"],
+        "lr": SCHEDULE["lr"], "min_lr": SCHEDULE["lr"],
         "lr_decay_style": "constant", "lr_warmup_iters": 0, "weight_decay": 0.0,
-        "clip_grad": 1.0, "split": "100,0,0", "tokenizer_type": "NullTokenizer",
+        "clip_grad": 1.0, "tokenizer_type": "NullTokenizer",
         "vocab_size": 256, "log_interval": 1, "save_interval": 100000,
     },
     "torchtitan": {
         "device": "cpu",
-        "training": {"steps": STEPS, "local_batch_size": SCHEDULE["batch"],
-                     "seq_len": SCHEDULE["seq"], "dtype": "float32",
+        "training": {"steps": STEPS, "local_batch_size": SCHEDULE["batch"], "dtype": "float32",
                      "mixed_precision_param": "float32", "max_norm": 1.0},
         "optimizer": {"lr": SCHEDULE["lr"], "weight_decay": 0.0},
         "lr_scheduler": {"warmup_steps": 0, "min_lr_factor": 1.0},
-        "dataloader": {"dataset": "indexed"},
         "metrics": {"log_freq": 1},
         "activation_checkpoint": {"mode": "none"},
     },
     "maxtext": {
         "hardware": "cpu", "attention": "dot_product", "dtype": "float32",
-        "steps": STEPS // 2, "enable_checkpointing": True, "checkpoint_period": STEPS,
-        "per_device_batch_size": SCHEDULE["batch"], "max_target_length": SCHEDULE["seq"],
+        "steps": STEPS, "enable_checkpointing": True, "checkpoint_period": STEPS,
+        "per_device_batch_size": SCHEDULE["batch"],
         "learning_rate": SCHEDULE["lr"], "warmup_steps_fraction": 0.0,
         "learning_rate_final_fraction": 1.0, "adam_weight_decay": 0.0,
-        "gradient_clipping_threshold": 1.0, "dataset_type": "indexed",
+        "gradient_clipping_threshold": 1.0,
     },
 }  # fmt: skip
 
 
-def experiment(folder: Path, backend: str, hf: Path, corpus: Path) -> Path:
-    overrides = json.loads(json.dumps(OVERRIDES[backend]))
-    if backend == "megatron":
-        overrides["data_path"] = [str(corpus)]
-    elif backend == "torchtitan":
-        overrides["dataloader"]["dataset_path"] = str(corpus)
-    else:
-        overrides["dataset_path"] = str(corpus)
+def experiment(folder: Path, backend: str, hf: Path, blend: list[dict[str, Any]]) -> Path:
+    """The experiment: only `framework:` and the backend's schedule keys differ."""
     module = {"framework": backend, "config": f"{backend}_pretrain", "model": "tiny_llama3",
-              "init_from": {"hf": str(hf)}, "overrides": overrides}  # fmt: skip
+              "init_from": {"hf": str(hf)}, "data": {"path": blend, "seq_length": SCHEDULE["seq"]},
+              "overrides": OVERRIDES[backend]}  # fmt: skip
     exp = folder / f"{backend}.yaml"
     exp.write_text(yaml.safe_dump({"workspace": str(folder / "ws"), "exp_name": backend,
                                    "modules": {"pre_trainer": module}}))  # fmt: skip
@@ -86,23 +81,29 @@ def test_megatron_torchtitan_and_maxtext_pretrain_alike_on_one_prepared_corpus(
     tmp_path: Path,
 ) -> None:
     hf = make_task(tmp_path / "task")["hf"]
-    corpus = prepared_reverse_task(tmp_path / "corpus" / "c", 2000, 5, 40)
-    exps = {backend: experiment(tmp_path, backend, hf, corpus) for backend in OVERRIDES}
-    curves = {backend: train(exp) for backend, exp in exps.items()}
+    corpora = [(prepared_reverse_task(tmp_path / "corpus" / "a", 2000, 5, 40), 0.7),
+               (prepared_reverse_task(tmp_path / "corpus" / "b", 300, 6, 20), 0.3)]  # fmt: skip
+    blend = [{"path": str(prefix), "weight": weight} for prefix, weight in corpora]
+    exps = {backend: experiment(tmp_path, backend, hf, blend) for backend in OVERRIDES}
+    curves = {backend: train(exp) for backend, exp in exps.items() if backend != "maxtext"}
     megatron, torchtitan = curves["megatron"], curves["torchtitan"]
     assert sorted(megatron) == list(range(2, STEPS + 1)), sorted(megatron)
     assert curves["torchtitan"][STEPS] < curves["torchtitan"][1] - 1.0  # it learns
     for step, loss in megatron.items():
         assert torchtitan[step] == pytest.approx(loss, rel=1e-5), step  # 2e-7 measured
-    maxtext = train(exps["maxtext"], f"steps={STEPS}")  # resumed from its step 50
+    command = ["train", "pretrain", "--config", str(exps["maxtext"])]
+    stopped = interrupt(command, run_dir(exps["maxtext"]), signal.SIGTERM, at_step=STEPS // 2)
+    assert stopped.preempted, stopped.stderr[-3000:]
+    maxtext = train(exps["maxtext"])  # the same command: resumed after the stopped step
     log = (run_dir(exps["maxtext"]) / "logs" / "rank-0.log").read_text()
-    assert "[maxtext] corpus samples from position 400" in log  # step 51's, of 8 each
+    position = 8 * stopped.marker["step"]  # type: ignore[index]  # the next step's first sample
+    assert f"[maxtext] corpus samples from position {position}" in log
     assert sorted(maxtext) == list(range(1, STEPS + 1)), sorted(maxtext)
     assert maxtext[1] == pytest.approx(torchtitan[1], rel=1e-6)  # 1e-7 measured
     for step, loss in megatron.items():
         assert maxtext[step] == pytest.approx(loss, rel=2e-2), step  # 1.5e-2 measured
     batch, seq = SCHEDULE["batch"], SCHEDULE["seq"]
-    samples = CorpusSamples(IndexedCorpus(corpus), seq, STEPS * batch, seed=1234)  # Megatron's
+    samples = training_samples([(str(p), w) for p, w in corpora], seq, STEPS * batch, 1234)
     batches = [np.stack([samples[s * batch + i] for i in range(batch)]) for s in range(STEPS)]
     for curve, folded in ((megatron, False), (maxtext, True)):
         reference = hf_adamw_losses(hf, batches, SCHEDULE["lr"], 1.0, query_folded=folded)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec, register_params
+from primus.core.config.data_section import DataConfig
 from primus.core.config.schema import registered_params
 from primus.core.config.schema_cache import schema_of
 
@@ -25,7 +26,12 @@ register_params(
             "checkpoint.export_dtype); default: that of the HF model the checkpoint came "
             "from, else weight_dtype",
             choices=("float32", "bfloat16", "float16"),
-        )
+        ),
+        "dataset_blend": ParamSpec(
+            list,
+            "prepared corpora blended by weight, [{path: PREFIX, weight: W}, ...], instead of "
+            "dataset_path (dataset_type: indexed)",
+        ),
     },
 )
 
@@ -42,7 +48,9 @@ class MaxTextAdapter(BackendAdapter):
         "pretrain": "primus.backends.maxtext.pretrain_trainer:MaxTextPretrainTrainer",
         "posttrain": "primus.backends.maxtext.posttrain_trainer:MaxTextPosttrainTrainer",
     }
-    capabilities = frozenset({"hf-import", "hf-export", "checkpoint-inspect", "memory-projection"})
+    capabilities = frozenset(
+        {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "corpus"}
+    )
 
     tested_versions = TESTED
     launcher = "spawn"
@@ -54,6 +62,11 @@ class MaxTextAdapter(BackendAdapter):
         from primus.backends.maxtext.data.inputs import check_data_inputs
 
         check_data_inputs(config)
+
+    def corpus_params(self, data: DataConfig) -> dict[str, tuple[Any, str]]:
+        from primus.backends.maxtext.data.inputs import corpus_params
+
+        return corpus_params(data)
 
     def param_schema(self) -> ParamSchema:
         """MaxText's config keys; `dataset_type` also takes `indexed`, a prepared corpus (the

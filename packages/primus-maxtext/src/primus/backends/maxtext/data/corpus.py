@@ -1,6 +1,7 @@
 """Pretraining on a prepared corpus (`primus data prepare`): `dataset_type: indexed` with
-`dataset_path: PREFIX` reads PREFIX.bin/.idx through core's `CorpusSamples`, so MaxText trains on
-the samples Megatron draws from the same corpus with the same seed (`data_shuffle_seed`; unset,
+`dataset_path: PREFIX` reads PREFIX.bin/.idx through core's `CorpusSamples` (`dataset_blend`
+several, through `BlendedSamples`), so MaxText trains on the samples Megatron draws from the same
+corpus (or blend) with the same seed (`data_shuffle_seed`; unset,
 1234, Megatron's default `seed`), sequence length (`max_target_length`) and global batch: step s
 reads samples s * G .. s * G + G - 1 (G the global batch), each process its share
 (`primus.backends.maxtext.data.rows`). A sample of L + 1 tokens is one row: inputs its first L,
@@ -94,17 +95,15 @@ def corpus_data(ctx: PatchContext) -> None:
 
     import jax
 
-    from primus.core.data.indexed import IndexedCorpus
-    from primus.core.data.samples import CorpusSamples
+    from primus.core.data.blend import training_samples
 
     trainer = ctx.extra["trainer"]
     config = trainer.config
     batch = loaded_batch(config, "a prepared corpus")
-    samples = CorpusSamples(
-        IndexedCorpus(Path(config.dataset_path).expanduser()),
-        config.max_target_length,
-        config.steps * batch,
-        config.data_shuffle_seed,
+    blend = get_param(ctx, "dataset_blend") or [{"path": config.dataset_path, "weight": None}]
+    corpora = [(str(Path(c["path"]).expanduser()), c["weight"]) for c in blend]
+    samples = training_samples(
+        corpora, config.max_target_length, config.steps * batch, config.data_shuffle_seed
     )
     log_rank_0(f"[maxtext] data: {samples.describe()}")
     rows = CorpusRows(samples, batch, jax.process_index(), jax.process_count())

@@ -10,6 +10,7 @@ import glob
 from pathlib import Path
 from typing import Any
 
+from primus.core.config.data_section import DataConfig
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import check_corpus, input_path, is_remote
 from primus.core.data.manifest import VOCABULARY_HINT, vocabulary_problem
@@ -76,16 +77,20 @@ def check_data_inputs(module: ModuleConfig) -> None:
 
 
 def check_indexed(module: ModuleConfig) -> None:
-    """`dataset_path` names a prepared corpus whose vocabulary (its manifest's) fits the
-    model's `vocab_size`; it is read for training only (no eval)."""
+    """`dataset_path` (or each corpus of `dataset_blend`) names a prepared corpus whose
+    vocabulary (its manifest's) fits the model's `vocab_size`; it is read for training only
+    (no eval)."""
     key, params = "dataset_path", module.params
-    prefix = params.get(key)
-    if not prefix:
-        raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
-    check_corpus(module, key, str(prefix))
-    problem = vocabulary_problem(str(prefix), params.get("vocab_size"))
-    if problem:
-        raise module.error(key, f"{key}: {problem}", VOCABULARY_HINT)
+    prefixes = [params.get(key)]
+    if params.get("dataset_blend"):
+        key, prefixes = "dataset_blend", [item.get("path") for item in params["dataset_blend"]]
+    for prefix in prefixes:
+        if not prefix:
+            raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
+        check_corpus(module, key, str(prefix))
+        problem = vocabulary_problem(str(prefix), params.get("vocab_size"))
+        if problem:
+            raise module.error(key, f"{key}: {problem}", VOCABULARY_HINT)
     interval = params.get("eval_interval")
     if isinstance(interval, int) and interval > 0:
         raise module.error(
@@ -94,3 +99,23 @@ def check_indexed(module: ModuleConfig) -> None:
             "indexed) is read for training only",
             hint="set eval_interval: -1",
         )
+
+
+def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
+    """`data:` as MaxText's keys: the prepared corpus (`dataset_path`) or the blend
+    (`dataset_blend`) read through core's samples (`dataset_type: indexed`), its seed
+    (`data_shuffle_seed`) and `max_target_length`; no eval (the corpus is read for training)."""
+    corpora = data.corpora
+    params: dict[str, tuple[Any, str]] = {
+        "dataset_type": (INDEXED, ""),
+        "data_shuffle_seed": (data.seed, "seed"),
+        "eval_interval": (-1, ""),
+    }
+    if len(corpora) == 1:
+        params["dataset_path"] = (str(corpora[0].prefix), "path")
+    else:
+        blend = [{"path": str(c.prefix), "weight": c.weight} for c in corpora]
+        params["dataset_blend"] = (blend, "path")
+    if data.seq_length is not None:
+        params["max_target_length"] = (data.seq_length, "seq_length")
+    return params
