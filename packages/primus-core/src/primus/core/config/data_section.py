@@ -56,6 +56,15 @@ class DataConfig(Located):
     seed: int
     origins: dict[str, Origin] = field(compare=False, repr=False)
 
+    def corpus_keys(self, path_key: str, blend_key: str) -> dict[str, tuple[Any, str]]:
+        """For `corpus_params`: the one corpus's PREFIX at `path_key`, or the blend as
+        [{path, weight}, ...] at `blend_key`; their `data:` key is `path`. A single corpus is
+        never a blend (a blend of one would order its samples otherwise)."""
+        if len(self.corpora) == 1:
+            return {path_key: (str(self.corpora[0].prefix), "path")}
+        blend = [{"path": str(c.prefix), "weight": c.weight} for c in self.corpora]
+        return {blend_key: (blend, "path")}
+
     @property
     def written(self) -> dict[str, Any]:
         """The section, as resolved."""

@@ -105,17 +105,12 @@ def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
     """`data:` as MaxText's keys: the prepared corpus (`dataset_path`) or the blend
     (`dataset_blend`) read through core's samples (`dataset_type: indexed`), its seed
     (`data_shuffle_seed`) and `max_target_length`; no eval (the corpus is read for training)."""
-    corpora = data.corpora
     params: dict[str, tuple[Any, str]] = {
         "dataset_type": (INDEXED, ""),
         "data_shuffle_seed": (data.seed, "seed"),
         "eval_interval": (-1, ""),
     }
-    if len(corpora) == 1:
-        params["dataset_path"] = (str(corpora[0].prefix), "path")
-    else:
-        blend = [{"path": str(c.prefix), "weight": c.weight} for c in corpora]
-        params["dataset_blend"] = (blend, "path")
+    params |= data.corpus_keys("dataset_path", "dataset_blend")
     if data.seq_length is not None:
         params["max_target_length"] = (data.seq_length, "seq_length")
     return params

@@ -91,17 +91,12 @@ def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
     """`data:` as TorchTitan's keys: the prepared corpus (`dataloader.dataset_path`) or the
     blend (`dataloader.blend`) read through core's samples (`dataloader.dataset: indexed`),
     its seed, and `training.seq_len`."""
-    corpora = data.corpora
     params: dict[str, tuple[Any, str]] = {
         "dataloader.dataset": (INDEXED, ""),
         "dataloader.seed": (data.seed, "seed"),
         "mock_data": (False, ""),
     }
-    if len(corpora) == 1:
-        params["dataloader.dataset_path"] = (str(corpora[0].prefix), "path")
-    else:
-        blend = [{"path": str(c.prefix), "weight": c.weight} for c in corpora]
-        params["dataloader.blend"] = (blend, "path")
+    params |= data.corpus_keys("dataloader.dataset_path", "dataloader.blend")
     if data.seq_length is not None:
         params["training.seq_len"] = (data.seq_length, "seq_length")
     return params
