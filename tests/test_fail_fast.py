@@ -89,6 +89,28 @@ def test_a_megatron_corpus_without_a_tokenizer_is_refused(tmp_path: Path) -> Non
     assert "training on data needs a tokenizer, and tokenizer_type is not set" in said
 
 
+def test_a_corpus_prepared_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    """Its manifest names the tokenizer and vocabulary that made it: a NullTokenizer too small
+    for its token ids, or another HF tokenizer, is refused at the key that names it."""
+    from primus.testing.corpus import prepared_reverse_task
+    from primus.testing.sft_runs import REPO, SHIPPED
+
+    prefix = prepared_reverse_task(tmp_path / "corpus" / "c", 50, 0, 10)  # vocabulary 61
+    null = ["tokenizer_type=NullTokenizer", "vocab_size=32"]
+    said = refused(tmp_path, "validate", MEGATRON, f"data_path=[{prefix}]", *null)
+    assert f"vocab_size: {prefix} was tokenized with a vocabulary of 61" in said, said
+    assert "vocab_size=61 null_tokenizer_eod_id=" in said  # the hint: the manifest's params
+    other = tmp_path / "other"
+    other.mkdir()
+    for file in (REPO / SHIPPED / "tokenizer").iterdir():
+        text = file.read_text()
+        (other / file.name).write_text(text.replace('"apple"', '"apples"'))
+    hf = ["tokenizer_type=HuggingFaceTokenizer", f"tokenizer_model={other}"]
+    said = refused(tmp_path, "validate", MEGATRON, f"data_path=[{prefix}]", *hf)
+    assert f"tokenizer_model: {prefix} was tokenized by " in said, said
+    assert f"{other}/tokenizer.json is another tokenizer" in said
+
+
 @pytest.mark.parametrize("form", list(FORMS))
 def test_a_workspace_under_a_file_is_refused_before_the_framework_loads(
     tmp_path: Path, form: str

@@ -124,3 +124,21 @@ def vocabulary_problem(prefix: str | Path, vocab: Any) -> str | None:
         f"{prefix} was tokenized with a vocabulary of {record['vocab_size']} (its manifest "
         f"{prefix}.json), more than the model's {vocab}"
     )
+
+
+def tokenizer_problem(prefix: str | Path, tokenizer: str | Path) -> str | None:
+    """Why the corpus at `prefix` was not tokenized by `tokenizer` (a local tokenizer folder or
+    tokenizer.json): its manifest names a tokenizer.json of other content (sha256). None when
+    they agree, or when there is no manifest or no local tokenizer.json to compare."""
+    record = read_manifest(Path(prefix).expanduser())
+    path = Path(tokenizer).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    made = (record or {}).get("tokenizer") or {}
+    if not made.get("sha256") or file.name != "tokenizer.json" or not file.is_file():
+        return None
+    if sha256(file) == made["sha256"]:
+        return None
+    return (
+        f"{prefix} was tokenized by {made.get('path')} (its manifest {prefix}.json), and "
+        f"{file} is another tokenizer (sha256 {sha256(file)[:12]}, not {made['sha256'][:12]})"
+    )

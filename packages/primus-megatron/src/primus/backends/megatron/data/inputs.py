@@ -11,7 +11,7 @@ from typing import Any
 from primus.core.config.data_section import DataConfig
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import check_corpus, input_path, is_remote
-from primus.core.data.manifest import read_manifest
+from primus.core.data.manifest import read_manifest, tokenizer_problem, vocabulary_problem
 
 DATA_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
 SET_TOKENIZER = (
@@ -60,6 +60,28 @@ def check_data_inputs(module: ModuleConfig) -> None:
     model = params.get("tokenizer_model")
     if isinstance(model, str) and model.startswith(("/", "./", "../", "~")):
         input_path(module, "tokenizer_model", model, "the tokenizer", kind="any")
+    for prefix in local:
+        _check_tokenized_alike(module, prefix)
+
+
+def _check_tokenized_alike(module: ModuleConfig, prefix: str) -> None:
+    """The corpus's manifest agrees with the tokenizer the run names: a NullTokenizer's
+    vocab_size holds its token ids, a local HF tokenizer is the one that made it."""
+    params = module.params
+    if params.get("tokenizer_type") == "NullTokenizer":
+        problem = vocabulary_problem(prefix, params.get("vocab_size"))
+        if problem:
+            raise module.error("vocab_size", f"vocab_size: {problem}", tokenizer_hint([prefix]))
+    model = params.get("tokenizer_model")
+    if params.get("tokenizer_type") == "HuggingFaceTokenizer" and isinstance(model, str):
+        problem = tokenizer_problem(prefix, model)
+        if problem:
+            raise module.error(
+                "tokenizer_model",
+                f"tokenizer_model: {problem}",
+                hint="name the tokenizer the corpus was prepared with, or prepare it again "
+                "with this one",
+            )
 
 
 def tokenizer_hint(local: list[str]) -> str:
