@@ -13,6 +13,7 @@ from typing import Any
 from primus.core.config.data_section import DataConfig
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.inputs import check_corpus, check_tokenizer_folder, input_path, is_remote
+from primus.core.data.manifest import VOCABULARY_HINT, vocabulary_problem
 
 LOCAL_FORMATS = {"jsonl": "json", "parquet": "parquet"}  # dataset name -> HF datasets builder
 INDEXED = "indexed"  # the dataset name of a prepared corpus (primus data prepare)
@@ -76,15 +77,10 @@ def check_indexed(module: ModuleConfig) -> None:
     for prefix in prefixes:
         if not prefix:
             raise module.error(key, f"{key}: name the prepared corpus (PREFIX of PREFIX.bin)")
-        manifest = check_corpus(module, key, str(prefix))
-        vocab = _param(module, "model.vocab_size")
-        if manifest and isinstance(vocab, int) and manifest["vocab_size"] > vocab:
-            raise module.error(
-                key,
-                f"{key}: {prefix} was tokenized with a vocabulary of {manifest['vocab_size']} "
-                f"(its manifest {prefix}.json), more than the model's {vocab}",
-                hint="prepare it with the model's tokenizer, or a model with that vocabulary",
-            )
+        check_corpus(module, key, str(prefix))
+        problem = vocabulary_problem(str(prefix), _param(module, "model.vocab_size"))
+        if problem:
+            raise module.error(key, f"{key}: {problem}", VOCABULARY_HINT)
 
 
 def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
