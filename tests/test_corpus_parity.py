@@ -37,8 +37,7 @@ OVERRIDES = {
         "global_batch_size": SCHEDULE["batch"], "micro_batch_size": SCHEDULE["batch"],
         "lr": SCHEDULE["lr"], "min_lr": SCHEDULE["lr"],
         "lr_decay_style": "constant", "lr_warmup_iters": 0, "weight_decay": 0.0,
-        "clip_grad": 1.0, "tokenizer_type": "NullTokenizer",
-        "vocab_size": 256, "log_interval": 1, "save_interval": 100000,
+        "clip_grad": 1.0, "log_interval": 1, "save_interval": 100000,
     },
     "torchtitan": {
         "device": "cpu",

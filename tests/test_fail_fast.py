@@ -89,13 +89,18 @@ def test_a_megatron_corpus_without_a_tokenizer_is_refused(tmp_path: Path) -> Non
     assert "training on data needs a tokenizer, and tokenizer_type is not set" in said
 
 
-def test_a_corpus_prepared_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
-    """Its manifest names the tokenizer and vocabulary that made it: a NullTokenizer too small
-    for its token ids, or another HF tokenizer, is refused at the key that names it."""
+def test_a_corpus_prepared_with_another_tokenizer_is_refused(
+    cached_schemas: None, tmp_path: Path
+) -> None:
+    """Its manifest names the tokenizer and vocabulary that made it: named without a tokenizer
+    it is valid (Megatron reads it with a NullTokenizer); a NullTokenizer too small for its
+    token ids, or another HF tokenizer, is refused at the key that names it."""
     from primus.testing.corpus import prepared_reverse_task
     from primus.testing.sft_runs import REPO, SHIPPED
 
     prefix = prepared_reverse_task(tmp_path / "corpus" / "c", 50, 0, 10)  # vocabulary 61
+    done, imported = primus_imports("config", "validate", str(MEGATRON), f"data_path=[{prefix}]")
+    assert done.returncode == 0 and imported == [], done.stderr[-2000:]
     null = ["tokenizer_type=NullTokenizer", "vocab_size=32"]
     said = refused(tmp_path, "validate", MEGATRON, f"data_path=[{prefix}]", *null)
     assert f"vocab_size: {prefix} was tokenized with a vocabulary of 61" in said, said

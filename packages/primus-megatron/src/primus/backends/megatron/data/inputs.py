@@ -5,6 +5,7 @@ seconds instead of an assertion after Megatron's start-up."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def check_data_inputs(module: ModuleConfig) -> None:
                 continue
             local.append(prefix)
             check_corpus(module, key, prefix)
-    if named and params.get("tokenizer_type") is None:
+    if named and params.get("tokenizer_type") is None and corpus_tokenizer(params) is None:
         raise module.error(
             "data_path",
             "data_path: training on data needs a tokenizer, and tokenizer_type is not set",
@@ -68,7 +69,8 @@ def _check_tokenized_alike(module: ModuleConfig, prefix: str) -> None:
     """The corpus's manifest agrees with the tokenizer the run names: a NullTokenizer's
     vocab_size holds its token ids, a local HF tokenizer is the one that made it."""
     params = module.params
-    if params.get("tokenizer_type") == "NullTokenizer":
+    null = params.get("tokenizer_type") == "NullTokenizer" or corpus_tokenizer(params)
+    if null:
         problem = vocabulary_problem(prefix, params.get("vocab_size"))
         if problem:
             raise module.error("vocab_size", f"vocab_size: {problem}", tokenizer_hint([prefix]))
@@ -82,6 +84,24 @@ def _check_tokenized_alike(module: ModuleConfig, prefix: str) -> None:
                 hint="name the tokenizer the corpus was prepared with, or prepare it again "
                 "with this one",
             )
+
+
+def corpus_tokenizer(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The tokenizer params a run on prepared corpora needs when it sets no tokenizer_type:
+    NullTokenizer (the corpus holds token ids; the model's vocab_size bounds them) with the
+    manifests' end-of-document id. None when the run names a tokenizer, or names a data prefix
+    that is remote or has no manifest, or manifests whose end-of-document ids differ."""
+    named = [prefix for key in DATA_KEYS for prefix in prefixes(params.get(key))]
+    if params.get("tokenizer_type") is not None or not named or any(map(is_remote, named)):
+        return None
+    records = [read_manifest(Path(prefix).expanduser()) for prefix in named]
+    eods = {(record.get("eod") or {}).get("id") for record in records if record is not None}
+    if None in records or len(eods) != 1:
+        return None
+    eod = eods.pop()
+    return {"tokenizer_type": "NullTokenizer"} | (
+        {"null_tokenizer_eod_id": eod} if eod is not None else {}
+    )
 
 
 def tokenizer_hint(local: list[str]) -> str:

@@ -1,7 +1,9 @@
-"""Data wiring: mock data when the experiment names no data."""
+"""Data wiring: mock data when the experiment names no data; NullTokenizer for prepared corpora
+named without a tokenizer (their manifests give its end-of-document id)."""
 
 from __future__ import annotations
 
+from primus.backends.megatron.data.inputs import corpus_tokenizer
 from primus.core.patches import PatchContext, register_patch
 
 DATA_KEYS = (
@@ -34,3 +36,23 @@ def mock_data(ctx: PatchContext) -> None:
     ctx.set_param("mock_data", True, "no data_path given (set data_path to train on data)")
     if ctx.params.get("tokenizer_type") is None:
         ctx.set_param("tokenizer_type", "NullTokenizer", "mock data needs no tokenizer")
+
+
+def _corpus_without_tokenizer(ctx: PatchContext) -> bool:
+    """pretraining on prepared corpora, each with its manifest, and no tokenizer_type given"""
+    return ctx.stage == "pretrain" and corpus_tokenizer(ctx.params) is not None
+
+
+@register_patch(
+    "megatron.corpus_tokenizer",
+    backend="megatron",
+    phase="setup",
+    condition=_corpus_without_tokenizer,
+    target="megatron args: tokenizer_type, null_tokenizer_eod_id",
+    tags=("data",),
+)
+def corpus_tokenizer_args(ctx: PatchContext) -> None:
+    """The corpus is tokenized already: NullTokenizer over the model's vocab_size, with the
+    end-of-document id of the corpus's manifest (primus data prepare's PREFIX.json)."""
+    for key, value in (corpus_tokenizer(ctx.params) or {}).items():
+        ctx.set_param(key, value, "data_path's corpus is tokenized already (its manifest)")
