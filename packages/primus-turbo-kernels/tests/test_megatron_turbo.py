@@ -15,12 +15,13 @@ import torch
 
 from primus.testing.checkpoints import dcp_state
 from primus.testing.runs import losses, patch_status, primus, train_run
-from primus.testing.sft_runs import make_task, published_dry_run
+from primus.testing.sft_runs import make_task, posttrain, published_dry_run, sft_experiment
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "megatron"
 RECIPE = CONFIGS / "tiny-cpu.yaml"
 GPU_RECIPE = CONFIGS / "llama3.2_1B-pretrain.yaml"
 SFT_RECIPE = CONFIGS / "llama3.2_1B-sft.yaml"
+SFT_CPU_RECIPE = CONFIGS / "sft-tiny-cpu.yaml"
 FEATURES = (
     "rms_norm", "swiglu", "rope", "qkv_rope", "attention", "cross_entropy", "optimizer",
     "grad_accum_fusion",
@@ -155,6 +156,30 @@ def test_fine_tuning_keeps_cuda_graphs_off(tmp_path: Path) -> None:
     _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path, "turbo.enable=true")
     assert "cuda_graph_impl: none\n" in stdout
     assert "megatron.turbo_cuda_graphs               skipped: posttrain's packed rows" in stdout
+
+
+def test_packed_fine_tuning_keeps_its_document_mask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed rows bring a block-diagonal mask, which turbo's SDPA (causal or unmasked) would
+    drop, letting the chats of a row attend to each other: attention stays upstream's, and
+    turbo's losses are plain Megatron's (rows of 128 tokens, several chats each)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    task = make_task(tmp_path / "task")
+    runs = {}
+    for turbo in ("false", "true"):
+        exp = sft_experiment(SFT_CPU_RECIPE, tmp_path / turbo, task, packing=True, seq_length=128)
+        runs[turbo] = posttrain(exp, "train_iters=2", "lr_warmup_iters=1", "log_interval=1",
+                                "micro_batch_size=8", "global_batch_size=8",
+                                f"turbo.enable={turbo}")  # fmt: skip
+    plain, turbo = losses(runs["false"]), losses(runs["true"])
+    assert sorted(turbo) == sorted(plain) == [2]  # step 1 is not logged
+    for step, loss in plain.items():
+        assert turbo[step] == pytest.approx(loss, rel=2e-3, abs=2e-3), step
+    assert patch_status(runs["true"])["megatron.turbo_attention"] == (
+        "skipped",
+        "the rows' own attention mask (documents packed)",
+    )
 
 
 def test_patches_list_shows_target_and_switch() -> None:
