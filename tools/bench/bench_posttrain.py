@@ -10,16 +10,20 @@ a random HF model of Llama-3.2-1B's published shape (with the tests' tiny tokeni
 trains on chats of 20 to 400 words (the reverse task, about 60 to 1,000 tokens each), packed.
 Both are measured by Primus's own step metrics (metrics.jsonl: tokens/s/GPU counts every
 position of a row, padding included; peak GPU memory): the median after `--warmup` steps.
-Goal: fine-tuning tokens/s >= 0.95x pretraining's. With `--lora BACKEND...`, a
-LoRA fine-tune (rank 16, every projection) is measured too, for its step time and memory against
-full fine-tuning. With `--dpo BACKEND...`, two runs more (alone with an empty `--backends`):
-the SFT recipe with packing off, and the same recipe as DPO (`dpo: {beta: 0.1}`,
+Goal: fine-tuning tokens/s >= 0.95x pretraining's. With `--lora BACKEND...`, a LoRA
+fine-tune (rank 16, every projection) is measured too, for its step time and memory against
+full fine-tuning (goal: LoRA tokens/s >= 1.1x full fine-tuning's). With `--dpo BACKEND...`,
+two runs more (alone with an empty `--backends`): the SFT recipe with packing off, and the same recipe as DPO (`dpo: {beta: 0.1}`,
 no eval) on preference pairs of the same reverse-task prompts (chosen: the words reversed,
 rejected: as given), its batch sizes halved since DPO's count pairs of two rows: both train the
 same number of rows of the same length a step. Reported with the DPO run's last loss and reward
 metrics. Goal: DPO tokens/s >= 0.9x unpacked SFT's (its frozen reference's forward adds about a
 third of a training step's compute: 0.75x at equal efficiency). Every run logs each step and
-saves no checkpoint. Results: docs/benchmarks/posttrain.md.
+saves no checkpoint. `--turbo` (with primus-turbo-kernels installed): `auto` (default) leaves
+`turbo.enable` at its default (on on a GPU), `off` adds `turbo.enable=false` to every run,
+`both` runs each job both ways ("megatron sft", "megatron sft turbo-off"), each ratio taken
+within one setting. Each run's `[turbo]` log line is printed and kept in the report, which is
+rewritten after every run. Results: docs/benchmarks/posttrain.md.
 """
 
 from __future__ import annotations
@@ -31,16 +35,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from common import device_label, environment, print_table, resolved_params
+from common import device_label, environment, gpu_name, installed, print_table, resolved_params
 
 ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = (
     ("tokens/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
     ("ms/step", "step_ms", ".1f"),
     ("x pretrain", "vs_pretrain", ".3f"),
+    ("x SFT", "vs_sft", ".3f"),
     ("x SFT unpacked", "vs_sft_unpacked", ".3f"),
     ("peak GiB", "peak_memory_gib", ".2f"),
 )
@@ -49,6 +55,8 @@ SFT = "modules.post_trainer.sft"
 # every run: a step line a step, no checkpoint (a 1B run's optimizer state is 14 GB)
 EVERY = {"megatron": ["log_interval=1", "save_interval=null"],
          "torchtitan": ["metrics.log_freq=1", "checkpoint.enable=false"]}  # fmt: skip
+OFF = " turbo-off"  # the label's suffix for a run with turbo.enable=false
+RATIOS = (("vs_pretrain", "pretrain"), ("vs_sft", "sft"), ("vs_sft_unpacked", "sft-unpacked"))
 REWARDS = ("loss", "reward_margin", "reward_accuracy", "reward_chosen", "reward_rejected")
 
 
@@ -103,18 +111,20 @@ def as_dpo(recipe: Path, data: Path) -> list[str]:
             *halved]  # fmt: skip
 
 
-def train(stage: str, recipe: Path, work: Path, name: str, *overrides: str) -> Path:
-    """One `primus train` run; its run directory."""
+def train(stage: str, recipe: Path, work: Path, name: str, *overrides: str) -> tuple[Path, str]:
+    """One `primus train` run; its run directory and its log's turbo line."""
     env = {**os.environ, "PRIMUS_WORKSPACE": str(work / "runs"), "PRIMUS_EXP_NAME": name}
     command = [sys.executable, "-m", "primus.cli", "train", stage, "--config", str(recipe),
                *overrides]  # fmt: skip
     print("$", " ".join(command), flush=True)
-    log = work / f"{name}.log"
+    log, start = work / f"{name}.log", time.monotonic()
     with log.open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     if done.returncode:
         raise SystemExit(f"failed ({done.returncode}); see {log}:\n{log.read_text()[-3000:]}")
-    return next((work / "runs").rglob(name))
+    turbo = next((line for line in log.read_text().splitlines() if "[turbo]" in line), "")
+    print(f"{time.monotonic() - start:.0f} s;", turbo or "no [turbo] line in the log", flush=True)
+    return next((work / "runs").rglob(name)), turbo.split("[turbo]", 1)[-1].strip()
 
 
 def measure(run: Path, warmup: int) -> dict[str, float | None]:
@@ -157,13 +167,20 @@ def main() -> None:
     parser.add_argument(
         "--dpo", nargs="*", default=[], help="backends whose DPO and unpacked SFT are measured too"
     )
+    parser.add_argument(
+        "--turbo", choices=("auto", "off", "both"), default="auto",
+        help="turbo.enable: auto (its default), off (false), or both, side by side",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report (default: stdout)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-posttrain-"))
     hf, data = make_inputs(work, args.model, args.samples, args.words)
     os.environ |= {"PRIMUS_SFT_HF": str(hf), "PRIMUS_SFT_DATA": str(data)}
-    runs: dict[str, list[dict[str, float | None]]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    text = ""
+    device = device_label() or gpu_name()  # no CUDA context here: the runs need the memory
+    settings = {"auto": [""], "off": [OFF], "both": ["", OFF]}[args.turbo]
     for backend in dict.fromkeys([*args.backends, *args.dpo]):
         pretrain, sft = (ROOT / "configs" / backend / f"{name}.yaml" for name in args.recipes)
         steps = {"megatron": "train_iters", "torchtitan": "training.steps"}.get(backend, "steps")
@@ -177,27 +194,45 @@ def main() -> None:
         if backend in args.lora:
             jobs["lora"] = ("posttrain", sft, [*every, *LORA.split()])
         for round_ in range(args.rounds):
-            for job, (stage, recipe, extra) in jobs.items():
-                name, label = f"{backend}-{job}-{round_}", f"{backend} {job}"
-                run = train(stage, recipe, work, name, f"{steps}={args.steps}", *extra)
-                runs.setdefault(label, []).append(measure(run, args.warmup))
-                print(f"{label}: {runs[label][-1]}", flush=True)  # kept if a later run fails
+            for suffix in settings:  # every job with turbo auto, then every one without
+                off = ["turbo.enable=false"] if suffix and installed("primus-turbo-kernels") else []
+                for job, (stage, recipe, extra) in jobs.items():
+                    label = f"{backend} {job}{suffix}"
+                    name = label.replace(" ", "-") + f"-{round_}"
+                    run, turbo = train(stage, recipe, work, name, f"{steps}={args.steps}",
+                                       *extra, *off)  # fmt: skip
+                    runs.setdefault(label, []).append(measure(run, args.warmup) | {"turbo": turbo})
+                    print(f"{label}: {runs[label][-1]}", flush=True)
+                    text = report(runs, args, work, device)  # kept if a later run fails
+    if not args.out:
+        print(text)
+
+
+def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, work: Path,
+           device: str) -> str:  # fmt: skip
+    """Medians over rounds, ratios within one turbo setting; the JSON report (written to
+    `--out`, returned) and the table (printed)."""
     results: dict[str, Any] = {}
     for label, measured in runs.items():
         values = {k: [m[k] for m in measured if m[k] is not None] for k in measured[0]}
-        results[label] = {k: statistics.median(v) if v else None for k, v in values.items()}
+        results[label] = {k: statistics.median(v) if v else None for k, v in values.items()
+                          if k != "turbo"} | {"turbo": measured[-1]["turbo"]}  # fmt: skip
     for label, values in results.items():
-        for key, base in (("vs_pretrain", "pretrain"), ("vs_sft_unpacked", "sft-unpacked")):
-            against = results.get(f"{label.split()[0]} {base}", {}).get("tokens_per_s_per_gpu")
-            values[key] = round(values["tokens_per_s_per_gpu"] / against, 3) if against else None
-    distributions = ("primus-core", "torch", "megatron-core", "torchtitan", "maxtext", "jax")
-    device = device_label()
-    report = {**environment(distributions, device), "args": vars(args) | {"work": str(work), "out": str(args.out)},
-              "results": results}  # fmt: skip
-    text = json.dumps(report, indent=2, default=str)
-    (args.out.write_text(text + "\n") if args.out else print(text))
+        suffix = OFF if label.endswith(OFF) else ""
+        for key, base in RATIOS:
+            against = results.get(f"{label.split()[0]} {base}{suffix}", {})
+            tokens = against.get("tokens_per_s_per_gpu")
+            values[key] = round(values["tokens_per_s_per_gpu"] / tokens, 3) if tokens else None
+    distributions = ("primus-core", "primus-turbo-kernels", "torch", "triton", "megatron-core",
+                     "torchtitan", "maxtext", "jax")  # fmt: skip
+    doc = {**environment(distributions, device), "args": vars(args) | {"work": str(work), "out": str(args.out)},
+           "results": results}  # fmt: skip
+    text = json.dumps(doc, indent=2, default=str)
+    if args.out:
+        args.out.write_text(text + "\n")
     print_table(results, COLUMNS, "goals: fine-tuning tokens/s >= 0.95x pretraining's; "
-                "DPO's >= 0.9x unpacked SFT's")  # fmt: skip
+                "LoRA's >= 1.1x SFT's; DPO's >= 0.9x unpacked SFT's")  # fmt: skip
+    return text
 
 
 if __name__ == "__main__":
