@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from primus.core.config.schema import ParamSpec
 from primus.core.patches.patch import PatchContext, get_param
 
@@ -18,6 +20,14 @@ def wants_cpu(ctx: PatchContext) -> bool:
     device = get_param(ctx, "device", "auto")
     if device != "auto":
         return device == "cpu"
+    return not gpu_visible()
+
+
+@functools.cache
+def gpu_visible() -> bool:
+    """Whether this process sees a GPU, asked once: a backend's CPU patch makes torch.cuda
+    answer on the CPU (`is_available()` then says yes), and every later question must still
+    get the answer of the hardware."""
     import torch  # only when asked: importing primus.core never imports torch
 
-    return not torch.cuda.is_available()
+    return torch.cuda.is_available()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from primus.core.devices import wants_cpu
+from primus.core.devices import gpu_visible, wants_cpu
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, get_args, get_param, register_patch
 
@@ -29,9 +29,7 @@ PRE_BLACKWELL = 9  # the compute capability Megatron's argument checks assume wi
 
 def _gpu_job_built_without_gpu(ctx: PatchContext) -> bool:
     """a GPU job whose args are built where no GPU is visible (a dry run or a projection)"""
-    import torch
-
-    return not wants_cpu(ctx) and not torch.cuda.is_available()
+    return not wants_cpu(ctx) and not gpu_visible()
 
 
 @register_patch(
