@@ -117,3 +117,19 @@ def test_a_blend_draws_megatrons_samples(corpus: Path, tmp_path: Path) -> None:
     assert ours.parts[1].epochs > 1  # type: ignore[union-attr]
     for i, sample in enumerate(theirs):
         assert np.array_equal(ours[i], sample), i
+
+
+def test_the_experiments_own_seed_beats_the_data_default_but_not_data_seed(tmp_path: Path) -> None:
+    """`seed: 42` beside a `data:` that names no seed is kept (the note says so); beside an
+    explicit `data.seed` in the same layer it is an error naming both."""
+    from primus.core.errors import ConfigError
+    from primus.core.runtime.resolution import load
+
+    recipe = Path(__file__).parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+    experiment = load(recipe, [f"data.path={tmp_path}/a", "seed=42"])
+    assert experiment.modules["pre_trainer"].tree.get(("seed",)) == 42
+    assert "cli (seed=42): seed 42, set, over the default of data.seed (1234), is kept" in (
+        experiment.notes
+    )
+    with pytest.raises(ConfigError, match=r"data.seed sets seed to 9, and cli \(seed=42\)"):
+        load(recipe, [f"data.path={tmp_path}/a", "data.seed=9", "seed=42"])

@@ -75,10 +75,11 @@ def load(
 def apply_data(module: ModuleConfig, experiment: ConfigTree) -> list[str]:
     """Lay the params the backend reads `data:` with (`corpus_params`) over the module's, each
     with its `data:` line as origin. Where the experiment itself (not a preset) sets one to
-    another value, the later layer wins (the command line over the file, a file over those it
-    extends) and a note says so; set in the same layer, a param that a `data:` key names is a
-    ConfigError (the run would not read what one of the two says), one that the section only
-    implies (mock data off) is the section's."""
+    another value, a note says which is kept: the later layer's (the command line over the
+    file, a file over those it extends), and the experiment's over a `data:` default. Set in
+    the same layer as the `data:` key that names it (its path, sequence length, seed), it is a
+    ConfigError: the run would not read what one of the two says. One the section only implies
+    (mock data off) is the section's."""
     assert module.data is not None
     data = module.data
     adapter = adapter_class(module.framework)(module.framework)
@@ -92,16 +93,17 @@ def apply_data(module: ModuleConfig, experiment: ConfigTree) -> list[str]:
         if not mine or old == value:
             module.tree.merge(single_value_tree(path, value, where))
             continue
-        said = f"data.{source or 'path'}"
-        if experiment.layer(origin) == experiment.layer(where) and source:
+        said, written = f"data.{source or 'path'}", source in data.origins
+        if experiment.layer(origin) > experiment.layer(where) or (source and not written):
+            why = "set later than" if written or not source else "set, over the default of"
+            notes.append(f"{origin}: {key} {old!r}, {why} {said} ({value!r}), is kept")
+            continue
+        if source and experiment.layer(origin) == experiment.layer(where):
             raise data.error(
                 source,
                 f"{said} sets {key} to {value!r}, and {origin} sets it to {old!r}",
                 hint=f"keep one: drop {key} from the module's overrides, or {said}",
             )
-        if experiment.layer(origin) > experiment.layer(where):
-            notes.append(f"{origin}: {key} {old!r}, set later than {said} at {where}, is kept")
-            continue
         notes.append(f"{origin}: {key} {old!r} is replaced by {value!r} from {said} at {where}")
         module.tree.merge(single_value_tree(path, value, where))
     return notes
