@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from primus.backends.megatron.data.inputs import check_data_inputs
+from primus.backends.megatron.data.inputs import check_data_inputs, corpus_tokenizer
 from primus.core.config.experiment import ModuleConfig
 from primus.core.config.tree import ConfigTree
 from primus.core.data.manifest import read_manifest
@@ -28,12 +28,19 @@ def test_megatron_reads_and_would_have_written_the_same_corpus(tmp_path: Path) -
     manifest = read_manifest(prefix)
     assert manifest is not None
     eod, vocab = manifest["eod"]["id"], manifest["vocab_size"]
-    # Megatron's checks pass the corpus, and name the tokenizer params that read it.
+    # Megatron's checks pass the corpus named without a tokenizer, read with a NullTokenizer and
+    # the manifest's end-of-document id (megatron.corpus_tokenizer sets them); a vocab_size too
+    # small for it is refused, naming the manifest's.
     module = ModuleConfig("m", "megatron", {"data_path": [str(prefix)]}, ConfigTree())
+    check_data_inputs(module)
+    assert corpus_tokenizer(module.params) == {
+        "tokenizer_type": "NullTokenizer", "null_tokenizer_eod_id": eod,
+    }  # fmt: skip
+    module.params["vocab_size"] = vocab - 1
     with pytest.raises(ConfigError) as refused:
         check_data_inputs(module)
     params = f"tokenizer_type=NullTokenizer vocab_size={vocab} null_tokenizer_eod_id={eod}"
-    assert f"(its manifest {prefix}.json): set {params}" in str(refused.value)
+    assert f"(its manifest {prefix}.json): set {params}" in (refused.value.hint or "")
 
     from primus.backends.megatron.config.bridge import silence_import_notices
 
@@ -64,11 +71,10 @@ def test_megatron_reads_and_would_have_written_the_same_corpus(tmp_path: Path) -
     assert (null.eod, null.vocab_size) == (eod, vocab)
 
 
-def test_megatron_trains_on_a_prepared_corpus_with_the_params_its_check_names(
-    tmp_path: Path,
-) -> None:
-    """Prepare a corpus, then train the tiny recipe on it with the NullTokenizer params
-    Megatron's data check names from the manifest: on the data (no mock data), the loss falls."""
+def test_megatron_trains_on_a_prepared_corpus_named_without_a_tokenizer(tmp_path: Path) -> None:
+    """Prepare a corpus, then train the tiny recipe on it naming only the corpus: the manifest
+    gives the NullTokenizer's end-of-document id (megatron.corpus_tokenizer); on the data (no
+    mock data), the loss falls."""
     import json
 
     from primus.testing.runs import train_run
@@ -81,12 +87,18 @@ def test_megatron_trains_on_a_prepared_corpus_with_the_params_its_check_names(
     assert manifest is not None
     recipe = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
     run_dir = train_run(
-        recipe, tmp_path / "ws", f"data_path=[{prefix}]", "tokenizer_type=NullTokenizer",
-        f"vocab_size={manifest['vocab_size']}", f"null_tokenizer_eod_id={manifest['eod']['id']}",
+        recipe, tmp_path / "ws", f"data_path=[{prefix}]",
         "exp_name=on-data", "train_iters=15", "split=100,0,0",  # a few dozen samples: all train
     )  # fmt: skip
-    report = json.loads((run_dir / "patch_report.json").read_text())
-    mock = next(p for p in report["patches"] if p["id"] == "megatron.mock_data")
-    assert mock["status"] == "skipped"  # it trained on the data, not on mock data
+    report = {
+        p["id"]: p for p in json.loads((run_dir / "patch_report.json").read_text())["patches"]
+    }
+    assert report["megatron.mock_data"]["status"] == "skipped"  # it trained on the data
+    tokenizer_patch = report["megatron.corpus_tokenizer"]
+    assert tokenizer_patch["status"] == "applied"
+    set_params = {change["key"]: change["value"] for change in tokenizer_patch["params_set"]}
+    assert set_params == {
+        "tokenizer_type": "NullTokenizer", "null_tokenizer_eod_id": manifest["eod"]["id"],
+    }  # fmt: skip
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1]["step"] == 15 and steps[-1]["loss"] < steps[0]["loss"] - 0.5
