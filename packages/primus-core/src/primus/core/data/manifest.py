@@ -136,9 +136,10 @@ def tokenizer_problem(prefix: str | Path, tokenizer: str | Path) -> str | None:
     made = (record or {}).get("tokenizer") or {}
     if not made.get("sha256") or file.name != "tokenizer.json" or not file.is_file():
         return None
-    if sha256(file) == made["sha256"]:
+    digest = sha256(file)
+    if digest == made["sha256"]:
         return None
     return (
         f"{prefix} was tokenized by {made.get('path')} (its manifest {prefix}.json), and "
-        f"{file} is another tokenizer (sha256 {sha256(file)[:12]}, not {made['sha256'][:12]})"
+        f"{file} is another tokenizer (sha256 {digest[:12]}, not {made['sha256'][:12]})"
     )

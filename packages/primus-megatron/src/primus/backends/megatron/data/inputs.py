@@ -52,7 +52,8 @@ def check_data_inputs(module: ModuleConfig) -> None:
                 continue
             local.append(prefix)
             check_corpus(module, key, prefix)
-    if named and params.get("tokenizer_type") is None and corpus_tokenizer(params) is None:
+    implied = corpus_tokenizer(params)  # reads each manifest once
+    if named and params.get("tokenizer_type") is None and implied is None:
         raise module.error(
             "data_path",
             "data_path: training on data needs a tokenizer, and tokenizer_type is not set",
@@ -61,15 +62,15 @@ def check_data_inputs(module: ModuleConfig) -> None:
     model = params.get("tokenizer_model")
     if isinstance(model, str) and model.startswith(("/", "./", "../", "~")):
         input_path(module, "tokenizer_model", model, "the tokenizer", kind="any")
+    null = params.get("tokenizer_type") == "NullTokenizer" or implied is not None
     for prefix in local:
-        _check_tokenized_alike(module, prefix)
+        _check_tokenized_alike(module, prefix, null)
 
 
-def _check_tokenized_alike(module: ModuleConfig, prefix: str) -> None:
-    """The corpus's manifest agrees with the tokenizer the run names: a NullTokenizer's
+def _check_tokenized_alike(module: ModuleConfig, prefix: str, null: bool) -> None:
+    """The corpus's manifest agrees with the tokenizer the run names: a NullTokenizer's (`null`)
     vocab_size holds its token ids, a local HF tokenizer is the one that made it."""
     params = module.params
-    null = params.get("tokenizer_type") == "NullTokenizer" or corpus_tokenizer(params)
     if null:
         problem = vocabulary_problem(prefix, params.get("vocab_size"))
         if problem:
