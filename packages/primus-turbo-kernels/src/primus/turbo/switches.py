@@ -2,7 +2,8 @@
 
 `turbo.enable` is `auto` by default: on for a run on a GPU, off on the CPU (where Triton's
 kernels only run through its interpreter); `true` or `false` decide either way. While it is on,
-every feature a backend has is on unless its own switch is false (`turbo: {rope: false}`).
+every feature a backend has is on unless its own switch is false (`turbo: {rope: false}`),
+except the opt-in ones (`turbo.fp8`), on only where their switch is true.
 Each run logs one line saying whether turbo is on, why, and which features.
 """
 
@@ -24,9 +25,21 @@ ENABLE_HELP = (
 )
 
 
-def register_switches(backend: str, features: Mapping[str, str]) -> None:
-    """Declare `turbo.enable` and `turbo.<feature>` (help text per feature) for a backend, and
-    the patch that logs what turbo does in a run."""
+# Features that are off unless their switch is true (`turbo.fp8`: not bf16's numerics).
+OPT_IN: set[str] = set()
+
+
+def register_switches(
+    backend: str,
+    features: Mapping[str, str],
+    opt_in: Mapping[str, str] | None = None,
+    params: Mapping[str, ParamSpec] | None = None,
+) -> None:
+    """Declare `turbo.enable` and `turbo.<feature>` (help text per feature) for a backend, the
+    `opt_in` features (default false), further `params`, and the patch that logs what turbo
+    does in a run."""
+    opt_in = dict(opt_in or {})
+    OPT_IN.update(opt_in)
     specs = {
         "turbo.enable": ParamSpec((bool, str), ENABLE_HELP, choices=("auto", True, False),
                                   default="auto"),
@@ -35,7 +48,12 @@ def register_switches(backend: str, features: Mapping[str, str]) -> None:
         specs[f"turbo.{feature}"] = ParamSpec(
             bool, f"{what} (default true while turbo is on)", default=True
         )
-    register_params(backend, specs)
+    for feature, what in opt_in.items():
+        specs[f"turbo.{feature}"] = ParamSpec(
+            bool, f"{what} (default false; true takes effect while turbo is on)", default=False
+        )
+    register_params(backend, {**specs, **(params or {})})
+    features = {**features, **opt_in}
 
     @register_patch(
         f"{backend}.turbo",
@@ -65,8 +83,8 @@ def status(ctx: PatchContext, features: Mapping[str, str]) -> str:
     on, why = turned_on(ctx)
     if not on:
         return f"off: {why}"
-    chosen = [f for f in features if get_param(ctx, f"turbo.{f}", True)]
-    dropped = [f"turbo.{f}: false" for f in features if f not in chosen]
+    chosen = [f for f in features if get_param(ctx, f"turbo.{f}", f not in OPT_IN)]
+    dropped = [f"turbo.{f}: false" for f in features if f not in chosen and f not in OPT_IN]
     return (
         f"on: {why}: {', '.join(chosen) or 'no feature'}"
         + (f" ({', '.join(dropped)})" if dropped else "")
@@ -76,7 +94,7 @@ def status(ctx: PatchContext, features: Mapping[str, str]) -> str:
 
 def enabled(ctx: PatchContext, feature: str) -> bool:
     """Whether `feature` is on in this run."""
-    return turned_on(ctx)[0] and bool(get_param(ctx, f"turbo.{feature}", True))
+    return turned_on(ctx)[0] and bool(get_param(ctx, f"turbo.{feature}", feature not in OPT_IN))
 
 
 def switch(feature: str) -> Callable[[PatchContext], bool]:
@@ -86,8 +104,10 @@ def switch(feature: str) -> Callable[[PatchContext], bool]:
         return enabled(ctx, feature)
 
     condition.__name__ = condition.__qualname__ = f"turbo_{feature}_on"
+    default = str(feature not in OPT_IN).lower()
     condition.__doc__ = (
-        f"turbo.enable (default auto: true on a GPU) and turbo.{feature} (default true) are true"
+        f"turbo.enable (default auto: true on a GPU) and turbo.{feature} (default {default}) "
+        "are true"
     )
     return condition
 

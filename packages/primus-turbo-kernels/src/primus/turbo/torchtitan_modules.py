@@ -15,8 +15,10 @@ from torchtitan.config import CompileConfig
 from torchtitan.distributed.spmd_types import spmd_mesh_size
 from torchtitan.distributed.utils import get_spmd_backend
 from torchtitan.models.common import FeedForward, RMSNorm
+from torchtitan.models.common.linear import Linear
 
 from primus.turbo.kernels.cross_entropy import cross_entropy
+from primus.turbo.kernels.fp8_linear import fp8_linear
 from primus.turbo.kernels.rms_norm import rms_norm
 from primus.turbo.kernels.swiglu import swiglu
 
@@ -73,9 +75,28 @@ class TurboCrossEntropyLoss(CrossEntropyLoss):
         self._maybe_compile(compile_config)
 
 
+class TurboFP8Linear(Linear):
+    """TorchTitan's Linear with FP8 GEMMs (`fp8_linear`, the weight's FP8 copies kept until
+    the next optimizer step)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Linear.Config):
+        fp8_recipe: str = "tensorwise"
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.fp8_recipe = config.fp8_recipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, DTensor) or isinstance(self.weight, DTensor):
+            return super().forward(x)
+        return fp8_linear(x, self.weight, self.bias, self.fp8_recipe, cache_weight=True)
+
+
 # Feature -> (upstream class, its turbo subclass).
 REPLACEMENTS = {
     "rms_norm": (RMSNorm, TurboRMSNorm),
     "swiglu": (FeedForward, TurboFeedForward),
     "cross_entropy": (CrossEntropyLoss, TurboCrossEntropyLoss),
+    "fp8": (Linear, TurboFP8Linear),
 }

@@ -2,8 +2,9 @@
 
 Each patch replaces one upstream name (or sets one param) through the engine (`ctx.replace`:
 every module of megatron that imported it too), at `build_args`, before `pretrain()` builds the
-model; the norm and CUDA graphs at `setup`, so Megatron's argument checks see them. The
-replacements live in primus.turbo.megatron_layers.
+model; the norm and CUDA graphs at `setup`, so Megatron's argument checks see them, and FP8 at
+`setup`, so a run without FP8 hardware is refused before anything is built. The replacements
+live in primus.turbo.megatron_layers and primus.turbo.megatron_fp8.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from functools import partial
 from primus.core.devices import wants_cpu
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, get_args, get_param
+from primus.turbo.fp8 import FP8, PARAMS, fp8_recipe
 from primus.turbo.switches import register_switches, turbo_patch
 
 FEATURES = {
@@ -26,7 +28,7 @@ FEATURES = {
     "grad_accum_fusion": "weight-gradient GEMMs accumulate into the fp32 main grads",
     "cuda_graphs": "each iteration's forward and backward replayed as one CUDA graph (pretraining)",
 }
-register_switches("megatron", FEATURES)
+register_switches("megatron", FEATURES, opt_in=FP8, params=PARAMS)
 _turbo = partial(turbo_patch, "megatron", backend_versions=TESTED)
 
 
@@ -204,6 +206,28 @@ def turbo_grad_accum_fusion(ctx: PatchContext) -> str | None:
     args.gradient_accumulation_fusion = True
     _installed("grad_accum_fusion", sites)
     return None
+
+
+@_turbo(
+    "fp8",
+    "megatron.core.tensor_parallel.layers.linear_with_grad_accumulation_and_async_allreduce",
+    phase="setup",
+)
+def turbo_fp8(ctx: PatchContext) -> None:
+    """The linear layers of every transformer layer but the first and last run their GEMMs in
+    FP8 (`turbo.fp8_recipe`); refused (exit 2) where the hardware has no FP8."""
+    recipe = fp8_recipe(ctx)
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from primus.turbo import megatron_fp8
+
+    tp_layers = "megatron.core.tensor_parallel.layers"
+    name = "linear_with_grad_accumulation_and_async_allreduce"
+    sites = ctx.replace(tp_layers, name, megatron_fp8.turbo_linear)
+    sites += ctx.wrap(
+        TransformerLayer, "__init__", lambda init: megatron_fp8.tag_linears(init, recipe)
+    )
+    _installed(f"fp8 ({recipe})", sites)
 
 
 @_turbo("cuda_graphs", "megatron args: cuda_graph_impl", phase="setup")

@@ -12,11 +12,13 @@ take the upstream forward; the default spmd_types backend hands modules plain lo
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Any
 
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, get_args
+from primus.turbo.fp8 import FP8, PARAMS, fp8_recipe
 from primus.turbo.switches import register_switches, turbo_patch
 
 FEATURES = {
@@ -24,7 +26,7 @@ FEATURES = {
     "swiglu": "Triton SwiGLU as the feed-forward activation",
     "cross_entropy": "Triton cross-entropy as the loss",
 }
-register_switches("torchtitan", FEATURES)
+register_switches("torchtitan", FEATURES, opt_in=FP8, params=PARAMS)
 _turbo = partial(turbo_patch, "torchtitan", backend_versions=TESTED)
 
 
@@ -79,3 +81,43 @@ def turbo_swiglu(ctx: PatchContext) -> str | None:
 def turbo_cross_entropy(ctx: PatchContext) -> str | None:
     """The training loss (each chunk of ChunkedLossWrapper) runs the Triton cross-entropy."""
     return _swap(ctx, "cross_entropy")
+
+
+BLOCK = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # the linears of block i: `...layers.<i>.<...>`
+
+
+def swap_fp8_linears(config: Any, recipe: str) -> list[str]:
+    """Swap the Linear config nodes inside the transformer blocks (`layers.<i>.`) for FP8
+    ones, except those of the first and the last block; returns their paths."""
+    from torchtitan.config import derive
+
+    upstream, turbo = _replacements()["fp8"]
+    found = [
+        (int(match.group(1)), path, node, parent, attr)
+        for path, node, parent, attr in config.traverse(upstream.Config)
+        if type(node) is upstream.Config and (match := BLOCK.search(path))
+    ]
+    blocks = [index for index, *_ in found]
+    swapped = []
+    for index, path, node, parent, attr in found:
+        if min(blocks) < index < max(blocks):
+            replacement = derive(node, turbo.Config, fp8_recipe=recipe)
+            if isinstance(parent, list):
+                parent[attr] = replacement
+            else:
+                setattr(parent, attr, replacement)
+            swapped.append(path)
+    return swapped
+
+
+@_turbo("fp8", "torchtitan.models.common.linear.Linear (inside the transformer blocks)")
+def turbo_fp8(ctx: PatchContext) -> str | None:
+    """The linears of every transformer block but the first and last run their GEMMs in FP8
+    (`turbo.fp8_recipe`); refused (exit 2) where the hardware has no FP8."""
+    recipe = fp8_recipe(ctx)
+    swapped = swap_fp8_linears(get_args(ctx), recipe)
+    if not swapped:
+        log_rank_0("[turbo] fp8: no Linear inside a block but the first and last")
+        return "no Linear inside a block but the first and last"
+    log_rank_0(f"[turbo] fp8 ({recipe}): Linear -> TurboFP8Linear ({len(swapped)} in the config)")
+    return None

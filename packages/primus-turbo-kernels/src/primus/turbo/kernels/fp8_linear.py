@@ -1,0 +1,241 @@
+"""FP8 linear layers through `torch._scaled_mm` alone (no Transformer Engine, no torchao).
+
+`fp8_linear(x, weight, bias, recipe)` is `F.linear` whose three GEMMs (output, input gradient,
+weight gradient) run on FP8 tensor cores, with current scaling: each operand is scaled by the
+amax of this call. Every GEMM is written `A @ B.T` with A [M, K] and B [N, K] both row-major
+in FP8, quantized along K, which is the layout `_scaled_mm` takes (`B.t()` is column-major).
+
+- `tensorwise`: one scale per tensor; inputs and weights in e4m3, output gradients in e5m2.
+  One pass casts a tensor and writes its transpose too, so the backward reuses the forward's
+  FP8 copies of the input and the weight.
+- `rowwise`: one scale per row of A and per row of B (`_scaled_mm`'s [M, 1] and [1, N]
+  scales); everything in e4m3 (what torch's row-wise kernel takes), output bf16 only. Each GEMM
+  quantizes its own operands along its own K.
+
+The cast is a Triton kernel on a GPU (scale, saturate, cast, and the transposed copy in one
+pass; the amax is one `vector_norm` reduction), PyTorch ops elsewhere. `_scaled_mm` also runs
+on the CPU in recent torch, which the tests use. GEMMs need K and N (and, for the weight
+gradient, M) to be multiples of 16: `fp8_supported` says whether a shape is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+RECIPES = ("tensorwise", "rowwise")
+GRAD_DTYPE = {"tensorwise": E5M2, "rowwise": E4M3}
+_EPS = 1e-12  # the smallest amax: an all-zero tensor gets a finite scale
+
+
+@triton.jit
+def _cast_kernel(
+    x, scale, out, out_t, M, N,
+    stride_xm, stride_xn, stride_sm, stride_sn, fp8_max,
+    WRITE: tl.constexpr, WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """out[m, n] = saturate(x[m, n] / scale) (row-major), out_t[n, m] the same transposed."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rm < M) & (rn < N)
+    v = tl.load(x + rm * stride_xm + rn * stride_xn, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(scale + rm * stride_sm + rn * stride_sn, mask=mask, other=1.0)
+    q = tl.clamp(v / s, -fp8_max, fp8_max)
+    if WRITE:
+        tl.store(out + rm * N + rn, q.to(out.dtype.element_ty), mask=mask)
+    if WRITE_T:
+        tl.store(out_t + rn * M + rm, q.to(out_t.dtype.element_ty), mask=mask)
+
+
+def _cast(
+    x: torch.Tensor, dtype: torch.dtype, rowwise: bool, plain: bool, t: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """FP8 copies of the 2-D `x` (any strides): row-major `x` if `plain`, row-major `x.T` if
+    `t`, and the dequantization scale (fp32 [1, 1], or [rows, 1] `rowwise`: each row's amax)."""
+    fp8_max = torch.finfo(dtype).max
+    dims = (1,) if rowwise else (0, 1)
+    amax = torch.linalg.vector_norm(x, math.inf, dim=dims, keepdim=True, dtype=torch.float32)
+    scale = amax.clamp(min=_EPS) / fp8_max
+    rows, cols = x.shape
+    if not x.is_cuda:
+        q = (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype)
+        return q.contiguous() if plain else None, q.t().contiguous() if t else None, scale
+    out = torch.empty(rows, cols, dtype=dtype, device=x.device) if plain else None
+    out_t = torch.empty(cols, rows, dtype=dtype, device=x.device) if t else None
+    stride_s = (scale.stride(0), 0) if rowwise else (0, 0)
+    grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
+    _cast_kernel[grid](
+        x, scale, out if plain else out_t, out_t if t else out, rows, cols,
+        *x.stride(), *stride_s, fp8_max, WRITE=plain, WRITE_T=t, BLOCK_M=64, BLOCK_N=64,
+    )  # fmt: skip
+    return out, out_t, scale
+
+
+def quantize_rows(
+    x: torch.Tensor, dtype: torch.dtype, rowwise: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major FP8 `x` [R, C] and its scale: one-element, or [R, 1] (the amax of each row)
+    with `rowwise`."""
+    q, _, scale = _cast(x, dtype, rowwise, plain=True, t=False)
+    assert q is not None
+    return q, scale if rowwise else scale.reshape(())
+
+
+def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Row-major FP8 `x` and `x.T` in one pass, with their one-element scale."""
+    q, q_t, scale = _cast(x, dtype, False, plain=True, t=True)
+    assert q is not None and q_t is not None
+    return q, q_t, scale.reshape(())
+
+
+def mm_nt(
+    a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor, dtype: Any
+) -> torch.Tensor:
+    """`(a * scale_a) @ (b * scale_b).T` in `dtype` for FP8 a [M, K] and b [N, K], both
+    row-major; scales one-element (tensorwise) or per row ([M, 1], [N, 1]: rowwise)."""
+    if scale_b.dim():
+        scale_b = scale_b.reshape(1, -1)
+    return torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=dtype)
+
+
+def fp8_supported(x: torch.Tensor, weight: torch.Tensor, recipe: str) -> bool:
+    """Whether `fp8_linear` runs this input [..., K] and weight [N, K] in FP8: every GEMM
+    dimension a multiple of 16, and bf16 for the row-wise recipe (its only output dtype)."""
+    tokens = x.numel() // max(x.shape[-1], 1)
+    dims_ok = all(d % 16 == 0 and d > 0 for d in (tokens, *weight.shape))
+    dtype_ok = x.dtype == torch.bfloat16 if recipe == "rowwise" else x.is_floating_point()
+    return dims_ok and dtype_ok and weight.dtype == x.dtype
+
+
+# Weight copies are kept for one optimizer step: every optimizer step bumps the generation.
+_generation = [0]
+_hooked = [False]
+
+
+def _next_generation(*_: Any) -> None:
+    _generation[0] += 1
+
+
+def _weight_fp8(weight: torch.Tensor, recipe: str, cache: bool) -> tuple[torch.Tensor, ...]:
+    """(W [N, K], its scale) for the forward, and for the backward W.T [K, N] and its scale
+    (same scale tensorwise; column amax rowwise). Cached on the weight with `cache` until the
+    next optimizer step (any `torch.optim` step) or an in-place change of the weight."""
+    key = (_generation[0], weight._version, recipe)
+    held = getattr(weight, "_turbo_fp8", None)
+    if cache and held is not None and held[0] == key:
+        return held[1]
+    detached = weight.detach()
+    if recipe == "tensorwise":
+        w, w_t, scale = quantize_both(detached, E4M3)
+        copies = (w, scale, w_t, scale)
+    else:
+        copies = (*quantize_rows(detached, E4M3, True), *quantize_rows(detached.t(), E4M3, True))
+    if cache:
+        if not _hooked[0]:
+            register_optimizer_step_post_hook(_next_generation)
+            _hooked[0] = True
+        weight._turbo_fp8 = (key, copies)  # type: ignore[attr-defined]
+    return copies
+
+
+@dataclass
+class Saved:
+    """What the backward needs: FP8 copies tensorwise, the input itself rowwise."""
+
+    recipe: str
+    x: torch.Tensor  # tensorwise: x.T in FP8 [K, M]; rowwise: x [M, K] as given
+    x_scale: torch.Tensor  # tensorwise: x's scale; rowwise: unused (empty)
+    w_t: torch.Tensor  # W.T in FP8 [K, N]
+    w_t_scale: torch.Tensor
+
+
+def fp8_forward(
+    x: torch.Tensor, weight: torch.Tensor, recipe: str, cache: bool = False
+) -> tuple[torch.Tensor, Saved]:
+    """`x @ weight.T` for x [M, K] in FP8 (output in x's dtype), and what the backward needs."""
+    w, w_scale, w_t, w_t_scale = _weight_fp8(weight, recipe, cache)
+    if recipe == "tensorwise":
+        q, q_t, x_scale = quantize_both(x, E4M3)
+        saved = Saved(recipe, q_t, x_scale, w_t, w_t_scale)
+    else:
+        q, x_scale = quantize_rows(x, E4M3, True)
+        saved = Saved(recipe, x, x_scale.new_empty(0), w_t, w_t_scale)
+    return mm_nt(q, x_scale, w, w_scale, x.dtype), saved
+
+
+def fp8_backward(
+    saved: Saved, grad: torch.Tensor, wgrad_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input gradient [M, K] in grad's dtype, weight gradient [N, K] in `wgrad_dtype`) of
+    `fp8_forward` from the output gradient [M, N]."""
+    dtype = GRAD_DTYPE[saved.recipe]
+    if saved.recipe == "tensorwise":
+        g, g_t, g_scale = quantize_both(grad, dtype)
+        x_t, x_scale = saved.x, saved.x_scale
+        g_t_scale = g_scale
+    else:
+        g, g_scale = quantize_rows(grad, dtype, True)
+        g_t, g_t_scale = quantize_rows(grad.t(), dtype, True)
+        x_t, x_scale = quantize_rows(saved.x.t(), E4M3, True)
+        wgrad_dtype = torch.bfloat16  # the row-wise kernel's only output
+    grad_input = mm_nt(g, g_scale, saved.w_t, saved.w_t_scale, grad.dtype)
+    grad_weight = mm_nt(g_t, g_t_scale, x_t, x_scale, wgrad_dtype)
+    return grad_input, grad_weight
+
+
+class FP8Linear(torch.autograd.Function):
+    """`F.linear` with its three GEMMs in FP8 (see the module docstring)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        recipe: str,
+        cache: bool,
+    ) -> torch.Tensor:
+        out, ctx.saved = fp8_forward(x.reshape(-1, x.shape[-1]), weight, recipe, cache)
+        ctx.has_bias, ctx.shape = bias is not None, x.shape
+        out = out.view(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_input, grad_weight = fp8_backward(ctx.saved, grad, grad.dtype)
+        grad_bias = grad.sum(0) if ctx.has_bias else None
+        return grad_input.view(ctx.shape), grad_weight, grad_bias, None, None
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    recipe: str = "tensorwise",
+    cache_weight: bool = False,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` with FP8 GEMMs forward and backward; shapes or dtypes FP8
+    cannot take (`fp8_supported`) run `F.linear`. `cache_weight` keeps the weight's FP8 copies
+    until the next `torch.optim` step (for weights that only optimizers change)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"FP8 recipe must be one of {RECIPES}, got {recipe!r}")
+    if not fp8_supported(x, weight, recipe):
+        return F.linear(x, weight, bias)
+    return FP8Linear.apply(x, weight, bias, recipe, cache_weight)
+
+
+def fp8_linear_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """What `fp8_linear` approximates."""
+    return F.linear(x, weight, bias)

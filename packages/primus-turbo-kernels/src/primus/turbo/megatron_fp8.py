@@ -1,0 +1,122 @@
+"""FP8 in Megatron's local linear layers (imports megatron: load only from a patch handler).
+
+`tag_linears` marks the weights of the Column/RowParallelLinear layers inside every
+TransformerLayer but the first and the last (`weight.turbo_fp8 = recipe`); the replaced
+`linear_with_grad_accumulation_and_async_allreduce` runs marked weights in FP8 and hands
+everything else (unmarked weights, sequence parallelism, deferred embedding gradients,
+shapes FP8 cannot take) to the upstream function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from megatron.core.tensor_parallel import layers
+from megatron.core.utils import get_tensor_model_parallel_group_if_none
+
+from primus.turbo.kernels.fp8_linear import fp8_backward, fp8_forward, fp8_supported
+
+UPSTREAM_LINEAR = layers.linear_with_grad_accumulation_and_async_allreduce
+
+
+def tag_linears(init: Callable[..., None], recipe: str) -> Callable[..., None]:
+    """`TransformerLayer.__init__` that marks its linear layers' weights for FP8, unless the
+    layer is the model's first or last (`layer_number` counts from 1 over the whole model)."""
+
+    def __init__(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, config, *args, **kwargs)
+        if not 1 < self.layer_number < config.num_layers:
+            return
+        for module in self.modules():
+            linear = isinstance(module, (layers.ColumnParallelLinear, layers.RowParallelLinear))
+            if linear and module.weight is not None:
+                module.weight.turbo_fp8 = recipe
+
+    return __init__
+
+
+class MegatronFP8Linear(torch.autograd.Function):
+    """Megatron's linear autograd function (no sequence parallelism) on FP8 GEMMs: the weight
+    gradient goes into `main_grad` under gradient-accumulation fusion, as upstream's does, and
+    the input gradient is all-reduced over the tensor-parallel group where upstream does."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        recipe: str,
+        accumulate: bool,
+        allreduce_dgrad: bool,
+        tp_group: Any,
+    ) -> torch.Tensor:
+        out, ctx.saved = fp8_forward(x.reshape(-1, x.shape[-1]), weight, recipe, cache=True)
+        ctx.weight, ctx.shape, ctx.has_bias = weight, x.shape, bias is not None
+        ctx.accumulate, ctx.allreduce_dgrad, ctx.tp_group = accumulate, allreduce_dgrad, tp_group
+        out = out.view(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        weight = ctx.weight
+        grad = grad.reshape(-1, grad.shape[-1])
+        main_grad = getattr(weight, "main_grad", None) if ctx.accumulate else None
+        wgrad_dtype = weight.dtype if main_grad is None else main_grad.dtype
+        grad_input, grad_weight = fp8_backward(ctx.saved, grad, wgrad_dtype)
+        if ctx.allreduce_dgrad:
+            torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
+        if main_grad is not None:
+            main_grad.add_(grad_weight)
+        grad_bias = grad.sum(0) if ctx.has_bias else None
+        returned = grad_weight if main_grad is None else _accumulated(weight, main_grad, grad.dtype)
+        return grad_input.view(ctx.shape), returned, grad_bias, None, None, None, None
+
+
+def _accumulated(weight: Any, main_grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """What upstream returns as the weight's gradient once it went into `main_grad`: a dummy
+    that Megatron's DDP hook skips (`grad_added_to_main_grad`), or nothing."""
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    weight.grad_added_to_main_grad = True
+    return make(main_grad.shape, dtype=dtype, device=main_grad.device)
+
+
+def turbo_linear(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gradient_accumulation_fusion: bool,
+    allreduce_dgrad: bool,
+    sequence_parallel: bool,
+    grad_output_buffer: list[torch.Tensor] | None = None,
+    wgrad_deferral_limit: int | None = 0,
+    tp_group: Any = None,
+    gtp_remat_size: int = 1,
+) -> torch.Tensor:
+    """`linear_with_grad_accumulation_and_async_allreduce` in FP8 for the weights
+    `tag_linears` marked; the upstream function for the rest."""
+    recipe = getattr(weight, "turbo_fp8", None)
+    if (
+        recipe is None
+        or sequence_parallel
+        or grad_output_buffer is not None
+        or gtp_remat_size > 1
+        or not fp8_supported(input, weight, recipe)
+    ):
+        return UPSTREAM_LINEAR(
+            input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+            sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group, gtp_remat_size,
+        )  # fmt: skip
+    if allreduce_dgrad:
+        tp_group = get_tensor_model_parallel_group_if_none(tp_group)
+    return MegatronFP8Linear.apply(
+        input, weight, bias, recipe, gradient_accumulation_fusion, allreduce_dgrad, tp_group
+    )
+
+
+# Upstream's function reads this flag by its module-level name, which now names this one.
+turbo_linear.warned = False  # type: ignore[attr-defined]

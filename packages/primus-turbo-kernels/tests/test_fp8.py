@@ -1,0 +1,178 @@
+"""FP8 linear layers: the kernel's numerics against the exact GEMM (on the CPU where this
+torch's `_scaled_mm` runs there), the `turbo.fp8` switches, the refusal where the hardware has
+no FP8, the TorchTitan wiring, and on a GPU a short Megatron run against the bf16 one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import primus.turbo.fp8 as fp8
+from primus.core.config.schema import registered_params
+from primus.core.errors import ConfigError
+from primus.core.patches import PatchContext
+from primus.core.patches.registry import get_patch
+from primus.core.runtime.resolution import load
+from primus.testing.runs import losses, train_run
+from primus.turbo.kernels.fp8_linear import RECIPES, fp8_linear
+from primus.turbo.patches import megatron
+from primus.turbo.switches import enabled, status
+
+CONFIGS = Path(__file__).parents[3] / "configs"
+GPU_RECIPE = CONFIGS / "megatron" / "llama3.2_1B-pretrain.yaml"
+CPU_FP8 = fp8._cpu_has_fp8()
+# Relative (L2) error of FP8 against the exact GEMM: e4m3 keeps 3 mantissa bits, e5m2 2.
+TOL = {"out": 0.05, "grad": 0.1}
+
+
+def context(recipe: str, *overrides: str) -> PatchContext:
+    module = next(iter(load(CONFIGS / recipe, list(overrides)).modules.values()))
+    return PatchContext(module.framework, "setup", None, "0", module.params)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def errors(device: str, m: int, k: int, n: int, recipe: str) -> dict[str, float]:
+    """fp8_linear's output and gradients against the fp32 GEMM of the same bf16 values."""
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(n, k, device=device) / k**0.5).bfloat16().requires_grad_()
+    b = torch.randn(n, device=device, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+    out = fp8_linear(x, w, b, recipe)
+    assert out.dtype == torch.bfloat16
+    got = (out, *torch.autograd.grad(out, (x, w, b), grad))
+    leaves = [t.detach().float().requires_grad_() for t in (x, w, b)]
+    exact = F.linear(*leaves)
+    want = (exact, *torch.autograd.grad(exact, leaves, grad.float()))
+    names = ("out", "input", "weight", "bias")
+    return {name: rel(g, e) for name, g, e in zip(names, got, want, strict=True)}
+
+
+def assert_fp8_close(errs: dict[str, float]) -> None:
+    assert errs["out"] < TOL["out"], errs
+    assert max(errs["input"], errs["weight"], errs["bias"]) < TOL["grad"], errs
+
+
+@pytest.mark.skipif(not CPU_FP8, reason="this torch has no _scaled_mm on the CPU")
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fp8_linear_tracks_the_exact_gemm_on_the_cpu(recipe: str) -> None:
+    assert_fp8_close(errors("cpu", 64, 128, 96, recipe))
+
+
+def test_shapes_fp8_cannot_take_run_the_bf16_gemm() -> None:
+    x, w = torch.randn(5, 24, dtype=torch.bfloat16), torch.randn(40, 24, dtype=torch.bfloat16)
+    assert torch.equal(fp8_linear(x, w), F.linear(x, w))
+    with pytest.raises(ValueError, match="FP8 recipe must be one of"):
+        fp8_linear(x, w, recipe="delayed")
+
+
+@pytest.mark.skipif(not CPU_FP8, reason="this torch has no _scaled_mm on the CPU")
+def test_the_weights_fp8_copy_lasts_until_the_next_optimizer_step() -> None:
+    w = torch.nn.Parameter(torch.randn(32, 32, dtype=torch.bfloat16))
+    x = torch.randn(16, 32, dtype=torch.bfloat16)
+    fp8_linear(x, w, cache_weight=True).sum().backward()
+    held = w._turbo_fp8  # type: ignore[attr-defined]
+    fp8_linear(x, w, cache_weight=True).sum().backward()
+    assert w._turbo_fp8 is held  # type: ignore[attr-defined]  # the next micro-batch reuses it
+    torch.optim.SGD([w], lr=0.1).step()
+    out = fp8_linear(x, w, cache_weight=True)
+    assert w._turbo_fp8 is not held  # type: ignore[attr-defined]
+    assert rel(out, F.linear(x, w)) < TOL["out"]
+
+
+def test_fp8_is_off_unless_asked_and_says_its_recipe() -> None:
+    recipe = "megatron/llama3.2_1B-pretrain.yaml"
+    assert not enabled(context(recipe), "fp8")
+    assert "fp8" not in status(context(recipe), {**megatron.FEATURES, **fp8.FP8})
+    ctx = context(recipe, "turbo.fp8=true", "turbo.fp8_recipe=rowwise")
+    assert enabled(ctx, "fp8")
+    assert ", cuda_graphs, fp8;" in status(ctx, {**megatron.FEATURES, **fp8.FP8})
+    assert ctx.params["turbo"]["fp8_recipe"] == "rowwise"
+    assert not enabled(context(recipe, "turbo.fp8=true", "turbo.enable=false"), "fp8")
+    for backend in ("megatron", "torchtitan"):
+        spec = registered_params(backend).specs["turbo.fp8_recipe"]
+        assert (spec.default, spec.type_error("rowwise")) == ("tensorwise", None)
+        assert spec.type_error("delayed") == (
+            "must be one of 'tensorwise', 'rowwise', got 'delayed'"
+        )
+
+
+@pytest.mark.parametrize("backend", ["megatron", "torchtitan"])
+def test_a_gpu_without_fp8_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """The patch's condition and handler on the 1B recipe, in process, as if on an A100."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.version, "hip", None)
+    ctx = context(f"{backend}/llama3.2_1B-pretrain.yaml", "turbo.fp8=true", "device=cuda")
+    patch = get_patch(f"{backend}.turbo_fp8")
+    assert patch is not None and patch.condition is not None and patch.condition(ctx)
+    with pytest.raises(ConfigError) as refused:
+        patch.handler(ctx)
+    assert str(refused.value) == (
+        "turbo.fp8: NVIDIA A100-SXM4-80GB (compute capability 8.0) has no FP8 tensor cores "
+        "(FP8 needs a GPU of compute capability 8.9 or newer); set turbo.fp8: false"
+    )
+
+
+def test_the_cpu_is_refused_where_torch_has_no_fp8_gemm_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctx = context("megatron/tiny-cpu.yaml", "turbo.enable=true", "turbo.fp8=true")
+    assert fp8.fp8_recipe(ctx) == "tensorwise" or not CPU_FP8
+    monkeypatch.setattr(fp8, "_cpu_has_fp8", lambda: False)
+    with pytest.raises(ConfigError, match=r"^turbo\.fp8: torch .* has no FP8 GEMM on the CPU"):
+        fp8.fp8_recipe(ctx)
+
+
+@pytest.mark.skipif(not CPU_FP8, reason="this torch has no _scaled_mm on the CPU")
+def test_torchtitan_runs_the_inner_blocks_linears_in_fp8() -> None:
+    """The swap on TorchTitan's debug Llama (6 blocks), and one swapped layer run on the CPU
+    (TorchTitan's training needs a newer torch than the GPU machines have)."""
+    model_registry = pytest.importorskip("torchtitan.models.llama3").model_registry
+
+    from primus.turbo.patches.torchtitan import swap_fp8_linears
+
+    model = model_registry("debugmodel").model
+    swapped = swap_fp8_linears(model, "rowwise")
+    linears = (
+        "attention.qkv_linear.wqkv",
+        "attention.wo",
+        *(f"feed_forward.w{i}" for i in (1, 2, 3)),
+    )
+    assert swapped == [f"layers.{i}.{name}" for i in range(1, 5) for name in linears]
+    assert swap_fp8_linears(model, "rowwise") == []  # applied twice: nothing left to swap
+    config = model.layers[2].feed_forward.w1
+    assert type(config).__name__ == "Config" and config.fp8_recipe == "rowwise"
+    layer = config.build().to(torch.bfloat16)
+    x = torch.randn(2, 16, config.in_features, dtype=torch.bfloat16)
+    assert rel(layer(x), F.linear(x, layer.weight)) < TOL["out"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fp8_linear_tracks_the_exact_gemm_at_llama_shapes(recipe: str) -> None:
+    """Llama 3.2 1B's MLP GEMMs at 4096 tokens: hidden 2048, FFN 8192."""
+    assert_fp8_close(errors("cuda", 4096, 2048, 8192, recipe))
+    assert_fp8_close(errors("cuda", 4096, 8192, 2048, recipe))
+
+
+@pytest.mark.gpu
+def test_megatron_fp8_training_tracks_bf16(tmp_path: Path) -> None:
+    """Four layers of the 1B recipe (the middle two FP8), 20 steps with turbo on, against the
+    same run in bf16 (the benchmark compares both recipes on the whole 1B model)."""
+    shape = ("num_layers=4", "seq_length=1024", "max_position_embeddings=1024",
+             "train_iters=20", "log_interval=1", "lr_warmup_iters=5")  # fmt: skip
+    bf16, fp8_run = (
+        losses(train_run(GPU_RECIPE, tmp_path, f"exp_name={name}", *shape, *extra))
+        for name, extra in (("bf16", ()), ("fp8", ("turbo.fp8=true",)))
+    )
+    assert bf16[20] < bf16[2] - 1.0  # it trained
+    assert max(abs(fp8_run[s] - loss) / loss for s, loss in bf16.items()) < 0.03, (fp8_run, bf16)
