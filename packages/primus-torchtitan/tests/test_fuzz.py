@@ -25,6 +25,7 @@ MODEL_BUILD = {
         "parallelism.tensor_parallel_degree",
         [("parallelism.tensor_parallel_degree", 3)],
     ),
+    "sequence longer than the RoPE table": ("training.seq_len", [("training.seq_len", 1024)]),
     # refused by the trainer's set-up
     "global batch not a multiple of the local batch": (
         "training.global_batch_size",

@@ -96,13 +96,14 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.torchtitan.config.bridge import check_params
-        from primus.backends.torchtitan.config.checks import check_batch
+        from primus.backends.torchtitan.config.checks import check_batch, check_sequence
         from primus.backends.torchtitan.posttrain.checks import check_finetuning
 
         if stage == "posttrain":
             config.require_sft()
         check_params(config)
         check_batch(config, self._value(config))
+        check_sequence(config, self._value(config))
         check_finetuning(config, self._value(config))
         return None
 

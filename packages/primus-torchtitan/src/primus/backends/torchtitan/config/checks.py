@@ -44,3 +44,18 @@ def check_batch(config: ModuleConfig, value: Callable[[str], Any], data: int = 1
             hint=f"set training.global_batch_size to a multiple of {local * data}, or to -1 "
             "(one local batch per rank)",
         )
+
+
+def check_sequence(config: ModuleConfig, value: Callable[[str], Any]) -> None:
+    """The training sequence fits the model's RoPE table (TorchTitan refuses it only when it
+    builds the model)."""
+    seq_len, table = value("training.seq_len"), value("model.max_seq_len")
+    if isinstance(seq_len, int) and isinstance(table, int) and seq_len > table:
+        key = "training.seq_len" if config.origin("training.seq_len") else "model.max_seq_len"
+        raise config.error(
+            key,
+            f"training.seq_len {seq_len} exceeds the model's RoPE table (model.max_seq_len "
+            f"{table})",
+            hint=f"set training.seq_len to at most {table}, or model.max_seq_len to at least "
+            f"{seq_len}",
+        )
