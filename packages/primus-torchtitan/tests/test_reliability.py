@@ -482,3 +482,21 @@ def test_another_data_parallel_size_on_other_data_is_a_config_error(
         "the checkpoint's data position was saved by 2 data-parallel ranks, this run has 1: "
         "re-sharding it is supported for TorchTitan's text datasets" in result.stderr
     )
+
+
+# out of memory.
+
+
+def test_a_model_too_large_for_memory_ends_the_run_with_one_message(tmp_path: Path) -> None:
+    """A model no host can hold (13 trillion parameters): the allocator's refusal is one
+    message with the size and what would make it fit, exit 1 (in this process: the message,
+    not the process boundary, is under test)."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    huge = ("model.dim=1048576", "model.ffn_hidden_dim=1048576")
+    outcome = run_in_process(command("huge", *huge), tmp_path, {})
+    assert outcome.code == 1, outcome.stderr[-3000:]
+    message = outcome.stderr[outcome.stderr.index("error: ") :]
+    assert re.match(r"error: out of memory on rank 0: .*can't allocate memory.* GiB\)\n", message)
+    assert "hint: a smaller micro batch or sequence length" in message
+    assert "Traceback" not in outcome.stderr

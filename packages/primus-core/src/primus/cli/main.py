@@ -164,7 +164,8 @@ def _quiet_background_errors() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug. A
     write refused by a full, over-quota or read-only file system, however deep in a backend
-    and however wrapped, is one `error:` message naming the path and the free space."""
+    and however wrapped, is one `error:` message naming the path and the free space; memory
+    that ran out, one naming the allocation."""
     DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
     if "PRIMUS_LAUNCHER_PID" in os.environ:  # a worker: die with the launcher that started it
         from primus.core.launch.launcher import bind_worker_to_launcher
@@ -181,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     except (SystemExit, KeyboardInterrupt, GeneratorExit):
         raise
     except BaseException as exc:  # torch.distributed.checkpoint's failures are BaseExceptions
-        refused = filesystem_error(exc)
+        from primus.core.reliability.out_of_memory import out_of_memory
+
+        refused = filesystem_error(exc) or out_of_memory(exc)
         if refused is None:
             raise
         _report(refused)

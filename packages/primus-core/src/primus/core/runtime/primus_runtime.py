@@ -25,6 +25,7 @@ from primus.core.patches.runner import APPLIED, PatchRunner
 from primus.core.projection import Job
 from primus.core.reliability import preemption
 from primus.core.reliability.atomic import write_atomic
+from primus.core.reliability.out_of_memory import out_of_memory
 from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
 
@@ -231,7 +232,7 @@ class PrimusRuntime:
             raise
         except BaseException as exc:  # torch.distributed.checkpoint's failures are BaseExceptions
             failed = True
-            refused = filesystem_error(exc, self.run_dir)
+            refused = filesystem_error(exc, self.run_dir) or out_of_memory(exc, self.rank)
             if refused is None:
                 raise
             raise refused from exc
