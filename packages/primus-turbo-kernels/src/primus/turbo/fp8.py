@@ -8,6 +8,8 @@ the output projection (the LM head) stay bf16, the layers whose precision matter
 
 from __future__ import annotations
 
+import functools
+
 from primus.core.config import ParamSpec
 from primus.core.devices import wants_cpu
 from primus.core.errors import ConfigError
@@ -28,25 +30,30 @@ PARAMS = {
 }
 
 
-def _cpu_has_fp8() -> bool:
-    """Whether this torch multiplies FP8 matrices on the CPU (`torch._scaled_mm`)."""
+@functools.cache
+def cpu_has_fp8(recipe: str) -> bool:
+    """Whether this torch multiplies FP8 matrices on the CPU (`torch._scaled_mm`) with the
+    recipe's scales (one per tensor, or one per row)."""
     import torch
 
     a = torch.zeros(16, 16, dtype=torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32)
+    rows, cols = (one, one) if recipe == "tensorwise" else (torch.ones(16, 1), torch.ones(1, 16))
     try:
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    except (RuntimeError, NotImplementedError):
+        torch._scaled_mm(a, a.t(), scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError, ValueError):
         return False
     return True
 
 
-def fp8_problem(ctx: PatchContext) -> str | None:
-    """Why this run cannot compute in FP8 (None: it can)."""
+def fp8_problem(ctx: PatchContext, recipe: str) -> str | None:
+    """Why this run cannot compute in FP8 with `recipe` (None: it can)."""
     import torch
 
     if wants_cpu(ctx):
-        return None if _cpu_has_fp8() else f"torch {torch.__version__} has no FP8 GEMM on the CPU"
+        if cpu_has_fp8(recipe):
+            return None
+        return f"torch {torch.__version__} has no {recipe} FP8 GEMM on the CPU"
     if torch.version.hip:
         return "FP8 (e4m3fn/e5m2 through torch._scaled_mm) is not supported on ROCm by turbo"
     major, minor = torch.cuda.get_device_capability()
@@ -58,10 +65,11 @@ def fp8_problem(ctx: PatchContext) -> str | None:
 
 def fp8_recipe(ctx: PatchContext) -> str:
     """The run's FP8 recipe; a one-line ConfigError (exit 2) where FP8 cannot run."""
-    problem = fp8_problem(ctx)
+    recipe = str(get_param(ctx, "turbo.fp8_recipe", "tensorwise"))
+    problem = fp8_problem(ctx, recipe)
     if problem:
         raise ConfigError(
             f"turbo.fp8: {problem} (FP8 needs a GPU of compute capability 8.9 or newer); "
             "set turbo.fp8: false"
         )
-    return str(get_param(ctx, "turbo.fp8_recipe", "tensorwise"))
+    return recipe

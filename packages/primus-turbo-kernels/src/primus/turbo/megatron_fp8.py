@@ -16,7 +16,7 @@ import torch
 from megatron.core.tensor_parallel import layers
 from megatron.core.utils import get_tensor_model_parallel_group_if_none
 
-from primus.turbo.kernels.fp8_linear import fp8_backward, fp8_forward, fp8_supported
+from primus.turbo.kernels.fp8_linear import fp8_backward, fp8_supported, function_forward
 
 UPSTREAM_LINEAR = layers.linear_with_grad_accumulation_and_async_allreduce
 
@@ -53,11 +53,9 @@ class MegatronFP8Linear(torch.autograd.Function):
         allreduce_dgrad: bool,
         tp_group: Any,
     ) -> torch.Tensor:
-        out, ctx.saved = fp8_forward(x.reshape(-1, x.shape[-1]), weight, recipe, cache=True)
-        ctx.weight, ctx.shape, ctx.has_bias = weight, x.shape, bias is not None
-        ctx.accumulate, ctx.allreduce_dgrad, ctx.tp_group = accumulate, allreduce_dgrad, tp_group
-        out = out.view(*x.shape[:-1], weight.shape[0])
-        return out if bias is None else out + bias
+        ctx.weight, ctx.accumulate = weight, accumulate
+        ctx.allreduce_dgrad, ctx.tp_group = allreduce_dgrad, tp_group
+        return function_forward(ctx, x, weight, bias, recipe, cache=True)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

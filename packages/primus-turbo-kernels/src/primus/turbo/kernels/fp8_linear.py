@@ -6,15 +6,17 @@ amax of this call. Every GEMM is written `A @ B.T` with A [M, K] and B [N, K] bo
 in FP8, quantized along K, which is the layout `_scaled_mm` takes (`B.t()` is column-major).
 
 - `tensorwise`: one scale per tensor; inputs and weights in e4m3, output gradients in e5m2.
-  One pass casts a tensor and writes its transpose too, so the backward reuses the forward's
-  FP8 copies of the input and the weight.
+  The forward also writes the transposed FP8 copies of the input and the weight, which the
+  backward's GEMMs take.
 - `rowwise`: one scale per row of A and per row of B (`_scaled_mm`'s [M, 1] and [1, N]
-  scales); everything in e4m3 (what torch's row-wise kernel takes), output bf16 only. Each GEMM
-  quantizes its own operands along its own K.
+  scales); everything in e4m3, as torchao's row-wise recipe (per-row scales cover the range,
+  e4m3 keeps a mantissa bit more); output bf16 only. Each GEMM quantizes its own operands
+  along its own K.
 
-The cast is a Triton kernel on a GPU (scale, saturate, cast, and the transposed copy in one
-pass; the amax is one `vector_norm` reduction), PyTorch ops elsewhere. `_scaled_mm` also runs
-on the CPU in recent torch, which the tests use. GEMMs need K and N (and, for the weight
+The cast is a Triton kernel on a GPU (scale, saturate and cast in one pass, reading any
+strides, so a transposed copy costs no extra transpose; the amax is one `vector_norm`
+reduction), PyTorch ops elsewhere. `_scaled_mm` also runs on the CPU in recent torch (row-wise
+scales too in 2.15, not in 2.11), which the tests use. GEMMs need K and N (and, for the weight
 gradient, M) to be multiples of 16: `fp8_supported` says whether a shape is.
 """
 
@@ -39,45 +41,39 @@ _EPS = 1e-12  # the smallest amax: an all-zero tensor gets a finite scale
 
 @triton.jit
 def _cast_kernel(
-    x, scale, out, out_t, M, N,
-    stride_xm, stride_xn, stride_sm, stride_sn, fp8_max,
-    WRITE: tl.constexpr, WRITE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x, scale, out, M, N, stride_xm, stride_xn, fp8_max,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """out[m, n] = saturate(x[m, n] / scale) (row-major), out_t[n, m] the same transposed."""
+    """out[m, n] = saturate(x[m, n] / scale[m]), row-major; x of any strides."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     mask = (rm < M) & (rn < N)
     v = tl.load(x + rm * stride_xm + rn * stride_xn, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(scale + rm * stride_sm + rn * stride_sn, mask=mask, other=1.0)
+    s = tl.load(scale + rm, mask=rm < M, other=1.0)
     q = tl.clamp(v / s, -fp8_max, fp8_max)
-    if WRITE:
-        tl.store(out + rm * N + rn, q.to(out.dtype.element_ty), mask=mask)
-    if WRITE_T:
-        tl.store(out_t + rn * M + rm, q.to(out_t.dtype.element_ty), mask=mask)
+    tl.store(out + rm * N + rn, q.to(out.dtype.element_ty), mask=mask)
 
 
-def _cast(
-    x: torch.Tensor, dtype: torch.dtype, rowwise: bool, plain: bool, t: bool
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-    """FP8 copies of the 2-D `x` (any strides): row-major `x` if `plain`, row-major `x.T` if
-    `t`, and the dequantization scale (fp32 [1, 1], or [rows, 1] `rowwise`: each row's amax)."""
-    fp8_max = torch.finfo(dtype).max
+def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
+    """The dequantization scale of the 2-D `x`: amax / FP8 max, fp32 [1, 1], or [rows, 1]
+    (each row's amax) with `rowwise`."""
     dims = (1,) if rowwise else (0, 1)
     amax = torch.linalg.vector_norm(x, math.inf, dim=dims, keepdim=True, dtype=torch.float32)
-    scale = amax.clamp(min=_EPS) / fp8_max
-    rows, cols = x.shape
+    return amax.clamp(min=_EPS) / torch.finfo(dtype).max
+
+
+def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Row-major FP8 copy of the 2-D `x` (any strides) divided by `scale` ([1, 1] or [rows, 1])
+    and saturated: the Triton kernel on a GPU, PyTorch elsewhere."""
+    fp8_max = torch.finfo(dtype).max
     if not x.is_cuda:
-        q = (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype)
-        return q.contiguous() if plain else None, q.t().contiguous() if t else None, scale
-    out = torch.empty(rows, cols, dtype=dtype, device=x.device) if plain else None
-    out_t = torch.empty(cols, rows, dtype=dtype, device=x.device) if t else None
-    stride_s = (scale.stride(0), 0) if rowwise else (0, 0)
+        return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype).contiguous()
+    rows, cols = x.shape
+    out = torch.empty(rows, cols, dtype=dtype, device=x.device)
+    per_row = scale.expand(rows, 1).contiguous()
     grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
-    _cast_kernel[grid](
-        x, scale, out if plain else out_t, out_t if t else out, rows, cols,
-        *x.stride(), *stride_s, fp8_max, WRITE=plain, WRITE_T=t, BLOCK_M=64, BLOCK_N=64,
-    )  # fmt: skip
-    return out, out_t, scale
+    _cast_kernel[grid](x, per_row, out, rows, cols, *x.stride(), fp8_max, BLOCK_M=64, BLOCK_N=64)
+    return out
 
 
 def quantize_rows(
@@ -85,16 +81,14 @@ def quantize_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-major FP8 `x` [R, C] and its scale: one-element, or [R, 1] (the amax of each row)
     with `rowwise`."""
-    q, _, scale = _cast(x, dtype, rowwise, plain=True, t=False)
-    assert q is not None
-    return q, scale if rowwise else scale.reshape(())
+    scale = _scale(x, dtype, rowwise)
+    return _cast(x, scale, dtype), scale if rowwise else scale.reshape(())
 
 
 def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Row-major FP8 `x` and `x.T` in one pass, with their one-element scale."""
-    q, q_t, scale = _cast(x, dtype, False, plain=True, t=True)
-    assert q is not None and q_t is not None
-    return q, q_t, scale.reshape(())
+    """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale."""
+    scale = _scale(x, dtype, False)
+    return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
 
 
 def mm_nt(
@@ -192,22 +186,26 @@ def fp8_backward(
     return grad_input, grad_weight
 
 
+def function_forward(
+    ctx: Any,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: str,
+    cache: bool,
+) -> torch.Tensor:
+    """An autograd Function's forward over `fp8_forward`: x of any leading shape, the bias
+    added; `ctx` keeps what `fp8_backward` needs (`saved`), `shape` and `has_bias`."""
+    out, ctx.saved = fp8_forward(x.reshape(-1, x.shape[-1]), weight, recipe, cache)
+    ctx.has_bias, ctx.shape = bias is not None, x.shape
+    out = out.view(*x.shape[:-1], weight.shape[0])
+    return out if bias is None else out + bias
+
+
 class FP8Linear(torch.autograd.Function):
     """`F.linear` with its three GEMMs in FP8 (see the module docstring)."""
 
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        recipe: str,
-        cache: bool,
-    ) -> torch.Tensor:
-        out, ctx.saved = fp8_forward(x.reshape(-1, x.shape[-1]), weight, recipe, cache)
-        ctx.has_bias, ctx.shape = bias is not None, x.shape
-        out = out.view(*x.shape[:-1], weight.shape[0])
-        return out if bias is None else out + bias
+    forward = staticmethod(function_forward)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
