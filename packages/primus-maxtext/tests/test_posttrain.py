@@ -1,7 +1,8 @@
 """`primus train posttrain` through MaxText's own training loop on CPU: a tiny Llama-3 HF model
 (with its tokenizer) fine-tuned on the reverse-words task from its import, exported, resumed;
-the batches MaxText reads against the tokenizer's chat template; `peft:` refused; the GPU
-recipe against the published Llama-3.2-1B config."""
+LoRA on it (one short run), exported merged and as a PEFT adapter; the batches MaxText reads
+against the tokenizer's chat template; `dpo:` refused; the GPU recipe against the published
+Llama-3.2-1B config."""
 
 from __future__ import annotations
 
@@ -138,31 +139,24 @@ def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path:
     assert metrics["eval_token_accuracy"] == pytest.approx(stats.accuracy, abs=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("section", "capability", "line_of"), [("peft", "lora", "type: lora"), ("dpo", "dpo", "dpo:")]
-)
-def test_lora_and_dpo_are_refused(
-    task: dict[str, Path], tmp_path: Path, section: str, capability: str, line_of: str
-) -> None:
-    """MaxText declares neither the lora capability (its LoRA lives in its Tunix trainer only)
-    nor dpo: each section is one error at its line, naming the backends that have it."""
-    exp = experiment(tmp_path / section, task, peft={"type": "lora", "rank": 4})
-    if section == "dpo":  # preference training instead: no peft, no eval
-        from primus.testing.dpo import write_preference_task
+def test_dpo_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
+    """MaxText does not declare the dpo capability: `dpo:` is one error at its line, naming
+    the backends that have it."""
+    from primus.testing.dpo import write_preference_task
 
-        written = yaml.safe_load(exp.read_text())
-        module = written["modules"]["post_trainer"]
-        del module["peft"]
-        module["sft"]["eval"] = None  # the recipe's eval file: none
-        module["sft"]["train"] = str(write_preference_task(tmp_path / "pairs", 4)["train"])
-        exp.write_text(
-            yaml.safe_dump(written | {"modules": {"post_trainer": module | {"dpo": {"beta": 0.1}}}})
-        )
+    exp = experiment(tmp_path / "dpo", task)
+    written = yaml.safe_load(exp.read_text())
+    module = written["modules"]["post_trainer"]
+    module["sft"]["eval"] = None  # the recipe's eval file: none
+    module["sft"]["train"] = str(write_preference_task(tmp_path / "pairs", 4)["train"])
+    exp.write_text(
+        yaml.safe_dump(written | {"modules": {"post_trainer": module | {"dpo": {"beta": 0.1}}}})
+    )
     done = primus("train", "posttrain", "--config", str(exp), "--dry-run")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert f"the maxtext backend does not provide {capability}" in done.stderr
+    assert "the maxtext backend does not provide dpo" in done.stderr
     assert "backends that do: megatron, torchtitan" in done.stderr
-    line = next(n for n, text in enumerate(exp.read_text().splitlines(), 1) if line_of in text)
+    line = next(n for n, text in enumerate(exp.read_text().splitlines(), 1) if "dpo:" in text)
     assert f"error: {exp}:{line}:" in done.stderr
 
 
@@ -186,3 +180,117 @@ def test_the_gpu_recipe_builds_against_the_published_model(
         "eval_start_step=49",
     ):
         assert f"\n- {arg}\n" in stdout, arg
+
+
+# LoRA: one short run of the recipe, adapters on five of the seven projections (k_proj and
+# up_proj keep none, so the export must leave them as they were)
+LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]
+LORA_STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+    """The recipe with `peft:` (rank 4, alpha 8) for 20 steps, evals at 10 and 20, a
+    checkpoint at MaxText's step 19: the run directory."""
+    peft = {"type": "lora", "rank": 4, "alpha": 8, "target_modules": LORA_TARGETS}
+    exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=peft)
+    return sft_runs.posttrain(exp, f"steps={LORA_STEPS}", "eval_interval=10",
+                              f"checkpoint_period={LORA_STEPS}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lora_exports(lora_run: Path) -> tuple[Path, Path]:
+    """`primus checkpoint export --hf --adapter` of the LoRA run, in this process: (the
+    merged HF model, the PEFT adapter)."""
+    import torch  # noqa: F401  (a conversion hides torch when it is not imported yet)
+
+    from primus.testing.fuzz_runs import run_in_process
+
+    exp = sft_runs.experiment_of(lora_run)
+    merged, adapter = exp.parent / "merged", exp.parent / "adapter"
+    done = run_in_process(["checkpoint", "export", "--config", str(exp), "--hf", str(merged),
+                           "--adapter", str(adapter)], exp.parent, {})  # fmt: skip
+    assert done.code == 0, done.stderr[-3000:]
+    return merged, adapter
+
+
+def _checkpoint_leaves(step: Path) -> list[str]:
+    import jax
+    import orbax.checkpoint as ocp
+
+    metadata = ocp.PyTreeCheckpointer().metadata(step / "items")
+    tree = getattr(metadata, "item_metadata", metadata)
+    leaves = jax.tree_util.tree_leaves_with_path(getattr(tree, "tree", tree))
+    return [
+        "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path) for path, _ in leaves
+    ]
+
+
+def test_lora_trains_the_adapters_alone(lora_run: Path, task: dict[str, Path]) -> None:
+    """The run says LoRA; its eval loss falls well below the HF model's; its checkpoint holds
+    the targeted projections' adapters and Adam's state for them alone (no state for a frozen
+    weight); the frozen weights staying bit for bit is the export's test below."""
+    log = (lora_run / "logs" / "rank-0.log").read_text()
+    assert "[maxtext] LoRA: rank 4, alpha 8 (scaling 2), on q_proj, v_proj, o_proj" in log
+    sft_runs.assert_adapters_learned(lora_run, task["hf"], LORA_STEPS)
+    losses = [m["loss"] for m in step_metrics(lora_run)]
+    assert max(losses[-5:]) < losses[0] - 0.5, losses
+    leaves = _checkpoint_leaves(lora_run / "checkpoints" / str(LORA_STEPS - 1))
+    weights = [leaf for leaf in leaves if leaf.startswith("params/")]
+    modules = ["query", "value", "out", "wi_0", "wo"]
+    assert len(weights) == 2 * len(modules), weights
+    assert all(w.rsplit("/", 2)[-2] in modules and "_lora_" in w for w in weights), weights
+    moments = [leaf for leaf in leaves if "/mu/" in leaf or "/nu/" in leaf]
+    assert len(moments) == 2 * len(weights) and all("_lora_" in m for m in moments), moments
+
+
+def test_lora_export_is_the_hf_model_plus_the_adapters(
+    lora_run: Path, lora_exports: tuple[Path, Path], task: dict[str, Path]
+) -> None:
+    """The merged export holds the HF model's tensors bit for bit where no adapter was and
+    changed ones where one was, and transformers' eval of it equals the run's last eval: the
+    run trained on the frozen HF weights plus the adapters."""
+    merged, _ = lora_exports
+    sft_runs.assert_merged_only(task["hf"], merged, LORA_TARGETS)
+    exp = sft_runs.experiment_of(lora_run)
+    sft_runs.assert_evaluates_as(merged, exp, sft_runs.eval_lines(lora_run)[LORA_STEPS])
+
+
+def test_peft_adapter_on_the_hf_model_gives_the_merged_logits(
+    lora_exports: tuple[Path, Path], task: dict[str, Path]
+) -> None:
+    """The PEFT adapter (rank 4, alpha 8, the five targets), loaded by peft onto the HF
+    model, gives the merged export's logits, which are not the HF model's."""
+    import json
+
+    import torch
+
+    from primus.testing.hf_models import hf_logits
+
+    merged, adapter = lora_exports
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (4, 8.0)
+    assert sorted(config["target_modules"]) == sorted(LORA_TARGETS)
+    assert len(sft_runs.safetensors(adapter)) == 2 * len(LORA_TARGETS) * 2  # A, B per layer
+    sft_runs.assert_adapter_is_the_merged_export(task["hf"], adapter, merged)
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert (hf_logits(merged, tokens) - hf_logits(task["hf"], tokens)).abs().max() > 0.05
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "says"),
+    [
+        ("peft.dropout=0.1", "peft.dropout", "drops the adapters' inputs in eval too"),
+        ("gradient_accumulation_steps=2", "gradient_accumulation_steps", "every weight"),
+    ],
+)
+def test_lora_settings_maxtext_cannot_train_are_refused(
+    task: dict[str, Path], tmp_path: Path, change: str, key: str, says: str
+) -> None:
+    """What MaxText's LoRA cannot do is one error at the setting, no traceback (exit 2)."""
+    exp = experiment(tmp_path / "refused", task, peft={"type": "lora", "rank": 4})
+    done = primus("train", "posttrain", "--config", str(exp), "--dry-run", change)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: cli ({change}): maxtext: {errors[0].split('maxtext: ', 1)[1]}"]
+    assert says in errors[0] and key in errors[0]

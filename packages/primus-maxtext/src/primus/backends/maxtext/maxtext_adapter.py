@@ -49,7 +49,15 @@ class MaxTextAdapter(BackendAdapter):
         "posttrain": "primus.backends.maxtext.posttrain_trainer:MaxTextPosttrainTrainer",
     }
     capabilities = frozenset(
-        {"hf-import", "hf-export", "checkpoint-inspect", "memory-projection", "corpus"}
+        {
+            "hf-import",
+            "hf-export",
+            "checkpoint-inspect",
+            "memory-projection",
+            "corpus",
+            "lora",
+            "lora-export",
+        }
     )
 
     tested_versions = TESTED
@@ -150,6 +158,11 @@ class MaxTextAdapter(BackendAdapter):
         from primus.backends.maxtext.checkpoint.hf import export_hf
 
         export_hf(backend_args, iteration, out, dtype)
+
+    def lora_adapters(self, backend_args: Any, iteration: int | None) -> dict[str, Any]:
+        from primus.backends.maxtext.checkpoint.hf import lora_adapters
+
+        return lora_adapters(backend_args, iteration)
 
     def model_preset_from_hf(self, hf_config: dict[str, Any]) -> dict[str, Any]:
         from primus.backends.maxtext.checkpoint.native import preset_from_hf

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from primus.backends.maxtext.checkpoint import lora
 from primus.backends.maxtext.checkpoint.hf_mapping import (
     Tables,
     build_param,
@@ -209,31 +210,53 @@ def _export_slot(found: Tables, dtype: np.dtype, weight: np.ndarray, writer: Saf
     writer.write(name, cast(tensor, dtype).reshape(shape))
 
 
-def export_hf(args: MaxTextArgs, iteration: int | None, out: Path, dtype: str | None) -> None:
-    """The run's checkpoint (params only) as HF safetensors in `dtype` (None: weight_dtype)
-    and config.json in `out`, with the tokenizer's files when `tokenizer_path` is a folder (an
-    HF tokenizer). One MaxText parameter is written (its HF tensors by THREADS threads) while
-    the next is read into host memory: at most two are held."""
-    import jax
+def _export_tables(args: MaxTextArgs, dtype: str | None) -> tuple[Any, Any, Tables, np.dtype]:
+    """(MaxText's config, the HF config, the conversion tables, the dtype written) of an
+    export in `dtype` (None: weight_dtype)."""
     from transformers import AutoConfig
 
     config = maxtext_config(args.argv)
     written = export_dtype(config, dtype)
     values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"), written)
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
-    found = tables(config, hf.to_dict(), saving_to_hf=True)
+    return config, hf, tables(config, hf.to_dict(), saving_to_hf=True), written
+
+
+def lora_adapters(args: MaxTextArgs, iteration: int | None) -> dict[str, Any]:
+    """The LoRA adapters of the run's checkpoint (latest, or `iteration`) as (A, B) per HF
+    module name, in HF space (`checkpoint.lora.adapter_factors`)."""
+    config, _, found, _ = _export_tables(args, None)
     step = checkpoint_step(config, iteration)
+    if step == lora.base_step(config):
+        raise ConfigError(f"{config.checkpoint_dir}: no LoRA checkpoint to export",
+                          hint="train with enable_checkpointing=true first")  # fmt: skip
+    return lora.adapter_factors(found, lora.read_adapters(config, step))
+
+
+def export_hf(args: MaxTextArgs, iteration: int | None, out: Path, dtype: str | None) -> None:
+    """The run's checkpoint (params only) as HF safetensors in `dtype` (None: weight_dtype)
+    and config.json in `out`, with the tokenizer's files when `tokenizer_path` is a folder (an
+    HF tokenizer). One MaxText parameter is written (its HF tensors by THREADS threads) while
+    the next is read into host memory: at most two are held."""
+    import jax
+
+    config, hf, found, written = _export_tables(args, dtype)
+    step = checkpoint_step(config, iteration)
+    adapters, source = {}, step  # a LoRA run's frozen weights are its import's
+    if lora.enabled(config) and step != lora.base_step(config):
+        adapters, source = lora.read_adapters(config, step), lora.base_step(config)
     writer = SafetensorsWriter(out, export_layout(found, written))
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     # a parameter stored in the export's dtype (a bf16 import) is read and converted as it is:
     # MaxText's hooks only move, reshape or scale by powers of two what bf16 holds exactly
-    stored = checkpoint_dtypes(step, found.params)
+    stored = checkpoint_dtypes(source, found.params)
 
     def read(key: str) -> np.ndarray:
         leaf = found.params[key]
-        kept = written if stored[key] == written else leaf.dtype
+        kept = written if stored[key] == written and key not in adapters else leaf.dtype
         on_host = jax.ShapeDtypeStruct(leaf.shape, kept, sharding=host)
-        return np.asarray(load_params(config, {key: on_host}, step)[key])
+        weight = np.asarray(load_params(config, {key: on_host}, source)[key])
+        return lora.merged(found, key, weight, adapters)
 
     log_rank_0(f"[maxtext] exporting on JAX's {jax.default_backend()} backend")
     start = time.perf_counter()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from primus.backends.maxtext.posttrain.lora import check_peft
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.config.sanity import (
     FRACTION,
@@ -214,6 +215,7 @@ def check_params(config: ModuleConfig, schema: ParamSchema) -> None:
             "which Primus has not tested with attention: cudnn_flash_te",
             hint="set attention: autoselected (or dot_product, flash), or sft.packing: false",
         )
+    check_peft(config, value.__getitem__)
 
 
 def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:

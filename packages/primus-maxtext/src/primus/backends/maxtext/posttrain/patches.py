@@ -1,9 +1,10 @@
 """Fine-tuning (`primus train posttrain`) through MaxText's own training loop.
 
-`maxtext.posttrain` (setup) sets the MaxText keys the module's `sft:` implies (core refuses
-`peft:`: MaxText does not declare the lora capability); `maxtext.sft_data` (before_train) feeds
-core's SFT rows to the loop and evaluates with core's token sums
-(primus.backends.maxtext.posttrain.sft).
+`maxtext.posttrain` (setup) sets the MaxText keys the module's `sft:` implies; `maxtext.sft_data`
+(before_train) feeds core's SFT rows to the loop and evaluates with core's token sums
+(primus.backends.maxtext.posttrain.sft). With `peft:`, `maxtext.lora` (setup) turns on MaxText's
+LoRA training and `maxtext.lora_model` (before_train) puts qwix's adapters on the model it
+builds (primus.backends.maxtext.posttrain.lora).
 """
 
 from __future__ import annotations
@@ -103,3 +104,85 @@ def sft_data(ctx: PatchContext) -> None:
     ctx.replace(TRAIN, "eval_step", sft.eval_step)
     ctx.wrap("maxtext.common.metric_logger.MetricLogger", "_accumulate_eval_metrics", _eval_sums)
     trainer.sft_rows = train
+
+
+def _lora(ctx: PatchContext) -> bool:
+    """the module has a peft: section"""
+    return ctx.extra["module"].peft is not None
+
+
+@register_patch(
+    "maxtext.lora",
+    backend="maxtext",
+    phase="setup",
+    condition=_lora,
+    backend_versions=TESTED,
+    target="MaxText config lora (enable_lora, lora_rank, lora_alpha, lora_module_path)",
+    tags=("posttrain",),
+)
+def lora_config(ctx: PatchContext) -> None:
+    """MaxText's LoRA training from `peft:`: its optimizer and train step take the
+    `nnx.LoRAParam`s only, its checkpoints hold them (and their optimizer state) only."""
+    from primus.backends.maxtext.posttrain.lora import maxtext_lora
+
+    peft = ctx.extra["module"].peft
+    ctx.set_param("lora", maxtext_lora(peft), f"peft: LoRA on {', '.join(peft.target_modules)}")
+
+
+def _lora_training(ctx: PatchContext) -> bool:
+    """the stage is posttrain and the module has a peft: section"""
+    return _posttrain_stage(ctx) and _lora(ctx)
+
+
+@register_patch(
+    "maxtext.lora_model",
+    backend="maxtext",
+    phase="before_train",
+    condition=_lora_training,
+    requires="maxtext.lora",
+    backend_versions=TESTED,
+    target="maxtext.utils.model_creation_utils.get_nnx_create_model_fn, "
+    "maxtext.common.checkpointing.load_state_if_possible, _filter_lora_trainable_state",
+    tags=("posttrain",),
+)
+def lora_model(ctx: PatchContext) -> None:
+    """The model MaxText's loop builds gets qwix's LoRA adapters (MaxText applies them only in
+    its Tunix trainer); a resumed run loads its frozen weights from the HF import as a fresh
+    run does (MaxText's restore of a LoRA checkpoint reads the adapters alone); checkpoints
+    keep the optimizer's state (MaxText's LoRA filter drops it: it keeps dict entries whose
+    path names "lora", and optax's state is tuples), so a resume continues exactly."""
+    from primus.backends.maxtext.posttrain import lora
+
+    peft = ctx.extra["module"].peft
+    log_rank_0(f"[maxtext] LoRA: {lora.describe(peft)}")
+
+    def create_model_fn(original: Any) -> Any:
+        def create(config: Any, mesh: Any = None, *args: Any, **kwargs: Any) -> Any:
+            build = original(config, mesh, *args, **kwargs)
+            return lambda: lora.apply(build(), mesh, config)
+
+        return create
+
+    def load_state(original: Any) -> Any:
+        def load(manager: Any, iterator: Any, params_path: str, *args: Any, **kwargs: Any) -> Any:
+            restored, params = original(manager, iterator, params_path, *args, **kwargs)
+            if restored is not None and params is None and params_path:
+                log_rank_0(f"[maxtext] LoRA: the frozen weights from {params_path}")
+                _, params = original(None, iterator, params_path, *args, **kwargs)
+            return restored, params
+
+        return load
+
+    def keep_optimizer(original: Any) -> Any:
+        def filtered(state: Any) -> Any:
+            kept = original(state)
+            if isinstance(state, dict) and isinstance(kept, dict) and "opt_state" in state:
+                kept["opt_state"] = state["opt_state"]  # the adapters' alone (wrt LoRAParam)
+            return kept
+
+        return filtered
+
+    checkpointing = "maxtext.common.checkpointing"
+    ctx.wrap("maxtext.utils.model_creation_utils", "get_nnx_create_model_fn", create_model_fn)
+    ctx.wrap(checkpointing, "load_state_if_possible", load_state)
+    ctx.wrap(checkpointing, "_filter_lora_trainable_state", keep_optimizer)
