@@ -12,7 +12,8 @@ Both are measured by Primus's own step metrics (metrics.jsonl: tokens/s/GPU coun
 position of a row, padding included; peak GPU memory): the median after `--warmup` steps.
 Goal: fine-tuning tokens/s >= 0.95x pretraining's. With `--lora BACKEND...`, a LoRA
 fine-tune (rank 16, every projection) is measured too, for its step time and memory against
-full fine-tuning (goal: LoRA tokens/s >= 1.1x full fine-tuning's). With `--dpo BACKEND...`,
+full fine-tuning (goal: LoRA tokens/s >= 1.1x full fine-tuning's); `--unpacked` runs both
+with packing off. With `--dpo BACKEND...`,
 two runs more (alone with an empty `--backends`): the SFT recipe with packing off, and the same recipe as DPO (`dpo: {beta: 0.1}`,
 no eval) on preference pairs of the same reverse-task prompts (chosen: the words reversed,
 rejected: as given), its batch sizes halved since DPO's count pairs of two rows: both train the
@@ -171,6 +172,9 @@ def main() -> None:
         "--turbo", choices=("auto", "off", "both"), default="auto",
         help="turbo.enable: auto (its default), off (false), or both, side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--unpacked", action="store_true", help="fine-tune (SFT and LoRA) with packing off"
+    )
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report (default: stdout)")
     args = parser.parse_args()
@@ -185,14 +189,15 @@ def main() -> None:
         pretrain, sft = (ROOT / "configs" / backend / f"{name}.yaml" for name in args.recipes)
         steps = {"megatron": "train_iters", "torchtitan": "training.steps"}.get(backend, "steps")
         every = EVERY.get(backend, [])
+        tuned = [*every, f"{SFT}.packing=false"] if args.unpacked else every
         jobs: dict[str, tuple[str, Path, list[str]]] = {}
         if backend in args.dpo:
             jobs["sft-unpacked"] = ("posttrain", sft, [*every, f"{SFT}.packing=false"])
             jobs["dpo"] = ("posttrain", sft, [*every, *as_dpo(sft, data)])
         if backend in args.backends:
-            jobs |= {"pretrain": ("pretrain", pretrain, every), "sft": ("posttrain", sft, every)}
+            jobs |= {"pretrain": ("pretrain", pretrain, every), "sft": ("posttrain", sft, tuned)}
         if backend in args.lora:
-            jobs["lora"] = ("posttrain", sft, [*every, *LORA.split()])
+            jobs["lora"] = ("posttrain", sft, [*tuned, *LORA.split()])
         for round_ in range(args.rounds):
             for suffix in settings:  # every job with turbo auto, then every one without
                 off = ["turbo.enable=false"] if suffix and installed("primus-turbo-kernels") else []

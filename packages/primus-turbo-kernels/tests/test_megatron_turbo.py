@@ -150,12 +150,24 @@ def test_two_gpus_replaying_cuda_graphs_exit_after_their_last_step(tmp_path: Pat
     assert "cuda_graph_impl='full_iteration'" in result.stdout + result.stderr
 
 
-def test_fine_tuning_keeps_cuda_graphs_off(tmp_path: Path) -> None:
-    """Fine-tuning's packed rows change shape from batch to batch: no graph."""
+def test_fine_tuning_replays_cuda_graphs_and_dpo_does_not(tmp_path: Path) -> None:
+    """Fine-tuning rows, packed or not, are `seq_length` long: one graph per iteration (on an
+    H200 its losses equal those without, bit for bit). DPO's reference forward runs within
+    the step: no graph."""
+    from primus.testing.dpo import write_preference_task
+
     task = make_task(tmp_path / "task")
-    _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path, "turbo.enable=true")
+    _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "sft", "turbo.enable=true")
+    assert "cuda_graph_impl: full_iteration\n" in stdout
+    pairs = write_preference_task(tmp_path / "pairs")["train"]
+    dpo = (f"sft.train={pairs}", "sft.packing=false", "sft.eval=null", "sft.eval_fraction=0",
+           "dpo.beta=0.1", "turbo.enable=true")  # fmt: skip
+    _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "dpo", *dpo)
     assert "cuda_graph_impl: none\n" in stdout
-    assert "megatron.turbo_cuda_graphs               skipped: posttrain's packed rows" in stdout
+    assert (
+        "megatron.turbo_cuda_graphs               skipped: DPO's reference forward runs within "
+        "the step" in stdout
+    )
 
 
 def test_packed_fine_tuning_keeps_its_document_mask(tmp_path: Path) -> None:

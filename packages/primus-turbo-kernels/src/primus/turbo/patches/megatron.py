@@ -26,7 +26,7 @@ FEATURES = {
     "cross_entropy": "Triton cross-entropy for the language-model loss",
     "optimizer": "fused Adam and foreach grad-norm/scale instead of the Python fallbacks",
     "grad_accum_fusion": "weight-gradient GEMMs accumulate into the fp32 main grads",
-    "cuda_graphs": "each iteration's forward and backward replayed as one CUDA graph (pretraining)",
+    "cuda_graphs": "each iteration's forward and backward replayed as one CUDA graph (not DPO)",
 }
 register_switches("megatron", FEATURES, opt_in=FP8, params=PARAMS)
 _turbo = partial(turbo_patch, "megatron", backend_versions=TESTED)
@@ -235,11 +235,13 @@ def turbo_cuda_graphs(ctx: PatchContext) -> str | None:
     """Megatron's full-iteration CUDA graph: each training iteration's forward and backward
     (every micro-batch, the gradient reduction) replay one captured graph, so kernel launches
     no longer bound small micro-batches. The optimizer step and Primus's non-finite check run
-    outside it. Needs the same shapes every iteration: pretraining only."""
+    outside it. Needs the same shapes every iteration, which pretraining and fine-tuning have
+    (fine-tuning rows are `seq_length` long, packed or padded, with a mask of the same shape);
+    DPO's frozen reference forward runs in the step, outside what Megatron captures."""
     if wants_cpu(ctx):
         return _kept_upstream("cuda_graphs", "CUDA graphs need a GPU")
-    if ctx.stage != "pretrain":
-        return _kept_upstream("cuda_graphs", f"{ctx.stage}'s packed rows change shape per batch")
+    if ctx.stage != "pretrain" and ctx.extra["module"].dpo is not None:
+        return _kept_upstream("cuda_graphs", "DPO's reference forward runs within the step")
     chosen = get_param(ctx, "cuda_graph_impl", "none")
     if chosen != "none":
         return _kept_upstream("cuda_graphs", f"cuda_graph_impl is {chosen}")
