@@ -191,11 +191,20 @@ LORA_STEPS = 20
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
     """The recipe with `peft:` (rank 4, alpha 8) for 20 steps, evals at 10 and 20, a
-    checkpoint at MaxText's step 19: the run directory."""
+    checkpoint at MaxText's step 19, run by frozen_weights.py (`primus train posttrain`'s
+    runtime, in a subprocess), which also saves the trained model's frozen weights in
+    `frozen.npz` beside the experiment: the run directory."""
+    import subprocess
+    import sys
+
     peft = {"type": "lora", "rank": 4, "alpha": 8, "target_modules": LORA_TARGETS}
     exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=peft)
-    return sft_runs.posttrain(exp, f"steps={LORA_STEPS}", "eval_interval=10",
-                              f"checkpoint_period={LORA_STEPS}")  # fmt: skip
+    script = Path(__file__).with_name("frozen_weights.py")
+    overrides = [f"steps={LORA_STEPS}", "eval_interval=10", f"checkpoint_period={LORA_STEPS}"]
+    done = subprocess.run([sys.executable, str(script), str(exp), str(exp.with_name("frozen.npz")),
+                           *overrides], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return sft_runs.run_dir(exp)
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +238,7 @@ def _checkpoint_leaves(step: Path) -> list[str]:
 def test_lora_trains_the_adapters_alone(lora_run: Path, task: dict[str, Path]) -> None:
     """The run says LoRA; its eval loss falls well below the HF model's; its checkpoint holds
     the targeted projections' adapters and Adam's state for them alone (no state for a frozen
-    weight); the frozen weights staying bit for bit is the export's test below."""
+    weight)."""
     log = (lora_run / "logs" / "rank-0.log").read_text()
     assert "[maxtext] LoRA: rank 4, alpha 8 (scaling 2), on q_proj, v_proj, o_proj" in log
     sft_runs.assert_adapters_learned(lora_run, task["hf"], LORA_STEPS)
@@ -242,6 +251,27 @@ def test_lora_trains_the_adapters_alone(lora_run: Path, task: dict[str, Path]) -
     assert all(w.rsplit("/", 2)[-2] in modules and "_lora_" in w for w in weights), weights
     moments = [leaf for leaf in leaves if "/mu/" in leaf or "/nu/" in leaf]
     assert len(moments) == 2 * len(weights) and all("_lora_" in m for m in moments), moments
+
+
+def test_the_frozen_weights_are_the_imports_bits_after_training(lora_run: Path) -> None:
+    """The LoRA run's model after training: every weight but the adapters is the HF import's,
+    bit for bit (the weights as the trained model holds them)."""
+    import orbax.checkpoint as ocp
+
+    trained = dict(np.load(lora_run.parents[3] / "frozen.npz"))
+    items = ocp.PyTreeCheckpointer().restore(lora_run / "hf_import" / "0" / "items")
+    imported = {"/".join(path): np.asarray(leaf) for path, leaf in _flat(items["params"]["params"])}
+    assert sorted(trained) == sorted(imported) and len(trained) == 12, sorted(trained)
+    for key, weight in trained.items():
+        assert np.array_equal(weight, imported[key]), key
+
+
+def _flat(tree: Any, path: tuple[str, ...] = ()) -> Any:
+    if isinstance(tree, dict):
+        for name, sub in tree.items():
+            yield from _flat(sub, (*path, name))
+    else:
+        yield path, tree
 
 
 def test_lora_export_is_the_hf_model_plus_the_adapters(
