@@ -126,3 +126,31 @@ def adapter_factors(found: Tables, adapters: dict[str, Any]) -> dict[str, tuple[
             factors[module] = (torch.from_numpy(a_i.T.astype(np.float32)),
                                torch.from_numpy(hf_b.astype(np.float32)))  # fmt: skip
     return factors
+
+
+def from_peft(found: Tables, factors: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """MaxText kernel key -> (A, B) as the model holds them, from a PEFT adapter's factors
+    (HF module name -> (A, B), `peft_adapter.read_adapter`) through the import's hooks
+    (`found` built with saving_to_hf=False): the inverse of `adapter_factors`."""
+    from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
+
+    adapters = {}
+    for key in found.params:
+        jobs = [j for j in slot_jobs(found, key) if j[2].removesuffix(".weight") in factors]
+        if not jobs:
+            continue
+        a_layers, b_layers = [], []
+        for _, _, name, one in jobs:
+            a_hf, b_hf = (np.asarray(f, np.float32) for f in factors[name.removesuffix(".weight")])
+            rank = a_hf.shape[0]
+            columns = np.zeros(found.hf_shapes[name], np.float32)
+            columns[:, :rank] = b_hf
+            kernel = np.asarray(apply_hook_fns(columns, one, found.hooks.get(key)))
+            a_layers.append(a_hf.T)
+            b_layers.append(kernel.reshape(a_hf.shape[1], -1)[:rank])
+        axis = scan_axis(found, key)
+        if axis is None:
+            adapters[key] = (a_layers[0], b_layers[0])
+        else:
+            adapters[key] = (np.stack(a_layers, axis), np.stack(b_layers, axis))
+    return adapters

@@ -58,9 +58,10 @@ def _peft_uniform(key: Any, shape: Any, dtype: Any = None) -> Any:
     return jax.random.uniform(key, shape, dtype or jnp.float32, -bound, bound)
 
 
-def apply(model: Any, mesh: Any, config: Any) -> Any:
+def apply(model: Any, mesh: Any, config: Any, start: dict[str, Any] | None = None) -> Any:
     """The NNX `model` with qwix's LoRA on the modules of MaxText's `config.lora`, the
-    adapters replicated (as MaxText's own `lora_utils.apply_lora_to_model` lays them out)."""
+    adapters replicated (as MaxText's own `lora_utils.apply_lora_to_model` lays them out),
+    starting from `start` (MaxText kernel key -> (A, B)) when given."""
     import jax
     import jax.numpy as jnp
     import qwix  # type: ignore[import-untyped]
@@ -82,7 +83,28 @@ def apply(model: Any, mesh: Any, config: Any) -> Any:
         if isinstance(node, nnx.LoRAParam):
             node.set_metadata(sharding=jax.sharding.PartitionSpec(), out_sharding=None,
                               sharding_names=None)  # fmt: skip
+    if start is not None:
+        _start_from(model, start)
     return model
+
+
+def _start_from(model: Any, start: dict[str, Any]) -> None:
+    """Each adapter of the NNX `model` set from `start` (MaxText kernel key -> (A, B))."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from primus.core.errors import ConfigError
+
+    for path, node in nnx.iter_graph(model):
+        if not isinstance(node, nnx.LoRAParam):
+            continue
+        key = "-".join(["params", *map(str, path[:-1]), "kernel"])
+        value = start[key][SIDES.index(str(path[-1]))]
+        held = node.get_value()
+        if tuple(value.shape) != tuple(held.shape):
+            raise ConfigError(f"init_from.adapter: {key} {path[-1]} is {list(value.shape)} "
+                              f"for MaxText, whose model holds {list(held.shape)}")  # fmt: skip
+        node.set_value(jnp.asarray(value, held.dtype))
 
 
 def _batch(mesh: Any) -> int:
@@ -133,14 +155,21 @@ def check_peft(config: Any, value: Any) -> None:
             "dropout", "maxtext: qwix's LoRA drops the adapters' inputs in eval too",
             hint="set peft.dropout: 0 (Megatron and TorchTitan take a dropout)",
         )  # fmt: skip
-    if peft.adapter is not None:
-        raise peft.error(
-            "adapter", "maxtext: continuing a PEFT adapter (init_from.adapter) is not wired",
-            hint="leave out init_from.adapter, or continue it on Megatron or TorchTitan",
-        )  # fmt: skip
     if value("gradient_accumulation_steps") > 1:
         raise config.error(
             "gradient_accumulation_steps",
             "maxtext: gradient accumulation differentiates every weight, not LoRA's alone",
             hint="set gradient_accumulation_steps: 1 (raise per_device_batch_size instead)",
         )
+
+
+def peft_start(config: Any, hf_dir: Any, folder: Any) -> dict[str, Any]:
+    """The adapters (MaxText kernel key -> (A, B)) of the PEFT adapter in `folder`, for the
+    model of MaxText's `config` imported from the HF model in `hf_dir`."""
+    from primus.backends.maxtext.checkpoint.hf_mapping import tables
+    from primus.backends.maxtext.checkpoint.lora import from_peft
+    from primus.core.checkpoint.hf import read_config
+    from primus.core.checkpoint.peft_adapter import read_adapter
+
+    factors = {name: (a.numpy(), b.numpy()) for name, (a, b) in read_adapter(folder).items()}
+    return from_peft(tables(config, read_config(hf_dir), saving_to_hf=False), factors)

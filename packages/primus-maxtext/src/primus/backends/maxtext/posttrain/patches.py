@@ -147,19 +147,23 @@ def _lora_training(ctx: PatchContext) -> bool:
 )
 def lora_model(ctx: PatchContext) -> None:
     """The model MaxText's loop builds gets qwix's LoRA adapters (MaxText applies them only in
-    its Tunix trainer); a resumed run loads its frozen weights from the HF import as a fresh
+    its Tunix trainer), drawn or from the PEFT adapter `init_from.adapter`; a resumed run loads its frozen weights from the HF import as a fresh
     run does (MaxText's restore of a LoRA checkpoint reads the adapters alone); checkpoints
     keep the optimizer's state (MaxText's LoRA filter drops it: it keeps dict entries whose
     path names "lora", and optax's state is tuples), so a resume continues exactly."""
     from primus.backends.maxtext.posttrain import lora
 
-    peft = ctx.extra["module"].peft
+    module = ctx.extra["module"]
+    peft = module.peft
     log_rank_0(f"[maxtext] LoRA: {lora.describe(peft)}")
+    start = None
+    if peft.adapter is not None:
+        start = lora.peft_start(ctx.extra["trainer"].config, module.init_from, peft.adapter)
 
     def create_model_fn(original: Any) -> Any:
         def create(config: Any, mesh: Any = None, *args: Any, **kwargs: Any) -> Any:
             build = original(config, mesh, *args, **kwargs)
-            return lambda: lora.apply(build(), mesh, config)
+            return lambda: lora.apply(build(), mesh, config, start)
 
         return create
 
