@@ -37,6 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from primus.backends.megatron.checkpoint.hf_mapping import Layout, Param, params, to_megatron
 from primus.core.checkpoint.peft_adapter import read_adapter
@@ -147,20 +148,29 @@ class LoRA(torch.nn.Module):
         )
 
         x = self._dropout(x)
-        low = torch.cat([a(x) for a in self.a.values()], dim=-1)
+        low = F.linear(x, torch.cat([a.weight for a in self.a.values()]))  # every part's A x
         if self.tp > 1:  # row-parallel: sum the partial A x; column: all-reduce A's gradient
             region = (reduce_from_tensor_model_parallel_region if self.split
                       else copy_to_tensor_model_parallel_region)  # fmt: skip
             low = region(low, group=self.group)
-        factors = dict(zip(self.a, low.chunk(len(self.a), dim=-1), strict=True))
-        pieces = [
-            self.b[name](factors[name]) if name in factors else x.new_zeros(*x.shape[:-1], out)
-            for name, out in self.parts
-        ]
-        if len(pieces) == 1:
-            return pieces[0] * self.scaling
-        joined = to_megatron(self.param, [p.movedim(-1, 0) for p in pieces], self.layout)
-        return joined.movedim(0, -1) * self.scaling
+        return F.linear(low, self._joined_b())
+
+    def _joined_b(self) -> torch.Tensor:
+        """Every part's B, scaled, as one (out x parts * rank) matrix whose rows are in the
+        fused linear's order: one GEMM gives the adapters' output in Megatron's layout (the
+        rows of B are rearranged, not the activations), zero for the parts not targeted."""
+        names = list(self.a)
+        rank = next(iter(self.b.values())).weight.shape[1]
+        width = rank * len(names)
+        blocks = []
+        for name, out in self.parts:
+            if name in self.b:
+                at = names.index(name) * rank
+                blocks.append(F.pad(self.b[name].weight, (at, width - at - rank)))
+            else:
+                blocks.append(self.b[names[0]].weight.new_zeros(out, width))
+        joined = blocks[0] if len(blocks) == 1 else to_megatron(self.param, blocks, self.layout)
+        return joined * self.scaling
 
 
 def _add_adapter(linear: Any, adapter: LoRA) -> None:
