@@ -199,6 +199,9 @@ def test_the_ranking_lists_layouts_that_fit_fastest_first_as_overrides(tmp_path:
     result = primus("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
                     "--top", "50", "--json", str(out), "turbo.enable=true")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    memory = json.loads(out.read_text())["memory_bytes"]["total"] / 2**30
+    headline = f"memory: {memory:.1f} GiB on the most loaded GPU (primus projection memory)"
+    assert f"{headline}, of H100's 80 GiB\n" in result.stdout
     ranked = json.loads(out.read_text())["ranked"]
     steps = [r["step_ms"]["step"] for r in ranked]
     assert len(ranked) > 10 and steps == sorted(steps)
@@ -262,3 +265,17 @@ def test_the_collectives_benchmark_times_the_jobs_messages(tmp_path: Path) -> No
     rows = json.loads(out.read_text())["rows"]
     assert sorted({r["message"] for r in rows}) == ["dp_gradients", "tp_activations"]
     assert all(r["bytes"] > 0 and r["median_ms"] > 0 for r in rows)
+
+
+def test_a_layout_that_does_not_fit_is_said_to_before_its_times() -> None:
+    from primus.cli.projection_cmd import _fit
+    from primus.core.projection.performance import rates_for
+
+    h100 = rates_for("H100", [])
+    assert _fit(67.9, h100, 10).endswith("of H100's 80 GiB")
+    assert _fit(94.0, h100, 10) == (
+        "memory: 94.0 GiB on the most loaded GPU (primus projection memory): DOES NOT FIT "
+        "H100's 80 GiB less 15% headroom (68 GiB); the times below are for a run that would end "
+        "out of memory (the layouts below fit)"
+    )
+    assert _fit(94.0, h100, 0).endswith("(--top lists layouts that fit)")

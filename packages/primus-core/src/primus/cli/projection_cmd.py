@@ -111,6 +111,20 @@ def _step(step: StepTime, rates: Rates, peak: Peak) -> str:
     return "\n".join(lines)
 
 
+def _fit(gib: float, rates: Rates, top: int) -> str:
+    """The layout's memory against the device's; where it does not fit, what to do."""
+    from primus.core.projection.performance import HEADROOM
+
+    line = f"memory: {gib:.1f} GiB on the most loaded GPU (primus projection memory)"
+    room = rates.memory_gib * (1 - HEADROOM)
+    if gib <= room:
+        return f"{line}, of {rates.device}'s {rates.memory_gib:.0f} GiB"
+    fix = "the layouts below fit" if top else "--top lists layouts that fit"
+    return (f"{line}: DOES NOT FIT {rates.device}'s {rates.memory_gib:.0f} GiB less "
+            f"{HEADROOM:.0%} headroom ({room:.0f} GiB); the times below are for a run that would "
+            f"end out of memory ({fix})")  # fmt: skip
+
+
 def _ranking(candidates: list[Candidate], changes: list[dict[str, object]]) -> str:
     if not candidates:
         return "no layout fits these GPUs' memory"
@@ -173,6 +187,7 @@ def performance(
     run = project_run(runtime, gpus, rates)
     job, peak, step = run.job, run.peak, run.step
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
+    typer.echo(_fit(project(job).total / 2**30, rates, top))
     typer.echo(_step(step, rates, peak))
     configured = runtime.adapter.layout_overrides(job) if top else {}
     ranked, changes = [], []
