@@ -69,3 +69,7 @@ def test_the_step_line_shows_eval_beside_the_train_loss() -> None:
     assert "loss 1.5000 | eval loss 1.2500 | eval token acc 97.50% |" in metrics.line()
     assert metrics.scalars()["primus/eval_token_accuracy"] == 0.975
     assert "eval" not in StepMetrics(1, 2, 1.0, 0.1, 1.0, 1.0, None).line()
+    dpo = StepMetrics(10, 20, 0.5, 0.1, 1000.0, 1.0, None, eval_loss=0.6, eval_reward_margin=0.25,
+                      eval_reward_accuracy=0.75, reward_margin=0.5)  # fmt: skip
+    assert "eval loss 0.6000 | eval reward margin 0.2500 | eval reward acc 75.00% |" in dpo.line()
+    assert dpo.scalars()["primus/eval_reward_accuracy"] == 0.75

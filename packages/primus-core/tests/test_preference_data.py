@@ -113,6 +113,19 @@ def test_the_pairs_order_keeps_each_pair_whole(tmp_path: Path, tok_dir: Path) ->
     assert "12 preference pairs" in data.train.describe()
 
 
+def test_the_eval_pairs_are_held_out_or_read_from_their_file(tmp_path: Path, tok_dir: Path) -> None:
+    """`sft.eval_fraction` holds out whole pairs; `sft.eval` reads a preference file."""
+    files = write_preference_task(tmp_path / "task", n_train=20, n_eval=3)
+    train, held = ([json.loads(x) for x in files[k].read_text().splitlines()]
+                   for k in ("train", "eval"))  # fmt: skip
+    data = pairs(tmp_path, tok_dir, train, sft={"eval_fraction": 0.1})
+    assert data.eval is not None and (len(data.train), len(data.eval)) == (18, 2)
+    data = pairs(tmp_path, tok_dir, train, sft={"eval": str(files["eval"])})
+    assert data.eval is not None and (len(data.train), len(data.eval)) == (20, len(held))
+    assert "3 preference pairs" in data.eval.describe()
+    assert (data.eval[0]["loss_mask"].sum(-1) > 0).all()  # both sides have answer tokens
+
+
 @pytest.mark.parametrize(
     ("sections", "key", "message"),
     [
@@ -121,7 +134,6 @@ def test_the_pairs_order_keeps_each_pair_whole(tmp_path: Path, tok_dir: Path) ->
         ({"sft": {"packing": True}}, "packing", "sft.packing True does not go with dpo:"),
         ({"sft": {"train_on_prompt": True}}, "train_on_prompt", "does not go with dpo:"),
         ({"sft": {"format": "chat"}}, "format", "sft.format chat does not go with dpo:"),
-        ({"sft": {"eval_fraction": 0.1}}, "eval_fraction", "eval_fraction 0.1 does not go with"),
         ({"sft": None}, "dpo", "dpo: trains on the sft: section's data"),
     ],
 )
@@ -195,3 +207,26 @@ def test_the_loss_is_the_dpo_formula(smoothing: float) -> None:
     assert metrics["reward_accuracy"].item() == pytest.approx(sum(m > 0 for m in margins) / 3)
     loss.backward()
     assert policy.grad is not None and policy.grad[:, 0].lt(0).all()  # raise the chosen
+
+
+def test_the_eval_metrics_are_means_over_the_pairs_less_the_padding() -> None:
+    """The eval sums of two batches, a padding pair in the second, divide into the training
+    metrics of the real pairs taken as one batch."""
+    import torch
+
+    from primus.core.config.posttrain import DPOConfig
+    from primus.core.posttrain import EVAL_METRICS, dpo_eval_metrics, dpo_eval_sums_torch
+
+    dpo = DPOConfig(0.5, 0.1, {})
+    policy = torch.tensor([[-3.0, -5.0], [-7.5, -2.0], [-1.0, -1.0], [0.0, 0.0]])
+    reference = torch.tensor([[-4.0, -4.0], [-6.0, -3.0], [-1.5, -0.5], [0.0, 0.0]])
+    valid = torch.tensor([True, True, True, False])
+    sums = sum(dpo_eval_sums_torch(policy[i:j], reference[i:j], valid[i:j], dpo)
+               for i, j in ((0, 2), (2, 4)))  # fmt: skip
+    assert isinstance(sums, torch.Tensor) and sums.dtype == torch.float64
+    metrics = dpo_eval_metrics(sums.tolist())
+    loss, train = dpo_loss_torch(policy[:3], reference[:3], dpo)
+    expected = [loss.item(), *(train[k].item() for k in train)]
+    assert list(metrics) == list(EVAL_METRICS) == ["eval_loss", *(f"eval_{k}" for k in train)]
+    assert list(metrics.values()) == pytest.approx(expected, rel=1e-6)
+    assert math.isnan(dpo_eval_metrics([0.0] * 6)["eval_loss"])

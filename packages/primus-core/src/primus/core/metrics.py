@@ -156,6 +156,11 @@ class StepMetrics:
     reward_rejected: float | None = None
     reward_margin: float | None = None
     reward_accuracy: float | None = None
+    # preference training's eval at this step (EVAL_METRICS beside eval_loss)
+    eval_reward_chosen: float | None = None
+    eval_reward_rejected: float | None = None
+    eval_reward_margin: float | None = None
+    eval_reward_accuracy: float | None = None
 
     def line(self) -> str:
         parts = [f"step {self.step}/{self.total_steps}"]
@@ -165,6 +170,10 @@ class StepMetrics:
             parts.append(f"eval loss {self.eval_loss:.4f}")
         if self.eval_token_accuracy is not None:
             parts.append(f"eval token acc {self.eval_token_accuracy:.2%}")
+        if self.eval_reward_margin is not None:
+            parts.append(f"eval reward margin {self.eval_reward_margin:.4f}")
+        if self.eval_reward_accuracy is not None:
+            parts.append(f"eval reward acc {self.eval_reward_accuracy:.2%}")
         if self.reward_margin is not None:
             parts.append(f"reward margin {self.reward_margin:.4f}")
         if self.reward_accuracy is not None:
@@ -194,12 +203,11 @@ class StepMetrics:
             "primus/tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "primus/tflops_per_gpu": self.tflops_per_gpu,
         }
+        rewards = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy")
         evals = {
             f"primus/{name}": getattr(self, name)
-            for name in (
-                "eval_loss", "eval_token_accuracy",
-                "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy",
-            )
+            for name in ("eval_loss", "eval_token_accuracy", *rewards,
+                         *(f"eval_{reward}" for reward in rewards))
         }  # fmt: skip
         values |= {k: v for k, v in evals.items() if v is not None}
         return values | ({"primus/mfu": self.mfu} if self.mfu is not None else {})

@@ -301,8 +301,6 @@ def dpo_config(
         ("packing", sft.packing, "each row holds one side of one pair: set sft.packing: false"),
         ("train_on_prompt", sft.train_on_prompt, "the loss compares the answers only"),
         ("format", sft.format not in ("auto", "preference"), "set sft.format: preference"),
-        ("eval", sft.eval is not None, "preference training has no eval yet: sft.eval: null"),
-        ("eval_fraction", sft.eval_fraction > 0, "no eval yet: sft.eval_fraction: 0"),
     )
     for key, on, hint in refused:
         if on:

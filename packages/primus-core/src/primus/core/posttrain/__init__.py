@@ -14,15 +14,19 @@ from primus.core.posttrain.metrics import (
     token_sums,
 )
 from primus.core.posttrain.preference import (
+    EVAL_METRICS,
     REWARD_METRICS,
     PairData,
     PairDataset,
     build_pair_data,
+    dpo_eval_metrics,
+    dpo_eval_sums_torch,
     dpo_loss_torch,
     sequence_logps_torch,
 )
 
 __all__ = [
+    "EVAL_METRICS",
     "REWARD_METRICS",
     "DPOConfig",
     "PairData",
@@ -34,6 +38,8 @@ __all__ = [
     "TokenStats",
     "build_pair_data",
     "build_sft_data",
+    "dpo_eval_metrics",
+    "dpo_eval_sums_torch",
     "dpo_loss_torch",
     "masked_mean",
     "sequence_logps_torch",

@@ -16,10 +16,16 @@ under the frozen reference (the run's initial weights):
 
 averaged over the pairs of the global batch. Logged beside it: the mean rewards, the mean
 margin r_chosen - r_rejected, and the share of pairs whose margin is positive.
+
+Eval: the same loss and reward metrics (EVAL_METRICS: `eval_loss`, `eval_reward_margin`, ...)
+over every eval pair once, the policy in eval mode: a backend adds up `dpo_eval_sums_torch`
+over its batches and data-parallel ranks (padding pairs outside the sums), then divides
+(`dpo_eval_metrics`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +37,8 @@ from primus.core.posttrain.records import Record
 PAIR_KEYS = ROW_KEYS[:-1]  # one sample per row: no cu_seqlens
 # the step metrics DPO adds, each a mean over the global batch's pairs
 REWARD_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy")
+# the eval's step metrics, each a mean over the eval pairs
+EVAL_METRICS = ("eval_loss", *(f"eval_{name}" for name in REWARD_METRICS))
 
 
 class PairDataset:
@@ -105,17 +113,22 @@ def build_pair_data(cfg: SFTConfig, tokenizer: Any | None = None) -> PairData:
     return PairData(built["train"], built.get("eval"), tokenizer, dropped)
 
 
-def dpo_loss_torch(policy: Any, reference: Any, dpo: DPOConfig) -> tuple[Any, dict[str, Any]]:
-    """The DPO loss of a batch of pairs and its reward metrics, from the sides' summed
-    log-probabilities: `policy` and `reference` (pairs, 2), column 0 chosen, 1 rejected.
-    Returns the mean loss over the pairs (a tensor with the policy's gradient) and each of
-    REWARD_METRICS as a detached mean. Imports torch."""
+def _pair_terms(policy: Any, reference: Any, dpo: DPOConfig) -> tuple[Any, Any, Any]:
+    """Each pair's loss, rewards (pairs, 2) and margin."""
     import torch.nn.functional as F
 
     rewards = dpo.beta * (policy - reference.detach())
     margin = rewards[:, 0] - rewards[:, 1]
     e = dpo.label_smoothing
-    losses = -(1 - e) * F.logsigmoid(margin) - e * F.logsigmoid(-margin)
+    return -(1 - e) * F.logsigmoid(margin) - e * F.logsigmoid(-margin), rewards, margin
+
+
+def dpo_loss_torch(policy: Any, reference: Any, dpo: DPOConfig) -> tuple[Any, dict[str, Any]]:
+    """The DPO loss of a batch of pairs and its reward metrics, from the sides' summed
+    log-probabilities: `policy` and `reference` (pairs, 2), column 0 chosen, 1 rejected.
+    Returns the mean loss over the pairs (a tensor with the policy's gradient) and each of
+    REWARD_METRICS as a detached mean. Imports torch."""
+    losses, rewards, margin = _pair_terms(policy, reference, dpo)
     metrics = {
         "reward_chosen": rewards[:, 0].detach().mean(),
         "reward_rejected": rewards[:, 1].detach().mean(),
@@ -123,6 +136,26 @@ def dpo_loss_torch(policy: Any, reference: Any, dpo: DPOConfig) -> tuple[Any, di
         "reward_accuracy": (margin.detach() > 0).float().mean(),
     }
     return losses.mean(), metrics
+
+
+def dpo_eval_sums_torch(policy: Any, reference: Any, valid: Any, dpo: DPOConfig) -> Any:
+    """The eval sums of a batch of pairs as one float64 tensor, ready for one all-reduce: the
+    loss and each reward metric summed over the pairs where `valid` (pairs,) is true (not
+    padding), then their count. `policy`, `reference` as `dpo_loss_torch` takes them.
+    Imports torch."""
+    import torch
+
+    losses, rewards, margin = _pair_terms(policy.detach().double(), reference.double(), dpo)
+    weight = valid.double()
+    columns = (losses, rewards[:, 0], rewards[:, 1], margin, (margin > 0).double())
+    return torch.stack([*((column * weight).sum() for column in columns), weight.sum()])
+
+
+def dpo_eval_metrics(sums: list[float]) -> dict[str, float]:
+    """EVAL_METRICS from the sums of `dpo_eval_sums_torch` added up over the eval set."""
+    *totals, pairs = sums
+    return {name: total / pairs if pairs else math.nan
+            for name, total in zip(EVAL_METRICS, totals, strict=True)}  # fmt: skip
 
 
 def sequence_logps_torch(logits: Any, labels: Any, loss_mask: Any) -> Any:
