@@ -148,27 +148,33 @@ class LoRA(torch.nn.Module):
         )
 
         x = self._dropout(x)
-        low = F.linear(x, torch.cat([a.weight for a in self.a.values()]))  # every part's A x
+        low = F.linear(x, torch.cat([self._factor("a", name) for name in self.a]))  # each A x
         if self.tp > 1:  # row-parallel: sum the partial A x; column: all-reduce A's gradient
             region = (reduce_from_tensor_model_parallel_region if self.split
                       else copy_to_tensor_model_parallel_region)  # fmt: skip
             low = region(low, group=self.group)
         return F.linear(low, self._joined_b())
 
+    def _factor(self, side: str, name: str) -> torch.Tensor:
+        """The weight of factor `side` (a or b) of part `name`."""
+        linear = getattr(self, side)[name]
+        assert isinstance(linear, torch.nn.Linear)
+        return linear.weight
+
     def _joined_b(self) -> torch.Tensor:
         """Every part's B, scaled, as one (out x parts * rank) matrix whose rows are in the
         fused linear's order: one GEMM gives the adapters' output in Megatron's layout (the
         rows of B are rearranged, not the activations), zero for the parts not targeted."""
         names = list(self.a)
-        rank = next(iter(self.b.values())).weight.shape[1]
+        rank = int(self._factor("b", names[0]).shape[1])
         width = rank * len(names)
         blocks = []
         for name, out in self.parts:
             if name in self.b:
                 at = names.index(name) * rank
-                blocks.append(F.pad(self.b[name].weight, (at, width - at - rank)))
+                blocks.append(F.pad(self._factor("b", name), (at, width - at - rank)))
             else:
-                blocks.append(self.b[names[0]].weight.new_zeros(out, width))
+                blocks.append(self._factor("b", names[0]).new_zeros(out, width))
         joined = blocks[0] if len(blocks) == 1 else to_megatron(self.param, blocks, self.layout)
         return joined * self.scaling
 
