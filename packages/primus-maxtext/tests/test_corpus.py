@@ -26,14 +26,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prepared_reverse_task(tmp_path_factory.mktemp("corpus") / "c", 300, 2, 30)
 
 
-def test_each_process_loads_its_share_of_each_steps_samples(corpus: Path) -> None:
+def test_each_process_loads_its_share_of_each_steps_samples(corpus: Path, tmp_path: Path) -> None:
     """Two processes from step 2 (a run resumed there): process p loads rows 4p .. 4p + 3 of the
     step's 8 samples; a sample's first 16 tokens are the inputs, its last 16 the targets, all
     in the loss, at positions 0 .. 15 of one segment."""
     from primus.backends.maxtext.data.corpus import CorpusRows
 
     samples = CorpusSamples(IndexedCorpus(corpus), 16, 40, seed=9)
-    halves = [CorpusRows(samples, 8, process, 2) for process in (0, 1)]
+    halves = [CorpusRows(samples, 8, process, 2, tmp_path) for process in (0, 1)]
     for half in halves:
         half.start = 2
     loaders = [iter(half) for half in halves]
@@ -48,6 +48,35 @@ def test_each_process_loads_its_share_of_each_steps_samples(corpus: Path) -> Non
         for key in ("inputs_segmentation", "targets_segmentation"):
             assert (batch[key] == 1).all(), key
         assert all(value.dtype == np.int32 for value in batch.values())
+
+
+def test_a_resume_whose_sample_order_changed_is_refused(corpus: Path, tmp_path: Path) -> None:
+    """The run directory keeps the order a run started with (process 0 writes it); a resume
+    whose schedule spans the same epochs keeps the order and goes on, one that spans more
+    (the samples drawn in another order) is a config error naming what sizes the schedule."""
+    from primus.backends.maxtext.data.corpus import CorpusRows
+    from primus.core.errors import ConfigError
+
+    def rows(samples: int, process: int = 0) -> CorpusRows:
+        drawn = CorpusSamples(IndexedCorpus(corpus), 16, samples, seed=9)
+        return CorpusRows(drawn, 8, process, 2, tmp_path)
+
+    rows(40).starting(0)
+    assert (tmp_path / "data_order.json").is_file()
+    rows(48).starting(3)  # a longer schedule within the first epoch: the same order
+    epochs = 40 * len(rows(40).samples)
+    longer = rows(epochs)  # several epochs: another order
+    assert longer.samples.epochs > 1
+    with pytest.raises(ConfigError) as refusal:
+        longer.starting(3)
+    assert "drew its samples in another order (c.bin: 1 epoch, sequence 16, seed 9)" in str(
+        refusal.value
+    )
+    assert "(steps, per_device_batch_size)" in str(refusal.value)
+    longer.starting(0)  # a fresh run starts the order anew
+    rows(epochs, process=1).starting(3)  # checked against what process 0 kept
+    with pytest.raises(ConfigError):
+        rows(40, process=1).starting(3)
 
 
 @pytest.mark.parametrize(

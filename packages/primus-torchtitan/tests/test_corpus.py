@@ -45,6 +45,30 @@ def test_each_rank_reads_its_slice_of_each_steps_samples(corpus: Path) -> None:
     assert inputs["positions"].tolist() == list(range(16))
 
 
+def test_a_resume_whose_sample_order_changed_is_refused(corpus: Path) -> None:
+    """The loader's state (in the checkpoint) keeps the order it read: a resume whose schedule
+    spans the same epochs reads on, one whose order changed (more epochs, another seed) is a
+    config error naming what sizes the schedule. (Through a DCP checkpoint, with
+    `training.steps` raised into a third epoch: the same message, exit 2, checked by hand.)"""
+    from primus.backends.torchtitan.data.corpus import CorpusRows
+    from primus.core.errors import ConfigError
+
+    def rows(samples: int, seed: int = 9) -> CorpusRows:
+        return CorpusRows(CorpusSamples(IndexedCorpus(corpus), 16, samples, seed), 8, 0, 1)
+
+    saved = rows(40)
+    next(iter(saved))
+    state = saved.state_dict()
+    rows(48).load_state_dict(state)  # a longer schedule within the first epoch
+    for changed in (rows(40 * len(saved.samples)), rows(40, seed=10)):
+        with pytest.raises(ConfigError, match="drew its samples in another order") as refusal:
+            changed.load_state_dict(state)
+        assert "(training.steps, training.global_batch_size)" in str(refusal.value)
+    older = rows(40)  # a checkpoint that kept no order: read on
+    older.load_state_dict({"read": 1})
+    assert older.read == 1
+
+
 def torch_row(inputs: dict, labels: object) -> np.ndarray:
     """A (inputs, labels) row back as the sample's seq_len + 1 tokens."""
     return np.concatenate([inputs["input"].numpy(), labels.numpy()[-1:]])  # type: ignore[attr-defined]

@@ -51,6 +51,15 @@ class BlendedSamples:
         """Training sample `i`: seq_length + 1 token ids (int64)."""
         return self.parts[int(self.source[i])][int(self.index[i])]
 
+    def order_settings(self) -> dict[str, Any]:
+        """What decides the sample order: the weights and each corpus's order (the blending
+        order of the first samples does not depend on how many are drawn)."""
+        return {
+            "blend": [
+                [w, p.order_settings()] for w, p in zip(self.weights, self.parts, strict=True)
+            ]
+        }
+
     def describe(self) -> str:
         parts = ", ".join(
             f"{w:.3g} of {p.corpus.bin_path}" for w, p in zip(self.weights, self.parts, strict=True)

@@ -37,7 +37,7 @@ class CorpusSamples:
 
         if seq_length < 2:
             raise ValueError(f"seq_length must be at least 2, got {seq_length}")
-        self.corpus, self.seq_length = corpus, seq_length
+        self.corpus, self.seq_length, self.seed = corpus, seq_length, seed
         sizes = np.asarray(corpus.sizes, dtype=np.int64)
         per_epoch = int(sizes.sum())
         if per_epoch <= 1:
@@ -89,6 +89,12 @@ class CorpusSamples:
             at += take
             doc += 1
         return np.concatenate(parts).astype(np.int64)
+
+    def order_settings(self) -> dict[str, Any]:
+        """What decides the sample order (a longer schedule within the same epochs keeps it)."""
+        return {"corpus": str(self.corpus.bin_path), "seq_length": self.seq_length,
+                "seed": self.seed, "epochs": self.epochs,
+                "last_epoch_apart": bool(self.last_epoch_apart)}  # fmt: skip
 
     def describe(self) -> str:
         apart = " (the last shuffled apart)" if self.last_epoch_apart else ""

@@ -14,6 +14,7 @@ MaxText's config knows no `dataset_type: indexed`: the patch `maxtext.corpus` gi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from primus.backends.maxtext.data.inputs import INDEXED
@@ -30,9 +31,19 @@ class CorpusRows(GlobalRows):
 
     what = "corpus samples"
 
-    def __init__(self, samples: Any, global_batch: int, process: int, processes: int) -> None:
+    def __init__(
+        self, samples: Any, global_batch: int, process: int, processes: int, run_dir: Path
+    ) -> None:
         super().__init__(global_batch, process, processes)
-        self.samples = samples
+        self.samples, self.run_dir, self.writer = samples, run_dir, process == 0
+
+    def starting(self, step: int) -> None:
+        """A resumed run's sample order is the one its run directory keeps (MaxText's
+        checkpoint holds no data position: the step is the position)."""
+        from primus.core.data.order import check_run_order
+
+        keys = "steps, per_device_batch_size"
+        check_run_order(self.run_dir, self.samples.order_settings(), step, keys, self.writer)
 
     def batch(self, first: int, count: int) -> dict[str, Any]:
         import numpy as np
@@ -91,8 +102,6 @@ def corpus(ctx: PatchContext) -> None:
 def corpus_data(ctx: PatchContext) -> None:
     """MaxText's training loop reads the corpus's samples in Megatron's order by global
     position (each process its share of every global batch, a resumed run from its step)."""
-    from pathlib import Path
-
     import jax
 
     from primus.core.data.blend import training_samples
@@ -106,6 +115,7 @@ def corpus_data(ctx: PatchContext) -> None:
         corpora, config.max_target_length, config.steps * batch, config.data_shuffle_seed
     )
     log_rank_0(f"[maxtext] data: {samples.describe()}")
-    rows = CorpusRows(samples, batch, jax.process_index(), jax.process_count())
+    assert ctx.run_dir is not None, "a training run has its directory"
+    rows = CorpusRows(samples, batch, jax.process_index(), jax.process_count(), ctx.run_dir)
     feed(ctx, rows)
     trainer.corpus_rows = rows

@@ -74,6 +74,10 @@ class GlobalRows:
     def batch(self, first: int, count: int) -> dict[str, Any]:
         raise NotImplementedError
 
+    def starting(self, step: int) -> None:
+        """Told the step the loop starts from, before the first batch (a subclass may check
+        that a resumed run reads what it should)."""
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         assert self.start is not None, "the first step is set before the first batch"
         step = self.start
@@ -92,6 +96,7 @@ class FirstStep:
     def __call__(self, original: Any) -> Any:
         def get_first_step(model: Any, state: Any) -> int:
             step = int(original(model, state))
+            self.rows.starting(step)
             self.rows.start = step
             log_rank_0(f"[maxtext] {self.rows.what} from position {step * self.rows.global_batch}")
             return step

@@ -49,10 +49,10 @@ class GlobalRows(IterableDataset):
             self.read += 1
             yield self.item(at)
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         return {"read": self.read}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.read = state["read"]
 
 
@@ -67,6 +67,17 @@ class CorpusRows(GlobalRows):
     def item(self, position: int) -> Batch:
         tokens = torch.from_numpy(self.samples[position % len(self.samples)])
         return {"input": tokens[:-1], "positions": self.positions}, tokens[1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"order": self.samples.order_settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The rows read, once the checkpoint's sample order is this run's."""
+        from primus.core.data.order import check_resumed_order
+
+        keys = "training.steps, training.global_batch_size"
+        check_resumed_order(state.get("order"), self.samples.order_settings(), keys)
+        super().load_state_dict(state)
 
 
 class CorpusDataLoader(ParallelAwareDataloader):
