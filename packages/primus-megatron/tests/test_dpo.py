@@ -34,10 +34,12 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def experiment(
     folder: Path, task: dict[str, Path], peft: dict[str, Any] | None = None,
-    adapter: Path | None = None,
+    adapter: Path | None = None, **sft: Any,
 ) -> Path:  # fmt: skip
-    """The recipe on `task`'s pairs (no eval), from its HF model."""
-    return sft_experiment(RECIPE, folder, task, peft, adapter, train=str(task["pairs"]), eval=None)
+    """The recipe on `task`'s pairs (no eval unless `sft` holds one), from its HF model."""
+    return sft_experiment(
+        RECIPE, folder, task, peft, adapter, train=str(task["pairs"]), eval=None, **sft
+    )
 
 
 def assert_step_is(metrics: dict[str, Any], expected: dict[str, float]) -> None:
@@ -49,15 +51,26 @@ def assert_step_is(metrics: dict[str, Any], expected: dict[str, float]) -> None:
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
     """Full DPO, 3 steps of 2 micro-batches, the first at learning rate 0 (warm-up from 0),
-    a checkpoint after step 2: the run directory (the metrics of steps 2 and 3: the first
-    step of a run is not timed)."""
-    exp = experiment(tmp_path_factory.mktemp("dpo") / "dpo", task)
+    a checkpoint after step 2, 6 of the 64 pairs held out and evaluated after step 2 (the
+    second eval micro-batch half padding): the run directory (the metrics of steps 2 and 3:
+    the first step of a run is not timed)."""
+    exp = experiment(tmp_path_factory.mktemp("dpo") / "dpo", task, eval_fraction=0.1)
     return posttrain(exp, *STEPS, "micro_batch_size=4", "train_iters=3", "save_interval=2",
-                     "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2")  # fmt: skip
+                     "eval_interval=2", "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def step2(full_run: Path) -> Path:
+    """The full DPO run's step-2 checkpoint exported as an HF model."""
+    exp = full_run.parents[3] / "exp.yaml"
+    hf = exp.parent / "step2"
+    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(hf), "--iteration", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return hf
 
 
 def test_full_dpo_steps_as_transformers_computes_them(
-    full_run: Path, task: dict[str, Path]
+    full_run: Path, step2: Path, task: dict[str, Path]
 ) -> None:
     """Step 2: the policy is still the initial weights, the reference: loss log 2, no reward.
     Step 3's loss and rewards, the means over its pairs and micro-batches, are transformers'
@@ -65,15 +78,33 @@ def test_full_dpo_steps_as_transformers_computes_them(
     second, third = step_metrics(full_run)
     assert second["loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert [second[key] for key in REWARD_METRICS] == [0, 0, 0, 0]
-    exp = full_run.parents[3] / "exp.yaml"
-    hf = exp.parent / "step2"
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(hf), "--iteration", "2")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    exp, hf = full_run.parents[3] / "exp.yaml", step2
     module = module_of(exp)
     pairs = build_pair_data(module.sft).train.batch(2 * BATCH, BATCH)  # the pairs of step 3
     expected = hf_dpo_loss(hf, task["hf"], pairs, module.dpo.beta)
     assert abs(expected["loss"] - math.log(2)) > 1e-3  # step 2 moved the policy
     assert_step_is(third, expected)
+
+
+def test_full_dpo_evaluates_every_held_out_pair_as_transformers_does(
+    full_run: Path, step2: Path, task: dict[str, Path]
+) -> None:
+    """The eval after step 2 (eval_interval 2) is on step 2's line and in metrics.jsonl: the
+    DPO loss and rewards of the 6 held-out pairs, each once, under step 2's weights against
+    the HF model; step 3 did not evaluate."""
+    second, third = step_metrics(full_run)
+    assert third["eval_loss"] is None and third["eval_reward_accuracy"] is None
+    exp = full_run.parents[3] / "exp.yaml"
+    module = module_of(exp)
+    held = build_pair_data(module.sft).eval
+    assert held is not None and len(held) == 6
+    expected = hf_dpo_loss(step2, task["hf"], held.batch(0, len(held)), module.dpo.beta)
+    assert abs(expected["loss"] - math.log(2)) > 1e-3  # step 2 moved the policy
+    assert second["eval_loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    for key in REWARD_METRICS:
+        assert second[f"eval_{key}"] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    log = (full_run / "logs" / "rank-0.log").read_text()
+    assert "step 2/3 | loss 0.6931 | eval loss " in log and " | eval reward acc " in log
 
 
 def test_lora_dpo_refers_to_the_base_without_adapters(

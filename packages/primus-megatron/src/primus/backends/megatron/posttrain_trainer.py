@@ -14,7 +14,8 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
     """Fine-tunes from the `init_from` import (or the run's latest checkpoint) on
     `build_sft_data(module.sft)`, evaluating every `eval_interval` steps; with `peft:`, only
     the LoRA adapters train (primus.backends.megatron.posttrain.lora); with `dpo:`, on
-    `build_pair_data(module.sft)` against the run's initial weights (posttrain.dpo)."""
+    `build_pair_data(module.sft)` against the run's initial weights, its eval on the eval
+    pairs (posttrain.dpo)."""
 
     stages = ("posttrain",)
 
@@ -38,7 +39,8 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
         args.padded_vocab_size = padded_vocab_size(args)  # the model's, not the tokenizer's
         args.eval_iters = 0
         if self.data.eval is not None:
-            log_rank_0(f"[megatron] sft eval: {self.data.eval.describe()}")
+            kind = "sft" if args.primus_dpo is None else "dpo"
+            log_rank_0(f"[megatron] {kind} eval: {self.data.eval.describe()}")
             if args.eval_interval % args.log_interval:
                 raise ConfigError(
                     f"megatron: eval_interval {args.eval_interval} is not a multiple of "

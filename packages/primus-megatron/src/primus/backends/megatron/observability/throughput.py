@@ -88,13 +88,19 @@ class StepMeter:
 
     def evaluate(self, original: Any) -> Any:
         """Megatron's `evaluate`, its results added to the held step line (fine-tuning: `lm
-        loss` and `token acc` as defined by primus.core.posttrain.metrics)."""
+        loss` and `token acc` as defined by primus.core.posttrain.metrics; DPO: `lm loss` and
+        the reward metrics, as primus.core.posttrain.preference defines them)."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if self.pending is not None and result[0]:
-                self.pending.eval_loss = float(result[0]["lm loss"])
-                self.pending.eval_token_accuracy = float(result[0]["token acc"])
+                evals = result[0]
+                self.pending.eval_loss = float(evals["lm loss"])
+                if "token acc" in evals:
+                    self.pending.eval_token_accuracy = float(evals["token acc"])
+                for key in REWARD_METRICS:
+                    if key in evals:
+                        setattr(self.pending, f"eval_{key}", float(evals[key]))
                 self.sink.report(self.pending, primary=True, writer=self.tensorboard())
                 self.pending = None
             return result
@@ -125,7 +131,8 @@ class StepMeter:
 )
 def step_metrics_patch(ctx: PatchContext) -> None:
     """Log loss, tokens/s/GPU, TFLOP/s/GPU and MFU every log_interval; write metrics.jsonl
-    and tensorboard scalars. Fine-tuning: a step's eval loss and token accuracy on its line."""
+    and tensorboard scalars. Fine-tuning: a step's eval loss and token accuracy (DPO: reward
+    metrics) on its line."""
     meters: list[StepMeter] = []
 
     def meter(log: Any) -> StepMeter:

@@ -16,6 +16,11 @@ Reporting: the loss function returns the micro-batch's summed pair losses with i
 as Megatron's "token" count (`calculate_per_token_loss`), so the gradient is that of the mean
 over the global batch's pairs; `lm loss` and each of REWARD_METRICS go out as [sum, pairs],
 which Megatron adds up over micro-batches and data-parallel ranks before dividing.
+
+Eval: Megatron's `evaluate` runs the forward step with the model in eval mode; the loss
+function then returns core's eval sums (`dpo_eval_sums_torch`, padding pairs left out) in the
+same [sum, pairs] form, so the eval's `lm loss` and reward metrics are means over every eval
+pair.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 
 from primus.backends.megatron.posttrain.reference import reference_losses
 from primus.backends.megatron.providers import get_batch
-from primus.core.posttrain import DPOConfig, dpo_loss_torch
+from primus.core.posttrain import REWARD_METRICS, DPOConfig, dpo_eval_sums_torch, dpo_loss_torch
 
 
 def describe(dpo: DPOConfig, lora: bool) -> str:
@@ -54,9 +59,24 @@ def loss_func(
     return loss * pairs, torch.tensor(pairs, dtype=torch.int, device=loss.device), reduced
 
 
+def eval_func(
+    dpo: DPOConfig, loss_mask: torch.Tensor, reference: torch.Tensor, output: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """An eval micro-batch's summed DPO loss over its pairs (not the padding), their count,
+    and `lm loss` and the reward metrics as [sum, pairs]."""
+    pairs = reference.shape[0]
+    valid = loss_mask.reshape(pairs, -1).sum(-1) > 0  # a padding pair has no answer tokens
+    sums = dpo_eval_sums_torch(side_logps(output, loss_mask), reference, valid, dpo).float()
+    *totals, count = sums
+    keys = ("lm loss", *REWARD_METRICS)
+    reduced = {key: torch.stack([total, count]) for key, total in zip(keys, totals, strict=True)}
+    return totals[0], count.to(torch.int), reduced
+
+
 def forward_step(dpo: DPOConfig, lora: bool) -> Callable[[Any, Any], tuple[torch.Tensor, Any]]:
     """Megatron's forward step for DPO: the policy's per-token losses of the micro-batch's
-    pairs, and the loss function holding the reference's log-probabilities."""
+    pairs, and the loss function holding the reference's log-probabilities (in eval mode,
+    the eval's)."""
 
     def step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
         batch = get_batch(data_iterator, pairs=True)
@@ -65,6 +85,7 @@ def forward_step(dpo: DPOConfig, lora: bool) -> Callable[[Any, Any], tuple[torch
         inputs = (batch["tokens"], batch["position_ids"], None)
         reference = side_logps(reference_losses(model, lora, inputs, labels), loss_mask)
         output = model(*inputs, labels=labels, loss_mask=loss_mask)
-        return output, partial(loss_func, dpo, loss_mask, reference)
+        func = loss_func if model.training else eval_func
+        return output, partial(func, dpo, loss_mask, reference)
 
     return step
