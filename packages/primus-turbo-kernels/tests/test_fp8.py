@@ -135,6 +135,22 @@ def test_the_cpu_is_refused_where_torch_has_no_fp8_gemm_there(
         fp8.fp8_recipe(ctx)
 
 
+def test_torchtitans_float8_without_torchao_trains_turbos_fp8() -> None:
+    """The workspace has no torchao: with turbo on, `model.float8` becomes `turbo.fp8` (in
+    process, the 1B recipe on a GPU); with turbo off, TorchTitan's own refusal stays."""
+    ctx = context("torchtitan/llama3.2_1B-pretrain.yaml", "model.float8=true", "device=cuda")
+    mapping, fp8_patch = get_patch("torchtitan.turbo_float8"), get_patch("torchtitan.turbo_fp8")
+    assert mapping is not None and mapping.condition is not None
+    assert fp8_patch is not None and fp8_patch.condition is not None
+    assert mapping.condition(ctx) and not fp8_patch.condition(ctx)
+    with ctx.running(mapping.id):
+        mapping.handler(ctx)
+    assert ctx.params["model"]["float8"] is False and ctx.params["turbo"]["fp8"] is True
+    assert fp8_patch.condition(ctx)
+    off = context("torchtitan/llama3.2_1B-pretrain.yaml", "model.float8=true", "turbo.enable=false")
+    assert not mapping.condition(off)
+
+
 @pytest.mark.skipif(not CPU_FP8, reason="this torch has no _scaled_mm on the CPU")
 def test_torchtitan_runs_the_inner_blocks_linears_in_fp8() -> None:
     """The swap on TorchTitan's debug Llama (6 blocks), and one swapped layer run on the CPU

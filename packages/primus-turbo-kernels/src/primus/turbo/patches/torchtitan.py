@@ -17,9 +17,9 @@ from functools import partial
 from typing import Any
 
 from primus.core.logging import log_rank_0
-from primus.core.patches import TESTED, PatchContext, get_args
+from primus.core.patches import TESTED, PatchContext, get_args, get_param, register_patch
 from primus.turbo.fp8 import FP8, PARAMS, fp8_recipe
-from primus.turbo.switches import register_switches, turbo_patch
+from primus.turbo.switches import register_switches, turbo_patch, turned_on
 
 FEATURES = {
     "rms_norm": "Triton RMSNorm in every norm",
@@ -121,3 +121,31 @@ def turbo_fp8(ctx: PatchContext) -> str | None:
         return "no Linear inside a block but the first and last"
     log_rank_0(f"[turbo] fp8 ({recipe}): Linear -> TurboFP8Linear ({len(swapped)} in the config)")
     return None
+
+
+def _float8_without_torchao(ctx: PatchContext) -> bool:
+    """model.float8 is true, torchao is not installed, and turbo is on"""
+    import importlib.util
+
+    return (
+        bool(get_param(ctx, "model.float8"))
+        and importlib.util.find_spec("torchao") is None
+        and turned_on(ctx)[0]
+    )
+
+
+@register_patch(
+    "torchtitan.turbo_float8",
+    backend="torchtitan",
+    phase="setup",
+    priority=-1,  # before the turbo line of the log, which then lists fp8
+    condition=_float8_without_torchao,
+    target="model.float8, turbo.fp8",
+    tags=("turbo",),
+)
+def float8_as_turbo_fp8(ctx: PatchContext) -> None:
+    """TorchTitan's float8 linears (`model.float8`) are torchao's: without torchao, turbo's FP8
+    linears (`turbo.fp8`) train in their place."""
+    why = "model.float8 without torchao: turbo's FP8 linears instead"
+    ctx.set_param("model.float8", False, why)
+    ctx.set_param("turbo.fp8", True, why)

@@ -163,7 +163,8 @@ def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
             raise config.error(
                 "model.float8",
                 "model.float8 needs torchao, which is not installed",
-                hint="pip install torchao (not a dependency of primus-torchtitan), "
+                hint="pip install torchao (not a dependency of primus-torchtitan); or, with "
+                "primus-turbo-kernels, turbo.enable: true trains turbo's FP8 linears instead; "
                 "or set model.float8: false",
             )
         from torchtitan.components.quantization import Float8LinearConverter
