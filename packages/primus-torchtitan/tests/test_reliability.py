@@ -489,14 +489,20 @@ def test_another_data_parallel_size_on_other_data_is_a_config_error(
 
 def test_a_model_too_large_for_memory_ends_the_run_with_one_message(tmp_path: Path) -> None:
     """A model no host can hold (13 trillion parameters): the allocator's refusal is one
-    message with the size and what would make it fit, exit 1 (in this process: the message,
-    not the process boundary, is under test)."""
+    message with the size, the memory projection of the layout and what would make it fit,
+    exit 1 (in this process: the message, not the process boundary, is under test)."""
     from primus.testing.fuzz_runs import run_in_process
 
     huge = ("model.dim=1048576", "model.ffn_hidden_dim=1048576")
     outcome = run_in_process(command("huge", *huge), tmp_path, {})
     assert outcome.code == 1, outcome.stderr[-3000:]
     message = outcome.stderr[outcome.stderr.index("error: ") :]
-    assert re.match(r"error: out of memory on rank 0: .*can't allocate memory.* GiB\)\n", message)
+    said = re.match(
+        r"error: out of memory on rank 0: .*can't allocate memory.* GiB\); the projection of "
+        r"this layout: ([\d,.]+) GiB on its most loaded GPU\n",
+        message,
+    )
+    assert said, message
+    assert float(said.group(1).replace(",", "")) > 8192  # more than the allocation that failed
     assert "hint: a smaller micro batch or sequence length" in message
     assert "Traceback" not in outcome.stderr

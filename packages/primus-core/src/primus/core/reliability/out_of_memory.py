@@ -4,6 +4,8 @@ naming the allocation that failed and what would make it fit, not a traceback pe
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from primus.core.errors import PrimusError, linked
 
@@ -39,9 +41,14 @@ def _size(text: str) -> str:
     return line
 
 
-def out_of_memory(exc: BaseException, rank: int | None = None) -> OutOfMemoryError | None:
+def out_of_memory(
+    exc: BaseException,
+    rank: int | None = None,
+    projected: Callable[[], float | None] = lambda: None,
+) -> OutOfMemoryError | None:
     """The OutOfMemoryError behind `exc` (in it or what it holds), or None. A PrimusError is its
-    own report: None."""
+    own report: None. `projected`: the layout's projected GiB on its most loaded GPU, asked
+    for only when memory ran out (None: no projection)."""
     if isinstance(exc, PrimusError):
         return exc if isinstance(exc, OutOfMemoryError) else None
     for held in linked(exc):
@@ -52,5 +59,24 @@ def out_of_memory(exc: BaseException, rank: int | None = None) -> OutOfMemoryErr
             and any(sign.search(text) for sign in _SIGNS)
         ):  # fmt: skip
             where = f" on rank {rank}" if rank is not None else ""
-            return OutOfMemoryError(f"out of memory{where}: {_size(text)}", hint=HINT)
+            gib = projected()
+            figure = (f"; the projection of this layout: {gib:,.1f} GiB on its most loaded GPU"
+                      if gib is not None else "")  # fmt: skip
+            return OutOfMemoryError(f"out of memory{where}: {_size(text)}{figure}", hint=HINT)
     return None
+
+
+def projected_gib(adapter: Any, args: Any, applied: frozenset[str]) -> float | None:
+    """The memory projection of a run's layout (its backend `args`, the patches `applied`), in
+    GiB on its most loaded GPU; None where the backend projects none or the args make no job."""
+    from primus.core.backend.capabilities import provides
+    from primus.core.launch.dist_env import get_torchrun_env
+    from primus.core.projection import project
+
+    if args is None or not provides(adapter, "memory-projection"):
+        return None
+    try:
+        job = adapter.training_job(args, get_torchrun_env().world_size, applied)
+        return project(job).total / 2**30
+    except Exception:  # the run's own failure is the one to tell
+        return None

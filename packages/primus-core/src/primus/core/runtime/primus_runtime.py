@@ -25,7 +25,7 @@ from primus.core.patches.runner import APPLIED, PatchRunner
 from primus.core.projection import Job
 from primus.core.reliability import preemption
 from primus.core.reliability.atomic import write_atomic
-from primus.core.reliability.out_of_memory import out_of_memory
+from primus.core.reliability.out_of_memory import out_of_memory, projected_gib
 from primus.core.runtime import resolution
 from primus.core.trainer.base_trainer import BaseTrainer
 
@@ -232,7 +232,9 @@ class PrimusRuntime:
             raise
         except BaseException as exc:  # torch.distributed.checkpoint's failures are BaseExceptions
             failed = True
-            refused = filesystem_error(exc, self.run_dir) or out_of_memory(exc, self.rank)
+            refused = filesystem_error(exc, self.run_dir) or out_of_memory(
+                exc, self.rank, lambda: projected_gib(self.adapter, ctx.backend_args, self.applied)
+            )
             if refused is None:
                 raise
             raise refused from exc
@@ -323,8 +325,12 @@ class PrimusRuntime:
         require(self.adapter, "memory-projection")
         self.adapter.host_only = True
         args = self.backend_args()
-        applied = frozenset(o.id for o in self.runner.outcomes.values() if o.status == APPLIED)
-        return self.adapter.training_job(args, gpus, applied)
+        return self.adapter.training_job(args, gpus, self.applied)
+
+    @property
+    def applied(self) -> frozenset[str]:
+        """The patches applied so far."""
+        return frozenset(o.id for o in self.runner.outcomes.values() if o.status == APPLIED)
 
     def patched_config(self) -> ConfigTree:
         """The resolved experiment after the setup and build_args patches (as a dry run
