@@ -77,6 +77,9 @@ def test_a_resume_whose_sample_order_changed_is_refused(corpus: Path, tmp_path: 
     rows(epochs, process=1).starting(3)  # checked against what process 0 kept
     with pytest.raises(ConfigError):
         rows(40, process=1).starting(3)
+    (tmp_path / "data_order.json").write_text("{edited")  # unreadable: kept anew, not a crash
+    rows(40).starting(3)
+    rows(40, process=1).starting(4)
 
 
 @pytest.mark.parametrize(

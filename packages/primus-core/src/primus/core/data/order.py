@@ -38,12 +38,17 @@ def check_resumed_order(saved: dict[str, Any] | None, now: dict[str, Any], keys:
 def check_run_order(run_dir: Path, now: dict[str, Any], step: int, keys: str, write: bool) -> None:
     """For a run that keeps its sample order in its directory: a resume (`step` > 0) is
     checked against the order kept there; the order is kept (where `write`: one process)."""
+    import contextlib
     import json
 
     from primus.core.reliability.atomic import write_json
 
     path = run_dir / ORDER_FILE
+    saved = None
     if step > 0 and path.is_file():
-        check_resumed_order(json.loads(path.read_text()), now, keys)
-    elif write:
+        with contextlib.suppress(OSError, ValueError):  # unreadable (edited): nothing to check
+            saved = json.loads(path.read_text())
+        saved = saved if isinstance(saved, dict) else None
+        check_resumed_order(saved, now, keys)
+    if write and saved is None:
         write_json(path, now)
