@@ -27,9 +27,11 @@ METRICS = ("loss", "reward_chosen", "reward_rejected", "reward_margin", "reward_
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny HF model (random weights) and 64 preference pairs of the reverse task."""
+    """The tiny HF model (random weights), 64 preference pairs of the reverse task and 6 eval
+    pairs (`eval`)."""
     root = tmp_path_factory.mktemp("task")
-    return {**make_task(root), "pairs": write_preference_task(root / "data", 64)["train"]}
+    files = write_preference_task(root / "data", 64, n_eval=6)
+    return {**make_task(root), "pairs": files["train"], "eval": files["eval"]}
 
 
 def experiment(folder: Path, task: dict[str, Path], **module: Any) -> Path:
@@ -70,10 +72,12 @@ def assert_logs_the_hf_loss(
 
 @pytest.fixture(scope="module")
 def full(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> dict[str, Path]:
-    """Full DPO: one step (checkpointed), its export, then the run resumed for step 2."""
+    """Full DPO, evaluating `task`'s eval pairs after every step (two batches of 4 pairs, the
+    second half padding): one step (checkpointed), its export, then the run resumed for
+    step 2."""
     folder = tmp_path_factory.mktemp("full")
-    exp = experiment(folder, task)
-    checkpoints = ("checkpoint.enable=true", "checkpoint.interval=1")
+    exp = experiment(folder, task, sft={"train": str(task["pairs"]), "eval": str(task["eval"])})
+    checkpoints = ("checkpoint.enable=true", "checkpoint.interval=1", "validator.freq=1")
     posttrain(exp, *BATCH, *checkpoints, "training.steps=1")
     hf = export(exp, folder / "step-1")
     run = posttrain(exp, *BATCH, *checkpoints, "training.steps=2")
@@ -99,6 +103,27 @@ def test_full_dpo_after_a_resume_is_transformers_dpo_loss(
     line = logged(full["run"])[2]
     assert abs(line["loss"] - math.log(2)) > 1e-3  # the policy has moved
     assert_logs_the_hf_loss(line, full["step-1"], task["hf"], pairs(full["exp"], 2))
+
+
+def test_full_dpo_evaluates_every_eval_pair_as_transformers_does(
+    full: dict[str, Path], task: dict[str, Path]
+) -> None:
+    """The eval after step 1 (on its line and in metrics.jsonl): the DPO loss and rewards of
+    the 6 eval pairs, each once, under step 1's weights (its export) against the initial HF
+    model; the resumed run evaluates after step 2."""
+    from primus.core.posttrain import build_pair_data
+
+    held = build_pair_data(module_of(full["exp"]).sft).eval
+    assert held is not None and len(held) == 6
+    expected = hf_dpo_loss(full["step-1"], task["hf"], held.batch(0, len(held)), BETA)
+    first, second = logged(full["run"])[1], logged(full["run"])[2]
+    assert abs(expected["loss"] - math.log(2)) > 1e-4  # step 1 moved the policy
+    assert first["eval_loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    for name in METRICS[1:]:
+        assert first[f"eval_{name}"] == pytest.approx(expected[name], abs=1e-5), name
+    assert second["eval_loss"] is not None and second["eval_reward_accuracy"] is not None
+    log = (full["run"] / "logs" / "rank-0.log").read_text()
+    assert "step 1/1 | loss 0.6931 | eval loss " in log and " | eval reward acc " in log
 
 
 TARGETS = ["o_proj", "up_proj", "down_proj"]

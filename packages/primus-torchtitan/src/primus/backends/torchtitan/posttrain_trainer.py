@@ -15,7 +15,7 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
     `build_sft_data(module.sft)` (primus.backends.torchtitan.posttrain.sft), evaluating every
     `validator.freq` steps; with `peft:`, only TorchTitan's LoRA adapters train. With `dpo:`,
     trains on `build_pair_data(module.sft)` with the DPO loss (posttrain.dpo), whose step
-    (`dpo`) the step metrics read the rewards from."""
+    (`dpo`) the step metrics read the rewards from and the validator evaluates pairs with."""
 
     stages = ("posttrain",)
     dpo: Any = None  # posttrain.dpo.DPOStep, with dpo:
@@ -47,6 +47,8 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
         else:
             log_rank_0("[torchtitan] DPO: the reference is the base model (the adapters off)")
         self.dpo = self.trainer.fwd_bwd_fn = DPOStep(self.trainer, dpo, reference)
+        if config.validator.enable:  # the eval pairs, against the same reference
+            self.trainer.validator.dpo = self.dpo
 
     def build_model(self, data: Any) -> None:
         """TorchTitan's Trainer, with LoRA's frozen weights and adapters set."""
@@ -58,7 +60,8 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
             if data.eval is None:
                 raise ConfigError("torchtitan: validator.enable needs an eval split",
                                   hint="set sft.eval or sft.eval_fraction")  # fmt: skip
-            log_rank_0(f"[torchtitan] sft eval: {data.eval.describe()}")
+            kind = "sft" if config.dataloader._dpo is None else "dpo"
+            log_rank_0(f"[torchtitan] {kind} eval: {data.eval.describe()}")
             config.validator._rows = data.eval
         if not lora.adapted_linears(config):
             super().init()

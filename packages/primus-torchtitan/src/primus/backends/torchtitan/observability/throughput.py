@@ -12,6 +12,7 @@ from typing import Any
 
 from primus.core.metrics import MetricsSink, StepMetrics, metrics_enabled, step_metrics
 from primus.core.patches import PatchContext, register_patch
+from primus.core.posttrain.preference import REWARD_METRICS
 
 
 class StepMeter:
@@ -106,7 +107,7 @@ def step_metrics_patch(ctx: PatchContext) -> None:
     write metrics.jsonl and tensorboard scalars (when tensorboard is on). Under pipeline
     parallelism the loss comes from the last stage, so rank 0 logs it instead of -1.
     Fine-tuning: a step's eval loss and token accuracy go on its line; DPO's reward metrics
-    too."""
+    and its eval's too."""
     meter = StepMeter(ctx)
     trainer = ctx.extra.get("trainer")
     validator: Any = getattr(getattr(trainer, "trainer", None), "validator", None)
@@ -135,13 +136,18 @@ def step_metrics_patch(ctx: PatchContext) -> None:
 
     def with_eval(original: Any) -> Any:
         def log_validation(self: Any, loss: float, step: int, extra_metrics: Any = None) -> None:
-            from primus.backends.torchtitan.posttrain.sft import ACCURACY
+            from primus.backends.torchtitan.posttrain.sft import ACCURACY, VALIDATION
 
             original(self, loss, step, extra_metrics)
             metrics, meter.pending = meter.pending, None
             if metrics is not None and metrics.step == step:
+                extra = extra_metrics or {}
                 metrics.eval_loss = float(loss)
-                metrics.eval_token_accuracy = float((extra_metrics or {})[ACCURACY])
+                if ACCURACY in extra:
+                    metrics.eval_token_accuracy = float(extra[ACCURACY])
+                for name in REWARD_METRICS:  # DPO's eval
+                    if VALIDATION + name in extra:
+                        setattr(metrics, f"eval_{name}", float(extra[VALIDATION + name]))
                 meter.sink.report(metrics, primary=_rank() == 0, writer=Scalars(self.logger))
 
         return log_validation

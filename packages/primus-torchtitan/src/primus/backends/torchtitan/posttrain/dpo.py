@@ -9,6 +9,8 @@ Loss: `DPOStep` replaces the trainer's forward-backward body. Each micro-batch's
 pairs' summed DPO loss divided by the global batch's pairs (as TorchTitan divides SFT's token
 sum by `global_valid_tokens`), so TorchTitan's sum over micro-batches and data-parallel ranks
 logs the mean over the step's pairs; the reward metrics are summed the same way (`rewards`).
+Eval: the validator (`sft.SFTValidator`) runs `eval_sums` on its batches of eval pairs, the
+policy in eval mode, and logs core's eval metrics from their sums over every eval pair.
 
 Reference: the run's initial weights, frozen. With `peft:`, the policy itself with its adapters
 switched off (`lora.adapters_off`): the HF import's frozen base. Without, a second instance of
@@ -25,7 +27,12 @@ import torch
 
 from primus.backends.torchtitan.posttrain import lora
 from primus.backends.torchtitan.posttrain.sft import logits
-from primus.core.posttrain.preference import REWARD_METRICS, dpo_loss_torch, sequence_logps_torch
+from primus.core.posttrain.preference import (
+    REWARD_METRICS,
+    dpo_eval_sums_torch,
+    dpo_loss_torch,
+    sequence_logps_torch,
+)
 from torchtitan.components.loss import IGNORE_INDEX
 
 
@@ -97,6 +104,16 @@ class DPOStep:
                 loss.backward()
         self.totals += torch.stack([metrics[k].double() for k in REWARD_METRICS]) * share
         return loss.detach()
+
+    def eval_sums(self, tokens: Any, labels: Any, kwargs: dict[str, Any]) -> Any:
+        """An eval batch's sums (core's `dpo_eval_sums_torch`), the policy as the caller put
+        it (in eval mode); padding pairs, without a label kept, left out."""
+        (model,) = self.trainer.model_parts
+        with torch.no_grad():
+            reference = self.reference_logps(tokens, labels, kwargs).view(-1, 2)
+            policy = self.logps(model, tokens, labels, kwargs).view(-1, 2)
+        valid = (labels != IGNORE_INDEX).view(policy.shape[0], -1).any(-1)
+        return dpo_eval_sums_torch(policy, reference, valid, self.dpo)
 
     def rewards(self) -> dict[str, float]:
         """The last step's reward metrics, means over its pairs (summed over the data-parallel

@@ -23,12 +23,19 @@ import tyro
 
 from primus.backends.torchtitan.data.corpus import Batch, GlobalRows
 from primus.core.errors import ConfigError
-from primus.core.posttrain import SFTDataset, TokenStats, token_stats_torch
+from primus.core.posttrain import (
+    PairDataset,
+    SFTDataset,
+    TokenStats,
+    dpo_eval_metrics,
+    token_stats_torch,
+)
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import BaseValidator, Validator
 
-ACCURACY = "validation_metrics/token_accuracy"  # log_validation's extra metric
+VALIDATION = "validation_metrics/"  # log_validation's prefix, and of its extra metrics
+ACCURACY = f"{VALIDATION}token_accuracy"
 
 
 def titan_row(row: dict[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -110,11 +117,15 @@ def logits(model: Any, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
 
 class SFTValidator(BaseValidator):
     """One pass over the eval rows: core's token stats, summed over data-parallel ranks, logged
-    through TorchTitan's `log_validation` (loss; token accuracy as an extra metric)."""
+    through TorchTitan's `log_validation` (loss; token accuracy as an extra metric). With
+    `dpo` (posttrain.dpo.DPOStep, set by the trainer), over the eval pairs: DPO's eval sums
+    against its reference, logged as the loss and the reward metrics (extra metrics)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Validator.Config):  # its type, for TorchTitan's CLI; one pass: `steps` unused
         _rows: Annotated[Any, tyro.conf.Suppress] = None
+
+    dpo: Any = None
 
     def __init__(
         self,
@@ -129,14 +140,15 @@ class SFTValidator(BaseValidator):
         **_: Any,
     ) -> None:
         super().__init__(config=config)
-        self.rows: SFTDataset = config._rows
+        self.rows: SFTDataset | PairDataset = config._rows
         self.dp_size, self.dp_rank, self.dims = dp_world_size, dp_rank, parallel_dims
         self.metrics_processor, self.context = metrics_processor, validation_context
         self.batch = local_batch_size
 
     def batches(self) -> Iterator[Batch]:
         """This rank's eval batches: every rank the same number, the last ones padded with
-        rows outside the loss (a forward of a sharded model needs every rank)."""
+        rows outside the loss (a forward of a sharded model needs every rank). A batch of
+        pairs is two rows a pair (`collate_pairs`)."""
         rows = len(self.rows)
         for b in range(math.ceil(rows / (self.batch * self.dp_size))):
             start = (b * self.dp_size + self.dp_rank) * self.batch
@@ -146,33 +158,48 @@ class SFTValidator(BaseValidator):
                 if index >= rows:
                     row = {**row, "loss_mask": row["loss_mask"] * 0}
                 items.append(titan_row(row))
+            if isinstance(self.rows, PairDataset):
+                yield collate_pairs(items)
+                continue
             inputs = {k: torch.stack([i[k] for i, _ in items]) for k in items[0][0]}
             yield inputs, torch.stack([labels for _, labels in items])
 
+    def batch_sums(self, model: Any, tokens: Any, labels: Any, kwargs: Any) -> torch.Tensor:
+        """One batch's sums: core's token stats, or DPO's eval sums."""
+        if self.dpo is not None:
+            return self.dpo.eval_sums(tokens, labels, kwargs)
+        out = logits(model, tokens, **kwargs)
+        return token_stats_torch(out, labels.clamp(min=0), labels != IGNORE_INDEX)
+
     @torch.no_grad()
-    def stats(self, model: Any) -> TokenStats:
+    def sums(self, model: Any) -> list[float]:
+        """The batches' sums, added up over the data-parallel ranks."""
         from torchtitan.tools import utils
 
         device = utils.device_type
-        total = torch.zeros(3, dtype=torch.float64, device=device)
+        parts = []
         for inputs, labels in self.batches():
             inputs = {k: v.to(device) for k, v in inputs.items()}
-            labels = labels.to(device)
             positions = inputs["positions"]
-            masks = model.get_attention_masks(positions=positions)
+            kwargs = {"positions": positions,
+                      "attention_masks": model.get_attention_masks(positions=positions)}  # fmt: skip
             with self.context():
-                out = logits(model, inputs["input"], positions=positions, attention_masks=masks)
-            mask = labels != IGNORE_INDEX
-            total += token_stats_torch(out, labels.clamp(min=0), mask)
+                parts.append(self.batch_sums(model, inputs["input"], labels.to(device), kwargs))
+        total = torch.stack(parts).sum(0)
         if self.dims.dp_enabled:
             torch.distributed.all_reduce(total, group=self.dims.get_mesh("batch").get_group())
-        return TokenStats(*total.tolist())
+        return total.tolist()
 
     def validate(self, model_parts: list[Any], step: int) -> None:
         (model,) = model_parts
         model.eval()
-        stats = self.stats(model)
+        sums = self.sums(model)
         model.train()
-        self.metrics_processor.log_validation(
-            loss=stats.loss, step=step, extra_metrics={ACCURACY: stats.accuracy}
-        )
+        if self.dpo is None:
+            stats = TokenStats(*sums)
+            loss, extra = stats.loss, {ACCURACY: stats.accuracy}
+        else:
+            metrics = dpo_eval_metrics(sums)
+            loss = metrics.pop("eval_loss")
+            extra = {VALIDATION + k.removeprefix("eval_"): v for k, v in metrics.items()}
+        self.metrics_processor.log_validation(loss=loss, step=step, extra_metrics=extra)
