@@ -236,12 +236,13 @@ def turbo_cuda_graphs(ctx: PatchContext) -> str | None:
     (every micro-batch, the gradient reduction) replay one captured graph, so kernel launches
     no longer bound small micro-batches. The optimizer step and Primus's non-finite check run
     outside it. Needs the same shapes every iteration, which pretraining and fine-tuning have
-    (fine-tuning rows are `seq_length` long, packed or padded, with a mask of the same shape);
-    DPO's frozen reference forward runs in the step, outside what Megatron captures."""
+    (fine-tuning rows are `seq_length` long, packed or padded, with a mask of the same shape).
+    Not DPO: its loss copies a host number to the GPU each micro-batch, which a capture
+    refuses."""
     if wants_cpu(ctx):
         return _kept_upstream("cuda_graphs", "CUDA graphs need a GPU")
     if ctx.stage != "pretrain" and ctx.extra["module"].dpo is not None:
-        return _kept_upstream("cuda_graphs", "DPO's reference forward runs within the step")
+        return _kept_upstream("cuda_graphs", "DPO's loss is not capture-safe yet")
     chosen = get_param(ctx, "cuda_graph_impl", "none")
     if chosen != "none":
         return _kept_upstream("cuda_graphs", f"cuda_graph_impl is {chosen}")
