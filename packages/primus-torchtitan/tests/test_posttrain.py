@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from primus.testing import sft_runs
+from primus.testing.in_process import in_process
 from primus.testing.sft_runs import (
     assert_adapter_is_the_merged_export,
     assert_adapters_learned,
@@ -53,7 +55,8 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
     """The recipe run as shipped (600 steps, eval every 100, a checkpoint every 100)."""
-    return shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
+    with in_process(sft_runs):
+        return shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
 
 
 def test_the_rows_torchtitan_reads_train_on_the_assistant_tokens(
@@ -113,7 +116,8 @@ def test_two_data_parallel_ranks_train_as_one(
     peft = LORA if lora else None
     short = ("training.steps=10", "validator.freq=10", "metrics.log_freq=5",
              "checkpoint.enable=false")  # fmt: skip
-    one = posttrain(experiment(tmp_path / "dp1", task, peft=peft), *short)
+    with in_process(sft_runs):
+        one = posttrain(experiment(tmp_path / "dp1", task, peft=peft), *short)
     two = posttrain(experiment(tmp_path / "dp2", task, peft=peft), "--nproc-per-node", "2",
                     *short, "training.local_batch_size=8", "training.global_batch_size=32")  # fmt: skip
     assert_continues(one, two, 0)
@@ -126,14 +130,16 @@ def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
 
 
 def test_the_export_evaluates_as_the_run_did(finetuned: Path, tmp_path: Path) -> None:
-    assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
+    with in_process(sft_runs):
+        assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
 
 
 def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
     """`exp` run from `run`'s checkpoint at `step` (a new run directory holding only the HF
     import and that checkpoint) logs `run`'s losses and evals from there on."""
     resumed(run, exp, ["checkpoint/hf_import", f"checkpoint/step-{step}"])
-    assert_continues(run, posttrain(exp, *overrides), step)
+    with in_process(sft_runs):
+        assert_continues(run, posttrain(exp, *overrides), step)
 
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
@@ -148,9 +154,10 @@ def test_packed_rows_attend_within_their_sample(
     with positions from 0: TorchTitan's document mask, or varlen's documents) equals
     transformers' eval of the HF model over the same samples one per row."""
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
-    run = posttrain(exp, "training.steps=2", "validator.freq=2", "metrics.log_freq=1",
-                    "optimizer.lr=0", "checkpoint.enable=false",
-                    f"model.attn_backend={attention}")  # fmt: skip
+    with in_process(sft_runs):
+        run = posttrain(exp, "training.steps=2", "validator.freq=2", "metrics.log_freq=1",
+                        "optimizer.lr=0", "checkpoint.enable=false",
+                        f"model.attn_backend={attention}")  # fmt: skip
     packed = eval_rows(exp)
     assert packed.num_samples > len(packed)  # several samples a row
     assert_evaluates_as(task["hf"], experiment(tmp_path / "unpacked", task), eval_lines(run)[2])
@@ -198,7 +205,8 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) ->
 def exported(tmp_path_factory: pytest.TempPathFactory, lora_run: Path) -> Path:
     """The LoRA run exported: the HF directory (merged), and beside it the PEFT adapter."""
     folder = tmp_path_factory.mktemp("merged")
-    return export(lora_run.parents[3] / "exp.yaml", folder / "hf", folder / "adapter")
+    with in_process(sft_runs):
+        return export(lora_run.parents[3] / "exp.yaml", folder / "hf", folder / "adapter")
 
 
 def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
@@ -276,9 +284,10 @@ def test_a_run_continues_an_exported_peft_adapter(
     exported (learning rate 0: they end as they started)."""
     adapter = exported.parent / "adapter"
     exp = experiment(tmp_path / "continued", task, peft=LORA, adapter=adapter)
-    assert_run_keeps_its_adapter(
-        exp, adapter, "training.steps=2", "checkpoint.interval=2", "optimizer.lr=0"
-    )
+    with in_process(sft_runs):
+        assert_run_keeps_its_adapter(
+            exp, adapter, "training.steps=2", "checkpoint.interval=2", "optimizer.lr=0"
+        )
 
 
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:
@@ -377,7 +386,8 @@ def test_peft_adapter_on_q_and_v_continues_with_its_logits(
     get_peft_model(base, config).save_pretrained(tmp_path / "adapter")
     exp = experiment(tmp_path / "qv", task, peft={**LORA, "target_modules": targets},
                      adapter=tmp_path / "adapter")  # fmt: skip
-    run = posttrain(exp, "training.steps=2", "checkpoint.interval=2", "optimizer.lr=0")
+    with in_process(sft_runs):
+        run = posttrain(exp, "training.steps=2", "checkpoint.interval=2", "optimizer.lr=0")
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     base = AutoModelForCausalLM.from_pretrained(task["hf"], dtype=torch.float32)
     with torch.no_grad():

@@ -1,0 +1,60 @@
+"""The `primus` commands of the run helpers (`runs`, `sft_runs`) in the test process instead of
+a subprocess, for a single-process run or export whose outputs (losses, checkpoints, exports)
+a test reads: torch and the upstream are not started again for each.
+
+    with in_process(sft_runs):
+        run = posttrain(exp, "training.steps=2")
+
+Keep a subprocess where the process boundary is under test: several ranks, signals, the files
+a process writes, the CLI's own output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+
+def primus_here(
+    *args: str, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`runs.primus` through `run_in_process`: the exit code and stderr (stdout is not kept)."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    done = run_in_process(list(args), cwd or Path.cwd(), dict(env))
+    return subprocess.CompletedProcess(["primus", *args], done.code, "", done.stderr)
+
+
+@contextlib.contextmanager
+def in_process(*helpers: ModuleType) -> Iterator[None]:
+    """Within: the `primus` of each module of `helpers` is `primus_here`. What a training
+    process does for its own end stays out of the test process: no reaper forked to outlive
+    it, its helper processes not shielded, the stop signals' handlers put back, and the log
+    handlers the runs added to Primus's and the root logger (a run's log file) closed."""
+    import pytest
+
+    from primus.core.launch import helper_processes, reaper
+    from primus.core.logging import get_logger
+    from primus.core.reliability import preemption
+
+    handlers = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+    loggers = {logger: list(logger.handlers) for logger in (logging.getLogger(), get_logger())}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for module in helpers:
+                patch.setattr(module, "primus", primus_here)
+            patch.setattr(reaper, "start_descendant_reaper", lambda: None)
+            patch.setattr(helper_processes, "shield", lambda: None)
+            yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for logger, before in loggers.items():
+            for added in [h for h in logger.handlers if h not in before]:
+                logger.removeHandler(added)
+                added.close()
