@@ -1,6 +1,7 @@
 """`primus train` through TorchTitan's Trainer on CPU: real training steps, real processes.
 
-Each run is a `primus train pretrain` subprocess on the tiny recipe (gloo on CPU).
+Each run is `primus train pretrain` on the tiny recipe (gloo on CPU): a subprocess for several
+ranks and the files a run writes, in this process where only its losses and checkpoints are read.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing import runs
 from primus.testing.checkpoints import estimate_and_size
 from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
+from primus.testing.in_process import in_process
 from primus.testing.runs import (
     assert_loss_falls,
     losses,
@@ -34,9 +37,15 @@ def train(workspace: Path, *overrides: str, nproc: int = 1) -> Path:
     return train_run(RECIPE, workspace, *SCHEDULE, *overrides, nproc=nproc)
 
 
+def train_here(workspace: Path, *overrides: str) -> Path:
+    """`train` of one process, in this process."""
+    with in_process(runs):
+        return train(workspace, *overrides)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "training.steps=20")
+    return train_here(tmp_path_factory.mktemp("ws"), "exp_name=whole", "training.steps=20")
 
 
 def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
@@ -107,13 +116,13 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     tmp_path: Path, uninterrupted: Path
 ) -> None:
     keep = ("exp_name=resumed", "checkpoint.enable=true", "checkpoint.interval=5")
-    run_dir = train(tmp_path, *keep, "training.steps=10")
+    run_dir = train_here(tmp_path, *keep, "training.steps=10")
     checkpoints = run_dir / "checkpoint"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-10", "step-5"]
     estimate, size = estimate_and_size(RECIPE, list(keep), checkpoints / "step-10")
     assert 0.75 * size <= estimate <= 1.05 * size  # what the free-space check compares
     assert max(losses(run_dir)) == 10
-    train(tmp_path, *keep, "training.steps=20")
+    train_here(tmp_path, *keep, "training.steps=20")
     steps = [m["step"] for m in step_metrics(run_dir)]
     assert steps == list(range(1, 21))  # continues at 11, repeats nothing
     assert (checkpoints / "step-20").is_dir()
@@ -124,7 +133,7 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
 
 def test_trains_on_a_local_jsonl_dataset_with_a_local_tokenizer(tmp_path: Path) -> None:
     _, data = write_corpus(tmp_path)
-    run_dir = train(tmp_path, "exp_name=jsonl", "training.steps=20", *data)
+    run_dir = train_here(tmp_path, "exp_name=jsonl", "training.steps=20", *data)
     assert_loss_falls(losses(run_dir), by=1.0)
     assert patch_status(run_dir)["torchtitan.local_datasets"][0] == "applied"
 
@@ -135,7 +144,9 @@ def test_varlen_attention_follows_the_flex_attention_curve(
     """`model.attn_backend: varlen` packs the batch's rows into one sequence of documents (on a
     GPU cuDNN's or FlashAttention's kernel takes it; here `torchtitan.cpu`'s dense path): each
     row attends to itself alone, as under FlexAttention, up to varlen's bf16 inputs."""
-    run_dir = train(tmp_path, "exp_name=varlen", "training.steps=20", "model.attn_backend=varlen")
+    run_dir = train_here(
+        tmp_path, "exp_name=varlen", "training.steps=20", "model.attn_backend=varlen"
+    )
     whole, curve = losses(uninterrupted), losses(run_dir)
     assert sorted(curve) == sorted(whole)
     assert curve != whole  # another attention ran (bf16 inputs: not bit-equal)
