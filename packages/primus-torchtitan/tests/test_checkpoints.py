@@ -1,6 +1,6 @@
 """`primus checkpoint` on TorchTitan: presets from HF configs, `inspect` of a DCP checkpoint, and
 HF import/export. One real CPU run (`init_from` a tiny random Llama-3 HF model, 4 steps, a
-checkpoint every 2) serves every test; the other imports and exports run in this process."""
+checkpoint every 2) serves every test; it, the imports and the exports run in this process."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from primus.core.errors import ConfigError
+from primus.testing import runs
 from primus.testing.checkpoints import derived_preset, inspect_json, resolved_model
 from primus.testing.hf_models import HF_CONFIGS, hf_config, hf_logits, hf_loss, make_hf_model
+from primus.testing.in_process import in_process, primus_here
 from primus.testing.runs import losses, primus, train_run
 from primus.testing.torchtitan import first_batch, runtime
 
@@ -108,8 +110,9 @@ def run(workspace: Path, hf_llama: Path) -> Path:
         "checkpoint.enable=true",
         "checkpoint.interval=2",
     )
-    train_run(exp, workspace, *keep, "training.steps=2")
-    return train_run(exp, workspace, *keep, "training.steps=4")
+    with in_process(runs):
+        train_run(exp, workspace, *keep, "training.steps=2")
+        return train_run(exp, workspace, *keep, "training.steps=4")
 
 
 def test_preset_from_hf_config_matches_the_shipped_preset(tmp_path: Path) -> None:
@@ -191,8 +194,9 @@ def test_export_after_training_loads_in_transformers(
     (tokenizer / "tokenizer.json").write_text("{}")
     out = workspace / "export-4"
     exp = experiment(workspace, hf_llama, LLAMA_MODEL)
-    result = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out),
-                    "exp_name=ckpt", "mock_data=false", f"hf_assets_path={tokenizer}")  # fmt: skip
+    with in_process():
+        result = primus_here("checkpoint", "export", "--config", str(exp), "--hf", str(out),
+                             "exp_name=ckpt", "mock_data=false", f"hf_assets_path={tokenizer}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step-4" in result.stderr and (out / "tokenizer.json").read_text() == "{}"
     assert not (out / "tokenizer_config.json").exists()  # no tokenizers mixed
