@@ -82,7 +82,7 @@ def test_lifecycle_runs_in_design_order_and_writes_the_run_dir(
 
 
 def test_a_training_error_cleans_up_and_is_reraised_unchanged(experiment) -> None:
-    error = RuntimeError("out of memory")
+    error = RuntimeError("the step failed")
     RecordingTrainer.fail_in, RecordingTrainer.error = "trainer.train", error
     with pytest.raises(RuntimeError) as raised:
         PrimusRuntime(experiment).run()
