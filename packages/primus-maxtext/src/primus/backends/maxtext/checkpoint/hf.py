@@ -33,6 +33,7 @@ from primus.backends.maxtext.checkpoint.hf_mapping import (
     tables,
 )
 from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
+from primus.backends.maxtext.checkpoint.orbax_params import load_params, nested
 from primus.backends.maxtext.config.bridge import MaxTextArgs
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.export import copy_tokenizer
@@ -71,18 +72,6 @@ def params_path(folder: Path) -> Path:
     return folder / IMPORT_STEP / "items"
 
 
-def _nested(leaves: dict[str, Any]) -> dict[str, Any]:
-    """{"params": tree} of `leaves` by MaxText key (its parts joined by "-")."""
-    tree: dict[str, Any] = {}
-    for key, leaf in leaves.items():
-        *parents, name = key.split("-")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[name] = leaf
-    return {"params": tree}
-
-
 def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     """Write `hf_dir`'s weights as a params-only orbax checkpoint `out/0/items` (OCDBT), one
     parameter at a time: each is built in its final (numpy) buffer while orbax's partial save
@@ -119,7 +108,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
                 waited = time.perf_counter()
                 if saving is not None:
                     saving.result()
-                saving = ocp.partial.save_async(str(step), _nested({key: leaf}))
+                saving = ocp.partial.save_async(str(step), nested({key: leaf}))
                 done += leaf.nbytes
                 log_rank_0(f"[maxtext] {i}/{len(found.params)} parameters, {done / 2**30:.2f} "
                            f"GiB, {time.perf_counter() - start:.1f} s: {key} ({leaf.nbytes / 2**30:.2f} "
@@ -169,24 +158,6 @@ def checkpoint_step(config: Any, iteration: int | None) -> Path:
     if step not in steps:
         raise ConfigError(f"{folder}: no step {step}; saved: {sorted(steps)}")
     return steps[step]
-
-
-def load_params(config: Any, params: dict[str, Any], step: Path) -> dict[str, Any]:
-    """Parameters of an orbax step folder, by MaxText key: those of `params` (abstract
-    leaves by MaxText key: the model's, or any of them), and only those are read."""
-    from orbax.checkpoint import v1 as ocp
-
-    from maxtext.common import checkpoint_context
-
-    context = checkpoint_context.build_context(
-        use_ocdbt=config.checkpoint_storage_use_ocdbt,
-        use_zarr3=config.checkpoint_storage_use_zarr3,
-        checkpoint_storage_concurrent_gb=config.checkpoint_storage_concurrent_gb,
-        partial_load=True,  # a training checkpoint also holds the optimizer's state
-    )
-    with context:
-        restored = ocp.load(str(step), _nested(params), checkpointable_name="items")["params"]
-    return {key: functools.reduce(operator.getitem, key.split("-"), restored) for key in params}
 
 
 def checkpoint_dtypes(step: Path, keys: Any) -> dict[str, np.dtype]:

@@ -45,7 +45,7 @@ def read_adapters(config: Any, step: Path) -> dict[str, tuple[np.ndarray, np.nda
     """MaxText kernel key -> its (A, B) as the checkpoint `step` stores them."""
     from orbax.checkpoint import v1 as ocp
 
-    from primus.backends.maxtext.checkpoint.hf import load_params
+    from primus.backends.maxtext.checkpoint.orbax_params import load_params
 
     tree = ocp.metadata(str(step), checkpointable_name="items").metadata["params"]
     leaves = {}
@@ -154,3 +154,14 @@ def from_peft(found: Tables, factors: dict[str, tuple[Any, Any]]) -> dict[str, t
         else:
             adapters[key] = (np.stack(a_layers, axis), np.stack(b_layers, axis))
     return adapters
+
+
+def peft_start(config: Any, hf_dir: Any, folder: Any) -> dict[str, Any]:
+    """The adapters (MaxText kernel key -> (A, B)) of the PEFT adapter in `folder`, for the
+    model of MaxText's `config` imported from the HF model in `hf_dir`."""
+    from primus.backends.maxtext.checkpoint.hf_mapping import tables
+    from primus.core.checkpoint.hf import read_config
+    from primus.core.checkpoint.peft_adapter import read_adapter
+
+    factors = {name: (a.numpy(), b.numpy()) for name, (a, b) in read_adapter(folder).items()}
+    return from_peft(tables(config, read_config(hf_dir), saving_to_hf=False), factors)

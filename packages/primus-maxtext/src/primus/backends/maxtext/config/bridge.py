@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from primus.backends.maxtext.posttrain.lora import check_peft
+from primus.backends.maxtext.config.checks import check_peft
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
 from primus.core.config.sanity import (
     FRACTION,

@@ -1,10 +1,12 @@
-"""MaxText's checks of a launch: the rows a step trains on, which MaxText computes as
-int(per_device_batch_size x devices) and, at 0, trains on silently."""
+"""MaxText's checks of a launch (the rows a step trains on, which MaxText computes as
+int(per_device_batch_size x devices) and, at 0, trains on silently) and of what `peft:` on
+MaxText cannot do."""
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from primus.core.config import ModuleConfig
 from primus.core.errors import ConfigError, Origin
@@ -38,3 +40,22 @@ def check_launch(config: ModuleConfig, per_device: float, processes: int) -> Non
     )
     if error is not None:
         raise error
+
+
+def check_peft(config: Any, value: Any) -> None:
+    """What `peft:` on MaxText cannot do, refused at its line (`config`: the ModuleConfig,
+    `value(key)`: a MaxText param or its default)."""
+    peft = config.peft
+    if peft is None:
+        return
+    if peft.dropout:
+        raise peft.error(
+            "dropout", "maxtext: qwix's LoRA drops the adapters' inputs in eval too",
+            hint="set peft.dropout: 0 (Megatron and TorchTitan take a dropout)",
+        )  # fmt: skip
+    if value("gradient_accumulation_steps") > 1:
+        raise config.error(
+            "gradient_accumulation_steps",
+            "maxtext: gradient accumulation differentiates every weight, not LoRA's alone",
+            hint="set gradient_accumulation_steps: 1 (raise per_device_batch_size instead)",
+        )

@@ -142,34 +142,3 @@ def describe(peft: PeftConfig) -> str:
     start = f"; the adapters start from {peft.adapter}" if peft.adapter else ""
     return (f"rank {peft.rank}, alpha {peft.alpha:g} (scaling {peft.scaling:g}), on "
             f"{', '.join(peft.target_modules)}{start}")  # fmt: skip
-
-
-def check_peft(config: Any, value: Any) -> None:
-    """What `peft:` on MaxText cannot do, refused at its line (`config`: the ModuleConfig,
-    `value(key)`: a MaxText param or its default)."""
-    peft = config.peft
-    if peft is None:
-        return
-    if peft.dropout:
-        raise peft.error(
-            "dropout", "maxtext: qwix's LoRA drops the adapters' inputs in eval too",
-            hint="set peft.dropout: 0 (Megatron and TorchTitan take a dropout)",
-        )  # fmt: skip
-    if value("gradient_accumulation_steps") > 1:
-        raise config.error(
-            "gradient_accumulation_steps",
-            "maxtext: gradient accumulation differentiates every weight, not LoRA's alone",
-            hint="set gradient_accumulation_steps: 1 (raise per_device_batch_size instead)",
-        )
-
-
-def peft_start(config: Any, hf_dir: Any, folder: Any) -> dict[str, Any]:
-    """The adapters (MaxText kernel key -> (A, B)) of the PEFT adapter in `folder`, for the
-    model of MaxText's `config` imported from the HF model in `hf_dir`."""
-    from primus.backends.maxtext.checkpoint.hf_mapping import tables
-    from primus.backends.maxtext.checkpoint.lora import from_peft
-    from primus.core.checkpoint.hf import read_config
-    from primus.core.checkpoint.peft_adapter import read_adapter
-
-    factors = {name: (a.numpy(), b.numpy()) for name, (a, b) in read_adapter(folder).items()}
-    return from_peft(tables(config, read_config(hf_dir), saving_to_hf=False), factors)

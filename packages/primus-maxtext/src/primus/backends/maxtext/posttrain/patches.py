@@ -158,7 +158,9 @@ def lora_model(ctx: PatchContext) -> None:
     log_rank_0(f"[maxtext] LoRA: {lora.describe(peft)}")
     start = None
     if peft.adapter is not None:
-        start = lora.peft_start(ctx.extra["trainer"].config, module.init_from, peft.adapter)
+        from primus.backends.maxtext.checkpoint.lora import peft_start
+
+        start = peft_start(ctx.extra["trainer"].config, module.init_from, peft.adapter)
 
     def create_model_fn(original: Any) -> Any:
         def create(config: Any, mesh: Any = None, *args: Any, **kwargs: Any) -> Any:
