@@ -315,8 +315,7 @@ def test_the_peft_adapter_reads_back_as_the_runs_adapters(
     bit. (A run continuing it at learning rate 0 keeps it bit for bit, and evaluates as the
     run it came from: checked by hand; the run is not in the tests.)"""
     from primus.backends.maxtext.checkpoint.hf_mapping import maxtext_config
-    from primus.backends.maxtext.checkpoint.lora import read_adapters
-    from primus.backends.maxtext.checkpoint.lora import peft_start
+    from primus.backends.maxtext.checkpoint.lora import peft_start, read_adapters
     from primus.core.patches.rebind import restore_all
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
