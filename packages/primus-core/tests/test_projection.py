@@ -180,3 +180,17 @@ def test_data_parallel_fills_the_gpus_or_says_what_divides() -> None:
     assert data_parallel(16, tp=2, pp=2) == 4
     with pytest.raises(ConfigError, match="--gpus 6 is not a multiple of tp 4 x pp 1 x cp 1"):
         data_parallel(6, tp=4)
+
+
+def test_a_layout_that_does_not_fit_is_said_to_before_its_times() -> None:
+    from primus.cli.projection_cmd import _fit
+    from primus.core.projection.performance import rates_for
+
+    h100 = rates_for("H100", [])
+    assert _fit(67.9, h100, 10).endswith("of H100's 80 GiB")
+    assert _fit(94.0, h100, 10) == (
+        "memory: 94.0 GiB on the most loaded GPU (primus projection memory): DOES NOT FIT "
+        "H100's 80 GiB less 15% headroom (68 GiB); the times below are for a run that would end "
+        "out of memory (the layouts below fit)"
+    )
+    assert _fit(94.0, h100, 0).endswith("(--top lists layouts that fit)")

@@ -265,17 +265,3 @@ def test_the_collectives_benchmark_times_the_jobs_messages(tmp_path: Path) -> No
     rows = json.loads(out.read_text())["rows"]
     assert sorted({r["message"] for r in rows}) == ["dp_gradients", "tp_activations"]
     assert all(r["bytes"] > 0 and r["median_ms"] > 0 for r in rows)
-
-
-def test_a_layout_that_does_not_fit_is_said_to_before_its_times() -> None:
-    from primus.cli.projection_cmd import _fit
-    from primus.core.projection.performance import rates_for
-
-    h100 = rates_for("H100", [])
-    assert _fit(67.9, h100, 10).endswith("of H100's 80 GiB")
-    assert _fit(94.0, h100, 10) == (
-        "memory: 94.0 GiB on the most loaded GPU (primus projection memory): DOES NOT FIT "
-        "H100's 80 GiB less 15% headroom (68 GiB); the times below are for a run that would end "
-        "out of memory (the layouts below fit)"
-    )
-    assert _fit(94.0, h100, 0).endswith("(--top lists layouts that fit)")
