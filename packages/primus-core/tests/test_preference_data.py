@@ -195,7 +195,7 @@ def test_the_loss_is_the_dpo_formula(smoothing: float) -> None:
 
     policy = torch.tensor([[-3.0, -5.0], [-7.5, -2.0], [-1.0, -1.0]], requires_grad=True)
     reference = torch.tensor([[-4.0, -4.0], [-6.0, -3.0], [-1.5, -0.5]])
-    loss, metrics = dpo_loss_torch(policy, reference, DPOConfig(0.5, smoothing, {}))
+    loss, metrics = dpo_loss_torch(policy, reference, DPOConfig(0.5, smoothing, False, {}))
     expected, margins = 0.0, []
     for (pc, pr), (rc, rr) in zip(policy.tolist(), reference.tolist(), strict=True):
         margin = 0.5 * ((pc - rc) - (pr - rr))
@@ -217,7 +217,7 @@ def test_the_eval_metrics_are_means_over_the_pairs_less_the_padding() -> None:
     from primus.core.config.posttrain import DPOConfig
     from primus.core.posttrain import EVAL_METRICS, dpo_eval_metrics, dpo_eval_sums_torch
 
-    dpo = DPOConfig(0.5, 0.1, {})
+    dpo = DPOConfig(0.5, 0.1, False, {})
     policy = torch.tensor([[-3.0, -5.0], [-7.5, -2.0], [-1.0, -1.0], [0.0, 0.0]])
     reference = torch.tensor([[-4.0, -4.0], [-6.0, -3.0], [-1.5, -0.5], [0.0, 0.0]])
     valid = torch.tensor([True, True, True, False])

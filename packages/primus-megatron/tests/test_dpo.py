@@ -52,11 +52,13 @@ def assert_step_is(metrics: dict[str, Any], expected: dict[str, float]) -> None:
 def full_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
     """Full DPO, 3 steps of 2 micro-batches, the first at learning rate 0 (warm-up from 0),
     a checkpoint after step 2, 6 of the 64 pairs held out and evaluated after step 2 (the
-    second eval micro-batch half padding): the run directory (the metrics of steps 2 and 3:
-    the first step of a run is not timed)."""
+    second eval micro-batch half padding), the reference's log-probabilities precomputed
+    (LoRA DPO's test runs the reference in every step): the run directory (the metrics of
+    steps 2 and 3: the first step of a run is not timed)."""
     exp = experiment(tmp_path_factory.mktemp("dpo") / "dpo", task, eval_fraction=0.1)
     return posttrain(exp, *STEPS, "micro_batch_size=4", "train_iters=3", "save_interval=2",
-                     "eval_interval=2", "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2")  # fmt: skip
+                     "eval_interval=2", "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2",
+                     "dpo.precompute_reference=true")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,28 @@ def test_full_dpo_evaluates_every_held_out_pair_as_transformers_does(
         assert second[f"eval_{key}"] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
     log = (full_run / "logs" / "rank-0.log").read_text()
     assert "step 2/3 | loss 0.6931 | eval loss " in log and " | eval reward acc " in log
+    assert "the reference's log-probabilities of 64 pairs, precomputed in " in log
+
+
+def test_full_dpo_with_tensor_parallel_logs_the_one_process_run(
+    full_run: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two processes at tensor parallel 2 (gloo): both run the reference over every pair
+    before the first step, rank 0 reads each micro-batch's precomputed log-probabilities and
+    sends them to rank 1; every step's loss, rewards and eval are the one-process run's."""
+    exp = experiment(tmp_path / "tp2", task, eval_fraction=0.1)
+    run = posttrain(exp, "--nproc-per-node", "2", "tensor_model_parallel_size=2", *STEPS,
+                    "micro_batch_size=4", "train_iters=3", "save_interval=2", "eval_interval=2",
+                    "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2",
+                    "dpo.precompute_reference=true")  # fmt: skip
+    ours, theirs = step_metrics(run), step_metrics(full_run)
+    assert [m["step"] for m in ours] == [m["step"] for m in theirs] == [2, 3]
+    keys = ("loss", *REWARD_METRICS, "eval_loss", *(f"eval_{k}" for k in REWARD_METRICS))
+    for two, one in zip(ours, theirs, strict=True):
+        for key in keys:  # step 3 has no eval: None in both
+            expected = one[key] if one[key] is None else pytest.approx(one[key], rel=1e-5, abs=1e-6)
+            assert two[key] == expected, (two["step"], key)
+    assert ours[0]["eval_loss"] is not None
 
 
 def test_lora_dpo_refers_to_the_base_without_adapters(

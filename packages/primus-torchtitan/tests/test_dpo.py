@@ -73,10 +73,12 @@ def assert_logs_the_hf_loss(
 @pytest.fixture(scope="module")
 def full(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> dict[str, Path]:
     """Full DPO, evaluating `task`'s eval pairs after every step (two batches of 4 pairs, the
-    second half padding): one step (checkpointed), its export, then the run resumed for
-    step 2."""
+    second half padding), the reference's log-probabilities precomputed (LoRA DPO's test runs
+    the reference in every step): one step (checkpointed), its export, then the run resumed
+    for step 2."""
     folder = tmp_path_factory.mktemp("full")
-    exp = experiment(folder, task, sft={"train": str(task["pairs"]), "eval": str(task["eval"])})
+    exp = experiment(folder, task, sft={"train": str(task["pairs"]), "eval": str(task["eval"])},
+                     dpo={"beta": BETA, "precompute_reference": True})  # fmt: skip
     checkpoints = ("checkpoint.enable=true", "checkpoint.interval=1", "validator.freq=1")
     posttrain(exp, *BATCH, *checkpoints, "training.steps=1")
     hf = export(exp, folder / "step-1")
@@ -97,9 +99,9 @@ def test_full_dpo_after_a_resume_is_transformers_dpo_loss(
     """Step 2, resumed from step 1's checkpoint: the loss and rewards of step 2's pairs under
     step 1's weights (its export) against the initial HF model (the reference the resumed run
     still holds), over both micro-batches."""
-    assert (
-        "the reference model holds the weights" in (full["run"] / "logs" / "rank-0.log").read_text()
-    )
+    log = (full["run"] / "logs" / "rank-0.log").read_text()
+    assert "the reference model holds the weights" in log
+    assert "the reference's log-probabilities of 70 pairs, precomputed in " in log
     line = logged(full["run"])[2]
     assert abs(line["loss"] - math.log(2)) > 1e-3  # the policy has moved
     assert_logs_the_hf_loss(line, full["step-1"], task["hf"], pairs(full["exp"], 2))

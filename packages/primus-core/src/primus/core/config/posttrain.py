@@ -89,6 +89,12 @@ DPO_SCHEMA = ParamSchema(
         "dpo.label_smoothing": ParamSpec(
             float, "the share of pairs assumed mislabelled (conservative DPO), 0-0.5", default=0.0
         ),
+        "dpo.precompute_reference": ParamSpec(
+            bool,
+            "compute the reference's log-probabilities of every pair once, before the first "
+            "step, instead of a reference forward in every step",
+            default=False,
+        ),
     }
 )
 
@@ -144,12 +150,17 @@ class DPOConfig(Located):
 
     beta: float
     label_smoothing: float
+    precompute_reference: bool
     origins: dict[str, Origin] = field(compare=False, repr=False)
 
     @property
     def written(self) -> dict[str, Any]:
         """The section, as resolved."""
-        return {"beta": self.beta, "label_smoothing": self.label_smoothing}
+        return {
+            "beta": self.beta,
+            "label_smoothing": self.label_smoothing,
+            "precompute_reference": self.precompute_reference,
+        }
 
 
 def _tokenizer_dir(
@@ -305,5 +316,10 @@ def dpo_config(
     for key, on, hint in refused:
         if on:
             raise sft.error(key, f"sft.{key} {sft.written[key]} does not go with dpo:", hint)
-    dpo = DPOConfig(float(values["beta"]), float(values["label_smoothing"]), origins)
+    dpo = DPOConfig(
+        float(values["beta"]),
+        float(values["label_smoothing"]),
+        bool(values["precompute_reference"]),
+        origins,
+    )
     return dpo, replace(sft, format="preference")

@@ -15,6 +15,7 @@ from primus.core.posttrain.metrics import (
 )
 from primus.core.posttrain.preference import (
     EVAL_METRICS,
+    REFERENCE_KEY,
     REWARD_METRICS,
     PairData,
     PairDataset,
@@ -27,6 +28,7 @@ from primus.core.posttrain.preference import (
 
 __all__ = [
     "EVAL_METRICS",
+    "REFERENCE_KEY",
     "REWARD_METRICS",
     "DPOConfig",
     "PairData",

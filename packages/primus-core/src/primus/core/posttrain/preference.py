@@ -35,6 +35,7 @@ from primus.core.posttrain.encode import Encoder, Sample, check_length
 from primus.core.posttrain.records import Record
 
 PAIR_KEYS = ROW_KEYS[:-1]  # one sample per row: no cu_seqlens
+REFERENCE_KEY = "reference_logps"  # a row's precomputed reference log-probabilities
 # the step metrics DPO adds, each a mean over the global batch's pairs
 REWARD_METRICS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy")
 # the eval's step metrics, each a mean over the eval pairs
@@ -43,12 +44,15 @@ EVAL_METRICS = ("eval_loss", *(f"eval_{name}" for name in REWARD_METRICS))
 
 class PairDataset:
     """The pairs' rows: `chosen` and `rejected` hold one sample per row, row i of each the
-    two sides of pair i."""
+    two sides of pair i. Once `reference` is set (`dpo.precompute_reference`: the reference's
+    summed log-probabilities of every pair, (pairs, 2) float32), each row also holds its
+    pair's under REFERENCE_KEY (2,)."""
 
     def __init__(self, chosen: SFTDataset, rejected: SFTDataset) -> None:
         assert len(chosen) == len(rejected)
         self.chosen, self.rejected = chosen, rejected
         self.seq_length = chosen.seq_length
+        self.reference: Any = None
 
     def __len__(self) -> int:
         return len(self.chosen)
@@ -58,7 +62,18 @@ class PairDataset:
         import numpy as np
 
         sides = self.chosen[index], self.rejected[index]
-        return {k: np.stack([side[k] for side in sides]) for k in PAIR_KEYS}
+        row = {k: np.stack([side[k] for side in sides]) for k in PAIR_KEYS}
+        if self.reference is not None:
+            row[REFERENCE_KEY] = self.reference[index]
+        return row
+
+    def set_reference(self, logps: Any) -> None:
+        """Every pair's reference log-probabilities, (pairs, 2): chosen, rejected."""
+        import numpy as np
+
+        table = np.asarray(logps, dtype=np.float32)
+        assert table.shape == (len(self), 2), f"{table.shape} for {len(self)} pairs"
+        self.reference = table
 
     def row(self, position: int) -> Row:
         """The pair at `position` (counted from the start of training, over epochs)."""
@@ -70,7 +85,7 @@ class PairDataset:
         import numpy as np
 
         rows = [self.row(p) for p in range(start, start + size)]
-        return {k: np.stack([r[k] for r in rows]) for k in PAIR_KEYS}
+        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
     def describe(self) -> str:
         tokens = self.chosen.loss_tokens + self.rejected.loss_tokens

@@ -70,20 +70,27 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
         from megatron.training import pretrain
         from primus.backends.megatron import providers
         from primus.backends.megatron.posttrain import dpo, sft
+        from primus.core.posttrain import PairDataset
 
         args = self.backend_args
         log_rank_0(f"[megatron] posttrain: {args.train_iters} iterations")
+        lora = args.primus_peft is not None
         forward_step = (
-            sft.forward_step
-            if args.primus_dpo is None
-            else dpo.forward_step(args.primus_dpo, args.primus_peft is not None)
+            sft.forward_step if args.primus_dpo is None else dpo.forward_step(args.primus_dpo, lora)
         )
+        provide = sft.datasets_provider(
+            self.data.train, self.data.eval, args.primus_sft.packing, args.global_batch_size
+        )
+        model_provider = providers.model_provider
+        if args.primus_dpo is not None and args.primus_dpo.precompute_reference:
+            pairs = [p for p in (self.data.train, self.data.eval) if isinstance(p, PairDataset)]
+            provide, model_provider = dpo.precomputing(
+                provide, model_provider, pairs, lora, args.micro_batch_size
+            )
         pretrain(
             self.cfg,
-            sft.datasets_provider(
-                self.data.train, self.data.eval, args.primus_sft.packing, args.global_batch_size
-            ),
+            provide,
             ModelType.encoder_or_decoder,
             forward_step,
-            model_provider=providers.model_provider,
+            model_provider=model_provider,
         )

@@ -142,9 +142,14 @@ def _to_gpu(value: Any) -> Any:
     return value.cuda(non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
-def get_batch(data_iterator: Any, pairs: bool = False) -> dict[str, torch.Tensor | None]:
+def get_batch(
+    data_iterator: Any, pairs: bool = False, reference: bool = False
+) -> dict[str, torch.Tensor | None]:
     """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP.
-    `pairs`: a micro-batch of preference pairs (mbs, 2, seq), as 2 x mbs rows."""
+    `pairs`: a micro-batch of preference pairs (mbs, 2, seq), as 2 x mbs rows; `reference`:
+    with their precomputed reference log-probabilities (REFERENCE_KEY, 2 x mbs)."""
+    from primus.core.posttrain import REFERENCE_KEY
+
     args = get_args()
     rows = args.micro_batch_size * (2 if pairs else 1)
     first = parallel_state.is_pipeline_first_stage()
@@ -159,6 +164,7 @@ def get_batch(data_iterator: Any, pairs: bool = False) -> dict[str, torch.Tensor
         local = {k: _to_gpu(v) for k, v in next(data_iterator).items()}
         if pairs:
             local = {k: v.flatten(0, 1) for k, v in local.items()}
+    logps = local.pop(REFERENCE_KEY) if local is not None and reference else None
     if local is not None and first and last and tp_group.size() == 1:
         batch = local  # one TP rank, one stage: nothing to broadcast or drop
     else:
@@ -178,10 +184,23 @@ def get_batch(data_iterator: Any, pairs: bool = False) -> dict[str, torch.Tensor
             is_pipeline_first_stage=first,
             is_pipeline_last_stage=last,
         )
+        if reference:
+            logps = _broadcast(logps, rows, tp_group)
     if args.context_parallel_size > 1:
         cp_group = parallel_state.get_context_parallel_group()
         batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp_group)
+    if reference:
+        batch[REFERENCE_KEY] = logps
     return batch
+
+
+def _broadcast(values: torch.Tensor | None, size: int, group: Any) -> torch.Tensor:
+    """`values` (float32, `size`) from the group's TP rank 0 to every rank of `group`."""
+    if values is None:  # a receiving rank
+        values = torch.empty(size, dtype=torch.float32, device=torch.cuda.current_device())
+    src = parallel_state.get_tensor_model_parallel_src_rank()
+    torch.distributed.broadcast(values, src, group=group)
+    return values
 
 
 def loss_func(

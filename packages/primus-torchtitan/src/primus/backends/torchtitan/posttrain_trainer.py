@@ -31,9 +31,9 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
         config.dataloader._global_batch = config.training.global_batch_size
         self.build_model(data)
         if dpo is not None:
-            self.use_dpo(dpo)
+            self.use_dpo(dpo, data)
 
-    def use_dpo(self, dpo: Any) -> None:
+    def use_dpo(self, dpo: Any, data: Any) -> None:
         """DPO's step in place of TorchTitan's forward-backward body; the reference: the base
         (adapters off) with LoRA, else a frozen model holding the HF import's weights."""
         from primus.backends.torchtitan.posttrain.dpo import DPOStep, reference_model
@@ -47,6 +47,8 @@ class TorchTitanPosttrainTrainer(TorchTitanPretrainTrainer):
         else:
             log_rank_0("[torchtitan] DPO: the reference is the base model (the adapters off)")
         self.dpo = self.trainer.fwd_bwd_fn = DPOStep(self.trainer, dpo, reference)
+        if dpo.precompute_reference:
+            self.dpo.precompute([data.train, *([data.eval] if config.validator.enable else [])])
         if config.validator.enable:  # the eval pairs, against the same reference
             self.trainer.validator.dpo = self.dpo
 

@@ -10,7 +10,8 @@ of the model's per-token cross-entropy (vocabulary-parallel) over its loss mask.
 The reference is the run's initial weights, also after a resume: with `peft:`, the model with
 its LoRA adapters switched off (the frozen base is the HF import); without, a frozen copy of
 the HF import's weights (iteration 0) kept beside the model (not a parameter, not in its state
-dict) and run with `torch.func.functional_call`.
+dict) and run with `torch.func.functional_call`. With `dpo.precompute_reference`, each pair's
+reference log-probabilities are computed once before the first step and read from its row.
 
 Reporting: the loss function returns the micro-batch's summed pair losses with its pair count
 as Megatron's "token" count (`calculate_per_token_loss`), so the gradient is that of the mean
@@ -31,19 +32,21 @@ from typing import Any
 
 import torch
 
-from primus.backends.megatron.posttrain.reference import reference_losses
+from primus.backends.megatron.posttrain.reference import precompute, reference_losses, side_logps
 from primus.backends.megatron.providers import get_batch
-from primus.core.posttrain import REWARD_METRICS, DPOConfig, dpo_eval_sums_torch, dpo_loss_torch
+from primus.core.posttrain import (
+    REFERENCE_KEY,
+    REWARD_METRICS,
+    DPOConfig,
+    PairDataset,
+    dpo_eval_sums_torch,
+    dpo_loss_torch,
+)
 
 
 def describe(dpo: DPOConfig, lora: bool) -> str:
     reference = "the base without its adapters" if lora else "a frozen copy of the HF import"
     return f"beta {dpo.beta:g}, label smoothing {dpo.label_smoothing:g}; reference: {reference}"
-
-
-def side_logps(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """(pairs, 2) summed log-probabilities from per-token cross-entropy (2 x pairs, seq)."""
-    return -(losses.float() * loss_mask.float()).sum(-1).view(-1, 2)
 
 
 def loss_func(
@@ -53,10 +56,11 @@ def loss_func(
     reward metrics, each as [sum, pairs]."""
     loss, metrics = dpo_loss_torch(side_logps(output, loss_mask), reference, dpo)
     pairs = reference.shape[0]
-    count = torch.tensor(float(pairs), device=loss.device)
+    # filled on the device, never copied from the host: the step may be a CUDA graph's capture
+    count = torch.full((), float(pairs), device=loss.device)
     means = {"lm loss": loss.detach()} | metrics
     reduced = {key: torch.stack([mean.float() * pairs, count]) for key, mean in means.items()}
-    return loss * pairs, torch.tensor(pairs, dtype=torch.int, device=loss.device), reduced
+    return loss * pairs, torch.full((), pairs, dtype=torch.int, device=loss.device), reduced
 
 
 def eval_func(
@@ -79,13 +83,42 @@ def forward_step(dpo: DPOConfig, lora: bool) -> Callable[[Any, Any], tuple[torch
     the eval's)."""
 
     def step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
-        batch = get_batch(data_iterator, pairs=True)
+        batch = get_batch(data_iterator, pairs=True, reference=dpo.precompute_reference)
         labels, loss_mask = batch["labels"], batch["loss_mask"]
         assert labels is not None and loss_mask is not None, "one pipeline stage"
         inputs = (batch["tokens"], batch["position_ids"], None)
-        reference = side_logps(reference_losses(model, lora, inputs, labels), loss_mask)
+        precomputed = batch.get(REFERENCE_KEY)  # the rows carry it (reference.precompute)
+        if precomputed is not None:
+            reference = precomputed.view(-1, 2)
+        else:
+            reference = side_logps(reference_losses(model, lora, inputs, labels), loss_mask)
         output = model(*inputs, labels=labels, loss_mask=loss_mask)
         func = loss_func if model.training else eval_func
         return output, partial(func, dpo, loss_mask, reference)
 
     return step
+
+
+def precomputing(
+    provide: Any, model_provider: Any, pairs: list[PairDataset], lora: bool, micro_batch: int
+) -> tuple[Any, Any]:
+    """The datasets provider `provide` (over `pairs`) and `model_provider`, changed so that
+    the reference's log-probabilities of `pairs` are set on them (`precompute`, by the model
+    the run built) before the data is read: every rank runs the reference; tensor-parallel
+    rank 0 reads the data, as without."""
+    from megatron.core import parallel_state
+
+    models: list[Any] = []
+
+    def build(**kwargs: Any) -> Any:
+        models.append(model_provider(**kwargs))
+        return models[-1]
+
+    def provide_precomputed(num_samples: list[int], vp_stage: int | None = None) -> Any:
+        precompute(models[-1], pairs, lora, micro_batch)  # one pipeline stage: one model
+        if parallel_state.get_tensor_model_parallel_rank() != 0:
+            return None, None, None
+        return provide(num_samples, vp_stage)
+
+    provide_precomputed.is_distributed = True  # type: ignore[attr-defined]
+    return provide_precomputed, build

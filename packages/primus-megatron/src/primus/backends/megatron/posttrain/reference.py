@@ -2,15 +2,23 @@
 With `peft:`, the model with its LoRA adapters switched off (the frozen base is the HF import);
 without, a frozen copy of the HF import's weights (iteration 0) kept beside the model (not a
 parameter, not in its state dict) and run with `torch.func.functional_call`. Apart from the
-forward step (`dpo`), which the model provider must not import back."""
+forward step (`dpo`), which the model provider must not import back.
+
+With `dpo.precompute_reference`, `precompute` runs the reference over every pair once before
+the first step and sets the pairs' log-probabilities on their dataset (the rows carry them to
+the forward step); the frozen copy is then freed."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from primus.core.logging import log_rank_0
+from primus.core.posttrain import PairDataset
 
 REFERENCE = "primus_dpo_reference"  # the model's attribute holding the frozen copy (full DPO)
 
@@ -63,3 +71,48 @@ def reference_losses(
                 return model(*inputs, labels=labels)
         weights = _placed(inner)
         return torch.func.functional_call(inner, weights, inputs, {"labels": labels})
+
+
+def side_logps(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """(pairs, 2) summed log-probabilities from per-token cross-entropy (2 x pairs, seq)."""
+    return -(losses.float() * loss_mask.float()).sum(-1).view(-1, 2)
+
+
+def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: int) -> None:
+    """Set the reference log-probabilities of every pair of each of `pairs` (the train and
+    eval pairs): each data-parallel rank runs the reference (`model`: one stage's GPTModel)
+    over its share in micro-batches of `micro_batch` pairs, and the group adds the shares up.
+    Full DPO's frozen copy is freed after."""
+    from megatron.core import parallel_state
+
+    rank = parallel_state.get_data_parallel_rank()
+    ranks = parallel_state.get_data_parallel_world_size()
+    device = next(model.parameters()).device
+    start, total = time.perf_counter(), sum(len(rows) for rows in pairs)
+    for rows in pairs:
+        table = torch.zeros(len(rows), 2, dtype=torch.float32, device=device)
+        for first in range(rank * micro_batch, len(rows), ranks * micro_batch):
+            chosen = range(first, min(first + micro_batch, len(rows)))
+            batch = {
+                k: torch.as_tensor(_stacked(rows, chosen, k)).to(device)
+                for k in ("tokens", "labels", "position_ids", "loss_mask")
+            }
+            inputs = (batch["tokens"].long(), batch["position_ids"].long(), None)
+            losses = reference_losses(model, lora, inputs, batch["labels"].long())
+            table[first : first + len(chosen)] = side_logps(losses, batch["loss_mask"])
+        torch.distributed.all_reduce(table, group=parallel_state.get_data_parallel_group())
+        rows.set_reference(table.cpu().numpy())
+    if hasattr(model, REFERENCE):
+        delattr(model, REFERENCE)
+    seconds = time.perf_counter() - start
+    log_rank_0(
+        f"[megatron] DPO: the reference's log-probabilities of {total} pairs, precomputed in "
+        f"{seconds:.1f} s ({total / max(seconds, 1e-9):.1f} pairs/s)"
+    )
+
+
+def _stacked(rows: PairDataset, chosen: range, key: str) -> Any:
+    """Key `key` of pairs `chosen`, as rows (2 x pairs, seq): each pair's chosen, rejected."""
+    import numpy as np
+
+    return np.concatenate([rows[i][key] for i in chosen])

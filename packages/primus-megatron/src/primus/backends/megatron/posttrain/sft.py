@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from primus.backends.megatron.providers import get_batch, loss_func
-from primus.core.posttrain import PairDataset, SFTDataset, token_stats_torch
+from primus.core.posttrain import REFERENCE_KEY, PairDataset, SFTDataset, token_stats_torch
 
 Rows = SFTDataset | PairDataset  # SFT rows, or DPO's pairs (each tensor with a leading 2)
 
@@ -58,6 +58,8 @@ class SFTSamples(torch.utils.data.Dataset):
             key: torch.as_tensor(row[key]).long() for key in ("tokens", "labels", "position_ids")
         }
         sample["loss_mask"] = torch.as_tensor(row["loss_mask"])
+        if REFERENCE_KEY in row:  # DPO's precomputed reference log-probabilities
+            sample[REFERENCE_KEY] = torch.as_tensor(row[REFERENCE_KEY])
         if self.packed:
             sample["attention_mask"] = document_mask(row["segment_ids"])
         return sample

@@ -15,20 +15,28 @@ policy in eval mode, and logs core's eval metrics from their sums over every eva
 Reference: the run's initial weights, frozen. With `peft:`, the policy itself with its adapters
 switched off (`lora.adapters_off`): the HF import's frozen base. Without, a second instance of
 the model, parallelized as the policy, holding the HF import's weights (never a checkpoint's:
-a resumed run keeps its reference).
+a resumed run keeps its reference). With `dpo.precompute_reference`, `precompute` runs the
+reference over every train and eval pair once, before the first step, and sets their
+log-probabilities on the pairs' dataset: each row carries its pair's (REFERENCE_KEY, a model
+kwarg the step takes out), and the frozen model is freed.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from primus.backends.torchtitan.posttrain import lora
-from primus.backends.torchtitan.posttrain.sft import logits
+from primus.backends.torchtitan.posttrain.sft import collate_pairs, logits, titan_row
+from primus.core.logging import log_rank_0
 from primus.core.posttrain.preference import (
+    REFERENCE_KEY,
     REWARD_METRICS,
+    PairDataset,
     dpo_eval_sums_torch,
     dpo_loss_torch,
     sequence_logps_torch,
@@ -66,6 +74,7 @@ class DPOStep:
 
     def __init__(self, trainer: Any, dpo: Any, reference: Any | None) -> None:
         self.trainer, self.dpo, self.reference = trainer, dpo, reference
+        self.precomputed = False
         dims, local = trainer.parallel_dims, trainer.config.training.local_batch_size
         self.global_pairs = local * trainer.gradient_accumulation_steps * dims.dp_replicate * dims.dp_shard  # fmt: skip
         self.totals = torch.zeros(len(REWARD_METRICS), dtype=torch.float64, device=trainer.device)
@@ -74,9 +83,14 @@ class DPOStep:
     def logps(self, model: Any, tokens: Any, labels: Any, kwargs: dict[str, Any]) -> Any:
         """Each row's summed log-probability of its labels (those not ignored): (rows,)."""
         mask = labels != IGNORE_INDEX
+        kwargs = {k: v for k, v in kwargs.items() if k != REFERENCE_KEY}  # not the model's
         return sequence_logps_torch(logits(model, tokens, **kwargs), labels.clamp(min=0), mask)
 
     def reference_logps(self, tokens: Any, labels: Any, kwargs: dict[str, Any]) -> Any:
+        """Each row's under the reference: precomputed (the rows carry them), or run now."""
+        if REFERENCE_KEY in kwargs:
+            return kwargs[REFERENCE_KEY]
+        assert not self.precomputed, "a row without its precomputed reference log-probs"
         with torch.no_grad():
             if self.reference is not None:
                 return self.logps(self.reference, tokens, labels, kwargs)
@@ -114,6 +128,44 @@ class DPOStep:
             policy = self.logps(model, tokens, labels, kwargs).view(-1, 2)
         valid = (labels != IGNORE_INDEX).view(policy.shape[0], -1).any(-1)
         return dpo_eval_sums_torch(policy, reference, valid, self.dpo)
+
+    def precompute(self, pairs: list[PairDataset]) -> None:
+        """Set the reference's log-probabilities of every pair of each of `pairs` (the train
+        and eval pairs): each data-parallel rank runs its share in local batches (every rank
+        the same number of them, for the sharded model), the ranks add the shares up; then
+        the frozen model is freed."""
+        trainer = self.trainer
+        dims, size = trainer.parallel_dims, trainer.config.training.local_batch_size
+        ranks, rank = 1, 0
+        if dims.dp_enabled:
+            group = dims.get_mesh("batch").get_group()
+            ranks, rank = group.size(), group.rank()
+        (model,) = trainer.model_parts
+        start, total = time.perf_counter(), sum(len(rows) for rows in pairs)
+        for rows in pairs:
+            table = torch.zeros(len(rows), 2, dtype=torch.float32, device=trainer.device)
+            for batch in range(math.ceil(len(rows) / (size * ranks))):
+                first = (batch * ranks + rank) * size
+                chosen = [i % len(rows) for i in range(first, first + size)]
+                inputs, labels = collate_pairs([titan_row(rows[i]) for i in chosen])
+                positions = inputs["positions"].to(trainer.device)
+                kwargs = {"positions": positions,
+                          "attention_masks": model.get_attention_masks(positions=positions)}  # fmt: skip
+                with trainer.train_context():
+                    tokens = inputs["input"].to(trainer.device)
+                    logps = self.reference_logps(tokens, labels.to(trainer.device), kwargs)
+                kept = [n for n, i in enumerate(range(first, first + size)) if i < len(rows)]
+                table[chosen[: len(kept)]] = logps.view(-1, 2)[kept].float()
+            if dims.dp_enabled:
+                torch.distributed.all_reduce(table, group=group)
+            rows.set_reference(table.cpu().numpy())
+        self.reference, self.precomputed = None, True
+        trainer.metrics_processor.time_last_log = time.perf_counter()  # not step 1's time
+        seconds = time.perf_counter() - start
+        log_rank_0(
+            f"[torchtitan] DPO: the reference's log-probabilities of {total} pairs, precomputed "
+            f"in {seconds:.1f} s ({total / max(seconds, 1e-9):.1f} pairs/s)"
+        )
 
     def rewards(self) -> dict[str, float]:
         """The last step's reward metrics, means over its pairs (summed over the data-parallel

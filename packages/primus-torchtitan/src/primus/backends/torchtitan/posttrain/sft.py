@@ -24,6 +24,7 @@ import tyro
 from primus.backends.torchtitan.data.corpus import Batch, GlobalRows
 from primus.core.errors import ConfigError
 from primus.core.posttrain import (
+    REFERENCE_KEY,
     PairDataset,
     SFTDataset,
     TokenStats,
@@ -46,6 +47,8 @@ def titan_row(row: dict[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tenso
         "input": torch.as_tensor(row["tokens"]).long(),
         "positions": torch.as_tensor(row["position_ids"]).long(),
     }
+    if REFERENCE_KEY in row:  # DPO's precomputed reference log-probabilities
+        inputs[REFERENCE_KEY] = torch.as_tensor(row[REFERENCE_KEY])
     return inputs, labels
 
 
@@ -183,6 +186,8 @@ class SFTValidator(BaseValidator):
             positions = inputs["positions"]
             kwargs = {"positions": positions,
                       "attention_masks": model.get_attention_masks(positions=positions)}  # fmt: skip
+            if REFERENCE_KEY in inputs:  # DPO's precomputed reference log-probabilities
+                kwargs[REFERENCE_KEY] = inputs[REFERENCE_KEY]
             with self.context():
                 parts.append(self.batch_sums(model, inputs["input"], labels.to(device), kwargs))
         total = torch.stack(parts).sum(0)
