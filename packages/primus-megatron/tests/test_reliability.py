@@ -1,7 +1,9 @@
 """Reliability of `primus train` on Megatron, on CPU: real signals to real
 processes, real NaN/Inf in real training steps.
 
-Every run is a `primus train pretrain` subprocess on the tiny recipe (gloo for 2 processes).
+Every run is `primus train pretrain` on the tiny recipe (gloo for 2 processes): a subprocess
+where signals, several ranks or a killed process are under test, else in the test process
+(`primus.testing.in_process`: torch and Megatron are imported once).
 Non-finite steps are made by the test-only patch `megatron.fault_nonfinite`, which the test
 selects with PRIMUS_FAULT_NONFINITE: at the chosen steps it multiplies the loss by NaN (`loss`),
 or leaves the loss finite and multiplies the gradient flowing back from it by Inf (`grad`).
@@ -12,12 +14,15 @@ test-only patch `megatron.log_samples` (PRIMUS_LOG_SAMPLES).
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from primus.testing import runs
 from primus.testing.checkpoints import dcp_state
-from primus.testing.faults import PYTHON, UV, UV_RUN, interrupt
+from primus.testing.faults import PYTHON, UV, UV_RUN, Forks, interrupt
+from primus.testing.in_process import in_process, primus_here
 from primus.testing.runs import losses, primus, step_metrics, train_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,6 +30,12 @@ RECIPE = ROOT / "configs" / "megatron" / "tiny-cpu.yaml"
 STEPS = 28  # the crash test needs about 2 steps per kill
 KILLS = 12  # in CHAINS experiments side by side
 CHAINS = 2
+# what the killed runs' fork server imports once
+MEGATRON = (
+    "megatron.training.training",
+    "megatron.training.checkpointing",
+    "megatron.core.models.gpt",
+)
 pytestmark = pytest.mark.slow
 
 
@@ -36,6 +47,18 @@ def command(name: str, *overrides: str, nproc: int = 1) -> list[str]:
 def env(workspace: Path) -> dict[str, str]:
     """The run dir is then workspace/team/user/exp_name."""
     return {"PRIMUS_WORKSPACE": str(workspace), "PRIMUS_TEAM": "team", "PRIMUS_USER": "user"}
+
+
+def here(*args: str, **environment: str) -> subprocess.CompletedProcess[str]:
+    """`primus ARGS` of one process in the test process (exit code and stderr)."""
+    with in_process():
+        return primus_here(*args, **environment)
+
+
+def train_here(*overrides: str, workspace: Path) -> Path:
+    """`train_run` of the recipe in the test process: its run directory."""
+    with in_process(runs):
+        return train_run(RECIPE, workspace, *overrides)
 
 
 def tracked(run_dir: Path) -> int:
@@ -60,8 +83,8 @@ def assert_same_tensors(a: dict[str, object], b: dict[str, object]) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_run(
-        RECIPE, tmp_path_factory.mktemp("ws"), "exp_name=whole", f"train_iters={STEPS}"
+    return train_here(
+        "exp_name=whole", f"train_iters={STEPS}", workspace=tmp_path_factory.mktemp("ws")
     )
 
 
@@ -117,7 +140,8 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_the_same_curve(
             assert f"resumed from {resumed_from}" in (run_dir / "logs" / "rank-0.log").read_text()
         stopped_at.append(step)
 
-    resumed = primus(*run, **env(tmp_path))  # the same command again
+    resume = here if nproc == 1 else primus  # the same command again: one process, or two
+    resumed = resume(*run, **env(tmp_path))
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     log = (run_dir / "logs" / "rank-0.log").read_text()
     step = stopped_at[-1]
@@ -149,7 +173,7 @@ def test_megatrons_own_sigterm_handler_is_left_to_primus(tmp_path: Path) -> None
 
 def test_a_transient_nan_loss_skips_the_steps_and_keeps_the_weights(tmp_path: Path) -> None:
     # A NaN loss at steps 5 and 6 (NaN gradients as well): 2 in a row, under the default 3.
-    faulty = primus(
+    faulty = here(
         *command("nan", "train_iters=12", "save_interval=2"),
         PRIMUS_FAULT_NONFINITE="loss:5,6", **env(tmp_path),
     )  # fmt: skip
@@ -170,8 +194,8 @@ def test_a_transient_nan_loss_skips_the_steps_and_keeps_the_weights(tmp_path: Pa
         assert_same_tensors(after, tensors(ckpt / "iter_0000008", tmp_path / "8.pt"))
     # From there on, the curve of a run told to skip steps 5 and 6 (Megatron's
     # iterations_to_skip: their batches consumed, no update, the schedule held).
-    skipping = train_run(
-        RECIPE, tmp_path, "exp_name=skip", "train_iters=12", "iterations_to_skip=[5,6]"
+    skipping = train_here(
+        "exp_name=skip", "train_iters=12", "iterations_to_skip=[5,6]", workspace=tmp_path
     )
     curve, reference = losses(run_dir), losses(skipping)
     for s in range(7, 13):
@@ -183,7 +207,7 @@ def test_non_finite_gradients_in_a_row_stop_with_exit_1_and_the_last_good_state(
 ) -> None:
     # A finite loss with Inf/NaN gradients at steps 5, 6 and 7: the third in a row stops it.
     run = command("inf", "train_iters=10", "save_interval=4")
-    stopped = primus(*run, PRIMUS_FAULT_NONFINITE="grad:5,6,7", **env(tmp_path))
+    stopped = here(*run, PRIMUS_FAULT_NONFINITE="grad:5,6,7", **env(tmp_path))
     assert stopped.returncode == 1, stopped.stderr[-4000:]
     run_dir = tmp_path / "team/user/inf"
     ckpt = run_dir / "checkpoints"
@@ -195,7 +219,7 @@ def test_non_finite_gradients_in_a_row_stop_with_exit_1_and_the_last_good_state(
     assert max(losses(run_dir)) == 7 and tracked(run_dir) == 7
     last_good = tensors(ckpt / "iter_0000004", tmp_path / "4.pt")
     assert_same_tensors(last_good, tensors(ckpt / "iter_0000007", tmp_path / "7.pt"))
-    resumed = primus(*run, **env(tmp_path))  # the same command, the fault gone
+    resumed = here(*run, **env(tmp_path))  # the same command, the fault gone
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"resumed from {ckpt / 'iter_0000007'} (iteration 7)" in log
@@ -206,35 +230,30 @@ def test_non_finite_gradients_in_a_row_stop_with_exit_1_and_the_last_good_state(
 
 
 def kill_during_a_save(
-    run: list[str], run_dir: Path, environment: dict[str, str], delay: float
+    forks: Forks, run: list[str], run_dir: Path, environment: dict[str, str], delay: float
 ) -> int:
-    """Start the run; once it logs a step of its own (with save_interval 1 the save of that
-    step starts right after), wait `delay` seconds and SIGKILL its process alone (kill -9):
-    within 5 s nothing it started is left (Megatron's checkpoint worker and the resource
-    tracker, started by multiprocessing's spawn, data-loader workers). The step it logged."""
+    """Start the run (a process forked by `forks`, Megatron imported); once it logs a step of
+    its own (with save_interval 1 the save of that step starts right after), wait `delay`
+    seconds and SIGKILL its process alone (kill -9): within 5 s nothing it started is left
+    (Megatron's checkpoint worker and the resource tracker, started by multiprocessing's
+    spawn, data-loader workers). The step it logged."""
     import os
-    import subprocess
-    import sys
     import time
 
     from primus.testing.faults import descendants, steps_logged
-    from primus.testing.processes import left_alive
+    from primus.testing.processes import alive, left_alive
 
     logged = steps_logged(run_dir)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "primus.cli", *run], env=os.environ | environment,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    pid = forks.start(run, environment)
     try:
         while steps_logged(run_dir) <= logged:
-            assert proc.poll() is None, "the run ended before it logged a step"
+            assert alive(pid), "the run ended before it logged a step"
             time.sleep(0.002)
         time.sleep(delay)
     finally:
-        started = descendants(proc.pid)
-        proc.kill()
-        proc.wait()
-    assert left_alive(started, timeout_s=5) == []
+        started = descendants(pid)
+        os.kill(pid, signal.SIGKILL)
+    assert left_alive([pid, *started], timeout_s=5) == []
     return steps_logged(run_dir)
 
 
@@ -246,42 +265,46 @@ def latest_complete(ckpt: Path) -> int:
     return int(named) if named.isdigit() and int(named) in complete else max(complete)
 
 
-def kill_chain(workspace: Path, name: str, seed: int) -> tuple[Path, list[int], int]:
+def kill_chain(workspace: Path, name: str, seed: int) -> tuple[list[str], Path, list[int], int]:
     """KILLS / CHAINS runs of one experiment, each killed during a save and each resuming from
-    what the previous kill left, then a run to the end from a tracker left empty. Returns the
-    run dir, the iteration each resume must start from, and how many kills cut a save short."""
+    what the previous kill left, then its tracker left empty. Returns the command (whose run
+    to the end is the last resume), the run dir, the iteration each resume must start from, and
+    how many kills cut a save short."""
     import random
 
     rng = random.Random(seed)
     run = command(name, f"train_iters={STEPS}", "save_interval=1")
     run_dir, expected, in_save = workspace / "team/user" / name, [], 0
     ckpt = run_dir / "checkpoints"
-    for _ in range(KILLS // CHAINS):
-        step = kill_during_a_save(run, run_dir, env(workspace), rng.uniform(0, 0.04))
-        expected.append(latest_complete(ckpt))
-        in_save += expected[-1] < step  # killed before the save of its step was recorded
+    with Forks(*MEGATRON) as forks:
+        for _ in range(KILLS // CHAINS):
+            step = kill_during_a_save(forks, run, run_dir, env(workspace), rng.uniform(0, 0.04))
+            expected.append(latest_complete(ckpt))
+            in_save += expected[-1] < step  # killed before the save of its step was recorded
     # A kill between Megatron's open(tracker, "w") and its write leaves the tracker empty
     # (Megatron would then exit 0 without training): the same resume must still work.
     (ckpt / "latest_checkpointed_iteration.txt").write_text("")
     expected[-1] = max(int(p.parent.name[5:]) for p in ckpt.glob("iter_*/metadata.json"))
-    final = primus(*run, **env(workspace))
-    assert final.returncode == 0, final.stderr[-4000:]
-    return run_dir, expected, in_save
+    return run, run_dir, expected, in_save
 
 
 def test_kills_during_saves_resume_from_the_latest_complete_checkpoint(
     tmp_path: Path, uninterrupted: Path
 ) -> None:
     """KILLS kill points in all, in CHAINS experiments side by side (each run is mostly one
-    process's start-up, on one core)."""
+    process's start-up, on one core; forked from a process that imported Megatron); then each
+    experiment's run to the end, in this process (no process is killed there)."""
     import re
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(CHAINS) as pool:
         chains = list(pool.map(kill_chain, [tmp_path] * CHAINS, ["a", "b"], [17, 18]))
-    assert sum(in_save for _, _, in_save in chains) >= KILLS // 2, chains
+    assert sum(in_save for _, _, _, in_save in chains) >= KILLS // 2, chains
+    for run, _, _, _ in chains:
+        final = here(*run, **env(tmp_path))
+        assert final.returncode == 0, final.stderr[-4000:]
     whole = losses(uninterrupted)
-    for run_dir, expected, _ in chains:
+    for _, run_dir, expected, _ in chains:
         log = (run_dir / "logs" / "rank-0.log").read_text()
         resumed = re.findall(r"resumed from \S+/iter_\d+ \(iteration (\d+)\)", log)
         assert [int(i) for i in resumed] == expected  # the first run started from scratch
@@ -330,14 +353,14 @@ def test_a_resume_on_indexed_data_with_another_dp_size_sees_the_same_samples(
     prefix = indexed_dataset(tmp_path / "data" / "docs")
     data = [f"data_path=[{prefix}]", "tokenizer_type=NullTokenizer", "split=100,0,0"]
     logged = {"PRIMUS_LOG_SAMPLES": "1", **env(tmp_path)}
-    whole = primus(*command("data-whole", *data, "train_iters=12"), **logged)
+    whole = here(*command("data-whole", *data, "train_iters=12"), **logged)
     assert whole.returncode == 0, whole.stderr[-4000:]
     resumed = [*data, "train_iters=12", "save_interval=6"]
     first = primus(*command("data-resumed", *resumed, "exit_interval=6", nproc=2), **logged)
     assert first.returncode == 0, first.stderr[-4000:]
     run_dir = tmp_path / "team/user/data-resumed"
     assert list(samples(run_dir)) == list(range(1, 7))
-    second = primus(*command("data-resumed", *resumed), **logged)
+    second = here(*command("data-resumed", *resumed), **logged)
     assert second.returncode == 0, second.stderr[-4000:]
     expected = samples(tmp_path / "team/user/data-whole")
     assert len(expected) == 12 and all(len(hashes) == 8 for hashes in expected.values())
@@ -352,8 +375,8 @@ def test_a_resume_with_a_longer_schedule_is_a_config_error_with_both_fixes(
     """Training on with a larger train_iters: Megatron asserted the checkpoint's schedule
     (a traceback, exit 1); now exit 2 naming train_iters, and the hint's fix resumes."""
     run = command("longer", "save_interval=4")
-    assert primus(*run, "train_iters=4", **env(tmp_path)).returncode == 0
-    longer = primus(*run, "train_iters=6", **env(tmp_path))
+    assert here(*run, "train_iters=4", **env(tmp_path)).returncode == 0
+    longer = here(*run, "train_iters=6", **env(tmp_path))
     assert longer.returncode == 2, longer.stderr[-3000:]
     assert "Traceback" not in longer.stderr
     assert (
@@ -361,6 +384,6 @@ def test_a_resume_with_a_longer_schedule_is_a_config_error_with_both_fixes(
         "of iterations 4, this run's 6" in longer.stderr
     )
     assert "hint: set override_opt_param_scheduler: true" in longer.stderr
-    fixed = primus(*run, "train_iters=6", "override_opt_param_scheduler=true", **env(tmp_path))
+    fixed = here(*run, "train_iters=6", "override_opt_param_scheduler=true", **env(tmp_path))
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert [m["step"] for m in step_metrics(tmp_path / "team" / "user" / "longer")] == [2, 3, 4, 6]

@@ -4,6 +4,7 @@ to its launcher or to one of its workers once the run has reached a given step."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -153,3 +154,110 @@ def interrupt(
     return Interrupted(
         proc.returncode, stdout, stderr, marked(run_dir), signalled_at, ended_at, left
     )
+
+
+_FORK_SERVER = """
+import importlib, json, os, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+from primus.cli.main import main
+print("ready", flush=True)
+ended = {}  # pid -> exit code (negative: the signal), of the runs reaped
+def reap(pid=-1, flags=os.WNOHANG):
+    while True:
+        try:
+            done, status = os.waitpid(pid, flags)
+        except ChildProcessError:
+            return
+        if done == 0:
+            return
+        ended[done] = os.waitstatus_to_exitcode(status)
+        if pid != -1:
+            return
+for line in sys.stdin:
+    job = json.loads(line)
+    if "wait" in job:
+        if job["wait"] not in ended:
+            reap(job["wait"], 0)
+        print(ended.pop(job["wait"]), flush=True)
+        continue
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.environ.update(job["env"])
+        for fd, path in enumerate([os.devnull, job["stdout"], job["stderr"]]):
+            os.dup2(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), fd)
+        code = 1
+        try:
+            main(job["argv"])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    print(pid, flush=True)
+    reap()  # the runs that ended (a killed run, once it is one)
+"""
+
+
+class Forks:
+    """A process that has imported `primus.cli` and `imports` (torch, the upstream) once and
+    forks each run `start` asks of it: every run is a process of its own, in a session of its
+    own, without the seconds of its imports. A run that ended or was killed stays a zombie
+    (not `alive`) until the next `start`, `wait` or `close`.
+
+        with Forks("megatron.training.training") as forks:
+            pid = forks.start(["train", "pretrain", ...], {"PRIMUS_WORKSPACE": ...})
+            done = forks.run(["train", "pretrain", ...], {...})  # started and waited for
+    """
+
+    def __init__(self, *imports: str, env: dict[str, str] | None = None) -> None:
+        """`env`: added to this process's environment (less PRIMUS_PATCHES) for the server and
+        every run it forks."""
+        environment = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", _FORK_SERVER, *imports], env=environment | (env or {}),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.to, self.told = self.server.stdin, self.server.stdout
+        assert self.told.readline() == "ready\n", "the fork server did not start"
+
+    def _ask(self, job: dict) -> int:
+        self.to.write(json.dumps(job) + "\n")
+        self.to.flush()
+        return int(self.told.readline())
+
+    def start(
+        self, argv: list[str], env: dict[str, str], stdout: Path | None = None,
+        stderr: Path | None = None,
+    ) -> int:  # fmt: skip
+        """Fork `primus ARGV` with `env` added to the environment, its output appended to
+        `stdout` and `stderr` (default: discarded); its pid."""
+        out, err = (str(path or os.devnull) for path in (stdout, stderr))
+        return self._ask({"argv": argv, "env": env, "stdout": out, "stderr": err})
+
+    def wait(self, pid: int) -> int:
+        """The exit code of run `pid` once it ended (negative: the signal that ended it)."""
+        return self._ask({"wait": pid})
+
+    def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        """`primus ARGV` forked and waited for: exit code and output, as `runs.primus` gives."""
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
+            code = self.wait(self.start(argv, env, out, err))
+            return subprocess.CompletedProcess(
+                ["primus", *argv], code, out.read_text(), err.read_text()
+            )
+
+    def close(self) -> None:
+        self.to.close()
+        self.server.wait(timeout=60)
+
+    def __enter__(self) -> Forks:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

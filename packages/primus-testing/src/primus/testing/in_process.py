@@ -15,6 +15,7 @@ import contextlib
 import logging
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -23,11 +24,33 @@ from types import ModuleType
 def primus_here(
     *args: str, cwd: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """`runs.primus` through `run_in_process`: the exit code and stderr (stdout is not kept)."""
+    """`runs.primus` through `run_in_process`: the exit code and stderr (stdout is not kept).
+    What a run leaves in an upstream's process-wide state is reset after it (`reset_upstreams`),
+    so that the next run in this process starts as a new process would."""
     from primus.testing.fuzz_runs import run_in_process
 
-    done = run_in_process(list(args), cwd or Path.cwd(), dict(env))
+    try:
+        done = run_in_process(list(args), cwd or Path.cwd(), dict(env))
+    finally:
+        reset_upstreams()
     return subprocess.CompletedProcess(["primus", *args], done.code, "", done.stderr)
+
+
+def reset_upstreams() -> None:
+    """Megatron's process-wide state, where a run imported it: its global args, timers and
+    tokenizer (a second run's set_global_variables asserts they are unset), the parallel
+    groups, the microbatch calculator and the rerun state machine."""
+    if "megatron.training.global_vars" not in sys.modules:
+        return
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+    from megatron.core.rerun_state_machine import destroy_rerun_state_machine
+    from megatron.training.global_vars import destroy_global_vars
+
+    parallel_state.destroy_model_parallel()
+    destroy_global_vars()
+    destroy_rerun_state_machine()
+    destroy_num_microbatches_calculator()
 
 
 @contextlib.contextmanager
