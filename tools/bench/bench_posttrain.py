@@ -17,9 +17,11 @@ with packing off. With `--dpo BACKEND...`,
 two runs more (alone with an empty `--backends`): the SFT recipe with packing off, and the same recipe as DPO (`dpo: {beta: 0.1}`,
 no eval) on preference pairs of the same reverse-task prompts (chosen: the words reversed,
 rejected: as given), its batch sizes halved since DPO's count pairs of two rows: both train the
-same number of rows of the same length a step. Reported with the DPO run's last loss and reward
-metrics. Goal: DPO tokens/s >= 0.9x unpacked SFT's (its frozen reference's forward adds about a
-third of a training step's compute: 0.75x at equal efficiency). Every run logs each step and
+same number of rows of the same length a step, and that DPO again with
+`dpo.precompute_reference: true` ("dpo-precomputed", its pass over the pairs before step 1
+reported as `precompute_s`). Reported with the DPO runs' last loss and reward metrics. Goal:
+DPO tokens/s >= 0.9x unpacked SFT's (its frozen reference's forward adds about a third of a
+training step's compute: 0.75x at equal efficiency; precomputed, none). Every run logs each step and
 saves no checkpoint. `--turbo` (with primus-turbo-kernels installed): `auto` (default) leaves
 `turbo.enable` at its default (on on a GPU), `off` adds `turbo.enable=false` to every run,
 `both` runs each job both ways ("megatron sft", "megatron sft turbo-off"), each ratio taken
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,6 +60,7 @@ SFT = "modules.post_trainer.sft"
 EVERY = {"megatron": ["log_interval=1", "save_interval=null"],
          "torchtitan": ["metrics.log_freq=1", "checkpoint.enable=false"]}  # fmt: skip
 OFF = " turbo-off"  # the label's suffix for a run with turbo.enable=false
+PRECOMPUTE = "modules.post_trainer.dpo.precompute_reference=true"
 RATIOS = (("vs_pretrain", "pretrain"), ("vs_sft", "sft"), ("vs_sft_unpacked", "sft-unpacked"))
 REWARDS = ("loss", "reward_margin", "reward_accuracy", "reward_chosen", "reward_rejected")
 
@@ -143,6 +147,9 @@ def measure(run: Path, warmup: int) -> dict[str, float | None]:
         steps[-1].get("reward_margin") is not None
     ):  # DPO: the last step's loss and rewards, a sanity check
         result |= {f"last_{key}": steps[-1].get(key) for key in REWARDS}
+    precomputed = re.search(r"precomputed in ([\d.]+) s", (run / "logs" / "rank-0.log").read_text())
+    if precomputed:  # DPO with dpo.precompute_reference: the reference's pass before step 1
+        result["precompute_s"] = float(precomputed.group(1))
     return result
 
 
@@ -194,6 +201,7 @@ def main() -> None:
         if backend in args.dpo:
             jobs["sft-unpacked"] = ("posttrain", sft, [*every, f"{SFT}.packing=false"])
             jobs["dpo"] = ("posttrain", sft, [*every, *as_dpo(sft, data)])
+            jobs["dpo-precomputed"] = ("posttrain", sft, [*every, *as_dpo(sft, data), PRECOMPUTE])
         if backend in args.backends:
             jobs |= {"pretrain": ("pretrain", pretrain, every), "sft": ("posttrain", sft, tuned)}
         if backend in args.lora:

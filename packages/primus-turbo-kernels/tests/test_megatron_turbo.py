@@ -150,10 +150,9 @@ def test_two_gpus_replaying_cuda_graphs_exit_after_their_last_step(tmp_path: Pat
     assert "cuda_graph_impl='full_iteration'" in result.stdout + result.stderr
 
 
-def test_fine_tuning_replays_cuda_graphs_and_dpo_does_not(tmp_path: Path) -> None:
-    """Fine-tuning rows, packed or not, are `seq_length` long: one graph per iteration (on an
-    H200 its losses equal those without, bit for bit). DPO's loss copies a host number to the
-    GPU each micro-batch, which a capture refuses (seen on an H200): no graph."""
+def test_fine_tuning_and_dpo_replay_cuda_graphs(tmp_path: Path) -> None:
+    """Fine-tuning rows, packed or not, and DPO's pairs are `seq_length` long: one graph per
+    iteration (on an H200 their losses equal those without, bit for bit)."""
     from primus.testing.dpo import write_preference_task
 
     task = make_task(tmp_path / "task")
@@ -163,11 +162,7 @@ def test_fine_tuning_replays_cuda_graphs_and_dpo_does_not(tmp_path: Path) -> Non
     dpo = (f"sft.train={pairs}", "sft.packing=false", "sft.eval=null", "sft.eval_fraction=0",
            "dpo.beta=0.1", "turbo.enable=true")  # fmt: skip
     _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "dpo", *dpo)
-    assert "cuda_graph_impl: none\n" in stdout
-    assert (
-        "megatron.turbo_cuda_graphs               skipped: DPO's loss is not capture-safe yet"
-        in stdout
-    )
+    assert "cuda_graph_impl: full_iteration\n" in stdout
 
 
 def test_packed_fine_tuning_keeps_its_document_mask(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ FEATURES = {
     "cross_entropy": "Triton cross-entropy for the language-model loss",
     "optimizer": "fused Adam and foreach grad-norm/scale instead of the Python fallbacks",
     "grad_accum_fusion": "weight-gradient GEMMs accumulate into the fp32 main grads",
-    "cuda_graphs": "each iteration's forward and backward replayed as one CUDA graph (not DPO)",
+    "cuda_graphs": "each iteration's forward and backward replayed as one CUDA graph",
 }
 register_switches("megatron", FEATURES, opt_in=FP8, params=PARAMS)
 _turbo = partial(turbo_patch, "megatron", backend_versions=TESTED)
@@ -236,13 +236,11 @@ def turbo_cuda_graphs(ctx: PatchContext) -> str | None:
     (every micro-batch, the gradient reduction) replay one captured graph, so kernel launches
     no longer bound small micro-batches. The optimizer step and Primus's non-finite check run
     outside it. Needs the same shapes every iteration, which pretraining and fine-tuning have
-    (fine-tuning rows are `seq_length` long, packed or padded, with a mask of the same shape).
-    Not DPO: its loss copies a host number to the GPU each micro-batch, which a capture
-    refuses."""
+    (fine-tuning rows are `seq_length` long, packed or padded, with a mask of the same shape;
+    DPO's pairs too, the reference's forward, or its precomputed log-probabilities, inside
+    the graph)."""
     if wants_cpu(ctx):
         return _kept_upstream("cuda_graphs", "CUDA graphs need a GPU")
-    if ctx.stage != "pretrain" and ctx.extra["module"].dpo is not None:
-        return _kept_upstream("cuda_graphs", "DPO's loss is not capture-safe yet")
     chosen = get_param(ctx, "cuda_graph_impl", "none")
     if chosen != "none":
         return _kept_upstream("cuda_graphs", f"cuda_graph_impl is {chosen}")
