@@ -3,7 +3,8 @@ real training steps in real `primus train` processes, real signals.
 
 Faults that no signal makes come from faulty.py: test-only patches that put NaN in the model's
 output or Inf in its gradient at chosen steps, or make the process SIGKILL itself at a chosen
-file operation of a checkpoint save.
+file operation of a checkpoint save. The one-process runs with those patches are forked by a
+process that imported them and TorchTitan once (`primus.testing.faults.Forks`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +28,9 @@ from tokenizers import Tokenizer
 
 from primus.core.reliability.preemption import EXIT_PREEMPTED
 from primus.testing.checkpoints import dcp_state
-from primus.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt
-from primus.testing.runs import losses, primus, step_metrics, train_run
+from primus.testing.faults import PYTHON, UV, UV_RUN, Forks, Interrupted, interrupt
+from primus.testing.in_process import in_process, primus_here
+from primus.testing.runs import losses, step_metrics, train_run
 from primus.testing.torchtitan import write_corpus
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,19 +49,43 @@ def command(name: str, *overrides: str, nproc: int = 1) -> list[str]:
             *overrides]  # fmt: skip
 
 
-def faulty(workspace: Path, *args: str, **faults: str) -> subprocess.CompletedProcess[str]:
-    """`python ARGS` (default: `-m primus.cli`) with faulty.py's patches imported at start in
-    every process (a sitecustomize.py on PYTHONPATH) and `faults` set, in `workspace`."""
-    site = workspace / "site"
+def site(folder: Path) -> Path:
+    """`folder`/site, whose sitecustomize.py imports faulty.py's patches at the start of every
+    process that has it on PYTHONPATH."""
+    site = folder / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(
         f"import sys\nsys.path.insert(0, {str(FAULTY.parent)!r})\nimport faulty  # noqa\n"
     )
+    return site
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    """The fork server of the one-process runs with faulty.py's patches (`faulty_run`)."""
+    with Forks(
+        "torchtitan.trainer", env={"PYTHONPATH": str(site(tmp_path_factory.mktemp("f")))}
+    ) as server:
+        yield server
+
+
+def faulty_run(
+    forks: Forks, workspace: Path, *args: str, **faults: str
+) -> subprocess.CompletedProcess[str]:
+    """`primus ARGS` of one process with faulty.py's patches and `faults` set, in `workspace`:
+    a process forked by `forks`."""
+    return forks.run(list(args), {"PRIMUS_WORKSPACE": str(workspace), **faults})
+
+
+def faulty(workspace: Path, *args: str, **faults: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` (default: `-m primus.cli`) with faulty.py's patches imported at start in
+    every process (a sitecustomize.py on PYTHONPATH) and `faults` set, in `workspace`."""
+    site_dir = site(workspace)
     env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
     args = args if args[0] == "-c" else ("-m", "primus.cli", *args)
     return subprocess.run(
         [sys.executable, *args],
-        env=env | {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": str(site)} | faults,
+        env=env | {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": str(site_dir)} | faults,
         capture_output=True,
         text=True,
         timeout=600,
@@ -233,13 +260,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory: pytest.TempPathFactory, data: Corpus) -> Whole:
+def whole(tmp_path_factory: pytest.TempPathFactory, data: Corpus, forks: Forks) -> Whole:
     """One process, 20 steps, a checkpoint every 5 steps."""
     workspace = tmp_path_factory.mktemp("whole1")
     ops = workspace / "ops.txt"
     cmd = command("whole", *data.overrides, *CHECKPOINTS, "checkpoint.interval=5",
                   "training.steps=20")  # fmt: skip
-    result = faulty(workspace, *cmd, PRIMUS_TEST_SAVE_OPS=str(ops), PRIMUS_TEST_DATA_LOG="1")
+    result = faulty_run(forks, workspace, *cmd, PRIMUS_TEST_SAVE_OPS=str(ops),
+                        PRIMUS_TEST_DATA_LOG="1")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     counts = {int(n) for n in ops.read_text().split()}
     assert len(counts) == 1, counts  # every save has the same file operations
@@ -255,14 +283,15 @@ DECIDED = {"fused": "decided on the device", "foreach": "decided on the host"}
 
 @pytest.fixture(scope="module", params=sorted(DECIDED))
 def transient(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, data: Corpus
-) -> tuple[Path, str]:
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, data: Corpus,
+    forks: Forks,
+) -> tuple[Path, str]:  # fmt: skip
     """NaN loss at step 4, Inf gradient at step 7; a checkpoint at every step; the optimizer's
     implementation `request.param` (TorchTitan's default "fused" runs fused on CPU too)."""
     workspace = tmp_path_factory.mktemp("transient")
     cmd = command("transient", *data.overrides, *CHECKPOINTS, "checkpoint.interval=1",
                   "training.steps=10", f"optimizer.implementation={request.param}")  # fmt: skip
-    result = faulty(workspace, *cmd, PRIMUS_TEST_NAN_LOSS="4", PRIMUS_TEST_INF_GRAD="7")
+    result = faulty_run(forks, workspace, *cmd, PRIMUS_TEST_NAN_LOSS="4", PRIMUS_TEST_INF_GRAD="7")
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert f"non-finite steps: {DECIDED[request.param]}" in output
@@ -297,14 +326,15 @@ def test_a_skipped_step_leaves_the_weights_and_optimizer_as_they_were(
 
 @pytest.fixture(scope="module")
 def persistent(
-    tmp_path_factory: pytest.TempPathFactory, data: Corpus
+    tmp_path_factory: pytest.TempPathFactory, data: Corpus, forks: Forks
 ) -> tuple[Path, list[str], subprocess.CompletedProcess[str]]:
     """NaN loss from step 5 on, max_skipped_steps 2, a checkpoint every 4 steps."""
     workspace = tmp_path_factory.mktemp("persistent")
     cmd = command("persistent", *data.overrides, *CHECKPOINTS, "checkpoint.interval=4",
                   "training.steps=10")  # fmt: skip
     stop = [*cmd, "max_skipped_steps=2"]
-    result = faulty(workspace, *stop, PRIMUS_TEST_NAN_LOSS=",".join(map(str, range(5, 11))))
+    result = faulty_run(forks, workspace, *stop,
+                        PRIMUS_TEST_NAN_LOSS=",".join(map(str, range(5, 11))))  # fmt: skip
     return workspace, cmd, result
 
 
@@ -326,11 +356,11 @@ def test_nonfinite_steps_in_a_row_stop_the_run_with_the_last_good_state(
 
 
 def test_the_last_good_state_is_what_the_next_run_resumes_from(
-    persistent: tuple[Path, list[str], subprocess.CompletedProcess[str]],
+    persistent: tuple[Path, list[str], subprocess.CompletedProcess[str]], forks: Forks
 ) -> None:
     workspace, cmd, _ = persistent
     run = run_dir(workspace, "persistent")
-    result = faulty(workspace, *cmd)  # the fault gone
+    result = faulty_run(forks, workspace, *cmd)  # the fault gone
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run / "logs" / "rank-0.log").read_text()
     assert f"Loading the checkpoint from {run}/checkpoint/step-6." in log
@@ -402,7 +432,7 @@ def test_each_resume_trains_on_the_batches_of_the_uninterrupted_run(
 
 
 def test_a_save_over_a_complete_checkpoint_is_incomplete_until_it_is_done(
-    tmp_path: Path, data: Corpus, whole: Whole
+    tmp_path: Path, data: Corpus, whole: Whole, forks: Forks
 ) -> None:
     """A run resumed from an earlier step (checkpoint.load_step 15, another lr) saves step-20
     again over the uninterrupted run's complete one, and is SIGKILLed inside that save: the
@@ -411,11 +441,12 @@ def test_a_save_over_a_complete_checkpoint_is_incomplete_until_it_is_done(
     for step in (15, 20):
         shutil.copytree(whole.run / "checkpoint" / f"step-{step}", checkpoints / f"step-{step}")
     cmd = command("again", *data.overrides, *CHECKPOINTS, "training.steps=20", "optimizer.lr=1e-3")
-    killed = faulty(tmp_path, *cmd, "checkpoint.load_step=15", PRIMUS_TEST_KILL_AT="1:100")
+    killed = faulty_run(forks, tmp_path, *cmd, "checkpoint.load_step=15",
+                        PRIMUS_TEST_KILL_AT="1:100")  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (checkpoints / "step-20" / ".metadata").exists()
     assert "step-20 is written again; its .metadata removed" in killed.stdout + killed.stderr
-    resumed = faulty(tmp_path, *cmd)
+    resumed = faulty_run(forks, tmp_path, *cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     output = resumed.stdout + resumed.stderr
     assert f"Loading the checkpoint from {checkpoints}/step-15." in output
@@ -428,7 +459,7 @@ BATCH_TOKENS = 4 * 128  # the recipe's training.local_batch_size x training.seq_
 
 
 @pytest.fixture(scope="module")
-def resharded(tmp_path_factory: pytest.TempPathFactory, data: Corpus) -> Path:
+def resharded(tmp_path_factory: pytest.TempPathFactory, data: Corpus, forks: Forks) -> Path:
     """One run on the jsonl data (400 rows): 2 data-parallel ranks to step 3, resumed on 1 to
     step 6, then on 2 again to step 12, past the end of the first epoch."""
     workspace = tmp_path_factory.mktemp("reshard")
@@ -436,7 +467,10 @@ def resharded(tmp_path_factory: pytest.TempPathFactory, data: Corpus) -> Path:
         dp = DP2 if nproc == 2 else ()
         cmd = command("reshard", *data.overrides, *dp, *CHECKPOINTS, f"training.steps={steps}",
                       nproc=nproc)  # fmt: skip
-        result = faulty(workspace, *cmd, PRIMUS_TEST_DATA_LOG="1")
+        if nproc == 1:
+            result = faulty_run(forks, workspace, *cmd, PRIMUS_TEST_DATA_LOG="1")
+        else:
+            result = faulty(workspace, *cmd, PRIMUS_TEST_DATA_LOG="1")
         assert result.returncode == 0, result.stderr[-3000:]
     return run_dir(workspace, "reshard")
 
@@ -475,8 +509,9 @@ def test_another_data_parallel_size_on_other_data_is_a_config_error(
     not TorchTitan's assertion."""
     moved = run_dir(tmp_path, "moved") / "checkpoint" / "step-20"
     shutil.copytree(preempted[0] / "checkpoint" / "step-20", moved)
-    result = primus(*command("moved", *CHECKPOINTS, "training.steps=20"),
-                    PRIMUS_WORKSPACE=str(tmp_path))  # fmt: skip
+    with in_process():  # refused before training: the message is under test
+        result = primus_here(*command("moved", *CHECKPOINTS, "training.steps=20"),
+                             PRIMUS_WORKSPACE=str(tmp_path))  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert (
         "the checkpoint's data position was saved by 2 data-parallel ranks, this run has 1: "

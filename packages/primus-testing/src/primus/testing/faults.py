@@ -158,10 +158,12 @@ def interrupt(
 
 _FORK_SERVER = """
 import importlib, json, os, sys
+told = os.fdopen(os.dup(1), "w", buffering=1)  # the answers; what the imports print: stderr
+os.dup2(2, 1)
 for name in sys.argv[1:]:
     importlib.import_module(name)
 from primus.cli.main import main
-print("ready", flush=True)
+print("ready", file=told)
 ended = {}  # pid -> exit code (negative: the signal), of the runs reaped
 def reap(pid=-1, flags=os.WNOHANG):
     while True:
@@ -176,15 +178,20 @@ def reap(pid=-1, flags=os.WNOHANG):
             return
 for line in sys.stdin:
     job = json.loads(line)
+    if "exit" in job:
+        break
     if "wait" in job:
         if job["wait"] not in ended:
             reap(job["wait"], 0)
-        print(ended.pop(job["wait"]), flush=True)
+        print(ended.pop(job["wait"]), file=told)
         continue
     pid = os.fork()
     if pid == 0:
+        told.close()
         os.setsid()
         os.environ.update(job["env"])
+        for name in job["reload"]:  # modules that read the run's environment when imported
+            importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)
         for fd, path in enumerate([os.devnull, job["stdout"], job["stderr"]]):
             os.dup2(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), fd)
         code = 1
@@ -197,7 +204,7 @@ for line in sys.stdin:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    print(pid, flush=True)
+    print(pid, file=told)
     reap()  # the runs that ended (a killed run, once it is one)
 """
 
@@ -232,28 +239,37 @@ class Forks:
 
     def start(
         self, argv: list[str], env: dict[str, str], stdout: Path | None = None,
-        stderr: Path | None = None,
+        stderr: Path | None = None, reload: tuple[str, ...] = (),
     ) -> int:  # fmt: skip
-        """Fork `primus ARGV` with `env` added to the environment, its output appended to
-        `stdout` and `stderr` (default: discarded); its pid."""
+        """Fork `primus ARGV` with `env` added to the environment and the modules `reload`
+        imported again in it (a sitecustomize.py that reads the environment), its output
+        appended to `stdout` and `stderr` (default: discarded); its pid."""
         out, err = (str(path or os.devnull) for path in (stdout, stderr))
-        return self._ask({"argv": argv, "env": env, "stdout": out, "stderr": err})
+        job = {"argv": argv, "env": env, "stdout": out, "stderr": err, "reload": list(reload)}
+        return self._ask(job)
 
     def wait(self, pid: int) -> int:
         """The exit code of run `pid` once it ended (negative: the signal that ended it)."""
         return self._ask({"wait": pid})
 
-    def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        """`primus ARGV` forked and waited for: exit code and output, as `runs.primus` gives."""
+    def run(
+        self, argv: list[str], env: dict[str, str], reload: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """`primus ARGV` forked (as `start`) and waited for: exit code and output, as
+        `runs.primus` gives them."""
         with tempfile.TemporaryDirectory() as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            code = self.wait(self.start(argv, env, out, err))
+            code = self.wait(self.start(argv, env, out, err, reload))
             return subprocess.CompletedProcess(
                 ["primus", *argv], code, out.read_text(), err.read_text()
             )
 
     def close(self) -> None:
-        self.to.close()
+        """Tell the server to end (not by closing its stdin: a process forked from this one,
+        a reaper, may hold the pipe open) and wait for it."""
+        with contextlib.suppress(BrokenPipeError):  # it ended already
+            self.to.write(json.dumps({"exit": True}) + "\n")
+            self.to.close()
         self.server.wait(timeout=60)
 
     def __enter__(self) -> Forks:
