@@ -4,7 +4,9 @@ signals, real non-finite numbers.
 The uninterrupted run these runs are compared with is the golden curve of the tiny recipe
 (`golden/tiny-cpu.json`, 20 steps), which test_training's uninterrupted run must match within
 1e-5 (CPU_FP32): the same recipe, seed and schedule, without a run of its own here. Faults are
-made by the test-only patch in `faults/sitecustomize.py` (put on PYTHONPATH by the test).
+made by the test-only patch in `faults/sitecustomize.py` (put on PYTHONPATH by the test). The
+one-process runs that no signal stops are forked by a process that imported MaxText once
+(`primus.testing.faults.Forks`; sitecustomize imported again in each, with the run's faults).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from primus.core.reliability.preemption import EXIT_PREEMPTED
-from primus.testing.faults import PYTHON, UV, UV_RUN, Interrupted, interrupt, steps_logged
+from primus.testing.faults import PYTHON, UV, UV_RUN, Forks, Interrupted, interrupt, steps_logged
 from primus.testing.golden import CPU_FP32
 from primus.testing.runs import losses, patch_status, primus, step_metrics
 
@@ -43,6 +46,19 @@ def command(exp: str, *overrides: str, nproc: int = 1) -> list[str]:
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
     return ["train", "pretrain", "--config", str(RECIPE), *launch, *KEYS, f"exp_name={exp}",
             *overrides]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[Forks]:
+    """The fork server of the one-process runs that no signal stops (`forked`)."""
+    with Forks("maxtext.trainers.pre_train.train", env={"PYTHONPATH": FAULTS}) as server:
+        yield server
+
+
+def forked(forks: Forks, workspace: Path, *args: str, **env: str) -> Done:
+    """`primus ARGS` of one process in `workspace`, with the faults `env` sets: a process forked
+    by `forks` (faults/sitecustomize.py imported again in it, with `env`)."""
+    return forks.run(list(args), {"PRIMUS_WORKSPACE": str(workspace), **env}, ("sitecustomize",))
 
 
 def run_dir_of(workspace: Path, exp: str) -> Path:
@@ -73,11 +89,12 @@ Hit = tuple[signal.Signals, int, int | str | None, list[str]]
 
 
 def preempt(
-    workspace: Path, exp: str, hits: list[Hit], *keys: str, nproc: int = 1
-) -> tuple[Path, list[Interrupted], Done | None]:
+    workspace: Path, exp: str, hits: list[Hit], *keys: str, nproc: int = 1,
+    forks: Forks | None = None,
+) -> tuple[Path, list[Interrupted], Done | None]:  # fmt: skip
     """Run the same command once per hit, each time signalled once it has logged the hit's
     step (the launcher, or the worker of the hit's rank), then once more to the end (one
-    process only: two take long)."""
+    process only, forked by `forks`: two take long)."""
     run_dir = run_dir_of(workspace, exp)
     env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
            "PRIMUS_TEST_STEP_SECONDS": "0.3"}  # fmt: skip
@@ -88,20 +105,21 @@ def preempt(
     ]
     if nproc > 1:
         return run_dir, stops, None
-    again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    assert forks is not None, "a one-process run is run again to its end, forked by forks"
+    again = forked(forks, workspace, *cmd)
     assert again.returncode == 0, again.stderr[-3000:]
     return run_dir, stops, again
 
 
 @pytest.fixture(scope="module")
 def one_process(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, forks: Forks
 ) -> tuple[Path, list[Interrupted], Done | None]:
     """Ctrl-C (SIGINT to `uv run`) in a one-process run at step 5, then resumed to step 20."""
     if UV is None:
         pytest.skip("needs uv")
     hits: list[Hit] = [(signal.SIGINT, 5, None, UV_RUN)]
-    return preempt(tmp_path_factory.mktemp("ws"), "one", hits, "steps=20")
+    return preempt(tmp_path_factory.mktemp("ws"), "one", hits, "steps=20", forks=forks)
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +190,13 @@ def test_two_workers_stop_at_the_same_step_on_a_signal_to_one_or_to_the_launcher
 
 
 @pytest.fixture(scope="module")
-def nonfinite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Done, Done]:
+def nonfinite(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> tuple[Path, Done, Done]:
     """NaN at step 3 (transient), Inf from step 7 on (persistent), max_skipped_steps=2:
     the run skips 3, skips 7 and stops at 8; the same command without the fault resumes."""
     workspace = tmp_path_factory.mktemp("ws")
-    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS}
     cmd = command("nonfinite", "steps=12", "max_skipped_steps=2")
-    faulty = primus(*cmd, **env, PRIMUS_TEST_NONFINITE=",".join(FAULT))
-    fixed = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    faulty = forked(forks, workspace, *cmd, PRIMUS_TEST_NONFINITE=",".join(FAULT))
+    fixed = forked(forks, workspace, *cmd)
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     return run_dir_of(workspace, "nonfinite"), faulty, fixed
 
@@ -278,7 +295,9 @@ def test_a_kill_during_a_save_leaves_the_last_complete_checkpoint_to_resume_from
 
 
 @pytest.fixture(scope="module")
-def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], list[str], Done]:
+def killed_run(
+    tmp_path_factory: pytest.TempPathFactory, forks: Forks
+) -> tuple[Path, list[int], list[str], Done]:
     """A run saving every step, SIGKILLed while a save is unfinished, then the same command
     again to step 20: (run dir, complete steps and unfinished saves at the kill, the rerun)."""
     workspace = tmp_path_factory.mktemp("ws")
@@ -299,7 +318,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
     assert hit.left == []  # kill -9: nothing the run started outlives it by 5 s
     folder = run_dir / "checkpoints"
     complete, cut = complete_steps(folder), unfinished(folder)
-    again = primus(*cmd, PRIMUS_WORKSPACE=str(workspace))
+    again = forked(forks, workspace, *cmd)
     assert again.returncode == 0, again.stderr[-3000:]
     return run_dir, complete, cut, again
 
@@ -346,7 +365,7 @@ def samples(folder: Path, rank: int) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def data_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def data_runs(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> tuple[Path, Path, Path]:
     """Grain on real data: 12 steps in one process (uninterrupted); 4 steps in one process,
     then the same experiment to step 8 in two (the global batch doubles: 4 -> 8 samples).
     (run dir of the resumed one, samples of the uninterrupted one, samples of the resumed)."""
@@ -357,8 +376,12 @@ def data_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
         ("whole", whole, 12, 1), ("resumed", resumed, 4, 1), ("resumed", resumed, 8, 2)
     ):  # fmt: skip
         folder.mkdir(exist_ok=True)
-        done = primus(*command(name, *data, f"steps={steps}", nproc=nproc), PYTHONPATH=FAULTS,
-                      PRIMUS_TEST_SAMPLES=str(folder), PRIMUS_WORKSPACE=str(workspace))  # fmt: skip
+        cmd = command(name, *data, f"steps={steps}", nproc=nproc)
+        if nproc == 1:
+            done = forked(forks, workspace, *cmd, PRIMUS_TEST_SAMPLES=str(folder))
+        else:
+            done = primus(*cmd, PYTHONPATH=FAULTS, PRIMUS_TEST_SAMPLES=str(folder),
+                          PRIMUS_WORKSPACE=str(workspace))  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
     return run_dir_of(workspace, "resumed"), whole, resumed
 
