@@ -348,3 +348,28 @@ def test_lora_settings_maxtext_cannot_train_are_refused(
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: cli ({change}): maxtext: {errors[0].split('maxtext: ', 1)[1]}"]
     assert says in errors[0] and key in errors[0]
+
+
+def test_lora_keeps_a_bfloat16_projection_in_bfloat16() -> None:
+    """A bfloat16 projection with float32 parameters (MaxText's bf16 recipes): qwix's own
+    provider returns its adapted output in float32, which GPU flash attention refuses beside
+    bf16 q and k; Primus's keeps bfloat16, the value unchanged but for that rounding."""
+    import jax.numpy as jnp
+    import qwix
+    from flax import nnx
+
+    from primus.backends.maxtext.posttrain.lora_provider import LoraProvider
+
+    x = jnp.linspace(-1, 1, 16, dtype=jnp.bfloat16).reshape(2, 8)
+    outputs = {}
+    for name, provider in (("qwix", qwix.LoraProvider), ("primus", LoraProvider)):
+        linear = nnx.Linear(8, 4, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+        lora = qwix.apply_lora_to_model(linear, provider(module_path=".*", rank=2, alpha=2.0), x)
+        for _, node in nnx.iter_graph(lora):  # B is zeros at first: make the adapter count
+            if isinstance(node, nnx.LoRAParam) and not node.get_value().any():
+                node.set_value(jnp.full(node.get_value().shape, 0.5, jnp.float32))
+        outputs[name] = lora(x)
+    assert outputs["qwix"].dtype == jnp.float32
+    assert outputs["primus"].dtype == jnp.bfloat16
+    assert jnp.allclose(outputs["primus"].astype(jnp.float32), outputs["qwix"], rtol=1e-2)
+    assert not jnp.allclose(outputs["primus"], linear(x).astype(jnp.bfloat16))  # adapted

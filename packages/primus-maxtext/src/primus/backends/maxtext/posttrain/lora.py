@@ -67,8 +67,10 @@ def apply(model: Any, mesh: Any, config: Any, start: dict[str, Any] | None = Non
     import qwix  # type: ignore[import-untyped]
     from flax import nnx
 
+    from primus.backends.maxtext.posttrain.lora_provider import LoraProvider
+
     lora = config.lora
-    provider = qwix.LoraProvider(
+    provider = LoraProvider(
         module_path=lora.lora_module_path, rank=lora.lora_rank, alpha=lora.lora_alpha,
         lora_a_initializer=_peft_uniform,
     )  # fmt: skip
