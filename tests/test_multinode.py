@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from primus.core.launch.launcher import free_port
+from primus.core.launch.ports import free_port
 from primus.core.reliability.preemption import EXIT_PREEMPTED
 from primus.testing.runs import losses, primus
 from primus.testing.slurm import exit_code, wait_for

@@ -127,7 +127,7 @@ def test_launchers_of_two_nodes_signalled_before_their_workers_start_all_stop_al
     """Slurm signals every node; a node whose launcher started no worker would leave the other
     node's workers waiting at the rendezvous until killed. Each node starts its workers, which
     stop before their first step, and says so."""
-    from primus.core.launch.launcher import free_port
+    from primus.core.launch.ports import free_port
 
     port = str(free_port())
     train = [*PYTHON, "train", "pretrain", "--config", str(DUMMY_QUICKSTART),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from primus.core.launch.dist_env import DistEnv, first_slurm_host, get_torchrun_env
@@ -116,8 +118,12 @@ def test_export_fills_the_rendezvous_for_a_lone_process_with_a_free_port() -> No
         "1",
         "127.0.0.1",
     )
+    port = int(os.environ["MASTER_PORT"])
     with socket.socket() as probe:  # the chosen port is free to bind
-        probe.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+        probe.bind(("127.0.0.1", port))
+    # below the ephemeral range, which gloo's connections and port-0 binds draw from
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert 1024 <= port < low
 
 
 def test_export_keeps_what_the_launcher_set(monkeypatch) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from dataclasses import dataclass
+
+from primus.core.launch.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -25,9 +26,7 @@ class DistEnv:
         """
         port = self.master_port
         if self.world_size == 1 and "MASTER_PORT" not in os.environ:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
+            port = free_port()
         values = {
             "RANK": self.rank,
             "WORLD_SIZE": self.world_size,

@@ -8,12 +8,12 @@ import contextlib
 import hashlib
 import os
 import signal
-import socket
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from primus.core.launch.ports import free_port
 from primus.core.launch.reaper import die_with_parent, start_group_reaper
 from primus.core.reliability.preemption import EXIT_PREEMPTED
 
@@ -96,23 +96,6 @@ def follow_uv() -> None:
     parent = os.getppid()
     if _parent_is_uv() and die_with_parent(signal.SIGTERM) and os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def reserve_port() -> socket.socket:
-    """A socket bound to a free port with SO_REUSEPORT, for the launcher to hold while its
-    workers run: a process that does not share ports cannot take it (EADDRINUSE), while the
-    workers' own server binds it beside this socket (JAX's gRPC coordinator sets
-    SO_REUSEPORT). Nothing listens on it, so every connection reaches the workers' server."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 @dataclass(frozen=True)

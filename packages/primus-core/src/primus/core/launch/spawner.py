@@ -17,8 +17,8 @@ from primus.core.launch.launcher import (
     Launch,
     failure_code,
     forget_reports,
-    reserve_port,
 )
+from primus.core.launch.ports import reserve_port
 from primus.core.reliability import preemption
 from primus.core.reliability.preemption import EXIT_PREEMPTED, GRACE_S, SIGNALS
 
