@@ -71,7 +71,7 @@ class BlendedSamples:
 
 def _blending_order(weights: list[float], size: int) -> tuple[Any, Any]:
     """For each of `size` samples, the corpus it comes from and that corpus's sample number: the
-    greedy order of the module docstring (Megatron's build_blending_indices), bit for bit.
+    greedy order of the module docstring, bit for bit.
 
     The greedy is sequential, so its steps are cut into blocks of about sqrt(size) steps that
     numpy runs side by side (`_simulate`), each from a guess of the counts taken before it
