@@ -86,6 +86,13 @@ def test_defaults_resolved_paths_and_the_resolved_experiment(files, tmp_path) ->
     assert "target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]" in text
 
 
+def test_a_peft_section_without_type_is_lora(files, tmp_path) -> None:
+    """LoRA is the one adapter kind: `peft: {rank: 4}` needs no `type`."""
+    exp = experiment(files, tmp_path, "type: lora => rank: 4")
+    module = load_experiment(exp).modules["trainer"]
+    assert module.peft is not None and (module.peft.type, module.peft.rank) == ("lora", 4)
+
+
 def test_chat_template_from_a_file_or_inline(files, tmp_path) -> None:
     (tmp_path / "t.jinja").write_text(LLAMA3_TEMPLATE)
     inline = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -117,7 +124,6 @@ def test_chat_template_from_a_file_or_inline(files, tmp_path) -> None:
         ("type: lora => type: lora\\n      dropout: 1.0", 11, "peft.dropout must be at least 0 and below 1"),
         ("type: lora => type: lora\\n      alpha: -2", 11, "peft.alpha must be positive"),
         ("type: lora => type: dora", 10, "peft.type: must be one of 'lora', got 'dora'"),
-        ("type: lora => rank: 4", 9, "peft.type is required (lora)"),
         ("type: lora => type: lora\\n      target_modules: [q_prj]", 11,
          "peft.target_modules: unknown layer 'q_prj' (did you mean: q_proj"),
         ("type: lora => type: lora\\n      target_modules: [q_proj, q_proj]", 11, "names a layer twice"),

@@ -69,7 +69,7 @@ SFT_SCHEMA = ParamSchema(
 )
 PEFT_SCHEMA = ParamSchema(
     {
-        "peft.type": ParamSpec(str, "the adapter kind", choices=("lora",)),
+        "peft.type": ParamSpec(str, "the adapter kind", default="lora", choices=("lora",)),
         "peft.rank": ParamSpec(int, "LoRA rank", default=8),
         "peft.alpha": ParamSpec(
             float, "LoRA alpha: the update is scaled by alpha/rank", default=16.0
@@ -260,8 +260,6 @@ def peft_config(exp: ConfigTree, module: KeyPath) -> PeftConfig | None:
     if section is None:
         return None
     values, origins = section
-    if values["type"] is None:
-        raise ConfigError("peft.type is required (lora)", origins[""])
     checks = (
         ("rank", values["rank"] > 0, "a positive integer"),
         ("alpha", values["alpha"] > 0, "positive"),
