@@ -22,20 +22,7 @@ import numpy as np
 from common import environment
 
 from primus.core.data.blend import _blending_order
-
-
-def loop_order(weights: list[float], size: int) -> tuple[Any, Any]:
-    """The former implementation: one Python step per sample."""
-    source = np.zeros(size, dtype=np.int16)
-    index = np.zeros(size, dtype=np.int64)
-    taken = [0] * len(weights)
-    for j in range(size):
-        at = max(float(j), 1.0)
-        errors = [w * at - t for w, t in zip(weights, taken, strict=True)]
-        pick = errors.index(max(errors))
-        source[j], index[j] = pick, taken[pick]
-        taken[pick] += 1
-    return source, index
+from primus.testing.blend_order import greedy_blend_order as loop_order
 
 
 def timed(order: Any, weights: list[float], size: int) -> tuple[float, float, Any]:

@@ -12,6 +12,7 @@ import pytest
 
 from primus.core.data import blend
 from primus.core.data.blend import _blending_order
+from primus.testing.blend_order import greedy_blend_order as reference
 
 NAN, INF = float("nan"), float("inf")
 ADVERSARIAL = [
@@ -46,21 +47,6 @@ ADVERSARIAL = [
     [1.0, NAN, 2.0],  # NaN later: never picked
 ]
 SIZES = [0, 1, 2, 3, 4, 5, 8, 9, 10, 63, 64, 65, 1000, 4097]
-
-
-def reference(weights: list[float], size: int) -> tuple[Any, Any]:
-    """The plain loop: sample j comes from the corpus with the largest
-    weight * max(j, 1) - samples taken so far, the first one on a tie."""
-    source = np.zeros(size, dtype=np.int16)
-    index = np.zeros(size, dtype=np.int64)
-    taken = [0] * len(weights)
-    for j in range(size):
-        at = max(float(j), 1.0)
-        errors = [w * at - t for w, t in zip(weights, taken, strict=True)]
-        pick = errors.index(max(errors))  # the first of equal errors, as a strict > keeps
-        source[j], index[j] = pick, taken[pick]
-        taken[pick] += 1
-    return source, index
 
 
 @pytest.fixture
