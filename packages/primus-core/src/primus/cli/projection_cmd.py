@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from primus.core.metrics import Peak
     from primus.core.projection import Job, Projection
     from primus.core.projection.performance import Candidate, Rates, StepTime
+    from primus.core.runtime import PrimusRuntime
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -66,6 +67,22 @@ def _table(job: Job, projection: Projection) -> str:
     return "\n".join(lines)
 
 
+def _quiet(runtime: PrimusRuntime) -> PrimusRuntime:
+    """A projection builds the model, not a run: the patches' and the upstream's start-up
+    messages (INFO lines, Python warnings) stay out of its output; errors and Primus's
+    warnings do not, and --debug shows everything."""
+    if not runtime.debug:
+        import logging
+        import warnings
+
+        from primus.core.logging import setup_logging
+
+        setup_logging("WARNING")
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch").setLevel(logging.ERROR)  # "No CUDA runtime is found"
+    return runtime
+
+
 @app.command(context_settings=OVERRIDES)
 def memory(
     ctx: typer.Context,
@@ -83,7 +100,7 @@ def memory(
     from primus.core.projection import project
     from primus.core.runtime import PrimusRuntime
 
-    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    runtime = _quiet(PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on))
     job = runtime.training_job(gpus)
     projection = project(job)
     typer.echo(_table(job, projection))
@@ -183,7 +200,7 @@ def performance(
     from primus.core.runtime import PrimusRuntime
 
     rates = rates_for(device, list(measured or []))
-    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    runtime = _quiet(PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on))
     run = project_run(runtime, gpus, rates)
     job, peak, step = run.job, run.peak, run.step
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")

@@ -101,16 +101,24 @@ def _literal_choices(annotation: Any) -> tuple[Any, ...] | None:
 
 
 def _schema_config() -> Any:
+    """TorchTitan's Trainer.Config with its own defaults (their warnings, such as
+    "initial_load_model_only=True has no effect", unprinted: no run is configured here)."""
+    import logging
+
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
 
-    return Trainer.Config(
-        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config()),
-        optimizer=default_adamw(),
-        dataloader=HuggingFaceTextDataLoader.Config(),
-    )
+    logging.disable(logging.WARNING)
+    try:
+        return Trainer.Config(
+            loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config()),
+            optimizer=default_adamw(),
+            dataloader=HuggingFaceTextDataLoader.Config(),
+        )
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 @cache
@@ -180,6 +188,7 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
     from primus.backends.torchtitan.data.corpus import INDEXED, CorpusDataLoader
     from primus.backends.torchtitan.data.datasets import MockDataLoader, MockTokenizer
     from primus.backends.torchtitan.model.flavors import register_flavor
+    from torchtitan.components.checkpointer import CheckpointManager
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -222,6 +231,10 @@ def base_config(config: ModuleConfig, mock_data: bool) -> Any:
             SFTDataLoader.Config(_sft=config.sft, _peft=config.peft, _dpo=config.dpo),
             SFTValidator.Config(),
         )
+    if not (params.get("checkpoint") or {}).get("initial_load_path"):
+        # TorchTitan's default (True) warns "has no effect without an initial_load_path" at
+        # every parse; without one it means nothing (an HF import sets both, checkpoint.hf)
+        extra["checkpoint"] = CheckpointManager.Config(initial_load_model_only=False)
     return Trainer.Config(
         model_spec=spec,
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)),
