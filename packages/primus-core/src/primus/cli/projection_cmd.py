@@ -72,14 +72,12 @@ def _quiet(runtime: PrimusRuntime) -> PrimusRuntime:
     messages (INFO lines, Python warnings) stay out of its output; errors and Primus's
     warnings do not, and --debug shows everything."""
     if not runtime.debug:
-        import logging
         import warnings
 
         from primus.core.logging import setup_logging
 
         setup_logging("WARNING")
         warnings.simplefilter("ignore")
-        logging.getLogger("torch").setLevel(logging.ERROR)  # "No CUDA runtime is found"
     return runtime
 
 

@@ -27,6 +27,7 @@ from megatron.core.utils import get_batch_on_this_cp_rank, get_batch_on_this_tp_
 from megatron.training import get_args, get_timers, get_tokenizer, print_rank_0
 from megatron.training.argument_utils import core_transformer_config_from_args
 from megatron.training.utils.common_utils import get_blend_and_blend_per_split
+from primus.core.posttrain import REFERENCE_KEY
 
 
 def layer_spec(args: Any, config: TransformerConfig, vp_stage: int | None) -> Any:
@@ -148,8 +149,6 @@ def get_batch(
     """This rank's micro-batch: read on TP rank 0, broadcast to the TP group, split for CP.
     `pairs`: a micro-batch of preference pairs (mbs, 2, seq), as 2 x mbs rows; `reference`:
     with their precomputed reference log-probabilities (REFERENCE_KEY, 2 x mbs)."""
-    from primus.core.posttrain import REFERENCE_KEY
-
     args = get_args()
     rows = args.micro_batch_size * (2 if pairs else 1)
     first = parallel_state.is_pipeline_first_stage()

@@ -83,6 +83,8 @@ def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: in
     eval pairs): each data-parallel rank runs the reference (`model`: one stage's GPTModel)
     over its share in micro-batches of `micro_batch` pairs, and the group adds the shares up.
     Full DPO's frozen copy is freed after."""
+    import numpy as np
+
     from megatron.core import parallel_state
 
     rank = parallel_state.get_data_parallel_rank()
@@ -92,14 +94,14 @@ def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: in
     for rows in pairs:
         table = torch.zeros(len(rows), 2, dtype=torch.float32, device=device)
         for first in range(rank * micro_batch, len(rows), ranks * micro_batch):
-            chosen = range(first, min(first + micro_batch, len(rows)))
-            batch = {
-                k: torch.as_tensor(_stacked(rows, chosen, k)).to(device)
+            items = [rows[i] for i in range(first, min(first + micro_batch, len(rows)))]
+            batch = {  # each pair's chosen and rejected rows, in turn: (2 x pairs, seq)
+                k: torch.as_tensor(np.concatenate([item[k] for item in items])).to(device)
                 for k in ("tokens", "labels", "position_ids", "loss_mask")
             }
             inputs = (batch["tokens"].long(), batch["position_ids"].long(), None)
             losses = reference_losses(model, lora, inputs, batch["labels"].long())
-            table[first : first + len(chosen)] = side_logps(losses, batch["loss_mask"])
+            table[first : first + len(items)] = side_logps(losses, batch["loss_mask"])
         torch.distributed.all_reduce(table, group=parallel_state.get_data_parallel_group())
         rows.set_reference(table.cpu().numpy())
     if hasattr(model, REFERENCE):
@@ -109,10 +111,3 @@ def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: in
         f"[megatron] DPO: the reference's log-probabilities of {total} pairs, precomputed in "
         f"{seconds:.1f} s ({total / max(seconds, 1e-9):.1f} pairs/s)"
     )
-
-
-def _stacked(rows: PairDataset, chosen: range, key: str) -> Any:
-    """Key `key` of pairs `chosen`, as rows (2 x pairs, seq): each pair's chosen, rejected."""
-    import numpy as np
-
-    return np.concatenate([rows[i][key] for i in chosen])

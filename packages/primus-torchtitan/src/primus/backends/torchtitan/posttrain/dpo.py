@@ -23,7 +23,6 @@ kwarg the step takes out), and the frozen model is freed.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 
 from primus.backends.torchtitan.posttrain import lora
-from primus.backends.torchtitan.posttrain.sft import collate_pairs, logits, titan_row
+from primus.backends.torchtitan.posttrain.sft import logits, model_kwargs, rank_batches
 from primus.core.logging import log_rank_0
 from primus.core.posttrain.preference import (
     REFERENCE_KEY,
@@ -144,18 +143,15 @@ class DPOStep:
         start, total = time.perf_counter(), sum(len(rows) for rows in pairs)
         for rows in pairs:
             table = torch.zeros(len(rows), 2, dtype=torch.float32, device=trainer.device)
-            for batch in range(math.ceil(len(rows) / (size * ranks))):
-                first = (batch * ranks + rank) * size
-                chosen = [i % len(rows) for i in range(first, first + size)]
-                inputs, labels = collate_pairs([titan_row(rows[i]) for i in chosen])
-                positions = inputs["positions"].to(trainer.device)
-                kwargs = {"positions": positions,
-                          "attention_masks": model.get_attention_masks(positions=positions)}  # fmt: skip
+            for first, (inputs, labels) in rank_batches(rows, size, ranks, rank):
+                inputs = {k: v.to(trainer.device) for k, v in inputs.items()}
                 with trainer.train_context():
-                    tokens = inputs["input"].to(trainer.device)
-                    logps = self.reference_logps(tokens, labels.to(trainer.device), kwargs)
-                kept = [n for n, i in enumerate(range(first, first + size)) if i < len(rows)]
-                table[chosen[: len(kept)]] = logps.view(-1, 2)[kept].float()
+                    logps = self.reference_logps(
+                        inputs["input"], labels.to(trainer.device), model_kwargs(model, inputs)
+                    )
+                real = min(size, len(rows) - first)  # the padding's left out
+                if real > 0:
+                    table[first : first + real] = logps.view(-1, 2)[:real].float()
             if dims.dp_enabled:
                 torch.distributed.all_reduce(table, group=group)
             rows.set_reference(table.cpu().numpy())

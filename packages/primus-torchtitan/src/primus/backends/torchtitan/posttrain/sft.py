@@ -118,6 +118,43 @@ def logits(model: Any, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     return output.full_tensor() if isinstance(output, DTensor) else output
 
 
+def rank_batches(
+    rows: SFTDataset | PairDataset, size: int, dp_size: int, dp_rank: int
+) -> Iterator[tuple[int, Batch]]:
+    """Data-parallel rank `dp_rank`'s batches of `size` rows of `rows` in order, with the index
+    of each batch's first row: every rank the same number (a forward of a sharded model needs
+    every rank), the last ones padded with rows outside the loss. A batch of pairs is two rows
+    a pair (`collate_pairs`)."""
+    total = len(rows)
+    for b in range(math.ceil(total / (size * dp_size))):
+        start = (b * dp_size + dp_rank) * size
+        items = []
+        for index in range(start, start + size):
+            row = rows[index % total]
+            if index >= total:
+                row = {**row, "loss_mask": row["loss_mask"] * 0}
+            items.append(titan_row(row))
+        if isinstance(rows, PairDataset):
+            yield start, collate_pairs(items)
+            continue
+        inputs = {k: torch.stack([i[k] for i, _ in items]) for k in items[0][0]}
+        yield start, (inputs, torch.stack([labels for _, labels in items]))
+
+
+def model_kwargs(model: Any, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The forward's keyword arguments for a batch's `inputs` (on the model's device), as the
+    validator passes them: positions, their attention masks, and DPO's precomputed reference
+    log-probabilities where the rows carry them (the DPO step takes those out)."""
+    positions = inputs["positions"]
+    kwargs = {
+        "positions": positions,
+        "attention_masks": model.get_attention_masks(positions=positions),
+    }
+    if REFERENCE_KEY in inputs:
+        kwargs[REFERENCE_KEY] = inputs[REFERENCE_KEY]
+    return kwargs
+
+
 class SFTValidator(BaseValidator):
     """One pass over the eval rows: core's token stats, summed over data-parallel ranks, logged
     through TorchTitan's `log_validation` (loss; token accuracy as an extra metric). With
@@ -149,23 +186,9 @@ class SFTValidator(BaseValidator):
         self.batch = local_batch_size
 
     def batches(self) -> Iterator[Batch]:
-        """This rank's eval batches: every rank the same number, the last ones padded with
-        rows outside the loss (a forward of a sharded model needs every rank). A batch of
-        pairs is two rows a pair (`collate_pairs`)."""
-        rows = len(self.rows)
-        for b in range(math.ceil(rows / (self.batch * self.dp_size))):
-            start = (b * self.dp_size + self.dp_rank) * self.batch
-            items = []
-            for index in range(start, start + self.batch):
-                row = self.rows[index % rows]
-                if index >= rows:
-                    row = {**row, "loss_mask": row["loss_mask"] * 0}
-                items.append(titan_row(row))
-            if isinstance(self.rows, PairDataset):
-                yield collate_pairs(items)
-                continue
-            inputs = {k: torch.stack([i[k] for i, _ in items]) for k in items[0][0]}
-            yield inputs, torch.stack([labels for _, labels in items])
+        """This rank's eval batches (`rank_batches`)."""
+        for _, batch in rank_batches(self.rows, self.batch, self.dp_size, self.dp_rank):
+            yield batch
 
     def batch_sums(self, model: Any, tokens: Any, labels: Any, kwargs: Any) -> torch.Tensor:
         """One batch's sums: core's token stats, or DPO's eval sums."""
@@ -183,11 +206,7 @@ class SFTValidator(BaseValidator):
         parts = []
         for inputs, labels in self.batches():
             inputs = {k: v.to(device) for k, v in inputs.items()}
-            positions = inputs["positions"]
-            kwargs = {"positions": positions,
-                      "attention_masks": model.get_attention_masks(positions=positions)}  # fmt: skip
-            if REFERENCE_KEY in inputs:  # DPO's precomputed reference log-probabilities
-                kwargs[REFERENCE_KEY] = inputs[REFERENCE_KEY]
+            kwargs = model_kwargs(model, inputs)
             with self.context():
                 parts.append(self.batch_sums(model, inputs["input"], labels.to(device), kwargs))
         total = torch.stack(parts).sum(0)
