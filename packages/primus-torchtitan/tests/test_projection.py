@@ -27,7 +27,8 @@ import torch
 from primus.backends.torchtitan.projection import training_job
 from primus.core.patches import restore_all
 from primus.core.projection import GIB, project
-from primus.testing.runs import preset_args, primus
+from primus.testing.in_process import in_process, primus_here
+from primus.testing.runs import preset_args
 from primus.testing.sft_runs import make_task, sft_experiment
 from primus.testing.torchtitan import runtime
 
@@ -38,15 +39,13 @@ BENCHMARKS = ROOT / "docs" / "benchmarks"
 SHARDED = Path(__file__).with_name("sharded_params.py")
 
 
-def cli(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "primus.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-
-
-def finished(run: subprocess.Popen[bytes]) -> str:
-    out, err = run.communicate(timeout=600)
-    assert run.returncode == 0, err.decode()[-3000:]
-    return out.decode()
+def projection(folder: Path, *args: str) -> str:
+    """`primus projection ARGS` run in `folder`, in this process (torch and TorchTitan are
+    imported once): its stdout, the exit code 0 asserted."""
+    with in_process():
+        done = primus_here("projection", *args, cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 @pytest.mark.parametrize("preset", ["llama3.2_1B", "qwen3_0.6B"])
@@ -159,11 +158,16 @@ def test_each_gpu_holds_the_shards_torchtitan_gives_it(
     the matrices and the vocabulary (norms whole): the weights' bytes are rank 0's real shards,
     the tied embedding's stale one included."""
     out = tmp_path / "p.json"
-    runs = [cli("projection", "memory", "--config", str(RECIPE), "--gpus", str(gpus),
-                "--json", str(out), *overrides),
-            subprocess.Popen([sys.executable, str(SHARDED), str(gpus), *overrides],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)]  # fmt: skip
-    _, counted = (finished(run) for run in runs)
+    sharded = subprocess.Popen(
+        [sys.executable, str(SHARDED), str(gpus), *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    projection(tmp_path, "memory", "--config", str(RECIPE), "--gpus", str(gpus),
+               "--json", str(out), *overrides)  # fmt: skip
+    counted, err = sharded.communicate(timeout=600)
+    assert sharded.returncode == 0, err[-3000:]
     real = json.loads(counted.splitlines()[-1])
     record = json.loads(out.read_text())
     job, projected = record["job"], record["bytes"]
@@ -194,11 +198,10 @@ ALLOCATED = json.loads((BENCHMARKS / "posttrain-torchtitan-h100-2026-11-25.json"
 def projected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """`primus projection memory --json` of each measured run."""
     folder = tmp_path_factory.mktemp("projections")
-    runs = [cli("projection", "memory", "--config", str(RECIPE), "--json",
-                str(folder / f"{i}.json"), *overrides)
-            for i, (_, _, overrides) in enumerate(RESERVED)]  # fmt: skip
-    for run in runs:
-        assert "total" in finished(run)
+    for i, (_, _, overrides) in enumerate(RESERVED):
+        shown = projection(folder, "memory", "--config", str(RECIPE), "--json",
+                           str(folder / f"{i}.json"), *overrides)  # fmt: skip
+        assert "total" in shown
     return [json.loads((folder / f"{i}.json").read_text())["bytes"] for i in range(len(RESERVED))]
 
 
@@ -233,8 +236,8 @@ def test_with_cuda_graphs_off_the_peak_is_within_10_percent(tmp_path: Path, vari
     GPU)."""
     run = GRAPHS_OFF[variant]
     out = tmp_path / "p.json"
-    finished(cli("projection", "memory", "--config", str(RECIPE), "--json", str(out),
-                 *GRAPHS_OFF["overrides"], PLAIN, *run.get("overrides", [])))  # fmt: skip
+    projection(tmp_path, "memory", "--config", str(RECIPE), "--json", str(out),
+               *GRAPHS_OFF["overrides"], PLAIN, *run.get("overrides", []))  # fmt: skip
     record = json.loads(out.read_text())
     job, projected = record["job"], record["bytes"]
     assert not job["gradients_kept"]
@@ -245,14 +248,14 @@ def test_with_cuda_graphs_off_the_peak_is_within_10_percent(tmp_path: Path, vari
 
 def test_the_ranked_layouts_pasted_give_their_layout(tmp_path: Path) -> None:
     ranked_json, again = tmp_path / "ranked.json", tmp_path / "again.json"
-    finished(cli("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                 "--top", "20", "--json", str(ranked_json)))  # fmt: skip
+    projection(tmp_path, "performance", "--config", str(RECIPE), "--gpus", "8",
+               "--top", "20", "--json", str(ranked_json))  # fmt: skip
     ranked = json.loads(ranked_json.read_text())["ranked"]
     assert len(ranked) > 5
     row = next(r for r in ranked if r["overrides"].get("parallelism.tensor_parallel_degree"))
     pasted = [f"{k}={json.dumps(v)}" for k, v in row["overrides"].items()]
-    finished(cli("projection", "performance", "--config", str(RECIPE), "--gpus", "8",
-                 "--top", "0", "--json", str(again), *pasted))  # fmt: skip
+    projection(tmp_path, "performance", "--config", str(RECIPE), "--gpus", "8",
+               "--top", "0", "--json", str(again), *pasted)  # fmt: skip
     assert json.loads(again.read_text())["step_ms"] == row["step_ms"]
 
 
@@ -268,10 +271,11 @@ def test_the_ranked_layouts_pasted_give_their_layout(tmp_path: Path) -> None:
     ids=["tp", "shard-degree"],
 )  # fmt: skip
 def test_gpus_the_layout_does_not_fill_exit_2_with_the_fix(
-    gpus: int, overrides: list[str], message: str, fix: str
+    tmp_path: Path, gpus: int, overrides: list[str], message: str, fix: str
 ) -> None:
-    result = primus("projection", "memory", "--config", str(RECIPE), "--gpus", str(gpus),
-                    *overrides)  # fmt: skip
+    with in_process():
+        result = primus_here("projection", "memory", "--config", str(RECIPE), "--gpus",
+                             str(gpus), *overrides, cwd=tmp_path)  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr and f"hint: {fix}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -298,16 +302,13 @@ def measured_run(case: int) -> dict[str, Any]:
 def projected_steps(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """`primus projection performance` of each measured run, on its device and GPUs."""
     folder = tmp_path_factory.mktemp("steps")
-    runs = []
     for i in range(len(STEPS_MEASURED)):
         run = measured_run(i)
         config = ROOT / "configs" / "torchtitan" / Path(run["config"]).name
-        runs.append(cli("projection", "performance", "--config", str(config), "--gpus",
-                        str(run.get("gpus", 1)), "--device", run["device"], "--top", "0",
-                        "--json", str(folder / f"{i}.json"), PLAIN, *run.get("overrides", []),
-                        f"compile.enable={str(run['compile']).lower()}"))  # fmt: skip
-    for run in runs:
-        finished(run)
+        projection(folder, "performance", "--config", str(config), "--gpus",
+                   str(run.get("gpus", 1)), "--device", run["device"], "--top", "0",
+                   "--json", str(folder / f"{i}.json"), PLAIN, *run.get("overrides", []),
+                   f"compile.enable={str(run['compile']).lower()}")  # fmt: skip
     return [json.loads((folder / f"{i}.json").read_text()) for i in range(len(STEPS_MEASURED))]
 
 

@@ -24,11 +24,12 @@ LIMIT_S = 10.0  # the most one case may take (the first pays for the upstream's 
 
 @dataclass
 class Outcome:
-    """What one command gave: exit code, stderr, seconds."""
+    """What one command gave: exit code, stderr, seconds, stdout."""
 
     code: int
     stderr: str
     seconds: float
+    stdout: str = ""
 
     @property
     def message(self) -> str:
@@ -108,7 +109,7 @@ def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) ->
         os.environ.update(saved_env)
         DEBUG.on = False
         restore_all()
-    return Outcome(code if isinstance(code, int) else 1, err.getvalue(), seconds)
+    return Outcome(code if isinstance(code, int) else 1, err.getvalue(), seconds, out.getvalue())
 
 
 def run_case(case: Case, folder: Path) -> tuple[list[str], dict[str, Outcome]]:

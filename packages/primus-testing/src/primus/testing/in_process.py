@@ -24,7 +24,7 @@ from types import ModuleType
 def primus_here(
     *args: str, cwd: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """`runs.primus` through `run_in_process`: the exit code and stderr (stdout is not kept).
+    """`runs.primus` through `run_in_process`: the exit code, stdout and stderr.
     What a run leaves in an upstream's process-wide state is reset after it (`reset_upstreams`),
     so that the next run in this process starts as a new process would."""
     from primus.testing.fuzz_runs import run_in_process
@@ -33,7 +33,7 @@ def primus_here(
         done = run_in_process(list(args), cwd or Path.cwd(), dict(env))
     finally:
         reset_upstreams()
-    return subprocess.CompletedProcess(["primus", *args], done.code, "", done.stderr)
+    return subprocess.CompletedProcess(["primus", *args], done.code, done.stdout, done.stderr)
 
 
 def reset_upstreams() -> None:
