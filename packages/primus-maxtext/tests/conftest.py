@@ -1,4 +1,5 @@
-"""Fixtures shared by MaxText's tests: MaxText's synthetic batch of a finished run."""
+"""Fixtures shared by MaxText's tests: MaxText's synthetic batch of a finished run; the fork
+server of one-process runs."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import functools
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+
+from primus.testing.faults import Forks
 
 # SyntheticDataIterator's tokens, under the PRNG implementation MaxText's trainer sets
 BATCH = """import sys, jax, jax.numpy as jnp, numpy as np
@@ -42,3 +45,14 @@ def synthetic_tokens(run_dir: Path) -> np.ndarray:
 def synthetic_batch() -> Callable[[Path], np.ndarray]:
     """`synthetic_tokens`: the batch of a finished run's step 1 (MaxText's step 0)."""
     return synthetic_tokens
+
+
+@pytest.fixture(scope="session")
+def forks() -> Iterator[Forks]:
+    """A process that imported MaxText once and forks each one-process run whose imports are
+    not under test (`primus.testing.forked`), for every module of a pytest worker. faults/ is
+    on its path: faults/sitecustomize.py, imported again in a run that asks for it with its
+    variables (test_reliability), does nothing without them."""
+    faults = str(Path(__file__).resolve().parent / "faults")
+    with Forks("maxtext.trainers.pre_train.train", env={"PYTHONPATH": faults}) as server:
+        yield server

@@ -1,8 +1,9 @@
 """`primus train` through MaxText's training loop on CPU: real steps, real processes.
 
-Each run is a `primus train pretrain` subprocess on the tiny recipe (synthetic data: one fixed
+Each run is a `primus train pretrain` process on the tiny recipe (synthetic data: one fixed
 random batch, which the model learns). Runs are shared across tests to keep JAX's start-up and
-compile time (about 20 s a run) within CI's budget.
+compile time (about 20 s a run) within CI's budget; the one-process runs whose imports are not
+under test are forked by a process that imported MaxText once (conftest's `forks`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing import runs
 from primus.testing.checkpoints import estimate_and_size
+from primus.testing.faults import Forks
 from primus.testing.files import run_writes, written_outside
+from primus.testing.forked import forked
 from primus.testing.golden import CPU_FP32, assert_matches_golden
 from primus.testing.runs import (
     assert_loss_falls,
     losses,
     patch_status,
-    primus,
     step_metrics,
     train_run,
 )
@@ -40,18 +43,20 @@ def rank_log(run_dir: Path, rank: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "steps=20")
+def whole(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> Path:
+    with forked(forks, runs):
+        return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "steps=20")
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+def resumed(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> tuple[Path, list[int]]:
     """10 steps with checkpoints, then the same experiment again to 20: (run dir, first steps)."""
     workspace = tmp_path_factory.mktemp("ws")
     keep = ("exp_name=resumed", *CHECKPOINTS)
-    run_dir = train(workspace, *keep, "steps=10")
-    first = [m["step"] for m in step_metrics(run_dir)]
-    train(workspace, *keep, "steps=20")
+    with forked(forks, runs):
+        run_dir = train(workspace, *keep, "steps=10")
+        first = [m["step"] for m in step_metrics(run_dir)]
+        train(workspace, *keep, "steps=20")
     return run_dir, first
 
 
@@ -130,11 +135,13 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
         assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
 
 
-def test_running_a_finished_run_again_says_so(resumed: tuple[Path, list[int]]) -> None:
+def test_running_a_finished_run_again_says_so(
+    resumed: tuple[Path, list[int]], forks: Forks
+) -> None:
     run_dir, _ = resumed
-    result = primus(
-        "train", "pretrain", "--config", str(RECIPE), *SCHEDULE, "exp_name=resumed",
-        *CHECKPOINTS, "steps=20", PRIMUS_WORKSPACE=str(run_dir.parents[2]),
+    result = forks.run(
+        ["train", "pretrain", "--config", str(RECIPE), *SCHEDULE, "exp_name=resumed",
+         *CHECKPOINTS, "steps=20"], {"PRIMUS_WORKSPACE": str(run_dir.parents[2])},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert "error: nothing to train: Requested training up to step 20" in result.stderr
@@ -142,11 +149,11 @@ def test_running_a_finished_run_again_says_so(resumed: tuple[Path, list[int]]) -
     assert "Traceback" not in result.stderr
 
 
-def test_a_mesh_the_devices_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
-    result = primus(
-        "train", "pretrain", "--config", str(RECIPE), "exp_name=mesh", "ici_fsdp_parallelism=3",
-        PRIMUS_WORKSPACE=str(tmp_path),
-    )  # fmt: skip
+def test_a_mesh_the_devices_cannot_hold_is_a_config_error(tmp_path: Path, forks: Forks) -> None:
+    result = forks.run(
+        ["train", "pretrain", "--config", str(RECIPE), "exp_name=mesh", "ici_fsdp_parallelism=3"],
+        {"PRIMUS_WORKSPACE": str(tmp_path)},
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "error: MaxText cannot lay out its mesh on 1 device(s): " in result.stderr
     assert "Traceback" not in result.stderr

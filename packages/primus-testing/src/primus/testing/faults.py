@@ -190,6 +190,8 @@ for line in sys.stdin:
         told.close()
         os.setsid()
         os.environ.update(job["env"])
+        if job.get("cwd"):
+            os.chdir(job["cwd"])
         for name in job["reload"]:  # modules that read the run's environment when imported
             importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)
         for fd, path in enumerate([os.devnull, job["stdout"], job["stderr"]]):
@@ -239,13 +241,15 @@ class Forks:
 
     def start(
         self, argv: list[str], env: dict[str, str], stdout: Path | None = None,
-        stderr: Path | None = None, reload: tuple[str, ...] = (),
+        stderr: Path | None = None, reload: tuple[str, ...] = (), cwd: Path | None = None,
     ) -> int:  # fmt: skip
         """Fork `primus ARGV` with `env` added to the environment and the modules `reload`
         imported again in it (a sitecustomize.py that reads the environment), its output
-        appended to `stdout` and `stderr` (default: discarded); its pid."""
+        appended to `stdout` and `stderr` (default: discarded), in `cwd` (default: the
+        server's); its pid."""
         out, err = (str(path or os.devnull) for path in (stdout, stderr))
-        job = {"argv": argv, "env": env, "stdout": out, "stderr": err, "reload": list(reload)}
+        job = {"argv": argv, "env": env, "stdout": out, "stderr": err, "reload": list(reload),
+               "cwd": str(cwd or "")}  # fmt: skip
         return self._ask(job)
 
     def wait(self, pid: int) -> int:
@@ -253,13 +257,14 @@ class Forks:
         return self._ask({"wait": pid})
 
     def run(
-        self, argv: list[str], env: dict[str, str], reload: tuple[str, ...] = ()
-    ) -> subprocess.CompletedProcess[str]:
+        self, argv: list[str], env: dict[str, str], reload: tuple[str, ...] = (),
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
         """`primus ARGV` forked (as `start`) and waited for: exit code and output, as
         `runs.primus` gives them."""
         with tempfile.TemporaryDirectory() as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            code = self.wait(self.start(argv, env, out, err, reload))
+            code = self.wait(self.start(argv, env, out, err, reload, cwd))
             return subprocess.CompletedProcess(
                 ["primus", *argv], code, out.read_text(), err.read_text()
             )
