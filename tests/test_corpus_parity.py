@@ -25,7 +25,8 @@ from primus.core.data.blend import training_samples
 from primus.testing.corpus import prepared_reverse_task
 from primus.testing.faults import interrupt
 from primus.testing.hf_models import hf_adamw_losses
-from primus.testing.runs import losses, primus
+from primus.testing.in_process import in_process, primus_here
+from primus.testing.runs import losses
 from primus.testing.sft_runs import make_task, run_dir
 
 pytestmark = pytest.mark.slow
@@ -71,7 +72,9 @@ def experiment(folder: Path, backend: str, hf: Path, blend: list[dict[str, Any]]
 
 
 def train(exp: Path, *overrides: str) -> dict[int, float]:
-    run = primus("train", "pretrain", "--config", str(exp), *overrides)
+    """`primus train pretrain` of `exp` in this process (the frameworks imported once)."""
+    with in_process():
+        run = primus_here("train", "pretrain", "--config", str(exp), *overrides)
     assert run.returncode == 0, run.stderr[-3000:]
     return losses(run_dir(exp))
 

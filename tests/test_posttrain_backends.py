@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing import sft_runs
+from primus.testing.in_process import in_process
 from primus.testing.sft_runs import eval_lines, make_task, posttrain, sft_experiment
 
 pytestmark = pytest.mark.slow
@@ -28,12 +30,15 @@ SHORT = {
 
 
 def eval_losses(tmp_path: Path, backends: list[str], *overrides: str) -> dict[str, float]:
-    """Each backend's eval loss after STEPS steps of the same fine-tune."""
+    """Each backend's eval loss after STEPS steps of the same fine-tune (run in this process:
+    the frameworks are imported once)."""
     task = make_task(tmp_path / "task")
     evals = {}
     for backend in backends:
         exp = sft_experiment(CONFIGS / backend / "sft-tiny-cpu.yaml", tmp_path / backend, task)
-        evals[backend] = eval_lines(posttrain(exp, *SHORT[backend], *overrides))[STEPS]["eval_loss"]
+        with in_process(sft_runs):
+            run = posttrain(exp, *SHORT[backend], *overrides)
+        evals[backend] = eval_lines(run)[STEPS]["eval_loss"]
     return evals
 
 
