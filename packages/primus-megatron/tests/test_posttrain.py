@@ -2,7 +2,9 @@
 tokenizer) fine-tuned on the reverse-words task from its import, resumed, exported; the rows
 Megatron reads against the tokenizer's chat template; a packed eval against transformers.
 LoRA: only the adapters train and are checkpointed, the frozen weights stay the HF import's,
-and the merged export gives the adapted model's logits and eval."""
+and the merged export gives the adapted model's logits and eval. Runs and exports of one process
+run in the test process (`primus.testing.in_process`); several ranks, the dry run and the
+scripts beside this module in subprocesses."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from primus.testing import sft_runs
+from primus.testing.in_process import in_process
 from primus.testing.runs import step_metrics
 from primus.testing.sft_runs import (
     assert_adapter_is_the_merged_export,
@@ -63,7 +67,8 @@ def experiment(
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
     """The recipe's full fine-tune from the HF import, run as shipped: the run directory."""
-    return shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
+    with in_process(sft_runs):
+        return shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
 
 
 def test_the_rows_megatron_reads_train_on_the_assistant_tokens(
@@ -101,7 +106,8 @@ def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
 
 
 def test_the_export_evaluates_as_the_run_did(finetuned: Path, tmp_path: Path) -> None:
-    assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
+    with in_process(sft_runs):
+        assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
 
 
 def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> None:
@@ -109,7 +115,8 @@ def assert_resumes_exactly(run: Path, exp: Path, step: int, *overrides: str) -> 
     import and that checkpoint) logs `run`'s losses and evals from there on."""
     checkpoints = resumed(run, exp, ["checkpoints/iter_0000000", f"checkpoints/iter_{step:07d}"])
     (checkpoints / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
-    assert_continues(run, posttrain(exp, *overrides), step)
+    with in_process(sft_runs):
+        assert_continues(run, posttrain(exp, *overrides), step)
 
 
 def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
@@ -137,8 +144,9 @@ def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path:
     transformers' eval of the HF model over the same samples one per row."""
 
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
-    run = posttrain(exp, "train_iters=4", "eval_interval=4", "log_interval=2", "lr=0",
-                    "min_lr=0", "lr_warmup_iters=0", "save_interval=1000")  # fmt: skip
+    with in_process(sft_runs):
+        run = posttrain(exp, "train_iters=4", "eval_interval=4", "log_interval=2", "lr=0",
+                        "min_lr=0", "lr_warmup_iters=0", "save_interval=1000")  # fmt: skip
     packed = eval_rows(exp)
     assert packed.num_samples > len(packed)  # several samples a row
     assert_evaluates_as(task["hf"], experiment(tmp_path / "unpacked", task), eval_lines(run)[4])
@@ -179,7 +187,8 @@ def exported(lora_run: Path) -> Path:
     """`primus checkpoint export` of the LoRA run: the HF directory (merged), and beside it
     the PEFT adapter (`adapter`)."""
     folder = lora_run.parents[3]
-    return export(folder / "exp.yaml", folder / "exported", folder / "adapter")
+    with in_process(sft_runs):
+        return export(folder / "exp.yaml", folder / "exported", folder / "adapter")
 
 
 def test_only_the_adapters_train_and_are_checkpointed(lora_run: Path) -> None:
@@ -244,16 +253,17 @@ def test_a_run_continues_an_exported_peft_adapter(
     exported (learning rate 0: they end as they started)."""
     adapter = exported.parent / "adapter"
     exp = experiment(tmp_path / "continued", task, peft=LORA, adapter=adapter)
-    assert_run_keeps_its_adapter(
-        exp,
-        adapter,
-        "train_iters=2",
-        "save_interval=2",
-        "eval_interval=100",
-        "lr_warmup_iters=0",
-        "lr=0",
-        "min_lr=0",
-    )
+    with in_process(sft_runs):
+        assert_run_keeps_its_adapter(
+            exp,
+            adapter,
+            "train_iters=2",
+            "save_interval=2",
+            "eval_interval=100",
+            "lr_warmup_iters=0",
+            "lr=0",
+            "min_lr=0",
+        )
 
 
 def test_the_merged_export_evaluates_as_the_run_did(lora_run: Path, exported: Path) -> None:
@@ -302,7 +312,8 @@ def test_lora_with_tensor_parallel_trains_as_one_process(
     saved = load_common_state_dict(str(run / "checkpoints" / f"iter_{LORA_STEPS:07d}"))["args"]
     assert saved.tensor_model_parallel_size == 2
     assert_continues(lora_run, run, 0)
-    ours = export(exp, tmp_path / "hf", tmp_path / "adapter")
+    with in_process(sft_runs):
+        ours = export(exp, tmp_path / "hf", tmp_path / "adapter")
     for folder, theirs in (
         (ours, exported),
         (ours.with_name("adapter"), exported.with_name("adapter")),
