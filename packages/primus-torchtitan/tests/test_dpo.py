@@ -1,19 +1,23 @@
 """`primus train posttrain` with `dpo:` through TorchTitan's Trainer on CPU (fp32): a tiny
 Llama-3 HF model on the reverse task's preference pairs, its logged loss and rewards against
 transformers' float64 DPO loss (`hf_dpo_loss`) of the same pairs. Full DPO (the reference: the
-HF import, frozen, also after a resume) and LoRA DPO (the reference: the base, adapters off)."""
+HF import, frozen, also after a resume) and LoRA DPO (the reference: the base, adapters off).
+The runs go in the test process (TorchTitan imported once)."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from primus.testing import sft_runs
 from primus.testing.dpo import hf_dpo_loss, write_preference_task
-from primus.testing.runs import primus, step_metrics
+from primus.testing.in_process import in_process, primus_here
+from primus.testing.runs import step_metrics
 from primus.testing.sft_runs import export, make_task, module_of, posttrain
 
 pytestmark = pytest.mark.slow
@@ -80,9 +84,10 @@ def full(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> dic
     exp = experiment(folder, task, sft={"train": str(task["pairs"]), "eval": str(task["eval"])},
                      dpo={"beta": BETA, "precompute_reference": True})  # fmt: skip
     checkpoints = ("checkpoint.enable=true", "checkpoint.interval=1", "validator.freq=1")
-    posttrain(exp, *BATCH, *checkpoints, "training.steps=1")
-    hf = export(exp, folder / "step-1")
-    run = posttrain(exp, *BATCH, *checkpoints, "training.steps=2")
+    with in_process(sft_runs):
+        posttrain(exp, *BATCH, *checkpoints, "training.steps=1")
+        hf = export(exp, folder / "step-1")
+        run = posttrain(exp, *BATCH, *checkpoints, "training.steps=2")
     return {"exp": exp, "run": run, "step-1": hf}
 
 
@@ -156,7 +161,8 @@ def test_lora_dpos_reference_is_the_base_without_its_adapters(
     adapter, merged = nonzero_adapter(task["hf"], tmp_path)
     init = {"hf": str(task["hf"]), "adapter": str(adapter)}
     exp = experiment(tmp_path / "lora", task, peft=LORA, init_from=init)
-    run = posttrain(exp, *BATCH, "training.steps=1", "checkpoint.enable=false")
+    with in_process(sft_runs):
+        run = posttrain(exp, *BATCH, "training.steps=1", "checkpoint.enable=false")
     assert "the reference is the base model" in (run / "logs" / "rank-0.log").read_text()
     line = logged(run)[1]
     assert abs(line["loss"] - math.log(2)) > 1e-3
@@ -174,7 +180,8 @@ def test_dpo_without_an_hf_model_to_start_from_is_refused(
     module["sft"].update(train=str(task["pairs"]), tokenizer=str(task["hf"]))
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(recipe))
-    done = primus("train", "posttrain", "--config", str(exp), "--dry-run")
+    with in_process():
+        done = primus_here("train", "posttrain", "--config", str(exp), "--dry-run", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "DPO's reference model is the run's initial weights" in done.stderr
-    assert f"{exp}:" in done.stderr
+    assert re.match(r"error: exp\.yaml:\d+: ", done.stderr)  # the file at fault, from the cwd
