@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from primus.testing import sft_runs
+from primus.testing.faults import Forks
+from primus.testing.forked import forked
 from primus.testing.runs import primus, step_metrics
 
 pytestmark = pytest.mark.slow
@@ -33,9 +35,13 @@ def experiment(folder: Path, task: dict[str, Path], **changes: Any) -> Path:
 
 
 @pytest.fixture(scope="module")
-def finetuned(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
-    """The recipe's full fine-tune from the HF import, run as shipped: the run directory."""
-    return sft_runs.shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
+def finetuned(
+    tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path], forks: Forks
+) -> Path:
+    """The recipe's full fine-tune from the HF import, run as shipped (a process forked by
+    `forks`): the run directory."""
+    with forked(forks, sft_runs):
+        return sft_runs.shipped_run(RECIPE, tmp_path_factory.mktemp("sft") / "sft", task)
 
 
 def test_the_batches_maxtext_reads_train_on_the_assistant_tokens(
@@ -80,20 +86,24 @@ def test_finetuning_learns_the_reverse_task(finetuned: Path) -> None:
 
 
 def test_the_export_evaluates_as_the_run_did(
-    finetuned: Path, task: dict[str, Path], tmp_path: Path
+    finetuned: Path, task: dict[str, Path], tmp_path: Path, forks: Forks
 ) -> None:
-    """`primus checkpoint export` after fine-tuning: transformers' eval of the HF model equals
-    the run's last eval; the tokenizer comes along."""
-    sft_runs.assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
+    """`primus checkpoint export` after fine-tuning (forked by `forks`): transformers' eval of
+    the HF model equals the run's last eval; the tokenizer comes along."""
+    with forked(forks, sft_runs):
+        sft_runs.assert_export_evaluates_as_run(finetuned, tmp_path / "hf", STEPS)
 
 
-def test_resume_continues_exactly(finetuned: Path, task: dict[str, Path], tmp_path: Path) -> None:
+def test_resume_continues_exactly(
+    finetuned: Path, task: dict[str, Path], tmp_path: Path, forks: Forks
+) -> None:
     """A new run directory holding only the HF import and the fine-tune's checkpoint at
     MaxText step 500 logs the fine-tune's losses and evals from there on (its rows by
     position from the checkpoint's step)."""
     exp = experiment(tmp_path / "resumed", task)
     resumed_run = sft_runs.resumed(finetuned, exp, ["hf_import", f"checkpoints/{RESUME_FROM}"])
-    sft_runs.posttrain(exp)
+    with forked(forks, sft_runs):
+        sft_runs.posttrain(exp)
     sft_runs.assert_continues(finetuned, resumed_run, RESUME_FROM + 1)
 
 
@@ -121,15 +131,18 @@ def test_two_data_parallel_processes_train_as_one(
     )
 
 
-def test_packed_rows_attend_within_their_sample(task: dict[str, Path], tmp_path: Path) -> None:
+def test_packed_rows_attend_within_their_sample(
+    task: dict[str, Path], tmp_path: Path, forks: Forks
+) -> None:
     """Packing on, learning rate 0: MaxText's eval of the packed rows (several samples each,
     kept apart by their segment ids) equals transformers' eval of the HF model over the same
     samples one per row."""
     from primus.testing.sft_data import hf_eval_stats
 
     exp = experiment(tmp_path / "packed", task, packing=True, seq_length=96)
-    run = sft_runs.posttrain(exp, "steps=2", "eval_interval=1", "learning_rate=0",
-                             "enable_checkpointing=false")  # fmt: skip
+    with forked(forks, sft_runs):
+        run = sft_runs.posttrain(exp, "steps=2", "eval_interval=1", "learning_rate=0",
+                                 "enable_checkpointing=false")  # fmt: skip
     packed = sft_runs.eval_rows(exp)
     assert packed.num_samples > 2 * len(packed)  # several samples a row
     unpacked = sft_runs.eval_rows(experiment(tmp_path / "unpacked", task))
@@ -161,13 +174,15 @@ def test_dpo_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_the_gpu_recipe_builds_against_the_published_model(
-    task: dict[str, Path], tmp_path: Path
+    task: dict[str, Path], tmp_path: Path, forks: Forks
 ) -> None:
-    """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
-    passes the architecture check and MaxText's config validation, packing on."""
-    hf, stdout = sft_runs.published_dry_run(
-        RECIPE.with_name("llama3.2_1B-sft.yaml"), task, tmp_path
-    )
+    """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run,
+    forked by `forks`) passes the architecture check and MaxText's config validation, packing
+    on."""
+    with forked(forks, sft_runs):
+        hf, stdout = sft_runs.published_dry_run(
+            RECIPE.with_name("llama3.2_1B-sft.yaml"), task, tmp_path
+        )
     assert "MaxTextPosttrainTrainer" in stdout
     for arg in (  # MaxText's command line
         "max_target_length=4096",
@@ -189,20 +204,17 @@ LORA_STEPS = 20
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
+def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path], forks: Forks) -> Path:
     """The recipe with `peft:` (rank 4, alpha 8) for 20 steps, evals at 10 and 20, a
-    checkpoint at MaxText's step 19, run by frozen_weights.py (`primus train posttrain`'s
-    runtime, in a subprocess), which also saves the trained model's frozen weights in
-    `frozen.npz` beside the experiment: the run directory."""
-    import subprocess
-    import sys
-
+    checkpoint at MaxText's step 19: `primus train posttrain` forked by `forks`, with
+    faults/sitecustomize.py's patch that also saves the trained model's frozen weights in
+    `frozen.npz` beside the experiment (PRIMUS_TEST_FROZEN): the run directory."""
     peft = {"type": "lora", "rank": 4, "alpha": 8, "target_modules": LORA_TARGETS}
     exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=peft)
-    script = Path(__file__).with_name("frozen_weights.py")
     overrides = [f"steps={LORA_STEPS}", "eval_interval=10", f"checkpoint_period={LORA_STEPS}"]
-    done = subprocess.run([sys.executable, str(script), str(exp), str(exp.with_name("frozen.npz")),
-                           *overrides], capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = forks.run(["train", "posttrain", "--config", str(exp), *overrides],
+                     {"PRIMUS_TEST_FROZEN": str(exp.with_name("frozen.npz"))},
+                     reload=("sitecustomize",))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return sft_runs.run_dir(exp)
 

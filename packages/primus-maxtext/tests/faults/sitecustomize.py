@@ -9,6 +9,12 @@ patch `maxtext.test_faults` is registered next to the backend's own:
   so that a signal sent once a step is logged lands while the run still has steps to go.
 - PRIMUS_TEST_SAMPLES=FOLDER: each process appends, per batch it loads, one JSON line to
   FOLDER/rank-<r>.jsonl: a hash of each of its rows (the samples it trains on).
+
+and, for the LoRA tests, the patch `test.frozen_weights`:
+
+- PRIMUS_TEST_FROZEN=OUT.npz: the model's frozen weights after training (every parameter but
+  the LoRA adapters, as the trained model holds them; what MaxText's train_loop returns) saved
+  with numpy, by path (`decoder/layers/mlp/wo/kernel`).
 """
 
 import os
@@ -16,6 +22,39 @@ import os
 FAULT = os.environ.get("PRIMUS_TEST_NONFINITE")
 PAUSE = float(os.environ.get("PRIMUS_TEST_STEP_SECONDS") or 0)
 SAMPLES = os.environ.get("PRIMUS_TEST_SAMPLES")
+FROZEN = os.environ.get("PRIMUS_TEST_FROZEN")
+
+if FROZEN:
+    from primus.core.patches import PatchContext, register_patch
+
+    @register_patch("test.frozen_weights", backend="maxtext", phase="before_train")
+    def keep_frozen(ctx: PatchContext) -> None:
+        """Test only: the frozen weights after training, saved in PRIMUS_TEST_FROZEN."""
+
+        def keep(original):
+            def train_loop(*args, **kwargs):
+                state = original(*args, **kwargs)
+                save_frozen(state, FROZEN)
+                return state
+
+            return train_loop
+
+        ctx.wrap("maxtext.trainers.pre_train.train", "train_loop", keep)
+
+    def save_frozen(state, out):
+        import jax
+        import numpy as np
+
+        frozen = {}
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+            parts = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+            if parts[0] != "model" or "rngs" in parts or any("lora" in p for p in parts):
+                continue
+            if parts[-1] in ("value", ".value"):  # the nnx.Variable's own
+                parts.pop()
+            frozen["/".join(parts[1:])] = np.asarray(leaf)
+        np.savez(out, **frozen)
+
 
 if FAULT or PAUSE or SAMPLES:
     from primus.core.patches import PatchContext, register_patch
