@@ -1,5 +1,10 @@
 """Turbo in Megatron: real `primus train` runs of the tiny Llama recipe on CPU, with the
 kernels running through Triton's interpreter in the training process.
+
+A run of one process runs in the test process (`primus.testing.in_process`; one whose kernels
+go through the interpreter only where no GPU is visible), one of several in subprocesses; each
+dry run is a process forked from one that imported torch and Megatron once
+(`primus.testing.faults.Forks`): its output is the process's own.
 """
 
 from __future__ import annotations
@@ -8,13 +13,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from primus.testing import runs as run_helpers
+from primus.testing import sft_runs
 from primus.testing.checkpoints import dcp_state
-from primus.testing.runs import losses, patch_status, primus, train_run
+from primus.testing.faults import Forks
+from primus.testing.in_process import in_process
+from primus.testing.runs import losses, patch_status, train_run
 from primus.testing.sft_runs import make_task, posttrain, published_dry_run, sft_experiment
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "megatron"
@@ -28,7 +38,26 @@ FEATURES = (
 )  # fmt: skip
 # The interpreter runs each Triton program in Python: short sequences keep a step near 2 s.
 SMALL = ("seq_length=16", "max_position_embeddings=16", "micro_batch_size=2", "global_batch_size=2")
+# what the dry runs' fork server imports once
+MEGATRON = ("megatron.training.training", "megatron.core.models.gpt")
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[Forks]:
+    """The dry runs' fork server."""
+    with Forks(*MEGATRON) as server:
+        yield server
+
+
+def train_here(workspace: Path, *overrides: str) -> Path:
+    """`train_run` of the tiny recipe (one process): in the test process where its kernels are
+    Triton's interpreter's (no GPU: conftest.py), else in a subprocess (TRITON_INTERPRET
+    defines them so there); its run directory."""
+    if torch.cuda.is_available():
+        return train_run(RECIPE, workspace, *overrides)
+    with in_process(run_helpers):
+        return train_run(RECIPE, workspace, *overrides)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     workspace = tmp_path_factory.mktemp("ws")
     try:
         return {
-            name: train_run(
-                RECIPE, workspace, f"exp_name={name}", "train_iters=30", *SMALL, *overrides
-            )
+            name: train_here(workspace, f"exp_name={name}", "train_iters=30", *SMALL, *overrides)
             for name, overrides in (("plain", ()), ("turbo", ("turbo.enable=true",)))
         }
     finally:
@@ -82,8 +109,8 @@ def test_patch_report_says_what_turbo_did(runs: dict[str, Path]) -> None:
 
 def test_one_switch_turns_one_feature_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    run_dir = train_run(
-        RECIPE, tmp_path, "exp_name=norope", "train_iters=3", *SMALL, "turbo.enable=true",
+    run_dir = train_here(
+        tmp_path, "exp_name=norope", "train_iters=3", *SMALL, "turbo.enable=true",
         "turbo.rope=false",
     )  # fmt: skip
     status = patch_status(run_dir)
@@ -100,12 +127,12 @@ def test_one_switch_turns_one_feature_off(tmp_path: Path, monkeypatch: pytest.Mo
     ],
 )
 def test_pretraining_on_a_gpu_replays_each_iteration_as_one_cuda_graph(
-    tmp_path: Path, overrides: tuple[str, ...], graphs: str
+    forks: Forks, tmp_path: Path, overrides: tuple[str, ...], graphs: str
 ) -> None:
     """The GPU recipe's dry run (it builds Megatron's args on any machine)."""
-    result = primus(
-        "train", "pretrain", "--dry-run", "--full", "--config", str(GPU_RECIPE), "turbo.enable=true",
-        *overrides, PRIMUS_WORKSPACE=str(tmp_path),
+    result = forks.run(
+        ["train", "pretrain", "--dry-run", "--full", "--config", str(GPU_RECIPE),
+         "turbo.enable=true", *overrides], {"PRIMUS_WORKSPACE": str(tmp_path)},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"cuda_graph_impl: {graphs}\n" in result.stdout
@@ -121,13 +148,13 @@ def test_pretraining_on_a_gpu_replays_each_iteration_as_one_cuda_graph(
     ],
 )
 def test_query_and_key_rotate_in_one_launch_where_the_layout_allows(
-    tmp_path: Path, overrides: tuple[str, ...], apart: str | None
+    forks: Forks, tmp_path: Path, overrides: tuple[str, ...], apart: str | None
 ) -> None:
     """Megatron's `fused_single_qkv_rope` asserts where its path does not apply: the patch
     turns it on only where it does, and says why not (dry runs of the tiny recipe)."""
-    result = primus(
-        "train", "pretrain", "--dry-run", "--full", "--config", str(RECIPE), "turbo.enable=true",
-        *overrides, PRIMUS_WORKSPACE=str(tmp_path),
+    result = forks.run(
+        ["train", "pretrain", "--dry-run", "--full", "--config", str(RECIPE), "turbo.enable=true",
+         *overrides], {"PRIMUS_WORKSPACE": str(tmp_path)},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert ("fused_single_qkv_rope: true\n" in result.stdout) == (apart is None)
@@ -150,11 +177,18 @@ def test_two_gpus_replaying_cuda_graphs_exit_after_their_last_step(tmp_path: Pat
     assert "cuda_graph_impl='full_iteration'" in result.stdout + result.stderr
 
 
-def test_fine_tuning_and_dpo_replay_cuda_graphs(tmp_path: Path) -> None:
+def test_fine_tuning_and_dpo_replay_cuda_graphs(
+    forks: Forks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fine-tuning rows, packed or not, and DPO's pairs are `seq_length` long: one graph per
     iteration (on an H200 their losses equal those without, bit for bit)."""
     from primus.testing.dpo import write_preference_task
 
+    def forked(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        assert cwd is None  # a forked run starts in the server's folder
+        return forks.run(list(args), env)
+
+    monkeypatch.setattr(sft_runs, "primus", forked)
     task = make_task(tmp_path / "task")
     _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "sft", "turbo.enable=true")
     assert "cuda_graph_impl: full_iteration\n" in stdout
@@ -176,9 +210,10 @@ def test_packed_fine_tuning_keeps_its_document_mask(tmp_path: Path) -> None:
     runs = {}
     for turbo in ("false", "true"):
         exp = sft_experiment(SFT_CPU_RECIPE, tmp_path / turbo, task, packing=True, seq_length=128)
-        runs[turbo] = posttrain(exp, "train_iters=2", "lr_warmup_iters=1", "log_interval=1",
-                                "micro_batch_size=8", "global_batch_size=8",
-                                f"turbo.enable={turbo}", *others)  # fmt: skip
+        with in_process(sft_runs):
+            runs[turbo] = posttrain(exp, "train_iters=2", "lr_warmup_iters=1", "log_interval=1",
+                                    "micro_batch_size=8", "global_batch_size=8",
+                                    f"turbo.enable={turbo}", *others)  # fmt: skip
     plain, turbo = losses(runs["false"]), losses(runs["true"])
     assert sorted(turbo) == sorted(plain) == [2]  # step 1 is not logged
     for step, loss in plain.items():
@@ -273,11 +308,12 @@ def test_sequence_parallel_trains_as_tensor_parallel_alone(
     ],
 )
 def test_sequence_parallel_without_a_norm_that_splits_is_refused_before_the_run(
-    tmp_path: Path, overrides: tuple[str, ...], refused: str
+    forks: Forks, tmp_path: Path, overrides: tuple[str, ...], refused: str
 ) -> None:
-    result = primus(
-        "train", "pretrain", "--dry-run", "--config", str(RECIPE), "tensor_model_parallel_size=2",
-        "sequence_parallel=true", *overrides, PRIMUS_WORKSPACE=str(tmp_path),
+    result = forks.run(
+        ["train", "pretrain", "--dry-run", "--config", str(RECIPE),
+         "tensor_model_parallel_size=2", "sequence_parallel=true", *overrides],
+        {"PRIMUS_WORKSPACE": str(tmp_path)},
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
     assert refused in result.stderr and "hint: set sequence_parallel: false" in result.stderr
