@@ -23,6 +23,7 @@ from primus.testing import runs as run_helpers
 from primus.testing import sft_runs
 from primus.testing.checkpoints import dcp_state
 from primus.testing.faults import Forks
+from primus.testing.forked import forked
 from primus.testing.in_process import in_process
 from primus.testing.runs import losses, patch_status, train_run
 from primus.testing.sft_runs import make_task, posttrain, published_dry_run, sft_experiment
@@ -177,26 +178,20 @@ def test_two_gpus_replaying_cuda_graphs_exit_after_their_last_step(tmp_path: Pat
     assert "cuda_graph_impl='full_iteration'" in result.stdout + result.stderr
 
 
-def test_fine_tuning_and_dpo_replay_cuda_graphs(
-    forks: Forks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fine_tuning_and_dpo_replay_cuda_graphs(forks: Forks, tmp_path: Path) -> None:
     """Fine-tuning rows, packed or not, and DPO's pairs are `seq_length` long: one graph per
     iteration (on an H200 their losses equal those without, bit for bit)."""
     from primus.testing.dpo import write_preference_task
 
-    def forked(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        assert cwd is None  # a forked run starts in the server's folder
-        return forks.run(list(args), env)
-
-    monkeypatch.setattr(sft_runs, "primus", forked)
     task = make_task(tmp_path / "task")
-    _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "sft", "turbo.enable=true")
-    assert "cuda_graph_impl: full_iteration\n" in stdout
     pairs = write_preference_task(tmp_path / "pairs")["train"]
     dpo = (f"sft.train={pairs}", "sft.packing=false", "sft.eval=null", "sft.eval_fraction=0",
            "dpo.beta=0.1", "turbo.enable=true")  # fmt: skip
-    _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "dpo", *dpo)
-    assert "cuda_graph_impl: full_iteration\n" in stdout
+    with forked(forks, sft_runs):
+        _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "sft", "turbo.enable=true")
+        assert "cuda_graph_impl: full_iteration\n" in stdout
+        _, stdout = published_dry_run(SFT_RECIPE, task, tmp_path / "dpo", *dpo)
+        assert "cuda_graph_impl: full_iteration\n" in stdout
 
 
 def test_packed_fine_tuning_keeps_its_document_mask(tmp_path: Path) -> None:
