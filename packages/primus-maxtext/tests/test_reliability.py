@@ -5,8 +5,9 @@ The uninterrupted run these runs are compared with is the golden curve of the ti
 (`golden/tiny-cpu.json`, 20 steps), which test_training's uninterrupted run must match within
 1e-5 (CPU_FP32): the same recipe, seed and schedule, without a run of its own here. Faults are
 made by the test-only patch in `faults/sitecustomize.py` (put on PYTHONPATH by the test). The
-one-process runs that no signal stops are forked by a process that imported MaxText once
-(`primus.testing.faults.Forks`; sitecustomize imported again in each, with the run's faults).
+one-process runs that no stop signal reaches (the run SIGKILLed during a save among them) are
+forked by a process that imported MaxText once (conftest's `forks`; sitecustomize imported again
+in each, with the run's faults).
 """
 
 from __future__ import annotations
@@ -18,15 +19,25 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from primus.core.reliability.preemption import EXIT_PREEMPTED
-from primus.testing.faults import PYTHON, UV, UV_RUN, Forks, Interrupted, interrupt, steps_logged
+from primus.testing.faults import (
+    PYTHON,
+    UV,
+    UV_RUN,
+    Forks,
+    Interrupted,
+    descendants,
+    interrupt,
+    steps_logged,
+)
 from primus.testing.golden import CPU_FP32
-from primus.testing.runs import losses, patch_status, primus, step_metrics
+from primus.testing.processes import alive, left_alive
+from primus.testing.runs import losses, patch_status, step_metrics
 
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE.parents[2] / "configs" / "maxtext" / "tiny-cpu.yaml"
@@ -48,17 +59,29 @@ def command(exp: str, *overrides: str, nproc: int = 1) -> list[str]:
             *overrides]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def forks() -> Iterator[Forks]:
-    """The fork server of the one-process runs that no signal stops (`forked`)."""
-    with Forks("maxtext.trainers.pre_train.train", env={"PYTHONPATH": FAULTS}) as server:
-        yield server
-
-
 def forked(forks: Forks, workspace: Path, *args: str, **env: str) -> Done:
     """`primus ARGS` of one process in `workspace`, with the faults `env` sets: a process forked
     by `forks` (faults/sitecustomize.py imported again in it, with `env`)."""
     return forks.run(list(args), {"PRIMUS_WORKSPACE": str(workspace), **env}, ("sitecustomize",))
+
+
+def killed(
+    forks: Forks, workspace: Path, args: list[str], ready: Callable[[], bool], **env: str
+) -> tuple[int, list[int]]:
+    """`primus ARGS` of one process in `workspace` with the faults `env` sets (as `forked`),
+    SIGKILLed alone once `ready()`: its exit code, and the processes it had started that are
+    alive 5 s on."""
+    environment = {"PRIMUS_WORKSPACE": str(workspace), **env}
+    pid = forks.start(args, environment, reload=("sitecustomize",))
+    try:
+        deadline = time.monotonic() + 600
+        while not ready():
+            assert alive(pid) and time.monotonic() < deadline, "the run ended before it was ready"
+            time.sleep(0.01)
+    finally:
+        started = descendants(pid)
+        os.kill(pid, signal.SIGKILL)
+    return forks.wait(pid), left_alive(started, timeout_s=5)
 
 
 def run_dir_of(workspace: Path, exp: str) -> Path:
@@ -90,14 +113,15 @@ Hit = tuple[signal.Signals, int, int | str | None, list[str]]
 
 def preempt(
     workspace: Path, exp: str, hits: list[Hit], *keys: str, nproc: int = 1,
-    forks: Forks | None = None,
+    forks: Forks | None = None, **faults: str,
 ) -> tuple[Path, list[Interrupted], Done | None]:  # fmt: skip
-    """Run the same command once per hit, each time signalled once it has logged the hit's
-    step (the launcher, or the worker of the hit's rank), then once more to the end (one
-    process only, forked by `forks`: two take long)."""
+    """Run the same command once per hit (with the faults `faults` sets besides slower steps),
+    each time signalled once it has logged the hit's step (the launcher, or the worker of the
+    hit's rank), then once more to the end (one process only, forked by `forks`: two take
+    long)."""
     run_dir = run_dir_of(workspace, exp)
     env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
-           "PRIMUS_TEST_STEP_SECONDS": "0.3"}  # fmt: skip
+           "PRIMUS_TEST_STEP_SECONDS": "0.3", **faults}  # fmt: skip
     cmd = command(exp, *keys, nproc=nproc)
     stops = [
         interrupt(cmd, run_dir, sig, at_step=step, to_rank=to, prefix=prefix, env=env)
@@ -122,20 +146,33 @@ def one_process(
     return preempt(tmp_path_factory.mktemp("ws"), "one", hits, "steps=20", forks=forks)
 
 
+# what `resized` gives: the resized run's dir, its two stops, the samples of the uninterrupted
+# run and of the resized one (folders of faults/sitecustomize.py's PRIMUS_TEST_SAMPLES)
+Resized = tuple[Path, list[Interrupted], Path, Path]
+
+
 @pytest.fixture(scope="module")
-def two_processes(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, list[Interrupted], Done | None]:
-    """Two processes (Primus's spawner) on grain data with a worker process each: SIGUSR1 to
-    the worker of rank 1 only at step 3; the rerun resumes and gets SIGTERM at step 8 in every
-    process under `uv run` (uv, the spawner, the workers, grain's workers, the reapers)."""
+def resized(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> Resized:
+    """Grain on real data (a worker process per process). Uninterrupted: 20 steps in one
+    process. Resized: 4 steps in one process, then the same experiment in two (Primus's
+    spawner; the global batch doubles: 4 -> 8 samples): SIGUSR1 to the worker of rank 1 only
+    once step 5 is logged; the rerun resumes and gets SIGTERM at step 8 in every process under
+    `uv run` (uv, the spawner, the workers, grain's workers, the reapers). The two-process runs
+    serve both the preemption test and the data position's."""
     if UV is None:
         pytest.skip("needs uv")
     workspace = tmp_path_factory.mktemp("ws")
-    data = [key.replace("grain_worker_count=0", "grain_worker_count=1")
-            for key in write_corpus(workspace / "data")]  # fmt: skip
-    hits: list[Hit] = [(signal.SIGUSR1, 3, 1, PYTHON), (signal.SIGTERM, 8, "everyone", UV_RUN)]
-    return preempt(workspace, "two", hits, "steps=12", *data, nproc=2)
+    data = write_corpus(workspace / "data")
+    whole, resumed = workspace / "whole-samples", workspace / "resumed-samples"
+    for name, folder, steps in (("whole", whole, 20), ("resized", resumed, 4)):
+        folder.mkdir()
+        cmd = command(name, *data, f"steps={steps}")
+        done = forked(forks, workspace, *cmd, PRIMUS_TEST_SAMPLES=str(folder))
+        assert done.returncode == 0, done.stderr[-3000:]
+    hits: list[Hit] = [(signal.SIGUSR1, 5, 1, PYTHON), (signal.SIGTERM, 8, "everyone", UV_RUN)]
+    run_dir, stops, _ = preempt(workspace, "resized", hits, "steps=12", *data, nproc=2,
+                                PRIMUS_TEST_SAMPLES=str(resumed))  # fmt: skip
+    return run_dir, stops, whole, resumed
 
 
 def assert_preempted(run_dir: Path, hit: Interrupted, signal_name: str) -> int:
@@ -169,16 +206,16 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_rerun_matches(
 
 
 def test_two_workers_stop_at_the_same_step_on_a_signal_to_one_or_to_the_launcher(
-    two_processes: tuple[Path, list[Interrupted], Done | None],
+    resized: Resized,
 ) -> None:
-    run_dir, [to_rank_1, to_launcher], _ = two_processes
+    run_dir, [to_rank_1, to_launcher], _, _ = resized
     # rank 0 agreed to stop on rank 1's signal and wrote the marker
     first = assert_preempted(run_dir, to_rank_1, "a preemption signal")
     assert to_rank_1.stderr.count("[primus] SIGUSR1 received") == 1  # rank 1 only
     assert f"[primus] preempted by a preemption signal at step {first}" in to_rank_1.stderr
     second = assert_preempted(run_dir, to_launcher, "SIGTERM")
     assert to_launcher.stderr.count("[primus] SIGTERM received") == 2  # passed on to both
-    assert 3 <= first < 8 <= second < 12
+    assert 5 <= first < 8 <= second < 12
     for rank in (0, 1):
         text = log(run_dir, rank)
         assert f"step {first}/12 | loss" in text and f"step {second}/12 | loss" in text
@@ -251,27 +288,45 @@ def unfinished(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if TMP in p.name)
 
 
+def said(saver: int, out: Path) -> list[str]:
+    """The lines saver `saver` has written to `out` once it wrote one (asserted alive before)."""
+    deadline = time.monotonic() + 60
+    while not (text := out.read_text() if out.is_file() else "").endswith("\n"):
+        assert alive(saver) and time.monotonic() < deadline, text
+        time.sleep(0.001)
+    return text.splitlines()
+
+
 @pytest.fixture(scope="module")
 def killed_saves(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """SIGKILL to faults/saver.py (MaxText's orbax Checkpointer saving step after step) at
-    KILLS random moments of a save (0-30 ms after its folder appeared, 0-0.3 s after the first
-    save was complete); then faults/checker.py opens each folder as MaxText's resume does.
-    One dict per kill: what was on disk, what was picked."""
+    """SIGKILL to faults/saver.py (MaxText's orbax Checkpointer saving step after step; each a
+    process forked by one that imported it once) at KILLS random moments of a save (0-30 ms
+    after its folder appeared, 0-0.3 s after the first save was complete); then
+    faults/checker.py opens each folder as MaxText's resume does. One dict per kill: what was
+    on disk, what was picked."""
     root, rng, kills = tmp_path_factory.mktemp("saves"), random.Random(17), []
+    savers = subprocess.Popen([sys.executable, f"{FAULTS}/saver.py"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert savers.stdin is not None and savers.stdout is not None
     for i in range(KILLS):
-        folder = root / f"kill-{i}"
-        saver = subprocess.Popen([sys.executable, f"{FAULTS}/saver.py", str(folder)],
-                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
-        assert saver.stdout is not None and saver.stdout.readline() == "committed 0\n"
+        folder, out = root / f"kill-{i}", root / f"kill-{i}.out"
+        savers.stdin.write(f"{folder}\n")
+        savers.stdin.flush()
+        saver = int(savers.stdout.readline())
+        assert said(saver, out)[0] == "committed 0"
         time.sleep(rng.uniform(0, 0.3))
         deadline = time.monotonic() + 10
         while not unfinished(folder) and time.monotonic() < deadline:  # a save has begun
             time.sleep(0.001)
         time.sleep(rng.uniform(0, 0.03))  # a save takes about 25 ms here
-        saver.kill()
-        said = saver.communicate()[0].split()
-        kills.append({"folder": str(folder), "said": int(said[-1]) if said else 0,
+        os.kill(saver, signal.SIGKILL)
+        while alive(saver):
+            time.sleep(0.001)
+        last = out.read_text().split()
+        kills.append({"folder": str(folder), "said": int(last[-1]),
                       "complete": complete_steps(folder), "unfinished": unfinished(folder)})  # fmt: skip
+    savers.stdin.close()
+    assert savers.wait(timeout=60) == 0
     checker = subprocess.run([sys.executable, f"{FAULTS}/checker.py", *(k["folder"] for k in kills)],
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert checker.returncode == 0, checker.stderr[-3000:]
@@ -302,21 +357,15 @@ def killed_run(
     again to step 20: (run dir, complete steps and unfinished saves at the kill, the rerun)."""
     workspace = tmp_path_factory.mktemp("ws")
     run_dir = run_dir_of(workspace, "killed")
-    seen: list[bool] = []
+    folder = run_dir / "checkpoints"
 
-    def saving(run_dir: Path) -> int:  # 1 once a save was seen unfinished after step 2
-        folder = run_dir / "checkpoints"
-        if not seen and steps_logged(run_dir) >= 2 and folder.is_dir() and unfinished(folder):
-            seen.append(True)
-        return int(bool(seen))
+    def saving() -> bool:  # a save unfinished after step 2
+        return steps_logged(run_dir) >= 2 and folder.is_dir() and bool(unfinished(folder))
 
     cmd = command("killed", "steps=20", "checkpoint_period=1")
-    env = {"PRIMUS_WORKSPACE": str(workspace), "PYTHONPATH": FAULTS,
-           "PRIMUS_TEST_STEP_SECONDS": "0.1"}  # fmt: skip
-    hit = interrupt(cmd, run_dir, signal.SIGKILL, at_step=1, ready=saving, env=env)
-    assert hit.returncode == -signal.SIGKILL
-    assert hit.left == []  # kill -9: nothing the run started outlives it by 5 s
-    folder = run_dir / "checkpoints"
+    code, left = killed(forks, workspace, cmd, saving, PRIMUS_TEST_STEP_SECONDS="0.1")
+    assert code == -signal.SIGKILL
+    assert left == []  # kill -9: nothing the run started outlives it by 5 s
     complete, cut = complete_steps(folder), unfinished(folder)
     again = forked(forks, workspace, *cmd)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -338,7 +387,7 @@ def test_a_run_killed_during_a_save_resumes_from_the_last_complete_one(
 def write_corpus(folder: Path, records: int = 200) -> list[str]:
     """Real data for MaxText's grain pipeline: an ArrayRecord file of pre-tokenized documents
     (tf.train.Example, "text": 129 token ids, each document its own), and a tokenizer (MaxText
-    takes its pad id from one). The recipe's keys for it."""
+    takes its pad id from one). The recipe's keys for it (a grain worker process each)."""
     import numpy as np
     from array_record.python.array_record_module import ArrayRecordWriter
     from maxtext.input_pipeline.protos import example_pb2
@@ -355,7 +404,7 @@ def write_corpus(folder: Path, records: int = 200) -> list[str]:
     writer.close()
     tokenizer = write_tokenizer(folder / "tokenizer", chat_template=None)
     return ["dataset_type=grain", "grain_file_type=arrayrecord", "tokenize_train_data=false",
-            f"grain_train_files={folder / 'corpus.arrayrecord'}", "grain_worker_count=0",
+            f"grain_train_files={folder / 'corpus.arrayrecord'}", "grain_worker_count=1",
             "tokenizer_type=huggingface", f"tokenizer_path={tokenizer}"]  # fmt: skip
 
 
@@ -364,32 +413,13 @@ def samples(folder: Path, rank: int) -> list[list[str]]:
     return [json.loads(line) for line in (folder / f"rank-{rank}.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def data_runs(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> tuple[Path, Path, Path]:
-    """Grain on real data: 12 steps in one process (uninterrupted); 4 steps in one process,
-    then the same experiment to step 8 in two (the global batch doubles: 4 -> 8 samples).
-    (run dir of the resumed one, samples of the uninterrupted one, samples of the resumed)."""
-    workspace = tmp_path_factory.mktemp("ws")
-    data = write_corpus(workspace / "data")
-    whole, resumed = workspace / "whole-samples", workspace / "resumed-samples"
-    for name, folder, steps, nproc in (
-        ("whole", whole, 12, 1), ("resumed", resumed, 4, 1), ("resumed", resumed, 8, 2)
-    ):  # fmt: skip
-        folder.mkdir(exist_ok=True)
-        cmd = command(name, *data, f"steps={steps}", nproc=nproc)
-        if nproc == 1:
-            done = forked(forks, workspace, *cmd, PRIMUS_TEST_SAMPLES=str(folder))
-        else:
-            done = primus(*cmd, PYTHONPATH=FAULTS, PRIMUS_TEST_SAMPLES=str(folder),
-                          PRIMUS_WORKSPACE=str(workspace))  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir_of(workspace, "resumed"), whole, resumed
-
-
 def test_a_resume_with_twice_the_processes_reads_each_remaining_sample_once(
-    data_runs: tuple[Path, Path, Path],
+    resized: Resized,
 ) -> None:
-    run_dir, whole, resumed = data_runs
+    """Across the resize (one process to two) and the two-process runs' own stop and resume."""
+    run_dir, [_, to_launcher], whole, resumed = resized
+    assert to_launcher.marker is not None
+    last = to_launcher.marker["step"]  # the resized run's steps: 1-4 in one process, 5-last
     status = patch_status(run_dir)
     assert status["maxtext.grain_global_position"][0] == "applied"
     assert status["maxtext.grain_resharded_resume"][0] == "applied"
@@ -398,7 +428,7 @@ def test_a_resume_with_twice_the_processes_reads_each_remaining_sample_once(
     before = rank_0_batches[:4]
     after = list(zip(rank_0_batches[4:], rank_1_batches, strict=True))
     uninterrupted = samples(whole, 0)
-    assert len(uninterrupted) == 12 and len(after) == 4
+    assert len(uninterrupted) == 20 and len(after) == last - 4 >= 4
     assert before == uninterrupted[:4]  # the same samples in the same order
     # step 5 + k of the resumed run: the two processes' rows are the samples of steps
     # 5 + 2k and 6 + 2k of the uninterrupted run (a global batch of 8 instead of 4)
@@ -407,4 +437,4 @@ def test_a_resume_with_twice_the_processes_reads_each_remaining_sample_once(
             uninterrupted[4 + 2 * k] + uninterrupted[5 + 2 * k]
         )
     seen = [row for batch in before for row in batch] + [r for a, b in after for r in a + b]
-    assert len(seen) == len(set(seen)) == 4 * 4 + 4 * 8  # no sample twice
+    assert len(seen) == len(set(seen)) == 4 * 4 + len(after) * 8  # no sample twice
