@@ -1,6 +1,7 @@
 """`primus checkpoint preset`, `inspect` and `export` on MaxText, and `init_from`: a preset
 derived from Mixtral 8x7B's published config.json, and one real CPU run that starts from a
-tiny HF Llama model (`init_from`), saves orbax checkpoints, and is exported back to HF."""
+tiny HF Llama model (`init_from`), saves orbax checkpoints (a process forked by one that
+imported MaxText once, conftest's `forks`), and is exported back to HF."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,10 @@ import pytest
 import yaml
 
 from primus.core.checkpoint.hf import read_config
+from primus.testing import runs
 from primus.testing.checkpoints import derived_preset, inspect_json, resolved_model
+from primus.testing.faults import Forks
+from primus.testing.forked import forked
 from primus.testing.hf_models import HF_CONFIGS, hf_loss, make_hf_model
 from primus.testing.runs import losses, primus, train_run
 
@@ -39,7 +43,7 @@ RUN = ("exp_name=ckpt", "steps=4", "enable_checkpointing=true", "checkpoint_peri
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def run(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> tuple[Path, Path, Path]:
     """The tiny recipe with `init_from` an HF Llama of the tiny preset's architecture (default
     RoPE, untied embeddings) in bf16, as published models are (the import keeps bf16, MaxText's
     restore widens it to its float32 weights), with a tokenizer's file: (run dir, HF model,
@@ -57,7 +61,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     module["init_from"] = {"hf": str(hf)}
     module["overrides"]["normalize_embedding_logits"] = False  # the preset from HF says so
     (folder / "exp.yaml").write_text(yaml.safe_dump(exp))
-    return train_run(folder / "exp.yaml", folder, *RUN), hf, folder / "exp.yaml"
+    with forked(forks, runs):
+        return train_run(folder / "exp.yaml", folder, *RUN), hf, folder / "exp.yaml"
 
 
 @pytest.mark.slow
