@@ -1,6 +1,8 @@
 """`primus train` through megatron.training on CPU: real training steps, real processes.
 
-Each run is a `primus train pretrain` subprocess on the tiny recipe (gloo on CPU).
+Each run is `primus train pretrain` on the tiny recipe (gloo on CPU): a run of one process in
+the test process (`primus.testing.in_process`: torch and Megatron are imported once), one of
+several processes, or one whose writes are under test, a subprocess.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from primus.testing import runs
 from primus.testing.checkpoints import estimate_and_size
 from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
+from primus.testing.in_process import in_process
 from primus.testing.runs import assert_loss_falls, losses, primus, train_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,7 +26,11 @@ pytestmark = pytest.mark.slow
 
 
 def train(workspace: Path, *overrides: str, nproc: int = 1, config: Path = RECIPE) -> Path:
-    return train_run(config, workspace, *overrides, nproc=nproc)
+    """`train_run`: of one process in the test process, of several in subprocesses."""
+    if nproc > 1:
+        return train_run(config, workspace, *overrides, nproc=nproc)
+    with in_process(runs):
+        return train_run(config, workspace, *overrides)
 
 
 @pytest.fixture(scope="module")
