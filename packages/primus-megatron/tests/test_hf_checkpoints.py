@@ -2,14 +2,14 @@
 every family (one in bf16), imported and run through Megatron's own forward
 (megatron_forward.py, one process for all of them), exported back with the source's config.json,
 tokenizer, generation_config.json and dtype; one `primus train` run that starts from an HF model
-(`init_from`), trains, saves and is inspected and exported; bad HF directories refused."""
+(`init_from`), trains, saves and is inspected and exported; bad HF directories refused. The
+commands of one process run in the test process (`primus.testing.in_process`)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,11 @@ import pytest
 import torch
 import yaml
 
+from primus.testing import runs
 from primus.testing.checkpoints import inspect_json
 from primus.testing.hf_models import hf_logits, make_hf_model
-from primus.testing.runs import losses, primus, train_run
+from primus.testing.in_process import in_process, primus_here
+from primus.testing.runs import losses, train_run
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
@@ -137,7 +139,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, converted: Path) -> Path:
     folder = tmp_path_factory.mktemp("init_from") / "initfrom"
     folder.mkdir()
     exp = experiment(folder, converted / "llama3" / "hf", init_from=True)
-    return train_run(exp, folder / "ws", "exp_name=initfrom", *TRAIN, "lr=0", "min_lr=0")
+    with in_process(runs):
+        return train_run(exp, folder / "ws", "exp_name=initfrom", *TRAIN, "lr=0", "min_lr=0")
 
 
 def step2_loss(converted: Path) -> float:
@@ -154,8 +157,9 @@ def step2_loss(converted: Path) -> float:
 
 
 def export(exp: Path, out: Path, *args: str) -> dict[str, torch.Tensor]:
-    """`primus checkpoint export` of the experiment (one process); the tensors written."""
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(out), *args)
+    """`primus checkpoint export` of the experiment (in the test process); the tensors written."""
+    with in_process():
+        done = primus_here("checkpoint", "export", "--config", str(exp), "--hf", str(out), *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return safetensors(out)
 
@@ -252,18 +256,19 @@ BROKEN = {
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory: pytest.TempPathFactory, converted: Path) -> dict[str, Any]:
-    """`primus checkpoint import` of each broken copy (run side by side): how, dir, result."""
+    """`primus checkpoint import` of each broken copy (in the test process): how, dir,
+    result."""
     root = tmp_path_factory.mktemp("broken")
     exp = converted / "llama3" / "exp.yaml"
 
     def attempt(how: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
         hf = _broken(root / how, converted / "llama3" / "hf", how)
         ws = root / f"ws-{how}"
-        return ws, primus("checkpoint", "import", "--hf", str(hf), "--config", str(exp),
-                          f"workspace={ws}")  # fmt: skip
+        return ws, primus_here("checkpoint", "import", "--hf", str(hf), "--config", str(exp),
+                               f"workspace={ws}")  # fmt: skip
 
-    with ThreadPoolExecutor(len(BROKEN)) as pool:
-        return dict(zip(BROKEN, pool.map(attempt, BROKEN), strict=True))
+    with in_process():
+        return {how: attempt(how) for how in BROKEN}
 
 
 @pytest.mark.parametrize("how", BROKEN)
