@@ -2,7 +2,8 @@
 model on the reverse task's preference pairs, each checked step against transformers' float64
 DPO loss and rewards of the same pairs (`hf_dpo_loss`). Full DPO: the reference is the HF
 model the run started from; LoRA DPO: the base without its adapters. The refusals, from the
-config alone."""
+config alone. Runs and exports of one process run in the test process
+(`primus.testing.in_process`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from typing import Any
 import pytest
 
 from primus.core.posttrain import REWARD_METRICS, build_pair_data
+from primus.testing import sft_runs
 from primus.testing.dpo import hf_dpo_loss, write_preference_task
-from primus.testing.runs import primus, step_metrics
+from primus.testing.in_process import in_process, primus_here
+from primus.testing.runs import step_metrics
 from primus.testing.sft_runs import make_task, module_of, posttrain, sft_experiment
 
 pytestmark = pytest.mark.slow
@@ -56,9 +59,10 @@ def full_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) ->
     (LoRA DPO's test runs the reference in every step): the run directory (the metrics of
     steps 2 and 3: the first step of a run is not timed)."""
     exp = experiment(tmp_path_factory.mktemp("dpo") / "dpo", task, eval_fraction=0.1)
-    return posttrain(exp, *STEPS, "micro_batch_size=4", "train_iters=3", "save_interval=2",
-                     "eval_interval=2", "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2",
-                     "dpo.precompute_reference=true")  # fmt: skip
+    with in_process(sft_runs):
+        return posttrain(exp, *STEPS, "micro_batch_size=4", "train_iters=3", "save_interval=2",
+                         "eval_interval=2", "lr_warmup_iters=1", "lr=1e-2", "min_lr=1e-2",
+                         "dpo.precompute_reference=true")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +70,9 @@ def step2(full_run: Path) -> Path:
     """The full DPO run's step-2 checkpoint exported as an HF model."""
     exp = full_run.parents[3] / "exp.yaml"
     hf = exp.parent / "step2"
-    done = primus("checkpoint", "export", "--config", str(exp), "--hf", str(hf), "--iteration", "2")
+    with in_process():
+        done = primus_here("checkpoint", "export", "--config", str(exp), "--hf", str(hf),
+                           "--iteration", "2")  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return hf
 
@@ -150,8 +156,9 @@ def test_lora_dpo_refers_to_the_base_without_adapters(
     merged = PeftModel.from_pretrained(base, tmp_path / "adapter").merge_and_unload()
     merged.save_pretrained(tmp_path / "merged")
     exp = experiment(tmp_path / "lora", task, LORA, tmp_path / "adapter")
-    run = posttrain(exp, *STEPS, "micro_batch_size=8", "train_iters=2", "save_interval=2",
-                    "lr=0", "min_lr=0", "lr_warmup_iters=0")  # fmt: skip
+    with in_process(sft_runs):
+        run = posttrain(exp, *STEPS, "micro_batch_size=8", "train_iters=2", "save_interval=2",
+                        "lr=0", "min_lr=0", "lr_warmup_iters=0")  # fmt: skip
     (second,) = step_metrics(run)
     module = module_of(exp)
     pairs = build_pair_data(module.sft).train.batch(BATCH, BATCH)  # the pairs of step 2
