@@ -1,5 +1,5 @@
 """MaxText's config from Primus params (real maxtext: pyconfig in process) and the errors bad
-params give (real `primus` subprocesses)."""
+params give (real `primus` processes; those that import MaxText forked by conftest's `forks`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from primus.core.config import ParamSchema, ParamSpec
 from primus.core.config.loader import load_config_file
 from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
-from primus.testing.runs import primus, rejected
+from primus.testing import runs
+from primus.testing.faults import Forks
+from primus.testing.forked import forked
+from primus.testing.runs import rejected
 
 RECIPES = Path(__file__).resolve().parents[3] / "configs" / "maxtext"
 RECIPE = RECIPES / "tiny-cpu.yaml"
@@ -152,8 +155,9 @@ def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path:
 
 
 @pytest.mark.slow
-def test_maxtexts_own_rejections_are_config_errors_at_the_key(tmp_path: Path) -> None:
-    err = validate(tmp_path, "rope_interleave: false", "rope_pairwise: true", train=True)
+def test_maxtexts_own_rejections_are_config_errors_at_the_key(tmp_path: Path, forks: Forks) -> None:
+    with forked(forks, runs):
+        err = validate(tmp_path, "rope_interleave: false", "rope_pairwise: true", train=True)
     assert "exp.yaml:6: MaxText rejected the config:" in err
     assert "rope_pairwise=True requires rope_interleave=True" in err
     assert not (tmp_path / "ws").exists()
@@ -164,13 +168,13 @@ def test_maxtexts_own_rejections_are_config_errors_at_the_key(tmp_path: Path) ->
     (("dump_hlo=true", "dump_hlo_local_dir=/scratch/hlo"), "/scratch/hlo"),
 ])  # fmt: skip
 def test_an_hlo_dump_goes_into_the_run_directory_unless_placed(
-    tmp_path: Path, overrides: tuple[str, ...], where: str
+    tmp_path: Path, overrides: tuple[str, ...], where: str, forks: Forks
 ) -> None:
     """MaxText's default, /tmp/xla_dump/, would be shared by every run on the machine."""
-    result = primus(
-        "train", "pretrain", "--config", str(RECIPE), "--dry-run", "--full", *overrides,
-        PRIMUS_WORKSPACE=str(tmp_path),
-    )  # fmt: skip
+    result = forks.run(
+        ["train", "pretrain", "--config", str(RECIPE), "--dry-run", "--full", *overrides],
+        {"PRIMUS_WORKSPACE": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "local" / "local" / "maxtext-tiny"
     assert f"dump_hlo_local_dir={where.format(run_dir=run_dir)}" in result.stdout

@@ -5,7 +5,8 @@ generation_config.json and tokenizer, unless the experiment names its own), and 
 refused.
 
 Import and export run in this process (PrimusRuntime, as `primus checkpoint` does) so JAX and
-MaxText load once; one CLI run checks the exit status and that nothing is left half-written.
+MaxText load once; one CLI run checks the exit status and that nothing is left half-written
+(forked by conftest's `forks`), another that the import command runs without torch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from primus.backends.maxtext.checkpoint import hf, hf_mapping
 from primus.core.checkpoint import hf_tensors
 from primus.core.checkpoint.hf import read_config
 from primus.core.errors import ConfigError
+from primus.testing.faults import Forks
 from primus.testing.hf_models import hf_logits, make_hf_model
 from primus.testing.runs import primus
 
@@ -231,13 +233,15 @@ def test_a_mismatched_architecture_is_refused(llama: tuple[Path, Path], tmp_path
     assert "base_mlp_dim: 128 in the HF config, 96 in the experiment" in refused(exp, hf)
 
 
-def test_a_truncated_file_exits_2_naming_it(llama: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_truncated_file_exits_2_naming_it(
+    llama: tuple[Path, Path], tmp_path: Path, forks: Forks
+) -> None:
     hf, exp = llama
     bad = tmp_path / "hf"
     shutil.copytree(hf, bad)
     data = (bad / "model.safetensors").read_bytes()
     (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
-    result = primus("checkpoint", "import", "--hf", str(bad), "--config", str(exp))
+    result = forks.run(["checkpoint", "import", "--hf", str(bad), "--config", str(exp)], {})
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"{bad}/model.safetensors: truncated safetensors file: tensor '" in result.stderr
     assert "Traceback" not in result.stderr

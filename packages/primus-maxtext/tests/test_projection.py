@@ -19,7 +19,8 @@ from primus.core.patches import restore_all
 from primus.core.projection import GIB, Job, project
 from primus.core.projection.performance import ProjectedRun, project_run, rates_for
 from primus.core.runtime.primus_runtime import PrimusRuntime
-from primus.testing.runs import preset_args, primus
+from primus.testing.faults import Forks
+from primus.testing.runs import preset_args
 
 ROOT = Path(__file__).parents[3]
 RECIPE = ROOT / "configs" / "maxtext" / "llama3.2_1B-pretrain.yaml"
@@ -171,9 +172,10 @@ def test_the_projected_throughput_is_within_15_percent_of_the_measured_one(
     assert tokens == pytest.approx(paced, rel=0.15), f"{tokens:,.0f} vs {paced:,.0f}"
 
 
-def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix() -> None:
-    result = primus("projection", "memory", "--config", str(RECIPE), "--gpus", "3",
-                    "ici_tensor_parallelism=2")  # fmt: skip
+def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix(forks: Forks) -> None:
+    """`primus projection memory`, forked by conftest's `forks`."""
+    result = forks.run(["projection", "memory", "--config", str(RECIPE), "--gpus", "3",
+                        "ici_tensor_parallelism=2"], {})  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert "--gpus 3 is not a multiple of tp 2 x pp 1 x cp 1 = 2" in result.stderr
     assert "hint: pass --gpus 2" in result.stderr and "Traceback" not in result.stderr
