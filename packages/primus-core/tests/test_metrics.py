@@ -57,6 +57,14 @@ def test_rates_and_mfu_per_gpu(tmp_path) -> None:
         " | 4000.0 TFLOP/s/GPU | MFU n/a (over the peak: this step's time does not cover its work)"
     )
     assert step_metrics(10, 20, 2.5, 0.5, 32768, 3.0e14, 2, 989.0).line().endswith("| MFU 30.3%")
+    gpu = step_metrics(1, 2, None, 1.0, 1, 3.0e14, 1, 989.0, peak_memory_gib=27.06,
+                       reserved_memory_gib=31.94).line()  # fmt: skip
+    assert gpu.endswith("| peak mem 27.1 GiB (reserved 31.9)")  # a CUDA graph's pool too
+    assert (
+        step_metrics(1, 2, None, 1.0, 1, 3.0e14, 1, 989.0, peak_memory_gib=27.06)
+        .line()
+        .endswith("| peak mem 27.1 GiB")
+    )  # a backend that reports no reserve
     cpu = step_metrics(1, 2, None, 1.0, 1, 2.34e9, 1, None).line()
     assert cpu.endswith("| 0.00234 TFLOP/s/GPU | MFU n/a")
     append_metrics(tmp_path / "run" / "metrics.jsonl", m)

@@ -23,7 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "output_layer")
+PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "output_layer",
+         "graph_pool")  # fmt: skip
+OPTIONAL_PARTS = ("output_layer", "graph_pool")  # shown where the job has them
 TERMS = ("gemm", "attention", "memory_bound", "optimizer", "tensor_parallel", "data_parallel",
          "kernel_gaps", "pipeline_bubble")  # fmt: skip
 Gpus = Annotated[
@@ -33,6 +35,12 @@ JsonPath = Annotated[
     Path | None,
     typer.Option("--json", help="Also write the projection as JSON here.", callback=output_file),
 ]
+
+
+GRAPH_POOL = (
+    "graph_pool: the activations and logits once more, in the CUDA graph's private "
+    "pool (a run without the graph does not hold it)"
+)
 
 
 def _layout(job: Job) -> str:
@@ -47,7 +55,7 @@ def _table(job: Job, projection: Projection) -> str:
     from primus.core.projection import GIB
 
     on = {True: "on", False: "off"}
-    parts = [p for p in PARTS if p != "output_layer" or projection.output_layer]
+    parts = [p for p in PARTS if p not in OPTIONAL_PARTS or getattr(projection, p)]
     freed = ("gradients freed between steps: the total takes the larger of them and of the "
              "activations with the loss")  # fmt: skip
     lines = [
@@ -61,6 +69,7 @@ def _table(job: Job, projection: Projection) -> str:
         *(f"{part:<12} {getattr(projection, part) / GIB:>8.2f}" for part in parts),
         f"{'total':<12} {projection.total / GIB:>8.2f}",
         *([] if projection.gradients_kept else [freed]),
+        *([GRAPH_POOL] if projection.graph_pool else []),
         "not included: the CUDA context, the allocator's cache and fragmentation, "
         "communication buffers, kernel workspaces",
     ]

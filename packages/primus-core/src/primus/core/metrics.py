@@ -9,7 +9,9 @@ TFLOP/s/GPU  = model FLOPs per step (forward + backward, the backend's count, wh
                names) / step seconds / world size / 1e12
 MFU          = TFLOP/s/GPU / the GPU's dense bf16 peak: `peak_tflops`, else the rate
                `primus benchmark gemm --save-peak` measured, else PEAK_TFLOPS by the GPU's name
-peak mem     = the most device memory tensors held (allocated, not the allocator's reserve)
+peak mem     = the most device memory tensors held (allocated, not the allocator's reserve);
+               `reserved`: the most the allocator held from the device (its cache and CUDA
+               graphs' private pools too), what an out-of-memory is about
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ class StepMetrics:
     mfu: float | None  # fraction of peak, None when the device's peak is unknown
     lr: float | None = None
     peak_memory_gib: float | None = None
+    reserved_memory_gib: float | None = None
     # fine-tuning's eval at this step (primus.core.posttrain.metrics defines them)
     eval_loss: float | None = None
     eval_token_accuracy: float | None = None
@@ -187,7 +190,9 @@ class StepMetrics:
             self._mfu(),
         ]
         if self.peak_memory_gib is not None:
-            parts.append(f"peak mem {self.peak_memory_gib:.1f} GiB")
+            reserved = self.reserved_memory_gib
+            also = f" (reserved {reserved:.1f})" if reserved is not None else ""
+            parts.append(f"peak mem {self.peak_memory_gib:.1f} GiB{also}")
         return " | ".join(parts)
 
     def _mfu(self) -> str:

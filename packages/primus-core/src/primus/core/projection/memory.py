@@ -32,6 +32,12 @@ for the backward pass. The arithmetic is here, the same for every backend:
   accumulates over its chunks, the gathered weight: `output_layer`), plus
   `loss_output_layer_sharded_bytes` over the ranks that shard gradients (the reduced shard).
 
+A CUDA graph that replays the whole forward and backward from a private memory pool (Megatron's
+full-iteration graph: `graph_pool_copies` 1) holds the step's activations and logits once more
+(`graph_pool`): the pool cannot reuse the blocks the eager warm-up steps left in the allocator's
+cache, and an eager step's activations stay cached beside it (one H200, Llama 3.2 1B, micro batch
+1: 4.7 GiB reserved beside a projected 6.6; docs/operations.md).
+
 The peak is the start of the backward: every layer's activations and the loss alive. Where the
 gradients are kept between steps they are there too, and the parts add up; where the backend
 frees them after each step (`gradients_kept` false) they grow only as the backward frees the
@@ -141,6 +147,8 @@ class Job:
     # ones (None: 1 with fused_kernels, else 3); a backend sets it where a profile measured it
     elementwise_passes: float | None = None
     cuda_graphs: bool = False  # the step replayed from a graph: no per-kernel launch cost
+    # the activations and logits held once more by the graph's private pool (module docstring)
+    graph_pool_copies: float = 0.0
     overlap_grad_reduce: bool = False  # the gradients' reduction hidden behind the backward
     host_ms_per_layer: float = 0.0  # the host's time to launch a layer's forward and backward
 
@@ -203,17 +211,18 @@ class Projection:
     activations: float
     logits: float
     output_layer: float = 0.0  # what the loss holds for the output layer (Job's)
+    graph_pool: float = 0.0  # a CUDA graph's private pool (Job's graph_pool_copies)
     gradients_kept: bool = True  # Job's: false, the gradients do not coexist with the rest
 
     @property
     def total(self) -> float:
         """The peak: weights and optimizer state, and the activations and loss with the
-        gradients (the larger of the two where the gradients are freed between steps)."""
-        if self.gradients_kept:
-            return (self.weights + self.gradients + self.optimizer + self.activations
-                    + self.logits + self.output_layer)  # fmt: skip
+        gradients (the larger of the two where the gradients are freed between steps), and a
+        CUDA graph's pool."""
         forward = self.activations + self.logits + self.output_layer
-        return self.weights + self.optimizer + max(forward, self.gradients)
+        if self.gradients_kept:
+            return self.weights + self.gradients + self.optimizer + forward + self.graph_pool
+        return self.weights + self.optimizer + max(forward, self.gradients) + self.graph_pool
 
     def as_dict(self) -> dict[str, float]:
         parts = {k: v for k, v in asdict(self).items() if k != "gradients_kept"}
@@ -320,7 +329,8 @@ def project(job: Job) -> Projection:
         dense, experts = _stage_parameters(job, first, last)
         trained = (adapters, 0.0) if job.adapter_parameters else (dense, experts)
         copy = m.vocab * m.hidden / job.tp if first and m.tied else 0.0
-        in_flight = job.pp if first else 1
+        activations = per_micro_batch * (job.pp if first else 1)
+        logits = tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0
         candidate = Projection(
             parameters=m.parameters(),
             parameters_per_gpu=math.ceil(dense + experts + adapters),
@@ -328,9 +338,10 @@ def project(job: Job) -> Projection:
             + shard(copy, 0.0, 3) * job.tied_copy_bytes,
             gradients=shard(*trained, 2) * job.grad_bytes,
             optimizer=shard(*trained, 1) * job.optimizer_bytes,
-            activations=per_micro_batch * in_flight,
-            logits=tokens * m.vocab / job.tp * job.logit_bytes if last else 0.0,
+            activations=activations,
+            logits=logits,
             output_layer=m.vocab * m.hidden / job.tp * loss_bytes if last else 0.0,
+            graph_pool=job.graph_pool_copies * (activations + logits),
             gradients_kept=job.gradients_kept,
         )
         if heaviest is None or candidate.total > heaviest.total:

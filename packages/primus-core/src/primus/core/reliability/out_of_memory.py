@@ -17,9 +17,9 @@ _SIGNS = (
 )
 _BYTES = re.compile(r"allocat\w* (?:memory: you tried to allocate )?(\d+) bytes")
 HINT = (
-    "a smaller micro batch or sequence length, more tensor or pipeline parallelism, or "
-    "activation recomputation; `primus projection memory --config EXPERIMENT` estimates what "
-    "a layout needs before it runs"
+    "a smaller micro batch or sequence length, more tensor or pipeline parallelism, "
+    "activation recomputation, or no CUDA graph (its pool holds the activations once more); "
+    "`primus projection memory --config EXPERIMENT` estimates what a layout needs before it runs"
 )
 
 

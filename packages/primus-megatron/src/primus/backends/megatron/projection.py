@@ -107,6 +107,9 @@ def training_job(args: Any, gpus: int, applied: frozenset[str]) -> Job:
         global_batch=args.global_batch_size,
         fused_kernels=fused <= applied,
         cuda_graphs=getattr(args, "cuda_graph_impl", "none") != "none",
+        graph_pool_copies=1.0
+        if getattr(args, "cuda_graph_impl", "none") == "full_iteration"
+        else 0,
         overlap_grad_reduce=bool(args.overlap_grad_reduce),
         host_ms_per_layer=HOST_MS_PER_LAYER + (HOST_MS_PER_TP_LAYER if tp > 1 else 0.0),
     )

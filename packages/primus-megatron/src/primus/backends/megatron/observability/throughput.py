@@ -32,6 +32,7 @@ class StepMeter:
         self.is_last_rank = is_last_rank
         self.flops = num_floating_point_operations
         self.max_memory = torch.cuda.max_memory_allocated
+        self.max_reserved = torch.cuda.max_memory_reserved
         self.original = original
         self.sink = MetricsSink(ctx)
         self.on_gpu = torch.cuda.is_available() and torch.cuda.get_device_name() != "cpu"
@@ -77,6 +78,7 @@ class StepMeter:
             self.peak,
             lr=float(lr) if lr is not None else None,
             peak_memory_gib=self.max_memory() / 2**30 if self.on_gpu else None,
+            reserved_memory_gib=self.max_reserved() / 2**30 if self.on_gpu else None,
             **rewards,
         )
         evaluates = args.do_valid and args.eval_interval and iteration % args.eval_interval == 0

@@ -43,6 +43,7 @@ class StepMeter:
         seconds = (time.perf_counter() - processor.time_last_log) / steps
         monitor = processor.device_memory_monitor
         on_gpu = monitor.device.type != "cpu"
+        peaks = monitor.get_peak_stats() if on_gpu else None
         return step_metrics(
             step,
             training.steps,
@@ -53,7 +54,8 @@ class StepMeter:
             dims.world_size,
             self.sink.peak(monitor.device_name if on_gpu else None),
             lr=_lr(processor),
-            peak_memory_gib=monitor.get_peak_stats().max_active_gib if on_gpu else None,
+            peak_memory_gib=peaks.max_active_gib if peaks else None,
+            reserved_memory_gib=peaks.max_reserved_gib if peaks else None,
         )
 
 
