@@ -1,15 +1,14 @@
 """HF checkpoints into and out of Megatron on CPU, against transformers: tiny random models of
 every family (one in bf16), imported and run through Megatron's own forward
-(megatron_forward.py, one process for all of them), exported back with the source's config.json,
+(megatron_forward.py, all of them in one run), exported back with the source's config.json,
 tokenizer, generation_config.json and dtype; one `primus train` run that starts from an HF model
-(`init_from`), trains, saves and is inspected and exported; bad HF directories refused. The
-commands of one process run in the test process (`primus.testing.in_process`)."""
+(`init_from`), trains, saves and is inspected and exported; bad HF directories refused. What
+runs in one process runs in the test process (`primus.testing.in_process`)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from primus.testing.checkpoints import inspect_json
 from primus.testing.hf_models import hf_logits, make_hf_model
 from primus.testing.in_process import in_process, primus_here
 from primus.testing.runs import losses, train_run
+from primus.testing.scripts import run_script_here, script
 
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
@@ -86,7 +86,8 @@ def source(folder: Path, family: str, seed: int, changes: dict[str, Any], bf16: 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory, tokens: Path) -> Path:
-    """Every model imported, run through Megatron's forward and exported, in one process."""
+    """Every model imported, run through Megatron's forward and exported, in the test
+    process."""
     root = tmp_path_factory.mktemp("models")
     jobs = []
     for seed, (name, (family, changes)) in enumerate(MODELS.items()):
@@ -96,9 +97,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory, tokens: Path) -> Path:
                      "export": str(root / name / "exported"), "samples": name == "llama3",
                      "overrides": ["train_iters=4"]})  # fmt: skip
     (root / "jobs.json").write_text(json.dumps(jobs))
-    done = subprocess.run([sys.executable, str(FORWARD), str(root / "jobs.json")],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_script_here(script(FORWARD), str(root / "jobs.json"))
     return root
 
 
