@@ -2,15 +2,13 @@
 tokenizer) fine-tuned on the reverse-words task from its import, resumed, exported; the rows
 Megatron reads against the tokenizer's chat template; a packed eval against transformers.
 LoRA: only the adapters train and are checkpointed, the frozen weights stay the HF import's,
-and the merged export gives the adapted model's logits and eval. Runs and exports of one process
-run in the test process (`primus.testing.in_process`); several ranks, the dry run and the
-scripts beside this module in subprocesses."""
+and the merged export gives the adapted model's logits and eval. Runs, exports and the forward
+script of one process run in the test process (`primus.testing.in_process`); several ranks and
+the dry run in subprocesses."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import torch
 from primus.testing import sft_runs
 from primus.testing.in_process import in_process
 from primus.testing.runs import step_metrics
+from primus.testing.scripts import run_script_here, script
 from primus.testing.sft_runs import (
     assert_adapter_is_the_merged_export,
     assert_adapters_learned,
@@ -37,7 +36,6 @@ from primus.testing.sft_runs import (
     posttrain,
     published_dry_run,
     resumed,
-    run_dir,
     safetensors,
     sft_experiment,
     shipped_run,
@@ -161,15 +159,27 @@ TRAIN = (f"train_iters={LORA_STEPS}", "log_interval=10", "eval_interval=30", "sa
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
-    """The LoRA fine-tune from the HF import, run by frozen_weights.py (`primus train
-    posttrain`'s runtime, in a subprocess), which also saves the model's frozen weights at the
-    start and the end of training in `frozen.pt` beside the experiment: the run directory."""
+    """The LoRA fine-tune from the HF import, in the test process, with the model's frozen
+    weights (frozen_weights.py's `frozen`) as Megatron's setup_model_and_optimizer returns
+    them and as training left them saved in `frozen.pt` beside the experiment: the run
+    directory."""
+    from megatron.training import training
+
     exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
-    script = Path(__file__).with_name("frozen_weights.py")
-    done = subprocess.run([sys.executable, str(script), str(exp), str(exp.with_name("frozen.pt")),
-                           *TRAIN], capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return run_dir(exp)
+    frozen = script(Path(__file__).with_name("frozen_weights.py")).frozen
+    setup, kept = training.setup_model_and_optimizer, {}
+
+    def setup_and_keep(*args: Any, **kwargs: Any) -> Any:
+        model, *rest = setup(*args, **kwargs)
+        kept["model"], kept["before"] = model, frozen(model)
+        return (model, *rest)
+
+    with in_process(sft_runs), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training, "setup_model_and_optimizer", setup_and_keep)
+        run = posttrain(exp, *TRAIN)
+    torch.save({"before": kept["before"], "after": frozen(kept["model"])},
+               exp.with_name("frozen.pt"))  # fmt: skip
+    return run
 
 
 def test_the_frozen_weights_do_not_change_in_training(lora_run: Path) -> None:
@@ -231,9 +241,7 @@ def test_the_merged_export_gives_the_adapted_models_logits(
            "tokens": str(tmp_path / "tokens.pt"), "out": str(tmp_path / "megatron.pt"),
            "overrides": list(TRAIN)}  # fmt: skip
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
-    done = subprocess.run([sys.executable, str(FORWARD), str(tmp_path / "jobs.json")],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_script_here(script(FORWARD), str(tmp_path / "jobs.json"))
     ours = torch.load(tmp_path / "megatron.pt", weights_only=False)["logits"]
     assert (ours - hf_logits(exported, tokens)).abs().max() <= 1e-4
 
