@@ -3,12 +3,14 @@ every family (one in bf16), imported and run through Megatron's own forward
 (megatron_forward.py, all of them in one run), exported back with the source's config.json,
 tokenizer, generation_config.json and dtype; one `primus train` run that starts from an HF model
 (`init_from`), trains, saves and is inspected and exported; bad HF directories refused. What
-runs in one process runs in the test process (`primus.testing.in_process`)."""
+runs in one process runs in the test process (`primus.testing.in_process`); `checkpoint inspect`,
+whose output is read, in processes forked from one that imported Megatron once."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,10 @@ import pytest
 import torch
 import yaml
 
-from primus.testing import runs
+from primus.testing import checkpoints, runs
 from primus.testing.checkpoints import inspect_json
+from primus.testing.faults import Forks
+from primus.testing.forked import forked
 from primus.testing.hf_models import hf_logits, make_hf_model
 from primus.testing.in_process import in_process, primus_here
 from primus.testing.runs import losses, train_run
@@ -54,6 +58,15 @@ def experiment(folder: Path, hf: Path, init_from: bool = False) -> Path:
                                    "workspace": str(folder / "ws"),
                                    "modules": {"pre_trainer": module}}))  # fmt: skip
     return exp
+
+
+@pytest.fixture(scope="module")
+def inspected() -> Iterator[Callable[[Path], dict[str, Any]]]:
+    """`inspect_json`: each `checkpoint inspect` a process forked from one that imported
+    Megatron once (`primus.testing.faults.Forks`), its output the process's own."""
+    server = Forks("megatron.core.dist_checkpointing", "megatron.core.optimizer")
+    with server, forked(server, checkpoints):
+        yield inspect_json
 
 
 def safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -171,8 +184,10 @@ def test_training_starts_from_the_hf_weights(trained: Path, converted: Path) -> 
     assert provenance["initial_weights"]["hf"] == str(converted / "llama3" / "hf")
 
 
-def test_inspect_a_distributed_checkpoint_from_a_real_run(trained: Path) -> None:
-    info = inspect_json(trained / "checkpoints")
+def test_inspect_a_distributed_checkpoint_from_a_real_run(
+    trained: Path, inspected: Callable[[Path], dict[str, Any]]
+) -> None:
+    info = inspected(trained / "checkpoints")
     assert (info["format"], info["backend"], info["iteration"]) == (
         "megatron distributed checkpoint (torch_dist)", "megatron", 4)  # fmt: skip
     assert info["iterations_saved"] == [0, 2, 4]  # 0: the HF import
@@ -182,7 +197,7 @@ def test_inspect_a_distributed_checkpoint_from_a_real_run(trained: Path) -> None
     layer = 64 * (64 + 2 * 32) + 64 * 64 + 64 * 2 * 128 + 128 * 64 + 2 * 64
     assert info["size"]["model_parameters"] == 2 * 256 * 64 + 2 * layer + 64
     assert info["provenance"]["run_dir"] == str(trained.resolve())
-    one = inspect_json(trained / "checkpoints" / "iter_0000002")
+    one = inspected(trained / "checkpoints" / "iter_0000002")
     assert one["iteration"] == 2 and one["size"] == {**info["size"], "bytes": one["size"]["bytes"]}
 
 
@@ -197,7 +212,9 @@ def test_export_a_trained_checkpoint(trained: Path, converted: Path, tmp_path: P
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
 
 
-def test_tensor_and_pipeline_parallel(converted: Path, tmp_path: Path) -> None:
+def test_tensor_and_pipeline_parallel(
+    converted: Path, inspected: Callable[[Path], dict[str, Any]], tmp_path: Path
+) -> None:
     """TP=2 x PP=2 over gloo (4 processes): the import loads sharded and trains to the same
     loss; the sharded checkpoint it saves exports (one process) to the HF weights."""
     folder = tmp_path / "tp2pp2"
@@ -207,7 +224,7 @@ def test_tensor_and_pipeline_parallel(converted: Path, tmp_path: Path) -> None:
     run = train_run(exp, folder / "ws", "exp_name=tp2pp2", "train_iters=3", "lr=0", "min_lr=0",
                     *parallel, nproc=4)  # fmt: skip
     assert losses(run)[2] == pytest.approx(step2_loss(converted), abs=1e-4)
-    info = inspect_json(run / "checkpoints")
+    info = inspected(run / "checkpoints")
     assert info["iteration"] == 3 and (
         info["parallel"]["tensor"],
         info["parallel"]["pipeline"],
