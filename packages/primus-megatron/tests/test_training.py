@@ -1,8 +1,8 @@
 """`primus train` through megatron.training on CPU: real training steps, real processes.
 
-Each run is `primus train pretrain` on the tiny recipe (gloo on CPU): a run of one process in
-the test process (`primus.testing.in_process`: torch and Megatron are imported once), one of
-several processes, or one whose writes are under test, a subprocess.
+Each run is `primus train pretrain` on the tiny recipe (gloo on CPU): a run of one process on
+the CPU in the test process (`primus.testing.in_process`: torch and Megatron are imported once);
+one of several processes, one on the GPU, or one whose writes are under test, a subprocess.
 """
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ pytestmark = pytest.mark.slow
 
 
 def train(workspace: Path, *overrides: str, nproc: int = 1, config: Path = RECIPE) -> Path:
-    """`train_run`: of one process in the test process, of several in subprocesses."""
-    if nproc > 1:
-        return train_run(config, workspace, *overrides, nproc=nproc)
+    return train_run(config, workspace, *overrides, nproc=nproc)
+
+
+def train_here(workspace: Path, *overrides: str, config: Path = RECIPE) -> Path:
+    """`train` of one process, in this process."""
     with in_process(runs):
-        return train_run(config, workspace, *overrides)
+        return train(workspace, *overrides, config=config)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train(tmp_path_factory.mktemp("ws"), "exp_name=whole", "train_iters=20")
+    return train_here(tmp_path_factory.mktemp("ws"), "exp_name=whole", "train_iters=20")
 
 
 def test_values_a_patch_set_carry_the_patch_as_their_origin(
@@ -105,7 +107,7 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     tmp_path: Path, uninterrupted: Path
 ) -> None:
     # Stop at step 10 (Megatron's exit_interval) with checkpoints every 5, then run again.
-    run_dir = train(
+    run_dir = train_here(
         tmp_path, "exp_name=resumed", "train_iters=20", "save_interval=5", "exit_interval=10"
     )
     tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
@@ -115,7 +117,7 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     )
     assert 0.75 * size <= estimate <= 1.05 * size  # what the free-space check compares
     assert max(losses(run_dir)) == 10
-    train(tmp_path, "exp_name=resumed", "train_iters=20", "save_interval=5")
+    train_here(tmp_path, "exp_name=resumed", "train_iters=20", "save_interval=5")
     steps = [
         json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
     ]
@@ -127,7 +129,7 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
 
 
 def test_mixtral_style_moe(tmp_path: Path) -> None:
-    run_dir = train(
+    run_dir = train_here(
         tmp_path, "modules.pre_trainer.model=tiny_moe", "exp_name=moe", "train_iters=12"
     )
     assert_loss_falls(losses(run_dir))
@@ -146,7 +148,7 @@ def test_tiny_model_on_the_gpu(tmp_path: Path) -> None:
 
 
 def test_the_readme_quickstart_trains_as_shipped(tmp_path: Path) -> None:
-    run_dir = train(tmp_path, "exp_name=quickstart", config=CONFIGS / "quickstart.yaml")
+    run_dir = train_here(tmp_path, "exp_name=quickstart", config=CONFIGS / "quickstart.yaml")
     curve = losses(run_dir)
     assert sorted(curve) == list(range(20, 201, 20))  # every log_interval, to the last step
     assert curve[200] < curve[20] - 2.0, curve  # visibly falling
