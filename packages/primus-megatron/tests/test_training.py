@@ -148,7 +148,11 @@ def test_tiny_model_on_the_gpu(tmp_path: Path) -> None:
 
 
 def test_the_readme_quickstart_trains_as_shipped(tmp_path: Path) -> None:
-    run_dir = train_here(tmp_path, "exp_name=quickstart", config=CONFIGS / "quickstart.yaml")
+    import torch
+
+    # device auto: where a GPU is visible, a subprocess (CUDA not started in the test process)
+    run = train if torch.cuda.is_available() else train_here
+    run_dir = run(tmp_path, "exp_name=quickstart", config=CONFIGS / "quickstart.yaml")
     curve = losses(run_dir)
     assert sorted(curve) == list(range(20, 201, 20))  # every log_interval, to the last step
     assert curve[200] < curve[20] - 2.0, curve  # visibly falling
