@@ -167,7 +167,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) ->
 
     exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
     frozen = script(Path(__file__).with_name("frozen_weights.py")).frozen
-    setup, kept = training.setup_model_and_optimizer, {}
+    setup, kept = training.setup_model_and_optimizer, dict[str, Any]()
 
     def setup_and_keep(*args: Any, **kwargs: Any) -> Any:
         model, *rest = setup(*args, **kwargs)
