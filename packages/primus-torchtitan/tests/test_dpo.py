@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from primus.core.reliability import preemption
 from primus.testing import sft_runs
 from primus.testing.dpo import hf_dpo_loss, write_preference_task
 from primus.testing.in_process import in_process, primus_here
@@ -185,3 +186,22 @@ def test_dpo_without_an_hf_model_to_start_from_is_refused(
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "DPO's reference model is the run's initial weights" in done.stderr
     assert re.match(r"error: exp\.yaml:\d+: ", done.stderr)  # the file at fault, from the cwd
+
+
+def test_a_stop_signal_ends_the_reference_pass_before_the_first_step(
+    task: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM that came during set-up (here: before it, in the environment, as a launcher
+    passes it on) stops the reference's pass over the pairs at its next batch, not after the
+    whole pass: exit 75, nothing saved, the run dir marked for a requeue."""
+    monkeypatch.setattr(preemption, "_received", None)  # the test process's state, put back
+    monkeypatch.setenv(preemption.ENV, "SIGTERM")  # what watch() notes at the run's start
+    exp = experiment(tmp_path / "stopped", task, dpo={"beta": BETA, "precompute_reference": True})
+    with in_process():
+        done = primus_here("train", "posttrain", "--config", str(exp), *BATCH,
+                           "training.steps=2", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-3000:]
+    assert "SIGTERM before the first step: nothing new to save" in done.stderr
+    run = sft_runs.run_dir(exp)
+    assert "precomputed in" not in (run / "logs" / "rank-0.log").read_text()
+    assert preemption.marked(run)["step"] is None  # type: ignore[index]

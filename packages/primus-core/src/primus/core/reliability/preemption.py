@@ -13,10 +13,12 @@ stops before training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -36,6 +38,12 @@ ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after i
 _received: int | None = None
 _received_at = 0.0
 _watcher = 0  # the process that called `watch()`: those forked from it do not announce a signal
+
+
+class SetUpInterrupted(Exception):
+    """Long set-up work (a reference model's pass over the data) cut short once every rank
+    agreed on a stop signal: within `stopping_before_training`, the run stops before its first
+    step."""
 
 
 class Preempted(PrimusError):
@@ -104,6 +112,21 @@ def watch() -> None:
 def requested() -> str | None:
     """The name of the preemption signal this process received, or None."""
     return signal.Signals(_received).name if _received is not None else None
+
+
+def requested_number() -> int:
+    """The number of the preemption signal this process received (0: none): what ranks agree
+    on, the largest, where set-up work checks for a stop (then `SetUpInterrupted`)."""
+    return _received or 0
+
+
+@contextlib.contextmanager
+def stopping_before_training(run_dir: Path, rank: int) -> Iterator[None]:
+    """Within: a `SetUpInterrupted` stops the run before its first step (`stop`)."""
+    try:
+        yield
+    except SetUpInterrupted:
+        stop(run_dir, None, None, rank)
 
 
 def clear(run_dir: Path) -> None:

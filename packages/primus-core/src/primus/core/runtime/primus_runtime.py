@@ -351,19 +351,20 @@ class PrimusRuntime:
         start = time.perf_counter()
         preemption.watch()  # SIGTERM/SIGINT/SIGUSR1 from here on: stop at a step, with a checkpoint
         try:
-            began = time.perf_counter()
-            trainer.setup()
-            self._took("the trainer set up", time.perf_counter() - began)
-            began = time.perf_counter()
-            trainer.init()
-            self._took("the model, optimizer and data built", time.perf_counter() - began)
-            self.log.info(
-                f"start-up: done in {time.perf_counter() - self.started:.1f} s; training starts"
-            )
-            if preemption.requested():  # during set-up: stop before training, nothing to save
-                preemption.stop(self.run_dir, None, None, self.rank)
-            self._phase(ctx, "before_train")
-            trainer.train()
+            with preemption.stopping_before_training(self.run_dir, self.rank):
+                began = time.perf_counter()
+                trainer.setup()
+                self._took("the trainer set up", time.perf_counter() - began)
+                began = time.perf_counter()
+                trainer.init()
+                self._took("the model, optimizer and data built", time.perf_counter() - began)
+                self.log.info(
+                    f"start-up: done in {time.perf_counter() - self.started:.1f} s; training starts"
+                )
+                if preemption.requested():  # during set-up: stop before training, nothing to save
+                    preemption.stop(self.run_dir, None, None, self.rank)
+                self._phase(ctx, "before_train")
+                trainer.train()
             self._phase(ctx, "after_train")
         except BaseException:
             try:

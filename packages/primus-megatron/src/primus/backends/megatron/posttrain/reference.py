@@ -19,6 +19,7 @@ import torch
 
 from primus.core.logging import log_rank_0
 from primus.core.posttrain import PairDataset
+from primus.core.reliability import preemption
 
 REFERENCE = "primus_dpo_reference"  # the model's attribute holding the frozen copy (full DPO)
 
@@ -82,10 +83,12 @@ def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: in
     """Set the reference log-probabilities of every pair of each of `pairs` (the train and
     eval pairs): each data-parallel rank runs the reference (`model`: one stage's GPTModel)
     over its share in micro-batches of `micro_batch` pairs, and the group adds the shares up.
-    Full DPO's frozen copy is freed after."""
+    Full DPO's frozen copy is freed after. A stop signal (any rank's) ends the pass at the
+    next round of micro-batches: `SetUpInterrupted`."""
     import numpy as np
 
     from megatron.core import parallel_state
+    from primus.backends.megatron.reliability.stopping import agreed_max
 
     rank = parallel_state.get_data_parallel_rank()
     ranks = parallel_state.get_data_parallel_world_size()
@@ -93,8 +96,13 @@ def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: in
     start, total = time.perf_counter(), sum(len(rows) for rows in pairs)
     for rows in pairs:
         table = torch.zeros(len(rows), 2, dtype=torch.float32, device=device)
-        for first in range(rank * micro_batch, len(rows), ranks * micro_batch):
+        for round_start in range(0, len(rows), ranks * micro_batch):  # as many on every rank
+            if agreed_max(preemption.requested_number())[0]:
+                raise preemption.SetUpInterrupted
+            first = round_start + rank * micro_batch
             items = [rows[i] for i in range(first, min(first + micro_batch, len(rows)))]
+            if not items:  # the last round's pairs went to the ranks before this one
+                continue
             batch = {  # each pair's chosen and rejected rows, in turn: (2 x pairs, seq)
                 k: torch.as_tensor(np.concatenate([item[k] for item in items])).to(device)
                 for k in ("tokens", "labels", "position_ids", "loss_mask")

@@ -40,6 +40,7 @@ from primus.core.posttrain.preference import (
     dpo_loss_torch,
     sequence_logps_torch,
 )
+from primus.core.reliability import preemption
 from torchtitan.components.loss import IGNORE_INDEX
 
 
@@ -132,7 +133,10 @@ class DPOStep:
         """Set the reference's log-probabilities of every pair of each of `pairs` (the train
         and eval pairs): each data-parallel rank runs its share in local batches (every rank
         the same number of them, for the sharded model), the ranks add the shares up; then
-        the frozen model is freed."""
+        the frozen model is freed. A stop signal (any rank's) ends the pass at the next batch:
+        `SetUpInterrupted`."""
+        from primus.backends.torchtitan.reliability.stopping import across_ranks
+
         trainer = self.trainer
         dims, size = trainer.parallel_dims, trainer.config.training.local_batch_size
         ranks, rank = 1, 0
@@ -144,6 +148,8 @@ class DPOStep:
         for rows in pairs:
             table = torch.zeros(len(rows), 2, dtype=torch.float32, device=trainer.device)
             for first, (inputs, labels) in rank_batches(rows, size, ranks, rank):
+                if across_ranks([preemption.requested_number()], "max")[0]:
+                    raise preemption.SetUpInterrupted
                 inputs = {k: v.to(trainer.device) for k, v in inputs.items()}
                 with trainer.train_context():
                     logps = self.reference_logps(
