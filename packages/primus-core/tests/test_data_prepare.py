@@ -262,6 +262,27 @@ def test_index_in_blocks_and_its_checks(tmp_path: Path, monkeypatch: pytest.Monk
     assert "not an index file of the indexed format" in str(index_problem(idx, data))
 
 
+def test_files_named_as_arguments_come_before_those_of_input(
+    tmp_path: Path, tokenizer: Path, eod: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`primus data prepare a.jsonl b.jsonl -i c.jsonl`, as a shell's glob gives them; none at
+    all is a usage error."""
+    texts = corpus_texts(30, seed=3)
+    corpora = [write_jsonl(tmp_path / f"{name}.jsonl", texts[i * 10 : i * 10 + 10])
+               for i, name in enumerate("abc")]  # fmt: skip
+    prefix, options = tmp_path / "out" / "c", ["-t", str(tokenizer), "--workers", "1"]
+    with pytest.raises(SystemExit) as done:
+        main(["data", "prepare", str(corpora[0]), str(corpora[1]), "-i", str(corpora[2]),
+              "-o", str(prefix), *options])  # fmt: skip
+    assert done.value.code == 0
+    read = IndexedCorpus(prefix)
+    assert [read[i].tolist() for i in range(len(read))] == expected_documents(tokenizer, texts, eod)
+    with pytest.raises(SystemExit) as done:
+        main(["data", "prepare", "-o", str(tmp_path / "none"), *options])
+    assert done.value.code == 2
+    assert "name the files to tokenize (FILE... or --input FILE)" in capsys.readouterr().err
+
+
 def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["data", "prepare", "--help"])

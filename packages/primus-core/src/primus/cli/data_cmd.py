@@ -119,17 +119,6 @@ def chunk_size(text: str) -> int:
 
 @app.command("prepare")
 def prepare(
-    inputs: Annotated[
-        list[str],
-        typer.Option(
-            "--input",
-            "-i",
-            help="An input file or a quoted glob ('data/*.jsonl'); repeat for several. By "
-            "suffix: .parquet (the --key column), .txt (UTF-8, one document per file), "
-            "anything else JSON Lines (one object per line, the text under --key).",
-            show_default=False,
-        ),
-    ],
     tokenizer: Annotated[
         Path,
         typer.Option(
@@ -148,6 +137,25 @@ def prepare(
             show_default=False,
         ),
     ],
+    files: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Input files, read before those of --input (a shell's glob expands here).",
+            metavar="FILE...",
+            show_default=False,
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="An input file or a quoted glob ('data/*.jsonl'); repeat for several. By "
+            "suffix: .parquet (the --key column), .txt (UTF-8, one document per file), "
+            "anything else JSON Lines (one object per line, the text under --key).",
+            show_default=False,
+        ),
+    ] = None,
     key: Annotated[
         str,
         typer.Option("--key", "--json-key", help="The JSON key, or parquet column, of the text."),
@@ -192,6 +200,9 @@ def prepare(
     from primus.core.data.prepare import Request
     from primus.core.data.prepare import prepare as run
 
+    inputs = [*(files or []), *(inputs or [])]
+    if not inputs:
+        raise typer.BadParameter("name the files to tokenize (FILE... or --input FILE)")
     prefix = Path(str(output).removesuffix(".bin").removesuffix(".idx"))
     args = [x for item in inputs for x in ("-i", item)] + ["-t", str(tokenizer), "-o", str(prefix)]
     args += ["--key", key, "--chunk-size", chunk]
