@@ -283,6 +283,21 @@ def test_files_named_as_arguments_come_before_those_of_input(
     assert "name the files to tokenize (FILE... or --input FILE)" in capsys.readouterr().err
 
 
+def test_a_folder_as_the_output_is_refused_with_a_prefix_in_it(
+    tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o data` where data is a folder wrote data.bin beside it, in its parent."""
+    corpus = write_jsonl(tmp_path / "a.jsonl", corpus_texts(5))
+    (tmp_path / "data").mkdir()
+    for output in (tmp_path / "data", f"{tmp_path}/new/"):
+        with pytest.raises(SystemExit) as done:
+            main(["data", "prepare", str(corpus), "-t", str(tokenizer), "-o", str(output)])
+        assert done.value.code == 2
+        said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
+        assert "is a folder; the output is a prefix in one" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "data"]
+
+
 def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["data", "prepare", "--help"])

@@ -129,7 +129,7 @@ def prepare(
         ),
     ],
     output: Annotated[
-        Path,
+        str,  # not a Path: that would drop the trailing "/" of a folder
         typer.Option(
             "--output",
             "-o",
@@ -203,7 +203,13 @@ def prepare(
     inputs = [*(files or []), *(inputs or [])]
     if not inputs:
         raise typer.BadParameter("name the files to tokenize (FILE... or --input FILE)")
-    prefix = Path(str(output).removesuffix(".bin").removesuffix(".idx"))
+    if Path(output).is_dir() or output.endswith("/"):
+        raise typer.BadParameter(
+            f"{output} is a folder; the output is a prefix in one, as {Path(output) / 'corpus'} "
+            "(writes corpus.bin, corpus.idx and corpus.json there)",
+            param_hint="--output",
+        )
+    prefix = Path(output.removesuffix(".bin").removesuffix(".idx"))
     args = [x for item in inputs for x in ("-i", item)] + ["-t", str(tokenizer), "-o", str(prefix)]
     args += ["--key", key, "--chunk-size", chunk]
     args += [] if append_eod else ["--no-append-eod"]
