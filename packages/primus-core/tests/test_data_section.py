@@ -88,6 +88,20 @@ def test_bad_sections_are_refused_at_their_line(
     assert err.value.origin is not None and err.value.origin.line == line, str(err.value)
 
 
+def test_a_folder_is_refused_naming_the_corpus_in_it(tmp_path: Path) -> None:
+    """`path: data` where data is the folder `primus data prepare -o data/c` wrote into."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "c.idx").write_bytes(b"")
+    with pytest.raises(ConfigError) as err:
+        load_experiment(experiment(tmp_path, f"path: corpus/c => path: {folder}"))
+    assert f"names the corpus by its PREFIX, not a folder: {folder} (its corpora: c)" in str(
+        err.value
+    )
+    assert err.value.hint == f"data.path: {folder / 'c'}"
+    assert err.value.origin is not None and err.value.origin.line == 5
+
+
 def test_a_backend_that_reads_no_corpus_refuses_the_section_at_its_line(tmp_path: Path) -> None:
     path = experiment(tmp_path)
     outcome = run_in_process(["config", "validate", str(path)], tmp_path, {})

@@ -85,7 +85,16 @@ def _prefix(value: Any, origin: Origin | None) -> Path:
             origin,
             hint=f"data.path: {value[:-4]}",
         )
-    return Path(value).expanduser().absolute()
+    path = Path(value).expanduser().absolute()
+    if path.is_dir():
+        held = sorted(p.with_suffix("") for p in path.glob("*.idx"))
+        names = f" (its corpora: {', '.join(p.name for p in held)})" if held else ""
+        raise ConfigError(
+            f"data.path names the corpus by its PREFIX, not a folder: {value}{names}",
+            origin,
+            hint=f"data.path: {held[0]}" if len(held) == 1 else "data.path: FOLDER/PREFIX",
+        )
+    return path
 
 
 def _corpora(value: Any, origin: Origin | None) -> tuple[Corpus, ...]:
