@@ -26,7 +26,10 @@ def script(path: Path) -> ModuleType:
 def run_script_here(module: ModuleType, *args: str) -> None:
     """`python SCRIPT ARGS` in the test process: the script's `main(*args)`, as a one-process
     run in process (`in_process`); the environment, every patched upstream name and
-    Megatron's process-wide state put back afterwards."""
+    Megatron's process-wide state put back afterwards, and torch.distributed's process group
+    ended where the script failed before ending it."""
+    import torch.distributed as dist
+
     from primus.core.patches import restore_all
     from primus.testing.in_process import in_process, reset_upstreams
 
@@ -39,3 +42,5 @@ def run_script_here(module: ModuleType, *args: str) -> None:
         os.environ.update(saved)
         restore_all()
         reset_upstreams()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
