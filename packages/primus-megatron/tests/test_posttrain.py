@@ -2,9 +2,9 @@
 tokenizer) fine-tuned on the reverse-words task from its import, resumed, exported; the rows
 Megatron reads against the tokenizer's chat template; a packed eval against transformers.
 LoRA: only the adapters train and are checkpointed, the frozen weights stay the HF import's,
-and the merged export gives the adapted model's logits and eval. Runs, exports and the forward
-script of one process run in the test process (`primus.testing.in_process`); several ranks and
-the dry run in subprocesses."""
+and the merged export gives the adapted model's logits and eval. Runs, exports, the dry run and
+the forward script of one process run in the test process (`primus.testing.in_process`);
+several ranks in subprocesses."""
 
 from __future__ import annotations
 
@@ -288,7 +288,8 @@ def test_the_gpu_recipe_builds_against_the_published_model(
     """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
     passes the architecture check and Megatron's validate_args, packing on."""
     recipe = RECIPE.with_name("llama3.2_1B-sft.yaml")
-    hf, stdout = published_dry_run(recipe, task, tmp_path)
+    with in_process(sft_runs):
+        hf, stdout = published_dry_run(recipe, task, tmp_path)
     assert "MegatronPosttrainTrainer" in stdout
     for line in (
         "seq_length: 4096",
