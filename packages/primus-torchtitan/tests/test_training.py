@@ -6,6 +6,7 @@ ranks and the files a run writes, in this process where only its losses and chec
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,10 @@ def test_one_process_trains_and_reports(uninterrupted: Path) -> None:
     assert "step 20/20 | loss" in log and "tokens/s/GPU" in log
     assert "MFU peak: unknown for no GPU, MFU n/a (set peak_tflops)" in log
     assert "Training starts at step 1" in log  # TorchTitan's own log, through Primus's logger
+    # without lspci, TorchTitan's peak is looked up by the device's name, unwarned
+    unwarned = "applied" if shutil.which("lspci") is None else "skipped"
+    assert status["torchtitan.peak_flops_without_lspci"][0] == unwarned
+    assert "lspci" not in log
 
 
 def test_the_loss_curve_matches_the_golden_one(uninterrupted: Path) -> None:

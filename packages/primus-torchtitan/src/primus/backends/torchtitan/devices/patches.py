@@ -78,3 +78,39 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # a parent package is missing
         return False
+
+
+def _no_lspci(ctx: PatchContext) -> bool:
+    """lspci is not installed"""
+    import shutil
+
+    return shutil.which("lspci") is None
+
+
+@register_patch(
+    "torchtitan.peak_flops_without_lspci",
+    backend="torchtitan",
+    phase="setup",
+    condition=_no_lspci,
+    backend_versions=TESTED,
+    target="torchtitan.tools.utils.get_peak_flops",
+    tags=("device",),
+)
+def peak_flops_without_lspci(ctx: PatchContext) -> None:
+    """TorchTitan looks its GPU's peak up by lspci's output, else by the device's name, and
+    warns "Error running lspci" at each start where lspci is missing (containers, CPUs): the
+    lookup by name stays, the warning goes (Primus computes MFU with its own peak)."""
+    ctx.wrap("torchtitan.tools.utils", "get_peak_flops", _unwarned)
+
+
+def _unwarned(original: Callable[[str], float]) -> Callable[[str], float]:
+    def get_peak_flops(device_name: str) -> float:
+        from torchtitan.tools.utils import logger
+
+        logger.disabled, before = True, logger.disabled
+        try:
+            return original(device_name)
+        finally:
+            logger.disabled = before
+
+    return get_peak_flops
