@@ -190,6 +190,37 @@ def test_only_the_watched_process_announces_the_signal(
         os.environ.pop(ENV, None)
 
 
+def test_a_signal_that_arrives_while_the_first_is_handled_is_not_announced_again(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The launcher passes on a SIGTERM that its workers got too: the copy can arrive while the
+    worker's handler of the first still runs (Python runs the second handler inside it). Here
+    it arrives inside the handler's first call: one announcement, not two."""
+    monkeypatch.setattr(preemption, "_received", None)
+    monkeypatch.delenv(ENV, raising=False)
+    clock = preemption.time.monotonic
+    sent = []
+
+    def second_signal_meanwhile() -> float:
+        if not sent:
+            sent.append(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return clock()
+
+    handlers = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+    try:
+        preemption.watch()
+        monkeypatch.setattr(preemption.time, "monotonic", second_signal_meanwhile)
+        os.kill(os.getpid(), signal.SIGTERM)
+        monkeypatch.setattr(preemption.time, "monotonic", clock)
+        assert sent and preemption.requested() == "SIGTERM"
+        assert capfd.readouterr().err.count("[primus] SIGTERM received") == 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.environ.pop(ENV, None)
+
+
 def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_checkpoint(
     tmp_path: Path,
 ) -> None:

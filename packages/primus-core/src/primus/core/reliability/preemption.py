@@ -54,12 +54,18 @@ class Preempted(PrimusError):
     label = "preempted"
 
 
-def note(signum: int) -> None:
-    """Record a preemption signal: `requested()` and the processes started from now on see it."""
+def note(signum: int) -> bool:
+    """Record a preemption signal: `requested()` and the processes started from now on see it.
+    True where this call recorded it, False where one was recorded already."""
     global _received, _received_at
-    if _received is None:
-        _received, _received_at = signum, time.monotonic()
-        os.environ[ENV] = signal.Signals(signum).name
+    if _received is not None:
+        return False
+    # set with no call in between: a signal whose handler runs inside this one (Python runs
+    # handlers at calls) finds it recorded and says nothing
+    _received = signum
+    _received_at = time.monotonic()
+    os.environ[ENV] = signal.Signals(signum).name
+    return True
 
 
 def is_abort(signum: int) -> bool:
@@ -83,16 +89,14 @@ def abort() -> NoReturn:
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
     if is_abort(signum):
         abort()
-    if _received is None:
-        note(signum)
-        if os.getpid() != _watcher:  # a process forked from a worker (a data loader, a saver)
-            return
-        again = " (Ctrl-C again to abort)" if signum == ABORT else ""
-        message = (
-            f"[primus] {signal.Signals(signum).name} received: stopping after this step "
-            f"with a checkpoint{again}\n"
-        )
-        os.write(2, message.encode())  # no logging lock inside a signal handler
+    if not note(signum) or os.getpid() != _watcher:  # noted before, or a forked process
+        return
+    again = " (Ctrl-C again to abort)" if signum == ABORT else ""
+    message = (
+        f"[primus] {signal.Signals(signum).name} received: stopping after this step "
+        f"with a checkpoint{again}\n"
+    )
+    os.write(2, message.encode())  # no logging lock inside a signal handler
 
 
 def watch() -> None:
