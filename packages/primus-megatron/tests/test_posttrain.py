@@ -157,16 +157,23 @@ LORA = {"type": "lora", "rank": 4, "alpha": 8.0, "target_modules": TARGETS}
 TRAIN = (f"train_iters={LORA_STEPS}", "log_interval=10", "eval_interval=30", "save_interval=30")
 
 
+def frozen(model: list[Any]) -> dict[str, torch.Tensor]:
+    """The model's tensors but the LoRA adapters, copied."""
+    from primus.backends.megatron.posttrain.lora import ADAPTER
+
+    (chunk,) = model
+    return {k: v.detach().clone() for k, v in chunk.state_dict().items()
+            if ADAPTER not in k and not k.endswith("_extra_state")}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory, task: dict[str, Path]) -> Path:
     """The LoRA fine-tune from the HF import, in the test process, with the model's frozen
-    weights (frozen_weights.py's `frozen`) as Megatron's setup_model_and_optimizer returns
-    them and as training left them saved in `frozen.pt` beside the experiment: the run
-    directory."""
+    weights (`frozen`) as Megatron's setup_model_and_optimizer returns them and as training
+    left them saved in `frozen.pt` beside the experiment: the run directory."""
     from megatron.training import training
 
     exp = experiment(tmp_path_factory.mktemp("lora") / "lora", task, peft=LORA)
-    frozen = script(Path(__file__).with_name("frozen_weights.py")).frozen
     setup, kept = training.setup_model_and_optimizer, dict[str, Any]()
 
     def setup_and_keep(*args: Any, **kwargs: Any) -> Any:
