@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from primus.core.posttrain import REWARD_METRICS, build_pair_data
+from primus.core.reliability import preemption
 from primus.testing import sft_runs
 from primus.testing.dpo import hf_dpo_loss, write_preference_task
 from primus.testing.in_process import in_process, primus_here
@@ -201,3 +202,24 @@ def refusal(exp: Path, *overrides: str) -> str:
     with pytest.raises(ConfigError) as refused:
         MegatronAdapter("megatron").check_params(module, "posttrain")
     return str(refused.value)
+
+
+def test_a_stop_signal_ends_the_reference_pass_before_the_first_step(
+    task: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM that came during set-up (here: before it, in the environment, as a launcher
+    passes it on) stops the reference's pass over the pairs at its next micro-batch, not after
+    the whole pass: exit 75, nothing saved, the run dir marked for a requeue."""
+    monkeypatch.setattr(preemption, "_received", None)  # the test process's state, put back
+    monkeypatch.setenv(preemption.ENV, "SIGTERM")  # what watch() notes at the run's start
+    exp = experiment(tmp_path / "stopped", task)
+    with in_process():
+        done = primus_here("train", "posttrain", "--config", str(exp), *STEPS,
+                           "micro_batch_size=4", "train_iters=2", "lr_warmup_iters=1",
+                           "dpo.precompute_reference=true",
+                           cwd=tmp_path)  # fmt: skip
+    assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-3000:]
+    assert "SIGTERM before the first step: nothing new to save" in done.stderr
+    run = sft_runs.run_dir(exp)
+    assert "precomputed in" not in (run / "logs" / "rank-0.log").read_text()
+    assert preemption.marked(run)["step"] is None  # type: ignore[index]
