@@ -8,6 +8,7 @@ config alone. Runs and exports of one process run in the test process
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -207,19 +208,26 @@ def refusal(exp: Path, *overrides: str) -> str:
 def test_a_stop_signal_ends_the_reference_pass_before_the_first_step(
     task: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A SIGTERM that came during set-up (here: before it, in the environment, as a launcher
-    passes it on) stops the reference's pass over the pairs at its next micro-batch, not after
-    the whole pass: exit 75, nothing saved, the run dir marked for a requeue."""
+    """A SIGTERM during the reference's pass over the pairs (here: noted in its first
+    micro-batch's forward) stops the pass at its next micro-batch, not after the whole pass:
+    exit 75 before the first step, nothing saved, the run dir marked for a requeue."""
+    from primus.backends.megatron.posttrain import reference
+
+    forward = reference.reference_losses
+
+    def signalled(*args: Any, **kwargs: Any) -> Any:
+        preemption.note(signal.SIGTERM)
+        return forward(*args, **kwargs)
+
     monkeypatch.setattr(preemption, "_received", None)  # the test process's state, put back
-    monkeypatch.setenv(preemption.ENV, "SIGTERM")  # what watch() notes at the run's start
+    monkeypatch.setattr(reference, "reference_losses", signalled)
     exp = experiment(tmp_path / "stopped", task)
-    with in_process():
+    with in_process():  # the run's environment (the signal noted there) is put back after it
         done = primus_here("train", "posttrain", "--config", str(exp), *STEPS,
                            "micro_batch_size=4", "train_iters=2", "lr_warmup_iters=1",
-                           "dpo.precompute_reference=true",
-                           cwd=tmp_path)  # fmt: skip
+                           "dpo.precompute_reference=true", cwd=tmp_path)  # fmt: skip
     assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-3000:]
-    assert "SIGTERM before the first step: nothing new to save" in done.stderr
+    assert "before the first step: nothing new to save" in done.stderr
     run = sft_runs.run_dir(exp)
     assert "precomputed in" not in (run / "logs" / "rank-0.log").read_text()
     assert preemption.marked(run)["step"] is None  # type: ignore[index]
