@@ -100,6 +100,8 @@ def test_a_folder_is_refused_naming_the_corpus_in_it(tmp_path: Path) -> None:
     )
     assert err.value.hint == f"data.path: {folder / 'c'}"
     assert err.value.origin is not None and err.value.origin.line == 5
+    (tmp_path / "data.idx").write_bytes(b"")  # a corpus named as the folder beside it: fine
+    assert load_experiment(experiment(tmp_path, f"path: corpus/c => path: {folder}")).modules
 
 
 def test_a_backend_that_reads_no_corpus_refuses_the_section_at_its_line(tmp_path: Path) -> None:

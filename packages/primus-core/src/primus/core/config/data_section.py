@@ -86,7 +86,7 @@ def _prefix(value: Any, origin: Origin | None) -> Path:
             hint=f"data.path: {value[:-4]}",
         )
     path = Path(value).expanduser().absolute()
-    if path.is_dir():
+    if path.is_dir() and not path.with_name(f"{path.name}.idx").exists():
         held = sorted(p.with_suffix("") for p in path.glob("*.idx"))
         names = f" (its corpora: {', '.join(p.name for p in held)})" if held else ""
         raise ConfigError(

@@ -32,8 +32,8 @@ for the backward pass. The arithmetic is here, the same for every backend:
   accumulates over its chunks, the gathered weight: `output_layer`), plus
   `loss_output_layer_sharded_bytes` over the ranks that shard gradients (the reduced shard).
 
-A CUDA graph that replays the whole forward and backward from a private memory pool (Megatron's
-full-iteration graph: `graph_pool_copies` 1) holds the step's activations and logits once more
+A CUDA graph that replays the whole forward and backward from a private memory pool (the
+backend sets `graph_pool_copies` 1 for it) holds the step's activations and logits once more
 (`graph_pool`): the pool cannot reuse the blocks the eager warm-up steps left in the allocator's
 cache, and an eager step's activations stay cached beside it (one H200, Llama 3.2 1B, micro batch
 1: 4.7 GiB reserved beside a projected 6.6; docs/operations.md).
