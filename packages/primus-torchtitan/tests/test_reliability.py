@@ -529,7 +529,8 @@ def test_a_model_too_large_for_memory_ends_the_run_with_one_message(tmp_path: Pa
     from primus.testing.fuzz_runs import run_in_process
 
     huge = ("model.dim=1048576", "model.ffn_hidden_dim=1048576")
-    outcome = run_in_process(command("huge", *huge), tmp_path, {})
+    with in_process():  # a training process's own set-up (a reaper, shielded helpers) left out
+        outcome = run_in_process(command("huge", *huge), tmp_path, {})
     assert outcome.code == 1, outcome.stderr[-3000:]
     message = outcome.stderr[outcome.stderr.index("error: ") :]
     said = re.match(
