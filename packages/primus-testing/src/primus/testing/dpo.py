@@ -88,3 +88,17 @@ def hf_dpo_loss(
         "reward_margin": margin.mean().item(),
         "reward_accuracy": (margin > 0).double().mean().item(),
     }
+
+
+def assert_reference_pass_stopped(done: Any, exp: Path, said: str = "") -> None:
+    """A DPO run with `dpo.precompute_reference` (its `done` process result) that a stop signal
+    ended during the reference's pass: exit 75 before the first step (`said`: the signal's
+    name in the message), the pass not finished, the run dir marked for a requeue."""
+    from primus.core.reliability import preemption
+    from primus.testing.sft_runs import run_dir
+
+    assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-3000:]
+    assert f"{said}before the first step: nothing new to save" in done.stderr
+    run = run_dir(exp)
+    assert "precomputed in" not in (run / "logs" / "rank-0.log").read_text()
+    assert preemption.marked(run)["step"] is None  # type: ignore[index]
