@@ -196,7 +196,9 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_exit_75(
     for stop, (_, _, _, at, signal_name) in zip(stops, STOPS, strict=True):
         assert stop.returncode == EXIT_PREEMPTED and stop.preempted, stop.stderr[-3000:]
         step = stop.marker["step"]
-        assert at < step < at + 4
+        # rank 0 logs step `at` before the ranks agree at its end: a signal to rank 1 right
+        # after the log may still stop the run at `at`
+        assert at <= step < at + 4
         checkpoint = run / "checkpoint" / f"step-{step}"
         assert stop.marker["checkpoint"] == str(checkpoint)
         assert (checkpoint / ".metadata").is_file()

@@ -121,7 +121,7 @@ def _command(stage: str) -> Callable[..., None]:
             # A worker stopped because another failed marks the run too: that is no preemption.
             preempted = code == preemption.EXIT_PREEMPTED or preemption.requested()
             if code != 0 and preempted:
-                code = _say_preempted(runtime.run_dir, code)
+                code = _say_preempted(runtime.run_dir, code, other_nodes=nnodes > 1)
             raise typer.Exit(code)
         runtime.run(dry_run=dry_run, full=full)
 
@@ -141,14 +141,16 @@ for _stage in ("pretrain", "posttrain"):
     )
 
 
-def _say_preempted(run_dir: Path, code: int) -> int:
+def _say_preempted(run_dir: Path, code: int, other_nodes: bool) -> int:
     """Say where the preempted workers stopped (the run dir's mark) and return 75; `code` when
     the run was not preempted after all. Rank 0 marks the run after the last barrier, so the
-    launcher of another node may see its workers end first: it waits a little for the mark."""
+    launcher of another node may see its workers end first: it waits a little for the mark,
+    also when it was signalled itself (torchrun then reports the signal, not the workers' 75)."""
     from primus.core.reliability import preemption
 
     saved = code == preemption.EXIT_PREEMPTED
-    mark = preemption.marked(run_dir) or (saved and preemption.wait_marked(run_dir, 10.0))
+    wait = saved or (other_nodes and preemption.requested() is not None)
+    mark = preemption.marked(run_dir) or (wait and preemption.wait_marked(run_dir, 10.0))
     if not mark:
         if saved:  # a node that does not share the run dir
             print(
