@@ -1,7 +1,8 @@
 """Multi-node runs of each backend's tiny CPU recipe on one host: two Primus launchers with
 `--nnodes 2` on 127.0.0.1, and a 2-node job through `primus slurm` on a real Slurm (the
 `slurm` fixture). Both give the losses of the same run with `--nproc-per-node 2`, step for
-step. A backend's three runs go side by side, to keep the wall time down."""
+step. A backend's three runs go side by side, to keep the wall time down; the one-launcher run
+is the one its backend's two-process test in test_training.py reads (`shared_train_run`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,22 +19,24 @@ import pytest
 from primus.core.launch.ports import free_port
 from primus.core.reliability.preemption import EXIT_PREEMPTED
 from primus.testing.runs import losses, primus
+from primus.testing.shared import shared_train_run
 from primus.testing.slurm import exit_code, wait_for
 
 pytestmark = pytest.mark.slow
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 DUMMY_QUICKSTART = Path(__file__).parent / "fixtures" / "dummy-quickstart.yaml"
-# The settings of each backend's two-process test (test_training.py), 6 steps.
+# The settings of each backend's two-process test (test_training.py): the same, so that the
+# one-launcher reference is that test's run, made once per session.
 RUNS = {
-    "megatron": ("train_iters=6",),
+    "megatron": ("train_iters=12",),
     "torchtitan": (
         "lr_scheduler.total_steps=20",
         "metrics.log_freq=1",
-        "training.steps=6",
+        "training.steps=12",
         "parallelism.data_parallel_shard_degree=2",
     ),
-    "maxtext": ("learning_rate_schedule_steps=20", "steps=6"),
+    "maxtext": ("learning_rate_schedule_steps=20", "steps=12"),
 }
 
 
@@ -59,55 +63,63 @@ def _finish(run: subprocess.Popen[str], log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(
+    slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Path]]:
     """Every backend's three runs side by side (one CPU per Slurm job, so that the job shares
     the two nodes), one backend at a time: with all nine at once on a 2-core CI machine, a
-    MaxText process fell more than 30 s behind its peer and gloo's context setup timed out:
-    backend -> the parent of run dirs `reference`, `nodes`, `slurm`."""
-    parents = {}
+    MaxText process fell more than 30 s behind its peer and gloo's context setup timed out.
+    The one-launcher reference is shared with test_training.py: made here unless made there.
+    backend -> run dirs `reference`, `nodes`, `slurm`."""
+    dirs = {}
     for backend, overrides in RUNS.items():
-        recipe = str(CONFIGS / backend / "tiny-cpu.yaml")
+        recipe = CONFIGS / backend / "tiny-cpu.yaml"
         workspace = tmp_path_factory.mktemp(backend)
-        parents[backend] = workspace / "local" / "local"
+        parent = workspace / "local" / "local"
         env = {**slurm, "PRIMUS_WORKSPACE": str(workspace)}
-        train = ("train", "pretrain", "--config", recipe, *overrides)
-        started = [
-            _start(workspace, "reference", *train, "--nproc-per-node", "2", "exp_name=reference", **env)
-        ]  # fmt: skip
-        port = str(free_port())
-        started += [
-            _start(workspace, f"nodes-{rank}", *train, "--nnodes", "2", "--node-rank", str(rank),
-                   "--master-addr", "127.0.0.1", "--master-port", port, "exp_name=nodes", **env)
-            for rank in (0, 1)
-        ]  # fmt: skip
-        submitted = primus(
-            "slurm", "pretrain", "--config", recipe, "--nnodes", "2", "--gpus-per-node", "0",
-            "--cpus-per-node", "1", *overrides, "exp_name=slurm", **env,
-        )  # fmt: skip
-        assert submitted.returncode == 0, submitted.stderr[-3000:]
-        job = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
-        for run, log in started:
-            _finish(run, log)
-        wait_for(job, slurm)
-        log = parents[backend] / "slurm" / "logs" / f"slurm-{job}.out"
-        assert exit_code(job, slurm) == 0, log.read_text()[-3000:]
-    return parents
+        train = ("train", "pretrain", "--config", str(recipe), *overrides)
+        with ThreadPoolExecutor(1) as pool:
+            reference = pool.submit(shared_train_run, tmp_path_factory, recipe, *overrides, nproc=2)
+            port = str(free_port())
+            started = [
+                _start(workspace, f"nodes-{rank}", *train, "--nnodes", "2", "--node-rank",
+                       str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
+                       "exp_name=nodes", **env)
+                for rank in (0, 1)
+            ]  # fmt: skip
+            submitted = primus(
+                "slurm", "pretrain", "--config", str(recipe), "--nnodes", "2", "--gpus-per-node",
+                "0", "--cpus-per-node", "1", *overrides, "exp_name=slurm", **env,
+            )  # fmt: skip
+            assert submitted.returncode == 0, submitted.stderr[-3000:]
+            job = submitted.stdout.split()[2].rstrip(":")  # "submitted job 7: <script>"
+            for run, log in started:
+                _finish(run, log)
+            wait_for(job, slurm)
+            log = parent / "slurm" / "logs" / f"slurm-{job}.out"
+            assert exit_code(job, slurm) == 0, log.read_text()[-3000:]
+            dirs[backend] = {
+                "reference": reference.result(),
+                "nodes": parent / "nodes",
+                "slurm": parent / "slurm",
+            }
+    return dirs
 
 
 @pytest.mark.parametrize("backend", list(RUNS))
 def test_two_launchers_on_one_host_match_one_launcher_of_two(
-    runs: dict[str, Path], backend: str
+    runs: dict[str, dict[str, Path]], backend: str
 ) -> None:
-    assert losses(runs[backend] / "nodes") == losses(runs[backend] / "reference")
+    assert losses(runs[backend]["nodes"]) == losses(runs[backend]["reference"])
 
 
 @pytest.mark.parametrize("backend", list(RUNS))
 def test_a_two_node_slurm_job_matches_one_launcher_of_two(
-    runs: dict[str, Path], backend: str
+    runs: dict[str, dict[str, Path]], backend: str
 ) -> None:
-    slurm = losses(runs[backend] / "slurm")
-    assert slurm == losses(runs[backend] / "reference")
-    assert len(slurm) >= 5
+    slurm = losses(runs[backend]["slurm"])
+    assert slurm == losses(runs[backend]["reference"])
+    assert len(slurm) >= 11
 
 
 def show(job: str, env: dict[str, str]) -> str:

@@ -25,6 +25,7 @@ from primus.testing.runs import (
     step_metrics,
     train_run,
 )
+from primus.testing.shared import shared_train_run
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,8 +108,9 @@ def test_the_loss_curve_matches_the_golden_one(whole: Path) -> None:
     )
 
 
-def test_two_processes_through_primus_launcher(tmp_path: Path) -> None:
-    run_dir = train(tmp_path, "exp_name=two", "steps=12", nproc=2)
+def test_two_processes_through_primus_launcher(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Also tests/test_multinode.py's reference (made once)."""
+    run_dir = shared_train_run(tmp_path_factory, RECIPE, *SCHEDULE, "steps=12", nproc=2)
     assert [m["step"] for m in step_metrics(run_dir)] == list(range(1, 13))  # process 0 only
     assert_loss_falls(losses(run_dir))
     log = rank_log(run_dir)

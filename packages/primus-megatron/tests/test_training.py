@@ -18,6 +18,7 @@ from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
 from primus.testing.in_process import in_process
 from primus.testing.runs import assert_loss_falls, losses, primus, train_run
+from primus.testing.shared import shared_train_run
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
@@ -93,11 +94,10 @@ def test_the_loss_curve_matches_the_golden_one(uninterrupted: Path) -> None:
 
 
 @pytest.mark.parametrize("parallel", ["data_parallel", "tensor_model_parallel_size=2"])
-def test_two_processes_over_gloo(tmp_path: Path, parallel: str) -> None:
+def test_two_processes_over_gloo(tmp_path_factory: pytest.TempPathFactory, parallel: str) -> None:
+    """The data-parallel run is also tests/test_multinode.py's reference (made once)."""
     overrides = [] if parallel == "data_parallel" else [parallel]
-    run_dir = train(
-        tmp_path, f"exp_name={parallel.split('=')[0]}", "train_iters=12", *overrides, nproc=2
-    )
+    run_dir = shared_train_run(tmp_path_factory, RECIPE, "train_iters=12", *overrides, nproc=2)
     assert_loss_falls(losses(run_dir))
     config = (run_dir / "config.resolved.yaml").read_text()
     assert ("tensor_model_parallel_size: 2" in config) == bool(overrides)

@@ -24,6 +24,7 @@ from primus.testing.runs import (
     step_metrics,
     train_run,
 )
+from primus.testing.shared import shared_train_run
 from primus.testing.torchtitan import write_corpus
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -93,9 +94,12 @@ def test_the_loss_curve_matches_the_golden_one(uninterrupted: Path) -> None:
         ("pipeline_parallel_degree", ("training.disable_cuda_graphs=true",)),
     ],
 )
-def test_two_processes_over_gloo(tmp_path: Path, degree: str, extra: tuple[str, ...]) -> None:
-    overrides = (f"exp_name={degree}", "training.steps=12", f"parallelism.{degree}=2", *extra)
-    run_dir = train(tmp_path, *overrides, nproc=2)
+def test_two_processes_over_gloo(
+    tmp_path_factory: pytest.TempPathFactory, degree: str, extra: tuple[str, ...]
+) -> None:
+    """The data-parallel run is also tests/test_multinode.py's reference (made once)."""
+    overrides = (*SCHEDULE, "training.steps=12", f"parallelism.{degree}=2", *extra)
+    run_dir = shared_train_run(tmp_path_factory, RECIPE, *overrides, nproc=2)
     assert_loss_falls(losses(run_dir))
     resolved = (run_dir / "config.resolved.yaml").read_text()
     assert f"{degree}: 2" in resolved
