@@ -73,3 +73,18 @@ def test_validate_checks_what_a_dry_run_checks_and_writes_nothing(tmp_path) -> N
         assert result.returncode == 2 and "Traceback" not in result.stderr
     assert validate.stderr.splitlines()[-2:] == dry_run.stderr.splitlines()[-2:]
     assert "the dummy backend has no 'posttrain' stage" in validate.stderr
+
+
+def test_a_run_in_process_that_shields_the_test_process_fails_at_once(tmp_path) -> None:
+    """A training command run in process outside `in_process` shields the process's helpers
+    for good (its later forks would ignore SIGTERM): `run_in_process` fails at once, naming the
+    fix. In a process of its own, since the shield cannot be undone."""
+    program = (
+        "from pathlib import Path\n"
+        "from primus.testing.fuzz_runs import run_in_process\n"
+        f"run_in_process(['train', 'pretrain', '--config', 'missing.yaml'], Path({str(tmp_path)!r}), {{}})\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "AssertionError: primus train pretrain --config missing.yaml shielded" in result.stderr
+    assert "run it within primus.testing.in_process.in_process()" in result.stderr

@@ -74,10 +74,15 @@ def write_case(case: Case, folder: Path) -> None:
 def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) -> Outcome:
     """`primus ARGV` through `primus.cli.main.main`, in `folder`, with `env` applied, stdout
     and stderr captured; the environment, the working directory, the CLI's debug switch and
-    every patched upstream name are put back afterwards."""
+    every patched upstream name are put back afterwards. A command that shields this process's
+    helper processes (a training run outside `in_process`) fails here: the shield cannot be
+    undone, and every process this one forks later would ignore the stop signals."""
     from primus.cli.common import DEBUG
     from primus.cli.main import main
+    from primus.core.launch import helper_processes
     from primus.core.patches import restore_all
+
+    shielded_before = helper_processes._shielded
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     os.environ.pop("PRIMUS_PATCHES", None)
@@ -109,6 +114,10 @@ def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) ->
         os.environ.update(saved_env)
         DEBUG.on = False
         restore_all()
+    assert shielded_before or not helper_processes._shielded, (
+        f"primus {' '.join(argv)} shielded the test process's helper processes: run it within "
+        "primus.testing.in_process.in_process()"
+    )
     return Outcome(code if isinstance(code, int) else 1, err.getvalue(), seconds, out.getvalue())
 
 
