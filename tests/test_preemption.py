@@ -190,6 +190,40 @@ def test_only_the_watched_process_announces_the_signal(
         os.environ.pop(ENV, None)
 
 
+def test_a_signal_during_set_up_says_the_run_stops_before_its_first_step(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Ctrl-C while the model builds: no step is running, so none is finished and saved; the
+    run stops where set-up ends. Once training started, the stop follows the current step."""
+    monkeypatch.delenv(ENV, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+    said = []
+    try:
+        for in_set_up in (True, False):
+            monkeypatch.setattr(preemption, "_received", None)
+            os.environ.pop(ENV, None)  # what the last signal told the processes started after it
+            preemption.watch()
+            with preemption.stopping_before_training(tmp_path, 0):
+                if not in_set_up:
+                    preemption.training_starts(tmp_path, 0)  # no signal yet: training goes on
+                os.kill(os.getpid(), signal.SIGINT)
+            said.append(capfd.readouterr().err)
+        with pytest.raises(preemption.Preempted):  # the signal came: set-up's end stops the run
+            preemption.training_starts(tmp_path, 0)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.environ.pop(ENV, None)
+    assert said == [
+        "[primus] SIGINT received during set-up: stopping before the first step"
+        " (Ctrl-C again to abort)\n",
+        "[primus] SIGINT received: stopping after this step with a checkpoint"
+        " (Ctrl-C again to abort)\n",
+    ]
+    mark = marked(tmp_path)
+    assert mark is not None and (mark["step"], mark["checkpoint"]) == (None, None)
+
+
 def test_a_signal_that_arrives_while_the_first_is_handled_is_not_announced_again(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -38,6 +38,7 @@ ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after i
 _received: int | None = None
 _received_at = 0.0
 _watcher = 0  # the process that called `watch()`: those forked from it do not announce a signal
+_setting_up = False  # within `stopping_before_training`, until `training_starts`
 
 
 class SetUpInterrupted(Exception):
@@ -92,10 +93,12 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     if not note(signum) or os.getpid() != _watcher:  # noted before, or a forked process
         return
     again = " (Ctrl-C again to abort)" if signum == ABORT else ""
-    message = (
-        f"[primus] {signal.Signals(signum).name} received: stopping after this step "
-        f"with a checkpoint{again}\n"
+    when = (
+        " during set-up: stopping before the first step"
+        if _setting_up
+        else ": stopping after this step with a checkpoint"
     )
+    message = f"[primus] {signal.Signals(signum).name} received{when}{again}\n"
     os.write(2, message.encode())  # no logging lock inside a signal handler
 
 
@@ -126,11 +129,25 @@ def requested_number() -> int:
 
 @contextlib.contextmanager
 def stopping_before_training(run_dir: Path, rank: int) -> Iterator[None]:
-    """Within: a `SetUpInterrupted` stops the run before its first step (`stop`)."""
+    """Within: the run is setting up until `training_starts` (a signal then says the run stops
+    before its first step), and a `SetUpInterrupted` stops it there (`stop`)."""
+    global _setting_up
+    _setting_up = True
     try:
         yield
     except SetUpInterrupted:
         stop(run_dir, None, None, rank)
+    finally:
+        _setting_up = False
+
+
+def training_starts(run_dir: Path, rank: int) -> None:
+    """Set-up is done: a signal received during it stops the run here, before its first step,
+    with nothing to save; one received from now on, after the step it arrives in."""
+    global _setting_up
+    if requested():
+        stop(run_dir, None, None, rank)
+    _setting_up = False
 
 
 def clear(run_dir: Path) -> None:

@@ -361,8 +361,7 @@ class PrimusRuntime:
                 self.log.info(
                     f"start-up: done in {time.perf_counter() - self.started:.1f} s; training starts"
                 )
-                if preemption.requested():  # during set-up: stop before training, nothing to save
-                    preemption.stop(self.run_dir, None, None, self.rank)
+                preemption.training_starts(self.run_dir, self.rank)
                 self._phase(ctx, "before_train")
                 trainer.train()
             self._phase(ctx, "after_train")
