@@ -82,7 +82,7 @@ def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) ->
     from primus.core.launch import helper_processes
     from primus.core.patches import restore_all
 
-    shielded_before = helper_processes._shielded
+    shielded_before = helper_processes.shielded()
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     os.environ.pop("PRIMUS_PATCHES", None)
@@ -114,7 +114,7 @@ def run_in_process(argv: list[str], folder: Path, env: dict[str, str | None]) ->
         os.environ.update(saved_env)
         DEBUG.on = False
         restore_all()
-    assert shielded_before or not helper_processes._shielded, (
+    assert shielded_before or not helper_processes.shielded(), (
         f"primus {' '.join(argv)} shielded the test process's helper processes: run it within "
         "primus.testing.in_process.in_process()"
     )

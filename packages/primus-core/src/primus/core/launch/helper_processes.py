@@ -77,6 +77,11 @@ def _spawn_shielded(spawn: Callable[..., int]) -> Callable[..., int]:
     return spawn_ignoring_stop_signals
 
 
+def shielded() -> bool:
+    """Whether `shield()` ran in this process (it cannot be undone)."""
+    return _shielded
+
+
 def shield() -> None:
     """From now on, the helper processes this process starts ignore the stop signals.
     Call in the main thread of a rank (or a single-process run), once its own handlers are set."""
