@@ -200,4 +200,4 @@ def test_a_stop_signal_ends_the_reference_pass_before_the_first_step(
     with in_process():
         done = primus_here("train", "posttrain", "--config", str(exp), *BATCH,
                            "training.steps=2", cwd=tmp_path)  # fmt: skip
-    assert_reference_pass_stopped(done, exp, "SIGTERM ")
+    assert_reference_pass_stopped(done, exp, "SIGTERM")

@@ -90,15 +90,16 @@ def hf_dpo_loss(
     }
 
 
-def assert_reference_pass_stopped(done: Any, exp: Path, said: str = "") -> None:
+def assert_reference_pass_stopped(done: Any, exp: Path, signal_name: str | None = None) -> None:
     """A DPO run with `dpo.precompute_reference` (its `done` process result) that a stop signal
-    ended during the reference's pass: exit 75 before the first step (`said`: the signal's
-    name in the message), the pass not finished, the run dir marked for a requeue."""
+    ended during the reference's pass: exit 75 before the first step (the message naming
+    `signal_name`, where given), the pass not finished, the run dir marked for a requeue."""
     from primus.core.reliability import preemption
     from primus.testing.sft_runs import run_dir
 
     assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-3000:]
-    assert f"{said}before the first step: nothing new to save" in done.stderr
+    said = f"{signal_name} before" if signal_name else "before"
+    assert f"{said} the first step: nothing new to save" in done.stderr
     run = run_dir(exp)
     assert "precomputed in" not in (run / "logs" / "rank-0.log").read_text()
     assert preemption.marked(run)["step"] is None  # type: ignore[index]

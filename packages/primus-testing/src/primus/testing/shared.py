@@ -42,11 +42,10 @@ def shared_train_run(
     factory: pytest.TempPathFactory, config: Path, *overrides: str, nproc: int = 1
 ) -> Path:
     """`train_run(config, ..., *overrides, nproc=nproc)` once per session for these settings
-    (in any order; the experiment is named after them): its run directory."""
-    settings = [str(config.resolve()), *sorted(overrides), f"nproc={nproc}"]
-    name = "shared-" + hashlib.sha256("\n".join(settings).encode()).hexdigest()[:12]
+    (in any order), in a workspace of its own: its run directory."""
+    settings = "\n".join([str(config.resolve()), *sorted(overrides), f"nproc={nproc}"])
     return shared(
         factory,
-        "\n".join(settings),
-        lambda folder: train_run(config, folder, *overrides, f"exp_name={name}", nproc=nproc),
+        settings,
+        lambda folder: train_run(config, folder, *overrides, "exp_name=shared", nproc=nproc),
     )
