@@ -1,5 +1,5 @@
-"""Repository-wide pytest setup: one OpenMP thread per process, and tests marked `gpu` run only
-where a GPU is visible."""
+"""Repository-wide pytest setup: one OpenMP thread per process, no module hidden from the test
+processes, and tests marked `gpu` run only where a GPU is visible."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import shutil
 import tempfile
 
 import pytest
+
+from primus.core.runtime import resolution
 
 # The xdist workers share the machine's cores, and most tests start torch processes beside each
 # other. With OpenMP's default of one thread per core they oversubscribe the cores, and the
@@ -20,6 +22,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _CACHE_DIR = None
 if "PRIMUS_CACHE_DIR" not in os.environ:
     _CACHE_DIR = os.environ["PRIMUS_CACHE_DIR"] = tempfile.mkdtemp(prefix="primus-test-cache-")
+
+
+# A test process runs every backend in turn, and a module one backend hides from the processes
+# that run it (its adapter's unused_modules: torch, from MaxText's) another one imports. The
+# runs' own processes (subprocesses, forks) still hide them.
+resolution.hide_modules = lambda names: None
 
 
 def _gpu_visible() -> bool:

@@ -42,6 +42,9 @@ def test_register_adapter_checks_the_contract_at_once() -> None:
         BackendRegistry.register_adapter("bad", Incomplete)
     with pytest.raises(TypeError, match=r"not a BackendAdapter subclass"):
         BackendRegistry.register_adapter("bad", dict)
+    hiding = type("Hiding", (ToyAdapter,), {"unused_modules": "torch"})  # not a tuple
+    with pytest.raises(TypeError, match=r"Hiding.unused_modules must be a tuple of module names"):
+        BackendRegistry.register_adapter("bad", hiding)
 
 
 class Exporting(ToyAdapter):

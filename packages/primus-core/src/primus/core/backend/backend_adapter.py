@@ -52,10 +52,10 @@ class BackendAdapter(ABC):
     # How `--nproc-per-node`/`--nnodes` start workers: "torchrun" (torch.distributed.run), or
     # "spawn" (Primus's spawner: torchrun's variables, no torch, nothing bound to MASTER_PORT).
     launcher: ClassVar[str] = "torchrun"
-    # Modules a conversion does not need but the upstream imports on the way (slowly): hidden
-    # (their import fails, as if not installed) in the process of `primus checkpoint
-    # import|export`, which does nothing else. Never in a process that goes on to train.
-    conversion_hidden_modules: ClassVar[tuple[str, ...]] = ()
+    # Modules the backend never uses but its upstream imports on the way (slowly): hidden
+    # (their import fails, as if not installed) before the upstream is imported, in each
+    # process that runs the backend (training, a conversion, a projection).
+    unused_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, framework: str) -> None:
         self.framework = framework

@@ -76,6 +76,9 @@ def contract_problem(adapter_cls: Any) -> str | None:
         return f"{adapter_cls.__name__} does not implement {missing}"
     if adapter_cls.launcher not in LAUNCHERS:
         return f"{adapter_cls.__name__}.launcher must be one of {', '.join(LAUNCHERS)}"
+    unused = adapter_cls.unused_modules
+    if not isinstance(unused, tuple) or not all(isinstance(n, str) and n for n in unused):
+        return f'{adapter_cls.__name__}.unused_modules must be a tuple of module names ("torch",)'
     problem = _trainers_problem(adapter_cls) or capability_problem(
         adapter_cls, lambda hook: implements(adapter_cls, hook)
     )

@@ -137,18 +137,18 @@ def backend_for(
     `inputs`: the files the module reads are checked first (`primus.core.config.inputs`, then
     the adapter's `check_inputs`), before anything imports the upstream. A source tree
     (`setup_backend_path`) stands in for an installed upstream; without one the backend must
-    be ready. Then the params are validated. `converting`: this process only converts a
-    checkpoint; the adapter is told (`host_only`), and the modules its conversion has no use
-    for are hidden before the upstream is imported.
+    be ready. Then the params are validated. The modules the backend never uses
+    (`unused_modules`) are hidden before the upstream is imported. `converting`: this process
+    only converts a checkpoint; the adapter is told (`host_only`).
     """
     framework = module.framework
     adapter = adapter_class(framework)(framework)
     if inputs:
         check_inputs(module)
         adapter.check_inputs(module)
+    hide_modules(adapter.unused_modules)
     if converting:
         adapter.host_only = True
-        hide_modules(adapter.conversion_hidden_modules)
     source_tree = adapter.setup_backend_path()
     if not source_tree:
         BackendRegistry.get_adapter_class(framework)  # raises unless ready
@@ -157,12 +157,13 @@ def backend_for(
 
 def hide_modules(names: tuple[str, ...]) -> None:
     """Make importing each of `names` not imported yet fail as if it were not installed
-    (`importlib.util.find_spec` finds nothing), for the rest of this process."""
+    (`importlib.util.find_spec` finds nothing), for the rest of this process. (A test process
+    that runs several backends in turn leaves them: `primus.testing.in_process`.)"""
     hidden = [name for name in names if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]
     if hidden:
-        log_rank_0(f"[primus] not needed here, not imported: {', '.join(hidden)}")
+        log_rank_0(f"not needed here, not imported: {', '.join(hidden)}")
 
 
 def validate(

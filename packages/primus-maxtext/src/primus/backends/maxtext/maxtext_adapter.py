@@ -63,8 +63,8 @@ class MaxTextAdapter(BackendAdapter):
     tested_versions = TESTED
     launcher = "spawn"
     # MaxText imports torch through tensorboardX, and transformers (for its HF configs), which
-    # then imports torch and torchvision: seconds of start-up a conversion has no use for
-    conversion_hidden_modules = ("torch", "torchvision", "torchaudio")
+    # then imports torch and torchvision: seconds of start-up a JAX process has no use for
+    unused_modules = ("torch", "torchvision", "torchaudio")
 
     def check_inputs(self, config: ModuleConfig) -> None:
         from primus.backends.maxtext.data.inputs import check_data_inputs

@@ -101,8 +101,8 @@ def adapter_factors(found: Tables, adapters: dict[str, Any]) -> dict[str, tuple[
 
     from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
 
-    if "torch" in sys.modules and sys.modules["torch"] is None:  # hidden for conversions
-        del sys.modules["torch"]  # (the adapter's conversion_hidden_modules); PEFT's needs it
+    if "torch" in sys.modules and sys.modules["torch"] is None:  # hidden (the adapter's
+        del sys.modules["torch"]  # unused_modules) for JAX's sake; PEFT's format needs it
     import torch
 
     factors = {}

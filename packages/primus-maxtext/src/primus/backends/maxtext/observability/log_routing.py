@@ -9,6 +9,17 @@ from primus.core.logging import LogRouter
 from primus.core.patches import PatchContext, register_patch
 
 
+class _NoTorchNotice(logging.Filter):
+    """Drops transformers' notice, when it is imported, that PyTorch was not found: the adapter
+    hid torch (`unused_modules`), and the run's first line says so."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("PyTorch was not found.")
+
+
+_NO_TORCH_NOTICE = _NoTorchNotice()
+
+
 @register_patch(
     "maxtext.logging",
     backend="maxtext",
@@ -20,10 +31,12 @@ from primus.core.patches import PatchContext, register_patch
 )
 def route_logs(ctx: PatchContext) -> None:
     """Send MaxText's INFO logs (step lines, checkpoints, config warnings) to Primus's logger;
-    absl's verbosity becomes INFO, as MaxText's own entry point sets it."""
+    absl's verbosity becomes INFO, as MaxText's own entry point sets it. transformers' notice
+    that torch is missing is dropped (MaxText has no use for torch)."""
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.INFO)
     # MaxText's own records from INFO, other libraries' (orbax, grain, ...) from WARNING
     router = LogRouter("maxtext", level=logging.WARNING, levels={"/maxtext/": logging.INFO})
     router.attach("absl", "maxtext")
+    logging.getLogger("transformers").addFilter(_NO_TORCH_NOTICE)
