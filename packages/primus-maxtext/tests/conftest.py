@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from primus.backends.maxtext.maxtext_adapter import MaxTextAdapter
 from primus.testing.faults import Forks
 
 # SyntheticDataIterator's tokens, under the PRNG implementation MaxText's trainer sets
@@ -50,9 +51,12 @@ def synthetic_batch() -> Callable[[Path], np.ndarray]:
 @pytest.fixture(scope="session")
 def forks() -> Iterator[Forks]:
     """A process that imported MaxText once and forks each one-process run whose imports are
-    not under test (`primus.testing.forked`), for every module of a pytest worker. faults/ is
-    on its path: faults/sitecustomize.py, imported again in a run that asks for it with its
-    variables (test_reliability), does nothing without them."""
+    not under test (`primus.testing.forked`), for every module of a pytest worker, without
+    the modules a MaxText process hides. faults/ is on its path: faults/sitecustomize.py,
+    imported again in a run that asks for it with its variables (test_reliability), does
+    nothing without them."""
     faults = str(Path(__file__).resolve().parent / "faults")
-    with Forks("maxtext.trainers.pre_train.train", env={"PYTHONPATH": faults}) as server:
+    hidden = MaxTextAdapter.unused_modules
+    train = "maxtext.trainers.pre_train.train"
+    with Forks(train, env={"PYTHONPATH": faults}, hidden=hidden) as server:
         yield server

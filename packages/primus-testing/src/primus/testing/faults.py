@@ -161,7 +161,10 @@ import importlib, json, os, sys
 told = os.fdopen(os.dup(1), "w", buffering=1)  # the answers; what the imports print: stderr
 os.dup2(2, 1)
 for name in sys.argv[1:]:
-    importlib.import_module(name)
+    if name.startswith("!"):  # hidden, as the runtime hides a backend's unused_modules
+        sys.modules[name[1:]] = None
+    else:
+        importlib.import_module(name)
 from primus.cli.main import main
 print("ready", file=told)
 ended = {}  # pid -> exit code (negative: the signal), of the runs reaped
@@ -222,12 +225,16 @@ class Forks:
             done = forks.run(["train", "pretrain", ...], {...})  # started and waited for
     """
 
-    def __init__(self, *imports: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *imports: str, env: dict[str, str] | None = None, hidden: tuple[str, ...] = ()
+    ) -> None:
         """`env`: added to this process's environment (less PRIMUS_PATCHES) for the server and
-        every run it forks."""
+        every run it forks. `hidden`: modules made unimportable first, as a run of a backend
+        whose adapter lists them in `unused_modules` has them."""
         environment = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
+        argv = [*(f"!{name}" for name in hidden), *imports]
         self.server = subprocess.Popen(
-            [sys.executable, "-c", _FORK_SERVER, *imports], env=environment | (env or {}),
+            [sys.executable, "-c", _FORK_SERVER, *argv], env=environment | (env or {}),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.server.stdin is not None and self.server.stdout is not None
