@@ -39,7 +39,7 @@ except SystemExit as exc:
     code = exc.code
 else:
     code = 0
-told = ",".join(name for name in {frameworks!r} if name in sys.modules)
+told = ",".join(name for name in {frameworks!r} if sys.modules.get(name) is not None)
 print("imported: " + told, file=sys.stderr)
 sys.exit(code)
 """
@@ -49,7 +49,8 @@ def primus_imports(
     *args: str, cwd: Path | None = None, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """`primus ARGS` as `primus` runs it, and the frameworks (of FRAMEWORKS) the process had
-    imported when the command ended; the line that tells them is taken out of stderr."""
+    imported when the command ended (not one it hid); the line that tells them is taken out of
+    stderr."""
     inherited = {k: v for k, v in os.environ.items() if k != "PRIMUS_PATCHES"}
     code = _IMPORTS_TOLD.format(frameworks=FRAMEWORKS)
     done = subprocess.run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -157,13 +158,13 @@ def backend_for(
 
 def hide_modules(names: tuple[str, ...]) -> None:
     """Make importing each of `names` not imported yet fail as if it were not installed
-    (`importlib.util.find_spec` finds nothing), for the rest of this process. (A test process
-    that runs several backends in turn leaves them: `primus.testing.in_process`.)"""
+    (`importlib.util.find_spec` finds nothing), for the rest of this process; said at debug
+    level. (A process that runs several backends in turn must not hide any.)"""
     hidden = [name for name in names if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]
     if hidden:
-        log_rank_0(f"not needed here, not imported: {', '.join(hidden)}")
+        log_rank_0(f"not needed here, not imported: {', '.join(hidden)}", logging.DEBUG)
 
 
 def validate(
