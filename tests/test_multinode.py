@@ -131,12 +131,13 @@ def show(job: str, env: dict[str, str]) -> str:
 def test_the_time_limit_warning_stops_the_job_with_a_checkpoint_and_requeue_resumes(
     slurm: dict[str, str], tmp_path: Path
 ) -> None:
-    """A 1-minute job with `--warn 45`: Slurm's SIGUSR1 (`--signal=USR1@45`) reaches the
-    workers of both nodes, which save and exit 75, and with --requeue the job is requeued."""
+    """A 2-minute job with `--warn 90`: Slurm's SIGUSR1 (`--signal=USR1@90`) reaches the
+    workers of both nodes, once they train (30 s in), which save and exit 75, and with
+    --requeue the job is requeued."""
     env = {**slurm, "PRIMUS_WORKSPACE": str(tmp_path)}
     submitted = primus(
         "slurm", "pretrain", "--config", str(DUMMY_QUICKSTART), "--nnodes", "2",
-        "--gpus-per-node", "0", "--time", "1", "--warn", "45", "--requeue",
+        "--gpus-per-node", "0", "--time", "2", "--warn", "90", "--requeue",
         "train_iters=1000000000", "log_interval=1000000000", **env,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr[-3000:]

@@ -169,8 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     DEBUG.on = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0")
     if "PRIMUS_LAUNCHER_PID" in os.environ:  # a worker: die with the launcher that started it
         from primus.core.launch.launcher import bind_worker_to_launcher
+        from primus.core.reliability import preemption
 
         bind_worker_to_launcher()
+        # a stop signal passed on by the launcher while this worker starts is noted, not fatal
+        preemption.watch()
     from primus.core.errors import PrimusError, filesystem_error
 
     if argv is None:  # this process is the command (not a test calling it in its own)
