@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,27 @@ def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_chec
         "[primus] a worker failed: rank 1 exited with code -9",
     ]
     assert run.left == []
+
+
+def test_a_worker_notes_a_stop_signal_from_the_first_line_of_the_cli() -> None:
+    """A worker of a Primus launcher (PRIMUS_LAUNCHER_PID set) watches for the stop signals as
+    the CLI starts, before any command: one its launcher passes on while the worker is still
+    starting is noted, not fatal (SIGUSR1's default action ends the process silently)."""
+    program = (
+        "import os, signal\n"
+        "from primus.cli.main import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "print('still here')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "LOCAL_RANK")}
+    env["PRIMUS_LAUNCHER_PID"] = str(os.getpid())
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.endswith("still here\n")
+    assert "[primus] SIGUSR1 received" in done.stderr

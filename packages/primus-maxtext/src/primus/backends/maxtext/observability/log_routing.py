@@ -11,7 +11,7 @@ from primus.core.patches import PatchContext, register_patch
 
 class _NoTorchNotice(logging.Filter):
     """Drops transformers' notice, when it is imported, that PyTorch was not found: the adapter
-    hid torch (`unused_modules`), and the run's first line says so."""
+    hid torch on purpose (`unused_modules`; `--debug` says so)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("PyTorch was not found.")
