@@ -172,6 +172,28 @@ def test_export_loads_in_transformers_with_the_same_logits(converted: Converted)
     assert read_config(converted.exported) == read_config(converted.hf)
 
 
+def test_an_import_without_its_query_record_keeps_maxtexts_folding(tmp_path: Path) -> None:
+    """An import folder without `query_scale.json` (an earlier Primus's) holds query weights
+    with the scale folded in: the model applies none at run time, and the export multiplies
+    them by sqrt(head_dim). So the export is the model MaxText runs, and its queries are the
+    folder's times sqrt(head_dim)."""
+    from primus.backends.maxtext.model.query_scale import RECORD
+
+    hf = make_hf_model(tmp_path / "hf", "llama3", head_dim=32)
+    exp = experiment(tmp_path, hf)
+    with runtime(exp) as run:
+        imported = run.import_hf(hf)
+        assert (imported / RECORD).is_file()
+        (imported / RECORD).unlink()
+        logits = maxtext_logits(run)
+        exported = run.export_hf(None, tmp_path / "export")
+    assert np.abs(logits - hf_logits(exported, TOKENS).numpy()).max() <= 1e-4
+    source, again = tensors(hf), tensors(exported)
+    for name, tensor in source.items():
+        scale = np.sqrt(32) if name.endswith("q_proj.weight") else 1.0
+        np.testing.assert_allclose(again[name], tensor * scale, rtol=1e-6, err_msg=name)
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """An HF llama3 model and an experiment of its architecture: (hf, exp)."""
@@ -256,11 +278,11 @@ def test_an_unsupported_family_is_a_config_error(llama: tuple[Path, Path], tmp_p
         run.export_hf(None, tmp_path / "out")
 
 
-def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_path: Path) -> None:
-    """A bf16 HF model is written in bf16 (half float32's bytes), except the query kernel:
-    MaxText's hook scales it by 1/sqrt(head_dim), here 1/sqrt(32), which bf16 cannot hold.
-    MaxText loads it as the float32 import of the same weights, bit for bit. Exported (in the
-    source's dtype, by default), it is the bf16 model again, bit for bit."""
+def test_a_bfloat16_checkpoint_is_imported_in_bfloat16(tmp_path: Path) -> None:
+    """A bf16 HF model is written in bf16 (half float32's bytes), the query kernel too (its
+    scale, 1/sqrt(32) here, is applied at run time). MaxText loads it as the float32 import of
+    the same weights, bit for bit. Exported (in the source's dtype, by default), it is the bf16
+    model again, bit for bit."""
     import torch
     from orbax.checkpoint import v1 as ocp
     from transformers import AutoModelForCausalLM
@@ -284,9 +306,7 @@ def test_a_bfloat16_checkpoint_is_imported_in_bfloat16_where_that_is_exact(tmp_p
         tree = ocp.metadata(step, checkpointable_name="items").metadata["params"]
         stored[name] = {k: str(metadata_leaf(tree, k).dtype) for k in params}
     assert set(stored["fp32"].values()) == {"float32"}
-    query = [k for k in stored["bf16"] if k.endswith("query-kernel")]
-    assert query and {stored["bf16"][k] for k in query} == {"float32"}
-    assert {v for k, v in stored["bf16"].items() if k not in query} == {"bfloat16"}
+    assert set(stored["bf16"].values()) == {"bfloat16"}
     for key, value in loaded["fp32"].items():
         assert loaded["bf16"][key].dtype == value.dtype == np.float32
         np.testing.assert_array_equal(loaded["bf16"][key], value, err_msg=key)

@@ -150,26 +150,17 @@ def hf_loss(folder: Any, tokens: Any) -> float:
     )
 
 
-def hf_adamw_losses(
-    folder: Any, batches: Any, lr: float, max_norm: float, query_folded: bool = False
-) -> list[float]:
+def hf_adamw_losses(folder: Any, batches: Any, lr: float, max_norm: float) -> list[float]:
     """transformers' fp32 training of the HF model in `folder`, one step per batch of
     `batches` (rows of seq + 1 tokens: inputs [:, :-1], targets [:, 1:]): AdamW at the constant
     `lr` (betas 0.9, 0.95, eps 1e-8, no weight decay) on gradients clipped to the global norm
-    `max_norm`; each step's loss. `query_folded`: the same model in MaxText's parametrization,
-    the attention's 1/sqrt(head_dim) folded into the query projection (as MaxText's HF import
-    stores it) and the attention scaling by 1, which Adam trains otherwise."""
+    `max_norm`; each step's loss."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
     )
-    if query_folded:
-        with torch.no_grad():
-            for layer in model.model.layers:
-                layer.self_attn.q_proj.weight.mul_(layer.self_attn.head_dim**-0.5)
-                layer.self_attn.scaling = 1.0
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
     )

@@ -35,6 +35,7 @@ from primus.backends.maxtext.checkpoint.hf_mapping import (
 from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
 from primus.backends.maxtext.checkpoint.orbax_params import load_params, nested
 from primus.backends.maxtext.config.bridge import MaxTextArgs
+from primus.backends.maxtext.model.query_scale import scaled_at_run_time, write_record
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.export import copy_tokenizer
 from primus.core.checkpoint.hf import read_config
@@ -82,7 +83,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     from maxtext.common import checkpoint_context
 
     config = maxtext_config(argv)
-    found = tables(config, read_config(hf_dir), saving_to_hf=False)
+    found = tables(config, read_config(hf_dir), saving_to_hf=False, query_at_run_time=True)
     reader = HFTensors(hf_dir, "numpy")
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
@@ -124,6 +125,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
             saving.result()
         ocp.partial.finalize(str(step))
     _name_items(step)
+    write_record(out)
     log_rank_0(f"[maxtext] converted and saved {len(found.params)} parameters ({done / 2**30:.2f} "
                f"GiB) in {time.perf_counter() - start:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)")  # fmt: skip
 
@@ -190,7 +192,9 @@ def _export_tables(args: MaxTextArgs, dtype: str | None) -> tuple[Any, Any, Tabl
     written = export_dtype(config, dtype)
     values = hf_config_from_maxtext(config, args.primus.get("rope_scaling_factor"), written)
     hf = AutoConfig.for_model(values.pop("model_type"), **values)
-    return config, hf, tables(config, hf.to_dict(), saving_to_hf=True), written
+    at_run_time = scaled_at_run_time(config)
+    found = tables(config, hf.to_dict(), saving_to_hf=True, query_at_run_time=at_run_time)
+    return config, hf, found, written
 
 
 def lora_adapters(args: MaxTextArgs, iteration: int | None) -> dict[str, Any]:
@@ -219,7 +223,8 @@ def export_hf(args: MaxTextArgs, iteration: int | None, out: Path, dtype: str | 
     writer = SafetensorsWriter(out, export_layout(found, written))
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     # a parameter stored in the export's dtype (a bf16 import) is read and converted as it is:
-    # MaxText's hooks only move, reshape or scale by powers of two what bf16 holds exactly
+    # MaxText's hooks only move, reshape or scale (an import folded by MaxText's own query
+    # scale, made before it moved to run time: exact where sqrt(head_dim) is a power of two)
     stored = checkpoint_dtypes(source, found.params)
 
     def read(key: str) -> np.ndarray:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from primus.backends.maxtext.checkpoint.native import DECODER_BLOCKS, LLAMA31_SCALING
+from primus.backends.maxtext.model.query_scale import CONVERSION_HOOK
 from primus.core.checkpoint.hf_tensors import HFTensors
 from primus.core.errors import ConfigError
 
@@ -100,8 +101,11 @@ def maxtext_config(argv: list[str]) -> Any:
     return pyconfig.initialize(argv)
 
 
-def tables(config: Any, hf_config: dict[str, Any], saving_to_hf: bool) -> Tables:
-    """MaxText's conversion tables for `config`'s family, and its parameters' shapes."""
+def tables(
+    config: Any, hf_config: dict[str, Any], saving_to_hf: bool, query_at_run_time: bool
+) -> Tables:
+    """MaxText's conversion tables for `config`'s family, and its parameters' shapes;
+    `query_at_run_time`: the query weights stay HF's, unscaled (model.query_scale)."""
     from maxtext.checkpoint_conversion.utils.hf_shape import HF_SHAPE
     from maxtext.checkpoint_conversion.utils.param_mapping import HOOK_FNS, PARAM_MAPPING
 
@@ -116,6 +120,8 @@ def tables(config: Any, hf_config: dict[str, Any], saving_to_hf: bool) -> Tables
         # MaxText's Llama tables assume its interleaved Llama-3.1 RoPE; the default RoPE
         # rotates halves as HF does, so q and k keep HF's layout.
         hooks = {k: _without(v, "adjust_rope") for k, v in hooks.items()}
+    if query_at_run_time:
+        hooks = {k: _without(v, CONVERSION_HOOK) for k, v in hooks.items()}
     _, params, _ = abstract_model(config)
     return Tables(
         config, hf_config, PARAM_MAPPING[model](hf_config, config, config.scan_layers), hooks,
@@ -243,25 +249,13 @@ def stored_dtypes(tables: Tables, reader: HFTensors) -> dict[str, np.dtype]:
     return stored
 
 
-def _narrowed(tensor: np.ndarray) -> np.ndarray | None:
-    """float32 `tensor` as bfloat16 when that loses nothing (its low 16 bits are zero: a
-    bfloat16 value, moved or scaled by a power of two by MaxText's hooks), else None."""
-    bits = np.ascontiguousarray(tensor, np.float32).view(np.uint32)
-    if np.any(bits & 0xFFFF):
-        return None
-    return np.right_shift(bits, 16).astype(np.uint16).view(_bfloat16())
-
-
-def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray], inexact: set[str],
+def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray],
           job: tuple[str, Any, str, tuple[int, ...]]) -> None:  # fmt: skip
     """Read one HF tensor, transform it by MaxText's hooks (in the parameter's dtype) and
-    write it to its slot. A bfloat16 slot whose value the hooks made inexact in bfloat16
-    (a query scaled by 1/sqrt(head_dim)) is skipped and its parameter put in `inexact`."""
+    write it to its slot (exactly in a bfloat16 slot: the hooks only move and reshape)."""
     from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
 
     key, index, name, one = job
-    if key in inexact:
-        return
     tensor, hooks = reader.get(name, tables.hf_shapes[name]), tables.hooks.get(key)
     if hooks is not None or tensor.dtype != built[key].dtype:
         tensor = _widen(tensor, tables.params[key].dtype)
@@ -270,12 +264,6 @@ def _fill(tables: Tables, reader: HFTensors, built: dict[str, np.ndarray], inexa
     if tensor.shape != one:
         raise ConfigError(f"{reader.where}: tensor '{name}' gives shape {list(tensor.shape)} "
                           f"in MaxText's {key}, which holds {list(one)} per tensor")  # fmt: skip
-    if built[key].dtype == _bfloat16() and tensor.dtype != _bfloat16():
-        narrowed = _narrowed(tensor)
-        if narrowed is None:
-            inexact.add(key)
-            return
-        tensor = narrowed
     built[key][index] = tensor  # cast to the slot's dtype
 
 
@@ -284,16 +272,10 @@ def build_param(
 ) -> np.ndarray:
     """MaxText parameter `key`, filled in place from its HF tensors in `dtype` (its
     `stored_dtypes` entry) by the `pool`'s threads, each reading, transforming and writing one
-    HF tensor at a time; filled again in its own dtype where bfloat16 cannot hold it exactly."""
-    jobs = list(slot_jobs(tables, key))
+    HF tensor at a time."""
     built = {key: np.empty(tables.params[key].shape, dtype)}
-    inexact: set[str] = set()
-    for _ in pool.map(functools.partial(_fill, tables, reader, built, inexact), jobs):
+    for _ in pool.map(functools.partial(_fill, tables, reader, built), slot_jobs(tables, key)):
         pass
-    if key in inexact:
-        built[key] = np.empty(tables.params[key].shape, tables.params[key].dtype)
-        for _ in pool.map(functools.partial(_fill, tables, reader, built, set()), jobs):
-            pass
     return built[key]
 
 

@@ -160,8 +160,11 @@ def peft_start(config: Any, hf_dir: Any, folder: Any) -> dict[str, Any]:
     """The adapters (MaxText kernel key -> (A, B)) of the PEFT adapter in `folder`, for the
     model of MaxText's `config` imported from the HF model in `hf_dir`."""
     from primus.backends.maxtext.checkpoint.hf_mapping import tables
+    from primus.backends.maxtext.model.query_scale import scaled_at_run_time
     from primus.core.checkpoint.hf import read_config
     from primus.core.checkpoint.peft_adapter import read_adapter
 
     factors = {name: (a.numpy(), b.numpy()) for name, (a, b) in read_adapter(folder).items()}
-    return from_peft(tables(config, read_config(hf_dir), saving_to_hf=False), factors)
+    at_run_time = scaled_at_run_time(config)
+    found = tables(config, read_config(hf_dir), saving_to_hf=False, query_at_run_time=at_run_time)
+    return from_peft(found, factors)

@@ -1,2 +1,2 @@
 """Model definitions: where MaxText's model differs from the checkpoints it loads (RoPE scaling,
-tied logits)."""
+tied logits, the query scale)."""

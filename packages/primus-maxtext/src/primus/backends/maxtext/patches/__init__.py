@@ -22,6 +22,7 @@ MODULES = (
     "primus.backends.maxtext.observability.run_dir",
     "primus.backends.maxtext.observability.throughput",
     "primus.backends.maxtext.model.tied_logits",
+    "primus.backends.maxtext.model.query_scale",
 )
 
 for _module in MODULES:
