@@ -7,7 +7,7 @@ sequence length and a global batch of 8 in one process); only `framework:` and e
 names for the schedule's keys differ. Runs are kept in --work, so backends needing different
 environments run in separate calls and `--compare` reads them all:
 
-    python tools/bench/bench_corpus_parity.py --work /tmp/parity --model Llama-3.2-1B \\
+    python tools/bench/bench_corpus_parity.py --work /tmp/parity --model llama3.2_1B \\
         --steps 200 --backend megatron --backend maxtext
     python tools/bench/bench_corpus_parity.py --work /tmp/parity --backend torchtitan ...
     python tools/bench/bench_corpus_parity.py --work /tmp/parity --compare --out parity.json
@@ -156,7 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="model, corpus and runs")
     parser.add_argument("--backend", action="append", choices=BACKENDS, default=[])
-    parser.add_argument("--model", default="Llama-3.2-1B", help="a published config, or tiny")
+    parser.add_argument("--model", default="llama3.2_1B", help="an HF_CONFIGS key, or tiny")
     parser.add_argument("--recipe", default="llama3.2_1B-pretrain.yaml", help="in configs/B/")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seq", type=int, help="sequence length (default: the recipe's)")
