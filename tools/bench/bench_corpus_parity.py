@@ -95,9 +95,10 @@ def prepare(work: Path, model: str, megabytes: float) -> None:
                     "-t", str(tokenizer), "-o", str(prefix)], check=True)  # fmt: skip
 
 
-def train(work: Path, backend: str, recipe: str, steps: int, seq: int | None, tiny: bool) -> Path:
+def train(work: Path, backend: str, recipe: str, steps: int, seq: int | None, tiny: bool,
+          overrides: list[str]) -> Path:  # fmt: skip
     """The backend's recipe with the shared model, corpus and schedule (`tiny`: the tests'
-    tiny Llama 3's preset); its run directory."""
+    tiny Llama 3's preset) and the command line's `overrides`; its run directory."""
     hf, prefix = work / "hf", work / "corpus" / "corpus"
     experiment = yaml.safe_load((ROOT / "configs" / backend / recipe).read_text())
     module = next(iter(experiment["modules"].values()))
@@ -116,7 +117,8 @@ def train(work: Path, backend: str, recipe: str, steps: int, seq: int | None, ti
     print(f"$ primus train pretrain --config {path}  (log: {log})", flush=True)
     with log.open("w") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config", str(path)],
+            [sys.executable, "-m", "primus.cli", "train", "pretrain", "--config", str(path),
+             *overrides],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     if done.returncode:
@@ -160,6 +162,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="llama3.2_1B-pretrain.yaml", help="in configs/B/")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seq", type=int, help="sequence length (default: the recipe's)")
+    parser.add_argument("--override", action="append", default=[], help="KEY=VALUE, each run")
     parser.add_argument("--corpus-mb", type=float, default=100.0)
     parser.add_argument("--compare", action="store_true", help="compare the runs in --work")
     parser.add_argument("--out", type=Path, help="the comparison's JSON")
@@ -168,7 +171,15 @@ def main() -> None:
     if args.backend:
         prepare(args.work, args.model, args.corpus_mb)
     for backend in args.backend:
-        run = train(args.work, backend, args.recipe, args.steps, args.seq, args.model == "tiny")
+        run = train(
+            args.work,
+            backend,
+            args.recipe,
+            args.steps,
+            args.seq,
+            args.model == "tiny",
+            args.override,
+        )
         print(f"{backend}: {len(losses(run))} steps logged in {run}", flush=True)
     if args.compare:
         report = compare(args.work)
