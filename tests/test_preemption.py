@@ -275,7 +275,8 @@ def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_chec
 def test_a_worker_notes_a_stop_signal_from_the_first_line_of_the_cli() -> None:
     """A worker of a Primus launcher (PRIMUS_LAUNCHER_PID set) watches for the stop signals as
     the CLI starts, before any command: one its launcher passes on while the worker is still
-    starting is noted, not fatal (SIGUSR1's default action ends the process silently)."""
+    starting is noted, not fatal (SIGUSR1's default action ends the process silently), and
+    said to stop the run before its first step."""
     program = (
         "import os, signal\n"
         "from primus.cli.main import main\n"
@@ -293,4 +294,4 @@ def test_a_worker_notes_a_stop_signal_from_the_first_line_of_the_cli() -> None:
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.endswith("still here\n")
-    assert "[primus] SIGUSR1 received" in done.stderr
+    assert "[primus] SIGUSR1 received during set-up: stopping before the first step" in done.stderr

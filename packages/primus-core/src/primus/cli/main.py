@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
 
         bind_worker_to_launcher()
         # a stop signal passed on by the launcher while this worker starts is noted, not fatal
-        preemption.watch()
+        preemption.watch(setting_up=True)
     from primus.core.errors import PrimusError, filesystem_error
 
     if argv is None:  # this process is the command (not a test calling it in its own)

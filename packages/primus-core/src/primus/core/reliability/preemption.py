@@ -38,7 +38,9 @@ ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after i
 _received: int | None = None
 _received_at = 0.0
 _watcher = 0  # the process that called `watch()`: those forked from it do not announce a signal
-_setting_up = False  # within `stopping_before_training`, until `training_starts`
+# from a worker's start (`watch(setting_up=True)`) or within `stopping_before_training`,
+# until `training_starts`
+_setting_up = False
 
 
 class SetUpInterrupted(Exception):
@@ -102,14 +104,16 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     os.write(2, message.encode())  # no logging lock inside a signal handler
 
 
-def watch() -> None:
+def watch(setting_up: bool = False) -> None:
     """From now on SIGTERM, SIGINT and SIGUSR1 only ask the run to stop at the next step
     boundary (a second SIGINT aborts); one that reached the process which started this one
     (ENV) counts as received. This process says so on stderr; those forked from it (which
-    inherit the handler) only note it.
+    inherit the handler) only note it. `setting_up`: this process is a worker that has not
+    set up yet, so a signal stops it before its first step (and it says so).
     Call again where an upstream installs its own handlers (JAX's distributed runtime)."""
-    global _watcher
+    global _watcher, _setting_up
     _watcher = os.getpid()
+    _setting_up = _setting_up or setting_up
     if _received is None and (name := os.environ.get(ENV)) in {s.name for s in SIGNALS}:
         note(signal.Signals[name])
     for sig in SIGNALS:
