@@ -51,10 +51,10 @@ def test_rates_and_mfu_per_gpu(tmp_path) -> None:
     assert m.tflops_per_gpu == pytest.approx(4000.0 / 0.5 / 2)
     assert m.mfu == pytest.approx(m.tflops_per_gpu / 989.0)
     # over the peak: the step's clock missed work that ran in another step's time (JAX's
-    # asynchronous dispatch showed 893% in a MaxText run's third step)
+    # asynchronous dispatch showed 893% in a MaxText run's third step): no rates are shown
     assert m.line() == (
-        "step 10/20 | loss 2.5000 | lr 0.0003 | 500.0 ms/step | 32,768 tokens/s/GPU"
-        " | 4000.0 TFLOP/s/GPU | MFU n/a (over the peak: this step's time does not cover its work)"
+        "step 10/20 | loss 2.5000 | lr 0.0003 | 500.0 ms/step"
+        " | rates n/a (over the peak: this step's time does not cover its work)"
     )
     assert step_metrics(10, 20, 2.5, 0.5, 32768, 3.0e14, 2, 989.0).line().endswith("| MFU 30.3%")
     gpu = step_metrics(1, 2, None, 1.0, 1, 3.0e14, 1, 989.0, peak_memory_gib=27.06,

@@ -183,24 +183,20 @@ class StepMetrics:
             parts.append(f"reward acc {self.reward_accuracy:.2%}")
         if self.lr is not None:
             parts.append(f"lr {self.lr:.3g}")
-        parts += [
-            f"{self.step_seconds * 1000:.1f} ms/step",
-            f"{self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
-            f"{_flops(self.tflops_per_gpu)} TFLOP/s/GPU",
-            self._mfu(),
-        ]
+        parts.append(f"{self.step_seconds * 1000:.1f} ms/step")
+        if self.mfu is not None and self.mfu > 1:  # its work ran in another step's time
+            parts.append("rates n/a (over the peak: this step's time does not cover its work)")
+        else:
+            parts += [
+                f"{self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
+                f"{_flops(self.tflops_per_gpu)} TFLOP/s/GPU",
+                "MFU n/a" if self.mfu is None else f"MFU {self.mfu:.1%}",
+            ]
         if self.peak_memory_gib is not None:
             reserved = self.reserved_memory_gib
             also = f" (reserved {reserved:.1f})" if reserved is not None else ""
             parts.append(f"peak mem {self.peak_memory_gib:.1f} GiB{also}")
         return " | ".join(parts)
-
-    def _mfu(self) -> str:
-        if self.mfu is None:
-            return "MFU n/a"
-        if self.mfu > 1:  # a step timed while its work ran in another's (asynchronous dispatch)
-            return "MFU n/a (over the peak: this step's time does not cover its work)"
-        return f"MFU {self.mfu:.1%}"
 
     def scalars(self) -> dict[str, float]:
         """The tensorboard scalars every backend adds (MFU only when the peak is known)."""
