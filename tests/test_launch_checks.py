@@ -24,6 +24,11 @@ def test_several_nodes_without_the_address_of_node_0_are_refused(tmp_path: Path,
     assert "several nodes need the address of node 0" in said
 
 
+def test_a_port_out_of_range_is_refused(tmp_path: Path) -> None:
+    said = refused(tmp_path, "dry-run", MEGATRON, "--nproc-per-node", "2", "--master-port", "99999")
+    assert "Invalid value for '--master-port'" in said and "65535" in said
+
+
 @pytest.mark.parametrize(
     ("config", "args", "message"),
     [

@@ -146,6 +146,12 @@ def test_bad_init_from_is_refused_where_it_is_written(exp, value, message) -> No
     assert err.value.origin is not None and err.value.origin.line == 7
 
 
+def test_an_hf_config_that_is_not_utf8_is_refused(exp, tmp_path) -> None:
+    (tmp_path / "hf" / "config.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match=r"hf/config.json: not UTF-8 text: byte 0"):
+        PrimusRuntime(exp, [])
+
+
 def test_a_backend_without_import_refuses_init_from(exp, toy_backend, tmp_path) -> None:
     text = exp.read_text().replace("framework: ctoy", "framework: toy")
     exp.write_text(text[: text.index("      ckpt:")])

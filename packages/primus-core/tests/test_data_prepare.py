@@ -172,6 +172,7 @@ def test_parquet_txt_and_globs_in_order(tmp_path: Path, tokenizer: Path, eod: in
     pq.write_table(table, tmp_path / "a.parquet", row_group_size=12)  # three row groups
     for i, text in enumerate(texts[30:40]):  # one document per file, whatever its lines
         (tmp_path / f"t{i}.txt").write_text(text + "\nsecond line", encoding="utf-8")
+    (tmp_path / "t0.txt").write_text(texts[30] + "\nsecond line", encoding="utf-8-sig")  # a BOM
     write_jsonl(tmp_path / "b.jsonl", texts[40:], key="body")
     inputs = [tmp_path / "a.parquet", tmp_path / "t?.txt", tmp_path / "b.jsonl"]
     run(inputs, tokenizer, tmp_path / "out" / "c", key="body")
@@ -192,6 +193,7 @@ def test_parquet_txt_and_globs_in_order(tmp_path: Path, tokenizer: Path, eod: in
         ('{"body": "x"}', r"c.jsonl:200: no key 'text' \(keys: body\)"),
         ('{"text": 3}', r"c.jsonl:200: 'text' must be a string, got int"),
         ('["text"]', r"c.jsonl:200: expected a JSON object, got list"),
+        ('{"text": "\\ud800 alone"}', r"c.jsonl:200: 'text' holds an unpaired UTF-16 surrogate"),
     ],
 )
 def test_a_bad_line_is_named_by_file_and_line(

@@ -70,6 +70,7 @@ def test_the_resolved_experiment_writes_the_section_back(tmp_path: Path, monkeyp
         ("path: corpus/c => path: [{path: a, weight: x}]", "data.path[0].weight must be a number, got 'x'", 5),
         ("path: corpus/c => path: [{path: a, weight: true}]", "data.path[0].weight must be a number", 5),
         ("path: corpus/c => path: [{path: a, weight: 1}, {path: a, weight: 2}]", "data.path names a corpus twice", 5),
+        ("path: corpus/c => path: [{path: a, weight: 1.0e+308}, {path: b, weight: 1.0e+308}]", "data.path's weights add up to more than a float holds", 5),
         ("path: corpus/c => path: corpus/c.idx", "names the corpus by its PREFIX, not a file", 5),
         ("path: corpus/c => path: 3", "data.path: must be a string or a list, got int 3", 5),
         ("seq_length: 64 => seq_length: 1", "data.seq_length must be at least 2, got 1", 6),
@@ -102,6 +103,35 @@ def test_a_folder_is_refused_naming_the_corpus_in_it(tmp_path: Path) -> None:
     assert err.value.origin is not None and err.value.origin.line == 5
     (tmp_path / "data.idx").write_bytes(b"")  # a corpus named as the folder beside it: fine
     assert load_experiment(experiment(tmp_path, f"path: corpus/c => path: {folder}")).modules
+
+
+def test_a_blend_of_corpora_from_two_tokenizers_is_refused(tmp_path: Path) -> None:
+    """Corpora whose manifests name different tokenizers (or end-of-document ids) would blend
+    two vocabularies' ids into one stream."""
+    import json
+    import shutil
+
+    from primus.core.config.inputs import check_inputs
+    from primus.testing.corpus import prepared_reverse_task
+
+    a = prepared_reverse_task(tmp_path / "a" / "c", 20, 0, 8)
+    b = tmp_path / "b" / "c"
+    b.parent.mkdir()
+    for suffix in (".bin", ".idx", ".json"):
+        shutil.copy(f"{a}{suffix}", f"{b}{suffix}")
+    blend = f"path: [{{path: {a}, weight: 1}}, {{path: {b}, weight: 1}}]"
+    module = load_experiment(experiment(tmp_path, f"path: corpus/c => {blend}")).modules["trainer"]
+    check_inputs(module)  # one tokenizer: fine
+    manifest = json.loads(Path(f"{b}.json").read_text())
+    for change, what in (({"eod": {"id": 0}}, "end-of-document id"),
+                         ({"tokenizer": {"sha256": "0" * 64}}, "tokenizer")):  # fmt: skip
+        Path(f"{b}.json").write_text(json.dumps(manifest | change))
+        with pytest.raises(ConfigError) as err:
+            check_inputs(module)
+        assert f"data.path blends corpora prepared with another {what}: {a} and {b}" in str(
+            err.value
+        )
+        assert err.value.origin is not None and err.value.origin.line == 5
 
 
 def test_a_backend_that_reads_no_corpus_refuses_the_section_at_its_line(tmp_path: Path) -> None:

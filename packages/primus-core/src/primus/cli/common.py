@@ -66,7 +66,9 @@ MasterAddr = Annotated[
 ]
 MasterPort = Annotated[
     int | None,
-    typer.Option("--master-port", help="Rendezvous port (default: a free one on one node)."),
+    typer.Option(
+        "--master-port", min=1, max=65535, help="Rendezvous port (default: a free one on one node)."
+    ),
 ]
 
 

@@ -36,9 +36,11 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{folder}: no config.json (not a Hugging Face model directory)")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: byte {exc.start}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return config

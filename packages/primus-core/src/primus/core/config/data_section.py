@@ -117,6 +117,9 @@ def _corpora(value: Any, origin: Origin | None) -> tuple[Corpus, ...]:
     if len({c.prefix for c in corpora}) < len(corpora):
         raise ConfigError("data.path names a corpus twice", origin,
                           hint="give each corpus once, with its whole weight")  # fmt: skip
+    if not math.isfinite(sum(c.weight or 0.0 for c in corpora)):
+        raise ConfigError("data.path's weights add up to more than a float holds", origin,
+                          hint="give each corpus its share (1 and 3, or 0.25 and 0.75)")  # fmt: skip
     return tuple(corpora)
 
 

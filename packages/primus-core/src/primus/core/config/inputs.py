@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.config.experiment import ModuleConfig
-from primus.core.errors import ConfigError
+from primus.core.errors import ConfigError, Origin
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -77,6 +77,26 @@ def check_corpus(module: ModuleConfig, key: str, prefix: str) -> dict[str, Any] 
     return read_manifest(Path(prefix).expanduser())
 
 
+def _one_tokenizer(manifests: dict[Path, dict[str, Any] | None], origin: Origin | None) -> None:
+    """The corpora of a blend were prepared with one tokenizer and end-of-document id (those
+    with a manifest): blended token ids of two vocabularies would be noise to the model."""
+    made = {
+        prefix: ((record.get("tokenizer") or {}).get("sha256"), (record.get("eod") or {}).get("id"))
+        for prefix, record in manifests.items()
+        if record is not None
+    }
+    if len(set(made.values())) > 1:
+        (first, one), *others = made.items()
+        second, other = next((p, m) for p, m in others if m != one)
+        what = "tokenizer" if one[0] != other[0] else "end-of-document id"
+        raise ConfigError(
+            f"data.path blends corpora prepared with another {what}: {first} and {second} "
+            f"(their manifests {first}.json, {second}.json)",
+            origin,
+            "prepare every corpus of a blend with the model's tokenizer",
+        )
+
+
 def check_inputs(module: ModuleConfig) -> None:
     """Core's inputs: `init_from`'s config.json and safetensors headers, `data:`'s corpora,
     and every `sft:` record (a bad one is file:line). Reads files, imports no framework."""
@@ -91,12 +111,14 @@ def check_inputs(module: ModuleConfig) -> None:
             exc.origin = exc.origin or module.init_from_origin
             raise
     if module.data is not None:
+        manifests = {}
         for corpus in module.data.corpora:
             try:
-                check_corpus(module, "data.path", str(corpus.prefix))
+                manifests[corpus.prefix] = check_corpus(module, "data.path", str(corpus.prefix))
             except ConfigError as exc:
                 exc.origin = exc.origin or module.data.origins.get("path")
                 raise
+        _one_tokenizer(manifests, module.data.origins.get("path"))
     if module.sft is not None:  # its files' presence and the tokenizer: checked at load
         from primus.core.posttrain.records import iter_records
 

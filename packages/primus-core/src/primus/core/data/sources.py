@@ -2,7 +2,7 @@
 their own, in an order and at boundaries that depend only on the files and the chunk size.
 
 - `.parquet`: the text column (`--key`); a row group is a chunk.
-- `.txt`: plain UTF-8 text, one document per file; consecutive files are grouped into chunks.
+- `.txt`: plain UTF-8 text (a leading byte-order mark dropped), one document per file; consecutive files are grouped into chunks.
 - anything else: JSON Lines, one JSON object per line, the text under `--key`; blank lines are
   skipped. A chunk is a byte range; a line belongs to the chunk holding its first byte.
 """
@@ -171,7 +171,7 @@ def texts(chunk: Chunk, key: str) -> Iterator[str]:
         for path in chunk.paths:
             data = Path(path).read_bytes()
             try:
-                yield data.decode("utf-8")
+                yield data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no text
             except UnicodeDecodeError as exc:
                 raise BadInput(path, f"not UTF-8 text: byte {exc.start}") from None
     else:
@@ -218,4 +218,14 @@ def _text(line: bytes, key: str, path: str, offset: int) -> str:
     text = record[key]
     if not isinstance(text, str):
         raise BadInput(path, f"'{key}' must be a string, got {type(text).__name__}", offset)
+    if b"\\u" in line.lower() and _unpaired_surrogate(text):  # JSON escapes can make one
+        raise BadInput(path, f"'{key}' holds an unpaired UTF-16 surrogate (not text)", offset)
     return text
+
+
+def _unpaired_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
