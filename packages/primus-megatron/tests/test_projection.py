@@ -270,6 +270,10 @@ def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix() -> None:
     assert result.returncode == 2, result.stderr[-3000:]
     assert "--gpus 3 is not a multiple of tp 2 x pp 1 x cp 1 = 2" in result.stderr
     assert "hint: pass --gpus 2" in result.stderr and "Traceback" not in result.stderr
+    result = primus("projection", "memory", "--config", str(RECIPE), "--gpus", "3")
+    assert result.returncode == 2, result.stderr[-3000:]  # the global batch, as a run says
+    split = "global_batch_size 8 cannot be split into micro-batches of 1 (micro_batch_size) over 3"
+    assert split in result.stderr and "Traceback" not in result.stderr
 
 
 def test_the_gemm_benchmark_times_the_jobs_gemms_on_the_real_device(tmp_path: Path) -> None:

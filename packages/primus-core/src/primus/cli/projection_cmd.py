@@ -109,6 +109,7 @@ def memory(
 
     runtime = _quiet(PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on))
     job = runtime.training_job(gpus)
+    runtime.check_world(gpus, f"--gpus {gpus}")  # a layout the run itself would refuse
     projection = project(job)
     typer.echo(_table(job, projection))
     if json_path is not None:
