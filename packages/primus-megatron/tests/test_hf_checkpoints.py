@@ -296,3 +296,12 @@ def test_a_broken_hf_directory_is_refused(refused: dict[str, Any], how: str) -> 
         assert f"{ws.parent / how}/model.safetensors: " in done.stderr
     leftovers = [p for p in ws.rglob("*") if "checkpoints" in p.name or ".partial" in p.name]
     assert leftovers == []  # nothing half-written
+
+
+def test_an_export_of_a_run_without_a_checkpoint_folder_says_so(tmp_path: Path) -> None:
+    """The tiny recipe saves nothing unless `save` is set: the export names that, not '.'."""
+    with in_process():
+        done = primus_here("checkpoint", "export", "--config", str(RECIPE), "--hf",
+                           str(tmp_path / "out"), f"workspace={tmp_path / 'ws'}")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "the run has no checkpoint folder (its config sets neither load nor save)" in done.stderr

@@ -110,12 +110,21 @@ def _read(reader: Any, stored: dict[str, Any], key: str) -> torch.Tensor:
     return whole[key]
 
 
+def _checkpoints(args: Any) -> Path:
+    """The run's checkpoint folder (Megatron's `load`, else `save`)."""
+    folder = args.load or args.save
+    if not folder:
+        raise ConfigError("the run has no checkpoint folder (its config sets neither load nor save)",
+                          hint="train with save (and save_interval) set, then export")  # fmt: skip
+    return Path(folder)
+
+
 def lora_adapters(args: Any, iteration: int | None) -> dict[str, Any]:
     """The LoRA adapters of the run's checkpoint (latest, or `iteration`) as (A, B) per HF
     module (`lora.hf_factors`)."""
     import torch.distributed.checkpoint as dcp
 
-    folder = iteration_dir(Path(args.load or args.save or ""), iteration)
+    folder = iteration_dir(_checkpoints(args), iteration)
     reader = dcp.FileSystemReader(str(folder))
     stored: dict[str, Any] = reader.read_metadata().state_dict_metadata
     adapters = {k: _read(reader, stored, k) for k in stored if lora.ADAPTER in k}
@@ -135,7 +144,7 @@ def export_hf(args: Any, iteration: int | None, out: Path, dtype_name: str | Non
 
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
-    folder = iteration_dir(Path(args.load or args.save or ""), iteration)
+    folder = iteration_dir(_checkpoints(args), iteration)
     saved = load_common_state_dict(str(folder))["args"]
     layout = Layout.from_args(saved, saved.padded_vocab_size)
     reader = dcp.FileSystemReader(str(folder))
