@@ -298,6 +298,10 @@ def test_a_folder_as_the_output_is_refused_with_a_prefix_in_it(
         said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
         assert "is a folder; the output is a prefix in one" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "data"]
+    with pytest.raises(
+        ConfigError, match=r"cannot write the corpus .*a.jsonl/c: \S*a.jsonl is not"
+    ):
+        run([corpus], tokenizer, corpus / "c")  # under a file
 
 
 def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:

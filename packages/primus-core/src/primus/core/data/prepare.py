@@ -38,6 +38,7 @@ from primus.core.data.tokenizer import (
     vocab_size_of,
 )
 from primus.core.errors import ConfigError, PrimusError
+from primus.core.folders import unwritable
 from primus.core.launch.reaper import die_with_parent
 
 CHUNK_BYTES = 4 << 20
@@ -221,7 +222,9 @@ def prepare(
     workers = request.workers or default_workers()
     run = _Run(out, request.key, (str(file), None if eod is None else eod.id, dtype), on_chunk)
     try:
-        request.prefix.parent.mkdir(parents=True, exist_ok=True)
+        why = unwritable(request.prefix.parent)
+        if why:
+            raise ConfigError(f"cannot write the corpus {request.prefix}: {why}")
         out.lock()
         done, counts, note = out.resume(manifest.fingerprint(inputs, settings))
         workers = min(workers, max(len(chunks) - done, 1))  # no more than chunks to do
