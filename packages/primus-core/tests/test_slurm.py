@@ -80,3 +80,40 @@ def test_the_script_is_valid_bash(tmp_path: Path, requeue: bool) -> None:
     path.write_text(script(requeue=requeue, container_image="img"))
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def sbatch_reads(line: str) -> list[str]:
+    """The arguments sbatch takes from an #SBATCH line (its `_get_argument`, src/sbatch/opt.c):
+    quotes group, a backslash escapes the next character, an unquoted `#` ends the line."""
+    found, argument, quote, escaped, started = [], "", "", False, False
+    for char in line + " ":
+        if escaped:
+            argument, escaped, started = argument + char, False, True
+        elif char == "\\":
+            escaped = True
+        elif quote:
+            quote, argument = ("", argument) if char == quote else (quote, argument + char)
+        elif char in "\"'":
+            quote, started = char, True
+        elif char == "#" or char.isspace():
+            if started:
+                found.append(argument)
+            argument, started = "", False
+            if char == "#":
+                break
+        else:
+            argument, started = argument + char, True
+    return found
+
+
+def test_names_and_paths_with_spaces_quotes_and_percent_reach_sbatch_whole() -> None:
+    """A workspace or experiment name with a space, a quote, a `#` or a backslash is one
+    argument to sbatch; a `%` in the run directory is doubled (sbatch expands `%j` there)."""
+    odd = 'a b"c#d\\e'
+    text = render(SlurmJob(nodes=1, nproc_per_node=1, gpus_per_node=1, job_name=f"primus-{odd}"),
+                  "pretrain", ARGS, Path(f"/nfs/{odd} 50%"), "/venv/bin/python")  # fmt: skip
+    lines = directives(text)
+    read = [sbatch_reads(line) for line in lines]
+    assert [f"--job-name=primus-{odd}"] in read
+    assert [f"--output=/nfs/{odd} 50%%/logs/slurm-%j.out"] in read
+    assert all(len(arguments) == 1 for arguments in read), read

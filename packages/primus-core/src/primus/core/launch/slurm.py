@@ -42,6 +42,15 @@ class SlurmJob:
     sbatch_args: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _sbatch_value(value: object) -> str:
+    """`value` as sbatch reads it on an #SBATCH line: it splits at spaces and ends at a `#`
+    outside quotes, and a backslash escapes the next character."""
+    text = str(value)
+    if not any(c.isspace() or c in "\"'\\#" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _directives(job: SlurmJob, log: Path) -> list[str]:
     options = {
         "job-name": job.job_name,
@@ -56,7 +65,7 @@ def _directives(job: SlurmJob, log: Path) -> list[str]:
         "open-mode": "append",  # a requeued job adds to its log
         "signal": f"USR1@{job.warn_s}",
     }
-    lines = [f"--{k}={v}" for k, v in options.items() if v is not None]
+    lines = [f"--{k}={_sbatch_value(v)}" for k, v in options.items() if v is not None]
     lines += ["--exclusive"] if job.cpus_per_node is None else []
     lines += ["--requeue" if job.requeue else "--no-requeue", *job.sbatch_args]
     return [f"#SBATCH {line}" for line in lines]
@@ -65,7 +74,7 @@ def _directives(job: SlurmJob, log: Path) -> list[str]:
 def render(job: SlurmJob, stage: str, train_args: list[str], run_dir: Path, python: str) -> str:
     """The batch script that runs `primus train <stage> <train_args>` on `job.nodes` nodes;
     `python` runs Primus (`primus` itself inside a container)."""
-    log = run_dir / "logs" / "slurm-%j.out"
+    log = Path(str(run_dir).replace("%", "%%")) / "logs" / "slurm-%j.out"  # %j: the job id
     marker = shlex.quote(str(run_dir / MARKER))
     command = [
         *([python, "-m", "primus.cli"] if job.container_image is None else ["primus"]),
