@@ -373,9 +373,14 @@ def test_a_resume_with_a_longer_schedule_is_a_config_error_with_both_fixes(
     tmp_path: Path,
 ) -> None:
     """Training on with a larger train_iters: Megatron asserted the checkpoint's schedule
-    (a traceback, exit 1); now exit 2 naming train_iters, and the hint's fix resumes."""
+    (a traceback, exit 1); now exit 2 naming train_iters, and the hint's fix resumes. A
+    resume with another model (num_layers) is exit 2 naming the key, not a shape traceback."""
     run = command("longer", "save_interval=4")
     assert here(*run, "train_iters=4", **env(tmp_path)).returncode == 0
+    deeper = here(*run, "train_iters=4", "num_layers=3", **env(tmp_path))  # another model
+    assert deeper.returncode == 2 and "Traceback" not in deeper.stderr, deeper.stderr[-3000:]
+    assert "error: cli (num_layers=3): the checkpoint " in deeper.stderr
+    assert "holds a model with num_layers 2, this run's 3" in deeper.stderr
     longer = here(*run, "train_iters=6", **env(tmp_path))
     assert longer.returncode == 2, longer.stderr[-3000:]
     assert "Traceback" not in longer.stderr

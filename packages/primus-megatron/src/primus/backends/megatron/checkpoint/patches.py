@@ -32,19 +32,54 @@ def _latest_complete(original: Callable) -> Callable:
     return read_metadata
 
 
-def _say_which(original: Callable) -> Callable:
-    def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-        from megatron.training.checkpointing import get_checkpoint_name
+# the args whose change makes a checkpoint another model's (resharding or another vocabulary
+# padding is Megatron's to handle)
+ARCHITECTURE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                "num_query_groups", "kv_channels", "num_experts")  # fmt: skip
 
-        iteration, flops = original(*args, **kwargs)
-        load = get_args().load
-        if iteration and load:
-            where = get_checkpoint_name(load, iteration, return_base_dir=True)
-            log_rank_0(f"[megatron] resumed from {where} (iteration {iteration})")
-        return iteration, flops
 
-    return load_checkpoint
+def _same_model(module: Any, load: str) -> None:
+    """A ConfigError where the latest complete checkpoint in `load` was saved by a model of
+    another architecture (Megatron would fail on the first tensor's shape, with a traceback)."""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+    from megatron.training import get_args
+    from primus.backends.megatron.checkpoint.native import complete_iterations
+    from primus.core.checkpoint.dcp import numbered
+
+    complete = complete_iterations(Path(load)) if Path(load).is_dir() else []
+    if not complete:
+        return
+    folder = numbered(Path(load), "iter_")[complete[-1]]
+    saved, args = load_common_state_dict(str(folder)).get("args"), get_args()
+    for key in ARCHITECTURE:
+        theirs, ours = getattr(saved, key, None), getattr(args, key, None)
+        if theirs is not None and ours is not None and theirs != ours:
+            raise module.error(
+                key,
+                f"the checkpoint {folder} holds a model with {key} {theirs}, this run's {ours}",
+                hint="resume with the model it was saved with, or train another run "
+                "(another exp_name)",
+            )
+
+
+def _say_which(module: Any) -> Callable[[Callable], Callable]:
+    def wrapper(original: Callable) -> Callable:
+        def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            from megatron.training import get_args
+            from megatron.training.checkpointing import get_checkpoint_name
+
+            load = get_args().load
+            if load:
+                _same_model(module, load)
+            iteration, flops = original(*args, **kwargs)
+            if iteration and load:
+                where = get_checkpoint_name(load, iteration, return_base_dir=True)
+                log_rank_0(f"[megatron] resumed from {where} (iteration {iteration})")
+            return iteration, flops
+
+        return load_checkpoint
+
+    return wrapper
 
 
 def _torch_dist(ctx: PatchContext) -> bool:
@@ -64,10 +99,11 @@ def _torch_dist(ctx: PatchContext) -> bool:
 def latest_complete_checkpoint(ctx: PatchContext) -> None:
     """Resume from the latest complete checkpoint when the tracker file names none (a kill
     while Megatron wrote it leaves it empty, and Megatron then exits 0 without training) or an
-    incomplete one; log the checkpoint a run resumes from."""
+    incomplete one; refuse one of another model (exit 2 naming the key, not a shape
+    traceback); log the checkpoint a run resumes from."""
     checkpointing = "megatron.training.checkpointing"
     ctx.wrap(checkpointing, "read_metadata", _latest_complete)
-    ctx.wrap(checkpointing, "load_checkpoint", _say_which)
+    ctx.wrap(checkpointing, "load_checkpoint", _say_which(ctx.extra["module"]))
 
 
 # Megatron's names for the schedule values a checkpoint must match -> the params that set each
