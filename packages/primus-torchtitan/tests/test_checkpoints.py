@@ -159,6 +159,21 @@ def test_a_resumed_run_prefers_its_own_checkpoint(run: Path) -> None:
     assert sorted(losses(run)) == [1, 2, 3, 4]
 
 
+def test_a_resume_with_another_model_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    """DCP's failure on another model's checkpoint (a traceback) is one message, exit 2."""
+    train = ("train", "pretrain", "--config", str(RECIPE), f"workspace={tmp_path}",
+             "exp_name=other", "checkpoint.enable=true", "checkpoint.interval=2",
+             "training.steps=2")  # fmt: skip
+    with in_process():
+        assert primus_here(*train).returncode == 0
+        deeper = primus_here(*train, "model.n_layers=3")
+    assert deeper.returncode == 2 and "Traceback" not in deeper.stderr, deeper.stderr[-3000:]
+    assert "was saved by another model: Missing key in checkpoint state_dict: layers.2." in (
+        deeper.stderr
+    )
+    assert "hint: resume with the model it was saved with" in deeper.stderr
+
+
 def test_imported_logits_match_transformers(
     workspace: Path, run: Path, hf_llama: Path, batch: torch.Tensor
 ) -> None:

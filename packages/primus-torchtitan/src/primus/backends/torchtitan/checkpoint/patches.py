@@ -2,7 +2,8 @@
 rename), and TorchTitan resumes only from `step-N` folders that have one. Primus adds: a save
 into a folder that holds a complete checkpoint already removes its `.metadata` first (else a
 kill during the save would leave the old `.metadata` over partly new files), and a resume says
-which folders it passed over as incomplete."""
+which folders it passed over as incomplete, and a checkpoint of another model is refused with
+one message (not DCP's traceback)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, register_patch
 
@@ -39,14 +41,15 @@ def _rank() -> int:
     backend="torchtitan",
     phase="build_args",
     backend_versions=TESTED,
-    target="torchtitan.components.checkpointer.CheckpointManager._find_load_step, dcp_save",
+    target="torchtitan.components.checkpointer.CheckpointManager._find_load_step, dcp_save, load",
     tags=("reliability",),
 )
 def crash_safe_checkpoints(ctx: PatchContext) -> None:
     """A save into a local step-N folder with a complete checkpoint (a run resumed from an
     earlier checkpoint.load_step) first removes its .metadata, so the folder counts as incomplete
     until the new save is done; a resume names the step-N folders newer than the one it
-    loads (saves that did not finish) and says which one it resumes from."""
+    loads (saves that did not finish) and says which one it resumes from; a checkpoint of
+    another model (DCP's missing key or size mismatch) is one config error, not a traceback."""
 
     def wrapper(original: Callable[..., int]) -> Callable[..., int]:
         def find_load_step(self: Any, folder: str = "") -> int:
@@ -75,3 +78,37 @@ def crash_safe_checkpoints(ctx: PatchContext) -> None:
     manager = "torchtitan.components.checkpointer.CheckpointManager"
     ctx.wrap(manager, "_find_load_step", wrapper)
     ctx.wrap(manager, "dcp_save", incomplete_until_done)
+    ctx.wrap(manager, "load", _another_model_refused)
+
+
+# what DCP says when the checkpoint's tensors are not the model's
+OTHER_MODEL = ("Missing key in checkpoint state_dict", "Size mismatch", "size mismatch")
+
+
+def _other_model(text: str) -> str | None:
+    """DCP's line that says the checkpoint's tensors are not the model's (the error itself, not
+    the traceback lines DCP folds into a rank's failure), or None."""
+    for line in text.splitlines():
+        line = line.strip()
+        if any(marker in line for marker in OTHER_MODEL) and not line.startswith("raise "):
+            return line.split(": ", 1)[1] if line.split(":", 1)[0].endswith("Error") else line
+    return None
+
+
+def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]:
+    def load(self: Any, step: int = -1) -> bool:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            return original(self, step)
+        except (RuntimeError, CheckpointException) as exc:
+            said = _other_model(str(exc))
+            if said is None:
+                raise
+            raise ConfigError(
+                f"the checkpoint in {self.folder} was saved by another model: {said}",
+                hint="resume with the model it was saved with, or train another run "
+                "(another exp_name)",
+            ) from None
+
+    return load
