@@ -177,7 +177,7 @@ def test_an_import_without_its_query_record_keeps_maxtexts_folding(tmp_path: Pat
     with the scale folded in: the model applies none at run time, and the export multiplies
     them by sqrt(head_dim). So the export is the model MaxText runs, and its queries are the
     folder's times sqrt(head_dim)."""
-    from primus.backends.maxtext.model.query_scale import RECORD
+    from primus.backends.maxtext.checkpoint.query_record import RECORD
 
     hf = make_hf_model(tmp_path / "hf", "llama3", head_dim=32)
     exp = experiment(tmp_path, hf)

@@ -34,8 +34,8 @@ from primus.backends.maxtext.checkpoint.hf_mapping import (
 )
 from primus.backends.maxtext.checkpoint.native import IMPORT_FOLDER
 from primus.backends.maxtext.checkpoint.orbax_params import load_params, nested
+from primus.backends.maxtext.checkpoint.query_record import scaled_at_run_time, write_record
 from primus.backends.maxtext.config.bridge import MaxTextArgs
-from primus.backends.maxtext.model.query_scale import scaled_at_run_time, write_record
 from primus.core.checkpoint.dcp import numbered
 from primus.core.checkpoint.export import copy_tokenizer
 from primus.core.checkpoint.hf import read_config

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from primus.backends.maxtext.checkpoint.native import DECODER_BLOCKS, LLAMA31_SCALING
-from primus.backends.maxtext.model.query_scale import CONVERSION_HOOK
+from primus.backends.maxtext.checkpoint.query_record import CONVERSION_HOOK
 from primus.core.checkpoint.hf_tensors import HFTensors
 from primus.core.errors import ConfigError
 

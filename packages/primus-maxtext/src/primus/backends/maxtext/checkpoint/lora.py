@@ -160,7 +160,7 @@ def peft_start(config: Any, hf_dir: Any, folder: Any) -> dict[str, Any]:
     """The adapters (MaxText kernel key -> (A, B)) of the PEFT adapter in `folder`, for the
     model of MaxText's `config` imported from the HF model in `hf_dir`."""
     from primus.backends.maxtext.checkpoint.hf_mapping import tables
-    from primus.backends.maxtext.model.query_scale import scaled_at_run_time
+    from primus.backends.maxtext.checkpoint.query_record import scaled_at_run_time
     from primus.core.checkpoint.hf import read_config
     from primus.core.checkpoint.peft_adapter import read_adapter
 
