@@ -2,7 +2,8 @@
 their own, in an order and at boundaries that depend only on the files and the chunk size.
 
 - `.parquet`: the text column (`--key`); a row group is a chunk.
-- `.txt`: plain UTF-8 text (a leading byte-order mark dropped), one document per file; consecutive files are grouped into chunks.
+- `.txt`: plain UTF-8 text (a leading byte-order mark dropped), one document per file;
+  consecutive files are grouped into chunks.
 - anything else: JSON Lines, one JSON object per line, the text under `--key`; blank lines are
   skipped. A chunk is a byte range; a line belongs to the chunk holding its first byte.
 """
