@@ -128,3 +128,25 @@ def test_init_from_with_several_processes_asks_for_the_import_first(
     assert "MaxText cannot import while 2 processes run" in result.stderr
     assert f"primus checkpoint import --hf {hf}" in result.stderr
     assert not list(tmp_path.rglob("hf_import"))
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_model_is_one_config_error(
+    run: tuple[Path, Path, Path], tmp_path: Path, forks: Forks
+) -> None:
+    """The run's checkpoints (copied) resumed with a third layer: orbax's error, which lists
+    every tensor of the state (megabytes), becomes one message, exit 2."""
+    import shutil
+
+    run_dir, _, _ = run
+    copy = tmp_path / run_dir.relative_to(run_dir.parents[2])
+    shutil.copytree(run_dir, copy)
+    with forked(forks, runs):
+        result = primus("train", "pretrain", "--config", str(RECIPE), *RUN, "steps=6",
+                        "base_num_decoder_layers=3", PRIMUS_WORKSPACE=str(tmp_path))  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"error: the checkpoint {copy / 'checkpoints'}/3 does not fit this run's model" in (
+        result.stderr
+    )
+    assert "hint: resume with the model it was saved with" in result.stderr
+    assert len(result.stderr) < 20_000 and "Traceback" not in result.stderr

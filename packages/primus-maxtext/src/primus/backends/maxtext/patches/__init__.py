@@ -23,6 +23,7 @@ MODULES = (
     "primus.backends.maxtext.observability.throughput",
     "primus.backends.maxtext.model.tied_logits",
     "primus.backends.maxtext.model.query_scale",
+    "primus.backends.maxtext.checkpoint.patches",
 )
 
 for _module in MODULES:
