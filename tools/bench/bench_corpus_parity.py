@@ -18,7 +18,6 @@ environments run in separate calls and `--compare` reads them all:
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
 import os
@@ -37,9 +36,6 @@ from primus.testing.sft_runs import run_dir
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("megatron", "torchtitan", "maxtext")
 LR, BATCH = 1.0e-4, 8
-# each backend's own name for the sequence length, which `data.seq_length` sets
-SEQ_KEYS = {"megatron": ("seq_length",), "torchtitan": ("training", "seq_len"),
-            "maxtext": ("max_target_length",)}  # fmt: skip
 
 
 def schedule(backend: str, steps: int) -> dict[str, Any]:
@@ -100,17 +96,12 @@ def train(work: Path, backend: str, recipe: str, steps: int, seq: int | None, ti
     """The backend's recipe with the shared model, corpus and schedule (`tiny`: the tests'
     tiny Llama 3's preset) and the command line's `overrides`; its run directory."""
     hf, prefix = work / "hf", work / "corpus" / "corpus"
-    experiment = yaml.safe_load((ROOT / "configs" / backend / recipe).read_text())
-    module = next(iter(experiment["modules"].values()))
-    module["init_from"] = {"hf": str(hf)}
+    module: dict[str, Any] = {"init_from": {"hf": str(hf)}, "overrides": schedule(backend, steps),
+                              "data": {"path": str(prefix)} | ({"seq_length": seq} if seq else {})}  # fmt: skip
     if tiny:
         module["model"] = "tiny_llama3"
-    module["data"] = {"path": str(prefix)} | ({"seq_length": seq} if seq else {})
-    module["overrides"] = _merged(module.get("overrides") or {}, schedule(backend, steps))
-    if seq:  # data.seq_length's, not the recipe's
-        *parents, key = SEQ_KEYS[backend]
-        functools.reduce(dict.__getitem__, parents, module["overrides"]).pop(key, None)
-    experiment |= {"workspace": str(work / "runs"), "exp_name": backend}
+    experiment = {"extends": str(ROOT / "configs" / backend / recipe), "workspace": str(work / "runs"),
+                  "exp_name": backend, "modules": {"pre_trainer": module}}  # fmt: skip
     path = work / f"{backend}.yaml"
     path.write_text(yaml.safe_dump(experiment, sort_keys=False))
     log = work / f"{backend}.log"
@@ -124,15 +115,6 @@ def train(work: Path, backend: str, recipe: str, steps: int, seq: int | None, ti
     if done.returncode:
         raise SystemExit(f"{backend} failed ({done.returncode}):\n{log.read_text()[-3000:]}")
     return run_dir(path)
-
-
-def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            value = _merged(merged[key], value)
-        merged[key] = value
-    return merged
 
 
 def compare(work: Path) -> dict[str, Any]:
