@@ -89,6 +89,20 @@ def test_a_megatron_corpus_without_a_tokenizer_is_refused(tmp_path: Path) -> Non
     assert "training on data needs a tokenizer, and tokenizer_type is not set" in said
 
 
+def test_token_ids_beyond_the_vocabulary_of_a_corpus_without_a_manifest_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Without a manifest the .bin is read: its int32 tokens are 0x01010101 each, far beyond
+    the model's 32 ids, which an embedding lookup would fail on at step 1."""
+    prefix = megatron_corpus(tmp_path / "corpus", [5, 7])
+    null = ["tokenizer_type=NullTokenizer", "vocab_size=32"]
+    said = refused(tmp_path, "validate", MEGATRON, f"data_path=[{prefix}]", *null)
+    assert (
+        f"vocab_size: {prefix}.bin holds token id 16843009, outside the model's vocabulary "
+        "of 32 (ids 0 to 31)"
+    ) in said, said
+
+
 def test_a_corpus_prepared_with_another_tokenizer_is_refused(
     cached_schemas: None, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ DTYPES = {
 }  # fmt: skip
 CODES = {name: code for code, (name, _) in DTYPES.items()}
 BLOCK = 1 << 20  # index entries per read or write while streaming the index
+SCAN_BYTES = 1 << 30  # the largest token file `id_range` reads (about a second)
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -91,6 +92,27 @@ def index_problem(idx: Path, data: Path) -> str | None:
             f"needs {tokens_end}"
         )
     return None
+
+
+def id_range(prefix: str | Path) -> tuple[int, int] | None:
+    """The smallest and largest token id in PREFIX.bin, read in blocks; None when the file is
+    empty, larger than SCAN_BYTES, or its index unreadable."""
+    import numpy as np
+
+    idx, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    header = read_header(idx)
+    size = data.stat().st_size
+    if header is None or header.code not in DTYPES or not 0 < size <= SCAN_BYTES:
+        return None
+    name, itemsize = DTYPES[header.code]
+    if size < itemsize:
+        return None
+    tokens = np.memmap(data, mode="r", dtype=name, shape=(size // itemsize,))
+    low, high = int(tokens[0]), int(tokens[0])
+    for at in range(0, len(tokens), BLOCK * 16):
+        part = tokens[at : at + BLOCK * 16]
+        low, high = min(low, int(part.min())), max(high, int(part.max()))
+    return low, high
 
 
 def write_index(idx: BinaryIO, sizes: BinaryIO, dtype: str) -> int:

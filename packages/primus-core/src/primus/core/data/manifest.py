@@ -115,14 +115,27 @@ VOCABULARY_HINT = "prepare it with the model's tokenizer, or a model with that v
 
 def vocabulary_problem(prefix: str | Path, vocab: Any) -> str | None:
     """Why the corpus at `prefix` does not fit a model of `vocab` token ids (an int; any other
-    value is not checked): its manifest's vocabulary is larger. None when it fits, or when it
-    has no manifest."""
-    record = read_manifest(Path(prefix).expanduser())
-    if record is None or not isinstance(vocab, int) or record["vocab_size"] <= vocab:
+    value is not checked): its manifest's vocabulary is larger or, without a manifest, a token
+    id in its .bin is out of range (read when it is at most SCAN_BYTES). None when it fits."""
+    from primus.core.data.indexed import id_range
+
+    if not isinstance(vocab, int):
         return None
+    record = read_manifest(Path(prefix).expanduser())
+    if record is not None:
+        if record["vocab_size"] <= vocab:
+            return None
+        return (
+            f"{prefix} was tokenized with a vocabulary of {record['vocab_size']} (its manifest "
+            f"{prefix}.json), more than the model's {vocab}"
+        )
+    span = id_range(Path(prefix).expanduser())
+    if span is None or (span[0] >= 0 and span[1] < vocab):
+        return None
+    bad = span[1] if span[1] >= vocab else span[0]
     return (
-        f"{prefix} was tokenized with a vocabulary of {record['vocab_size']} (its manifest "
-        f"{prefix}.json), more than the model's {vocab}"
+        f"{prefix}.bin holds token id {bad}, outside the model's vocabulary of {vocab} "
+        f"(ids 0 to {vocab - 1})"
     )
 
 
