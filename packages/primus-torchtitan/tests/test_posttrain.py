@@ -8,6 +8,7 @@ export gives the adapted model's logits and eval, and PEFT's own adapter continu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,7 @@ def test_the_gpu_recipe_builds_against_the_published_model(
     task: dict[str, Path], tmp_path: Path
 ) -> None:
     """llama3.2_1B-sft.yaml with Llama-3.2-1B's published config.json (no weights: a dry run)
-    passes the architecture check and TorchTitan's config, packing on."""
+    passes the architecture check and TorchTitan's config, packing on, compiled."""
     recipe = RECIPE.with_name("llama3.2_1B-sft.yaml")
     hf, stdout = published_dry_run(recipe, task, tmp_path)
     assert "TorchTitanPosttrainTrainer" in stdout
@@ -175,6 +176,8 @@ def test_the_gpu_recipe_builds_against_the_published_model(
                  "dataset: sft"):  # fmt: skip
         assert line in {text.strip() for text in stdout.splitlines()}, line
     assert "\n  enable: true\n" in stdout.split("\nvalidator:\n")[1]  # the 5% held out
+    compiled = re.search(r"^compile:\n((?:  .*\n)*)", stdout, re.MULTILINE)
+    assert compiled is not None and "  enable: true\n" in compiled[1], stdout
 
 
 # -- LoRA ----------------------------------------------------------------------------
