@@ -179,3 +179,12 @@ def test_gpus_the_layout_does_not_divide_exit_2_with_the_fix(forks: Forks) -> No
     assert result.returncode == 2, result.stderr[-3000:]
     assert "--gpus 3 is not a multiple of tp 2 x pp 1 x cp 1 = 2" in result.stderr
     assert "hint: pass --gpus 2" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_tiny_model_is_counted_in_thousands_of_parameters_on_one_gpu(forks: Forks) -> None:
+    """The tiny recipe's 125,248 parameters, not "0.000 B"; and "1 GPU", not "1 GPUs"."""
+    tiny = RECIPE.with_name("tiny-cpu.yaml")
+    result = forks.run(["projection", "memory", "--config", str(tiny), "--gpus", "1"], {})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "model: 125.248 K parameters, 125.248 K on the most loaded GPU\n" in result.stdout
+    assert "layout: 1 GPU = tp 1 x pp 1 x cp 1 x dp 1; ZeRO stage 0" in result.stdout

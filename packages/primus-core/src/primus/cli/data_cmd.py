@@ -92,7 +92,8 @@ def _eod_text(plan: Plan) -> str:
 def _summary(result: Prepared) -> str:
     counts = result.counts
     empty = f" ({counts.empty:,} empty, skipped)" if counts.empty else ""
-    resumed = f"; {result.resumed} chunks by the run before" if result.resumed else ""
+    chunks = f"{result.resumed} chunk" + "s" * (result.resumed != 1)
+    resumed = f"; {chunks} by the run before" if result.resumed else ""
     eod = "none" if result.eod is None else result.eod.id
     lines = [
         f"prepared {counts.documents:,} documents{empty}, {counts.tokens:,} tokens "

@@ -44,11 +44,20 @@ GRAPH_POOL = (
 
 
 def _layout(job: Job) -> str:
+    gpus = f"{job.gpus} GPU" + "s" * (job.gpus != 1)
     return (
-        f"{job.gpus} GPUs = tp {job.tp} x pp {job.pp} x cp {job.cp} x dp {job.dp}"
+        f"{gpus} = tp {job.tp} x pp {job.pp} x cp {job.cp} x dp {job.dp}"
         + (f" (ep {job.ep})" if job.ep > 1 else "")
         + f"; ZeRO stage {job.zero}"
     )
+
+
+def _count(n: float) -> str:
+    """A parameter count in billions (1.236 B), or in millions or thousands when smaller."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3f} {unit}"
+    return f"{n:,.0f}"
 
 
 def _table(job: Job, projection: Projection) -> str:
@@ -59,8 +68,8 @@ def _table(job: Job, projection: Projection) -> str:
     freed = ("gradients freed between steps: the total takes the larger of them and of the "
              "activations with the loss")  # fmt: skip
     lines = [
-        f"model: {projection.parameters / 1e9:.3f} B parameters, "
-        f"{projection.parameters_per_gpu / 1e9:.3f} B on the most loaded GPU",
+        f"model: {_count(projection.parameters)} parameters, "
+        f"{_count(projection.parameters_per_gpu)} on the most loaded GPU",
         f"layout: {_layout(job)}",
         f"micro batch {job.micro_batch} x {job.seq_len} tokens; recompute {job.recompute}; "
         f"flash attention {on[job.flash_attention]}; sequence parallel "
