@@ -64,6 +64,28 @@ def test_the_model_command_refuses_a_full_folder_a_file_and_a_folder_without_a_t
         assert refused.code == 2 and said in refused.message, refused.stderr
 
 
+def test_the_model_command_with_force_keeps_the_old_model_until_the_new_one_is_whole(
+    tmp_path: Path,
+) -> None:
+    """A seed out of range is a usage error that leaves the old model (and no folder when
+    there was none); --force with a good seed replaces it with a model of new weights."""
+    hf = tmp_path / "hf"
+    made = run_in_process(["checkpoint", "tiny", "--hf", str(hf)], ROOT, {})
+    assert made.code == 0, made.stderr
+    weights = (hf / "model.safetensors").read_bytes()
+    for folder in (hf, tmp_path / "none"):
+        huge = ["checkpoint", "tiny", "--hf", str(folder), "--force", "--seed", str(2**70)]
+        refused = run_in_process(huge, ROOT, {})
+        assert refused.code == 2 and "--seed" in refused.stderr, refused.stderr
+    assert (hf / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    again = run_in_process(["checkpoint", "tiny", "--hf", str(hf), "--force", "--seed", "7"],
+                           ROOT, {})  # fmt: skip
+    assert again.code == 0, again.stderr
+    assert (hf / "model.safetensors").read_bytes() != weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
 @pytest.mark.parametrize("recipe", GPU, ids=str)
 def test_a_gpu_recipe_validates_and_dry_runs_on_the_cpu(recipe: Path, tmp_path: Path) -> None:
     for argv in (["config", "validate", str(recipe)],

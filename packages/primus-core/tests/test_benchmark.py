@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -88,6 +89,23 @@ def test_the_attention_command_times_causal_sdpa(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     [op] = json.loads((tmp_path / "a.json").read_text())["ops"]
     assert op["flops"] == 2 * 4 * 32 * 32 * 8 and op["tflops"] > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "said"),
+    [("--json", "dir", "cannot write {}/dir: it is a folder"),
+     ("--plot", "dir", "cannot write {}/dir: it is a folder"),
+     ("--plot", "rates.txt", "rates.txt: not a picture format")],
+)  # fmt: skip
+def test_a_report_it_cannot_write_is_refused_before_the_timing(
+    tmp_path: Path, option: str, name: str, said: str
+) -> None:
+    (tmp_path / "dir").mkdir()
+    result = primus("benchmark", "gemm", "--shape", "16x16x16", "--repeats", "1", option,
+                    str(tmp_path / name), COLUMNS="400")  # fmt: skip
+    unboxed = " ".join(re.sub("[│╭╮╰╯─]", " ", result.stderr).split())  # typer's usage box
+    assert result.returncode == 2 and said.format(tmp_path) in unboxed, result.stderr
+    assert "Traceback" not in result.stderr and "16x16x16" not in result.stdout
 
 
 def test_the_command_needs_something_to_time() -> None:

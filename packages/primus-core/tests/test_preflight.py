@@ -158,6 +158,8 @@ def test_a_node_with_slow_links_is_caught_by_its_bandwidth_within_the_node(tmp_p
     ("args", "message"),
     [
         (["--tolerance", "-5"], "--tolerance -5 is not a percentage"),
+        (["--tolerance", "nan"], "--tolerance nan is not a percentage"),
+        (["--json", "dir"], "cannot write {}/dir: it is a folder"),
         (["--workspace", "file/ws"], "workspace file/ws cannot take files"),
         (["--json", "no/r.json"], "cannot write {}/no/r.json: no folder {}/no"),
         (["--node-smoke", "--nodes-bad", "file/bad"], "cannot write {}/file/bad: {}/file is not"),
@@ -167,6 +169,7 @@ def test_bad_input_is_one_error_line_before_any_check(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
     (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
     result = primus("preflight", "--nproc-per-node", "3", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr

@@ -212,6 +212,32 @@ def test_export_a_trained_checkpoint(trained: Path, converted: Path, tmp_path: P
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
 
 
+def test_a_forced_export_replaces_the_old_one_only_once_the_new_one_is_whole(
+    trained: Path, converted: Path, tmp_path: Path
+) -> None:
+    """--force over an export: a failing export (an iteration never saved) leaves the old one
+    as it was and no staging folder; a good one replaces it. The HF model the run started from
+    is never an export's target, --force or not."""
+    exp, out, hf = trained.parents[3] / "exp.yaml", tmp_path / "hf", converted / "llama3" / "hf"
+    export(exp, out, "--iteration", "2")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with in_process():
+        failed = primus_here("checkpoint", "export", "--config", str(exp), "--hf", str(out),
+                             "--force", "--iteration", "6")  # fmt: skip
+    assert failed.returncode == 2 and "no checkpoint of iteration 6" in failed.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # nothing staged left beside it
+    exported = export(exp, out, "--force", "--iteration", "4")
+    assert exported.keys() == safetensors(hf).keys()
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} != before
+    config = (hf / "config.json").read_bytes()
+    with in_process():
+        onto = primus_here("checkpoint", "export", "--config", str(exp), "--hf", str(hf),
+                           "--force")  # fmt: skip
+    assert onto.returncode == 2 and f"{hf} would overwrite {hf.resolve()}" in onto.stderr
+    assert (hf / "config.json").read_bytes() == config and "Traceback" not in onto.stderr
+
+
 def test_tensor_and_pipeline_parallel(
     converted: Path, inspected: Callable[[Path], dict[str, Any]], tmp_path: Path
 ) -> None:

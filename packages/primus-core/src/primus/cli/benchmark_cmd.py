@@ -46,12 +46,26 @@ JsonPath = Annotated[
     Path | None,
     typer.Option("--json", help="Also write the timings as JSON here.", callback=output_file),
 ]
+PICTURES = ("png", "svg", "pdf", "jpg", "jpeg", "webp", "eps", "ps", "tif", "tiff")
+
+
+def _picture_file(value: Path | None) -> Path | None:
+    """--plot: a file output_file accepts, of a picture format matplotlib writes."""
+    value = output_file(value)
+    if value is not None and value.suffix.lstrip(".").lower() not in ("", *PICTURES):
+        raise typer.BadParameter(
+            f"{value.name}: not a picture format; end it in .{', .'.join(PICTURES)}"
+        )
+    return value
+
+
 PlotPath = Annotated[
     Path | None,
     typer.Option(
         "--plot",
-        help="Also draw the rates against size into this PNG (matplotlib).",
-        callback=output_file,
+        help="Also draw the rates against size into this picture (matplotlib; PNG unless "
+        "its name ends in .svg, .pdf, ...).",
+        callback=_picture_file,
     ),
 ]
 

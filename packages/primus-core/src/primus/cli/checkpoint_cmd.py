@@ -150,7 +150,9 @@ def tiny(
             "--tokenizer", help="An HF tokenizer folder to copy into it.", show_default=False
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the random weights.")
+    ] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --hf.")] = False,
     debug: Debug = False,
 ) -> None:

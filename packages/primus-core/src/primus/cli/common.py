@@ -44,7 +44,9 @@ def output_file(value: Path | None) -> Path | None:
     error) where no folder holds it, not after the work."""
     from primus.core.folders import not_a_folder
 
-    why = not_a_folder(value.parent) if value is not None else None
+    if value is None:
+        return None
+    why = "it is a folder" if value.is_dir() else not_a_folder(value.parent)
     if why is not None:
         raise typer.BadParameter(f"cannot write {value}: {why}")
     return value

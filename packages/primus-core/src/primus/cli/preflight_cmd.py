@@ -81,12 +81,13 @@ def preflight(
     from primus.core.launch.workers import launch_workers
     from primus.core.reliability.atomic import write_atomic, write_json
 
-    if tolerance < 0 or tolerance >= 100:
+    if not 0 <= tolerance < 100:  # NaN included
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
     workspace = check_workspace(workspace)
     for output in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
-        if why := not_a_folder((workspace / output).parent):  # refused before the checks run
-            raise ConfigError(f"cannot write {workspace / output}: {why}",
+        target = workspace / output
+        if why := "it is a folder" if target.is_dir() else not_a_folder(target.parent):
+            raise ConfigError(f"cannot write {target}: {why}",  # before the checks run
                               hint="name a file in a folder that exists")  # fmt: skip
     if node_smoke:
         if nproc_per_node > 1 or nnodes > 1 or markdown_path:

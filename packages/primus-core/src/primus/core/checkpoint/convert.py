@@ -9,15 +9,11 @@ checkpoint came from (`export`), a LoRA run's PEFT adapter (`peft_adapter`). The
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from primus.core.checkpoint.export import carry_over, choose_dtype, find_source
+from primus.core.checkpoint.export import HFSource, carry_over, choose_dtype, find_source
 from primus.core.checkpoint.hf import read_config, weights_dtype
 from primus.core.checkpoint.peft_adapter import write_adapter
 from primus.core.checkpoint.preset import flatten, same_value
@@ -26,6 +22,7 @@ from primus.core.config.schema_cache import schema_of
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
 from primus.core.logging import get_logger
+from primus.core.reliability.atomic import staged_folder
 
 if TYPE_CHECKING:
     from primus.core.backend.backend_adapter import BackendAdapter
@@ -79,21 +76,6 @@ def import_dir(adapter: BackendAdapter, backend_args: Any) -> Path:
     return Path(folder)
 
 
-@contextmanager
-def staged(final: Path) -> Iterator[Path]:
-    """An empty staging folder beside `final`, renamed to `final` when the block succeeds
-    and removed when it fails: a reader never sees a half-written `final`."""
-    staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        yield staging
-        staging.rename(final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
 def import_hf(
     adapter: BackendAdapter, experiment: Experiment, module: ModuleConfig, backend_args: Any,
     hf_dir: Path,
@@ -111,7 +93,7 @@ def import_hf(
     final.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     get_logger().info(f"importing {hf_dir} into {final}")
-    with staged(final) as staging:
+    with staged_folder(final) as staging:
         adapter.import_hf(hf_dir, backend_args, staging)
         write_provenance(staging / PROVENANCE_FILE, experiment, module, hf_dir)
     get_logger().info(f"imported {hf_dir} in {time.perf_counter() - start:.1f} s: {final}")
@@ -140,14 +122,24 @@ def init_from_hf(
         time.sleep(1)
 
 
-def _emptied(out: Path, force: bool) -> None:
-    """`out` absent and its parent there; a non-empty `out` replaced only with `force`."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not force:
-            raise ConfigError(f"{out} exists and is not empty", hint="pass --force to replace it")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    elif out.exists():
-        out.rmdir()
+def _writable(out: Path, force: bool, run_dir: Path, source: HFSource | None) -> None:
+    """`out` may be written: not a file; neither the run directory, a folder around it nor a
+    non-empty one inside it; nor the HF model the run started from, around or inside it; empty
+    unless `force` lets the finished export replace it; its parent writable. Nothing is
+    removed here."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a folder", hint="name a folder to write")
+    target, run = out.resolve(), run_dir.resolve()
+    filled = out.is_dir() and any(out.iterdir())
+    model = source.folder.resolve() if source and source.folder else None
+    around_run = target == run or target in run.parents
+    in_model = model is not None and (target == model or model in target.parents
+                                      or target in model.parents)  # fmt: skip
+    clash = run if around_run or (filled and run in target.parents) else model if in_model else None
+    if clash is not None:
+        raise ConfigError(f"{out} would overwrite {clash}", hint="export to another folder")
+    if filled and not force:
+        raise ConfigError(f"{out} exists and is not empty", hint="pass --force to replace it")
     why = unwritable(out.parent)
     if why is not None:
         raise ConfigError(f"cannot write {out}: {why}")
@@ -160,11 +152,11 @@ def export_hf(
     """Write the run's checkpoint (latest, or `iteration`) as an HF directory at `out`: in
     the export dtype the experiment sets, else in that of the HF model it came from, with
     what the backend cannot derive carried over from that model (`export.carry_over`)."""
-    _emptied(out, force)
     start = time.perf_counter()
     source = find_source(adapter, module, backend_args)
+    _writable(out, force, experiment.run_dir, source)
     dtype, why = choose_dtype(adapter, module, source)
-    with staged(out) as staging:
+    with staged_folder(out, replace=force) as staging:
         adapter.export_hf(backend_args, iteration, staging, dtype)
         if source is not None:
             carry_over(adapter, staging, source)
@@ -185,11 +177,11 @@ def export_adapter(
     dtype an HF export would write (float32 where that is the checkpoint's own). The module
     has a `peft:` section."""
     assert module.peft is not None
-    _emptied(out, force)
     source = find_source(adapter, module, backend_args)
+    _writable(out, force, experiment.run_dir, source)
     dtype, why = choose_dtype(adapter, module, source)
     base = str(source.folder or source.name) if source else None
-    with staged(out) as staging:
+    with staged_folder(out, replace=force) as staging:
         factors = adapter.lora_adapters(backend_args, iteration)
         write_adapter(staging, factors, module.peft, base, dtype or "float32")
         write_provenance(staging / PROVENANCE_FILE, experiment, module, None,

@@ -61,5 +61,5 @@ def plot_collectives(device: str, ranks: int, rows: list[dict[str, Any]], path: 
 def _save(figure: Any, path: Path) -> None:
     figure.tight_layout()
     with atomic_file(path, "wb") as out:  # a full disk leaves no half-written picture
-        figure.savefig(out, dpi=120, format=path.suffix.lstrip(".") or "png")
+        figure.savefig(out, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
     figure.clf()

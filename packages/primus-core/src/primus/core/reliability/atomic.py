@@ -5,6 +5,8 @@
   of an HF export) goes to a temporary file in the same folder, is fsync'ed and renamed over
   `path` (`os.replace`). Any failure (a full disk, a read-only file system, a kill) leaves the
   old file as it was, or none, and no temporary file behind: never an empty or half-written one.
+- `staged_folder(final)`: a folder written whole (an HF export, a model): filled beside
+  `final` and renamed into place, an old `final` swapped out only once the new one is whole.
 - `append_line(path, line)` / `append_record(fd, data, path)`: one record onto an append-only
   stream (metrics.jsonl, a log file) in one `os.write`. A write the file system cuts short is
   taken back (the file truncated to where it was), so the stream never ends in a torn line.
@@ -19,6 +21,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +67,8 @@ def atomic_file(
     renamed over `path` when the block ends without an error, removed when it raises. The file
     gets the mode an ordinary new file would (an existing `path` keeps its own)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"cannot write {path}: it is a folder", hint="name a file to write")
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
@@ -89,6 +94,31 @@ def atomic_file(
             raise _named(exc, path)  # noqa: B904
         raise
     sync_folder(path.parent)
+
+
+@contextlib.contextmanager
+def staged_folder(final: Path, replace: bool = False) -> Iterator[Path]:
+    """An empty folder beside `final` to fill; renamed to `final` when the block succeeds and
+    removed when it fails, so a reader never sees a half-written `final`. An existing `final`
+    (an empty folder, or any folder with `replace`) is swapped out only once the new one is
+    whole: a failure or a kill before then leaves it as it was."""
+    staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    for leftover in (staging, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        if final.is_dir() and (replace or not any(final.iterdir())):
+            final.rename(old)
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old.exists() and not final.exists():
+            old.rename(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    sync_folder(final.parent)
 
 
 def write_atomic(path: Path | str, data: str | bytes) -> None:
