@@ -146,6 +146,12 @@ def test_the_scaffold_trains_and_passes_its_conformance_suite(
     project = tmp_path / "primus-backend-sample"
     check(run([str(guide_venv.primus_exe), "backends", "new", "sample", "--dir", str(project)],
               tmp_path, guide_venv.env()))  # fmt: skip
+    for taken, said in (("dummy", "the name of an installed backend"),
+                        ("class", "is a Python keyword")):  # fmt: skip
+        refused = run([str(guide_venv.primus_exe), "backends", "new", taken, "--dir",
+                       str(tmp_path / taken)], tmp_path, guide_venv.env())  # fmt: skip
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert not (tmp_path / taken).exists()
     guide_venv.install(f"{project}[test]")  # primus-testing from the wheels, pytest with it
     listed = json.loads(check(guide_venv.primus("backends", "list", "--json")).stdout)
     assert {b["name"]: b["status"] for b in listed} == {"dummy": "ready", "sample": "ready"}

@@ -70,6 +70,10 @@ def test_a_truncated_safetensors_file_is_named(hf_dir: tuple[Path, int], tmp_pat
             "'rope_parameters.rope_type: yarn'",
         ),
         ({"rms_norm_eps": None}, "'rms_norm_eps' is missing"),
+        ({"num_attention_heads": 0}, "'num_attention_heads' must be a positive integer, not 0"),
+        ({"hidden_size": -64}, "'hidden_size' must be a positive integer, not -64"),
+        ({"num_key_value_heads": "2"}, "'num_key_value_heads' must be a positive integer, not '2'"),
+        ({"num_key_value_heads": 3}, "'num_key_value_heads: 3' does not divide"),
     ],
 )
 def test_unsupported_fields_are_named(hf_dir: tuple[Path, int], change: dict, message: str) -> None:

@@ -296,6 +296,10 @@ def test_inventory_commands() -> None:
     assert "Rebind" not in value
     missing = primus("patches", "show", "dummy.finite")
     assert missing.returncode == 2 and "did you mean: dummy.finite_loss" in missing.stderr
+    unknown = primus("patches", "list", "--backend", "dumy")
+    assert unknown.returncode == 2 and "--backend dumy: no such backend (did you mean: dummy?)" in (
+        unknown.stderr
+    )
     backends = primus("backends", "list")
     assert re.search(
         r"dummy\s+primus-backend-dummy 0.1.0\s+dummytrain<2,>=1.0\s+1.0.0\s+ready", backends.stdout

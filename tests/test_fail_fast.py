@@ -223,6 +223,11 @@ def test_a_preset_is_derived_without_importing_a_framework(
             "checkpoint", "preset", "--hf", str(hf), "--framework", framework, *out
         )
         assert refused.returncode == 2 and "config.json is not a folder" in refused.stderr
+        config = (hf / "config.json").read_bytes()  # --out onto the model's own config.json
+        onto, _ = primus_imports("checkpoint", "preset", "--hf", str(hf), "--framework",
+                                 framework, "--out", str(hf / "config.json"))  # fmt: skip
+        assert onto.returncode == 2 and "it is a file of the HF model" in onto.stderr
+        assert (hf / "config.json").read_bytes() == config
 
 
 def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path, hf: Path) -> None:

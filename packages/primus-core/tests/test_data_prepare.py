@@ -58,6 +58,19 @@ def files(prefix: Path) -> tuple[bytes, bytes]:
     return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
 
 
+def test_an_empty_text_is_skipped_though_the_tokenizer_adds_a_bos_token(tmp_path: Path) -> None:
+    """The shipped SFT tokenizer adds BOS: an empty text would be [BOS, EOD] were it kept."""
+    shipped = Path(__file__).parents[3] / "configs" / "data" / "sft-tiny" / "tokenizer"
+    loaded, _ = load_tokenizer(shipped)
+    assert loaded.encode("").ids  # BOS
+    corpus = write_jsonl(tmp_path / "c.jsonl", ["", "hi there", ""])
+    run([corpus], shipped, tmp_path / "out" / "c")
+    manifest = read_manifest(tmp_path / "out" / "c")
+    assert manifest is not None
+    assert (manifest["documents"], manifest["empty_documents_skipped"]) == (1, 2)
+    assert len(IndexedCorpus(tmp_path / "out" / "c")) == 1
+
+
 def test_one_and_two_workers_write_the_same_corpus(
     tmp_path: Path, tokenizer: Path, eod: int
 ) -> None:

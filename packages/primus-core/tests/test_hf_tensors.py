@@ -68,6 +68,10 @@ def test_a_bad_tensor_is_named_with_its_file(tmp_path: Path) -> None:
     save_file({"ids": np.ones(3, np.int64)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match=r"model\.safetensors: tensor 'ids' has dtype I64"):
         HFTensors(tmp_path, "numpy")
+    header = json.dumps({"w": {"dtype": "F32", "shape": "2x2", "data_offsets": [0, 16]}})
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())
+    with pytest.raises(ConfigError, match=r"not a safetensors file \(tensor 'w': a malformed"):
+        HFTensors(tmp_path, "numpy")
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 10_000) + b"{")
     with pytest.raises(ConfigError, match=r"model\.safetensors: truncated safetensors file"):
         HFTensors(tmp_path, "numpy")

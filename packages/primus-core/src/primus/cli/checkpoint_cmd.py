@@ -114,8 +114,12 @@ def preset(
         typer.echo(text, nl=False)
         return
     why = unwritable(out.parent)
-    if why is not None or out.is_dir():
-        raise ConfigError(f"cannot write {out}: {why or 'it is a folder'}")
+    if why is None and out.is_dir():
+        why = "it is a folder"
+    if why is None and out.exists() and out.resolve().parent == hf.resolve():
+        why = f"it is a file of the HF model {hf}"
+    if why is not None:
+        raise ConfigError(f"cannot write {out}: {why}", hint="name another file for the preset")
     write_atomic(out, text)
     typer.echo(f"wrote {out}")
 

@@ -36,10 +36,16 @@ def list_patches(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ) -> None:
     """Every registered patch: id, what it does, target, location, how to enable, phase."""
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.errors import ConfigError, did_you_mean
     from primus.core.patches.inventory import render
     from primus.core.patches.registry import all_patches
 
     _load()
+    known = {p.backend for p in all_patches()} | set(BackendRegistry.backends())
+    if backend is not None and backend not in known:
+        raise ConfigError(f"--backend {backend}: no such backend{did_you_mean(backend, known)}",
+                          hint="`primus backends list` shows the installed ones")  # fmt: skip
     typer.echo(render(all_patches(backend), fmt.value))
 
 

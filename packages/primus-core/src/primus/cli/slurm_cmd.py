@@ -43,8 +43,12 @@ def _command(stage: str) -> Callable[..., None]:
                 show_default=False,
             ),
         ] = None,
-        partition: Annotated[str | None, typer.Option("--partition", "-p")] = None,
-        account: Annotated[str | None, typer.Option("--account", "-A")] = None,
+        partition: Annotated[
+            str | None, typer.Option("--partition", "-p", help="The Slurm partition to run in.")
+        ] = None,
+        account: Annotated[
+            str | None, typer.Option("--account", "-A", help="The Slurm account to charge.")
+        ] = None,
         time: Annotated[
             str | None,
             typer.Option("--time", "-t", help="Time limit, as sbatch takes it (4:00:00, 1-12)."),

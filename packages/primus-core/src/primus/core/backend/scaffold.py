@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 import re
 from pathlib import Path
 
@@ -20,6 +21,17 @@ def scaffold_backend(name: str, folder: Path) -> list[Path]:
         raise ConfigError(
             f"'{name}' is not a backend name",
             hint="lower case letters, digits and underscores, starting with a letter",
+        )
+    if keyword.iskeyword(name):
+        raise ConfigError(f"'{name}' is a Python keyword: no module can be named so",
+                          hint="choose another name")  # fmt: skip
+    from primus.core.backend.backend_registry import BackendRegistry
+
+    installed = BackendRegistry.backends().get(name)
+    if installed is not None:
+        raise ConfigError(
+            f"'{name}' is the name of an installed backend ({installed.distribution or 'this process'})",
+            hint="choose another name: two backends of one name would shadow each other",
         )
     if folder.exists():
         raise ConfigError(f"{folder} already exists", hint="choose another folder with --dir")

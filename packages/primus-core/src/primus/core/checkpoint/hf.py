@@ -91,14 +91,18 @@ class HFArchitecture:
             _refuse(config, "sliding_window", lambda v: v is not None, "sliding-window attention")
         heads = _int(config, "num_attention_heads")
         hidden = _int(config, "hidden_size")
+        kv_heads = _int(config, "num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise ConfigError(f"config.json: 'num_key_value_heads: {kv_heads}' does not divide "
+                              f"'num_attention_heads: {heads}'")  # fmt: skip
         moe = model_type == "mixtral"
         return cls(
             family=FAMILIES[model_type],
             hidden_size=hidden,
             num_layers=_int(config, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            num_kv_heads=kv_heads,
+            head_dim=_int(config, "head_dim", hidden // heads),
             ffn_hidden_size=_int(config, "intermediate_size"),
             vocab_size=_int(config, "vocab_size"),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -120,10 +124,13 @@ def _field(config: dict[str, Any], name: str) -> Any:
     return config[name]
 
 
-def _int(config: dict[str, Any], name: str) -> int:
-    value = _field(config, name)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"config.json: '{name}' must be an integer, not {value!r}")
+def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
+    """The positive integer `name` (a size or a count), or `default` where it is absent."""
+    value = config.get(name)
+    if value is None:
+        value = _field(config, name) if default is None else default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"config.json: '{name}' must be a positive integer, not {value!r}")
     return value
 
 
@@ -217,12 +224,26 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise ConfigError(f"{path}: not a safetensors file (bad JSON header)")
     header.pop("__metadata__", None)
+    bad = next((name for name, entry in header.items() if not _tensor_entry(entry)), None)
+    if bad is not None:
+        raise ConfigError(f"{path}: not a safetensors file (tensor '{bad}': a malformed entry)")
     ends = sorted((8 + length + e["data_offsets"][1], name) for name, e in header.items())
     cut = next(((end, name) for end, name in ends if end > size), None)
     if cut is not None:
         raise ConfigError(f"{path}: truncated safetensors file: tensor '{cut[1]}' ends at byte "
                           f"{cut[0]}, the file at {size}")  # fmt: skip
     return header
+
+
+def _tensor_entry(entry: Any) -> bool:
+    """`entry` is a safetensors header's tensor: a dtype name, a shape of sizes, and the start
+    and end of its data."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2:
+        return False
+    return all(type(n) is int and n >= 0 for n in [*shape, *offsets]) and offsets[0] <= offsets[1]
 
 
 def safetensors_files(folder: Path) -> list[Path]:

@@ -116,7 +116,8 @@ def _start_worker(
 
 
 def tokenize(chunk: sources.Chunk) -> Tokenized:
-    """Tokenize one chunk (in a worker); documents that tokenize to nothing are skipped."""
+    """Tokenize one chunk (in a worker); empty documents, and those that tokenize to nothing,
+    are skipped (a tokenizer that adds a BOS token would make an empty text one token)."""
     import numpy as np
 
     encode, eod = _WORKER["encode"], _WORKER["eod"]
@@ -124,8 +125,8 @@ def tokenize(chunk: sources.Chunk) -> Tokenized:
     sizes: list[int] = []
     documents = 0
     for batch in itertools.batched(sources.texts(chunk, _WORKER["key"]), BATCH):
-        for encoding in encode(list(batch)):
-            documents += 1
+        documents += len(batch)
+        for encoding in encode([text for text in batch if text]):
             if encoding.ids:
                 ids += encoding.ids
                 if eod is not None:
