@@ -371,3 +371,23 @@ def test_shell_completion_installs_and_completes_override_names(tmp_path: Path) 
         COMP_CWORD="5",
     )  # fmt: skip
     assert done.stdout.split() == ["train_samples=", "train_sync_interval="] and imported == []
+
+
+def test_ctrl_c_in_a_command_says_so_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
+    """SIGINT while `checkpoint tiny` imports torch (its map in /proc: the command has begun):
+    one line, no traceback, and no folder, half-written or staged."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "primus.cli", "checkpoint", "tiny", "--hf",
+                             str(tmp_path / "hf")], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "[primus] interrupted (Ctrl-C)", err[-3000:]
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -9,6 +9,7 @@ whose output is read, in processes forked from one that imported Megatron once."
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -199,6 +200,17 @@ def test_inspect_a_distributed_checkpoint_from_a_real_run(
     assert info["provenance"]["run_dir"] == str(trained.resolve())
     one = inspected(trained / "checkpoints" / "iter_0000002")
     assert one["iteration"] == 2 and one["size"] == {**info["size"], "bytes": one["size"]["bytes"]}
+
+
+def test_inspecting_a_damaged_checkpoint_is_one_error(trained: Path, tmp_path: Path) -> None:
+    """The latest iteration's DCP metadata overwritten with noise: exit 2 naming the folder."""
+    damaged = tmp_path / "checkpoints"
+    shutil.copytree(trained / "checkpoints", damaged)
+    (damaged / "iter_0000004" / ".metadata").write_bytes(bytes(range(100)))
+    with in_process():
+        done = primus_here("checkpoint", "inspect", str(damaged))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"{damaged}: a megatron checkpoint whose files cannot be read" in done.stderr
 
 
 def test_export_a_trained_checkpoint(trained: Path, converted: Path, tmp_path: Path) -> None:

@@ -145,6 +145,8 @@ def _quiet_background_errors() -> None:
     ignored, thread_ended = sys.unraisablehook, threading.excepthook
 
     def unraisable(info: Any) -> None:
+        if isinstance(info.exc_value, KeyboardInterrupt):  # a Ctrl-C that reached a clean-up
+            return
         if DEBUG.on:
             ignored(info)
         elif not sys.is_finalizing():  # the interpreter's own teardown: nothing to say
@@ -159,6 +161,13 @@ def _quiet_background_errors() -> None:
             _background_line(f"{name} ended", args.exc_value, args.exc_traceback)
 
     sys.unraisablehook, threading.excepthook = unraisable, thread
+
+
+def _by_ctrl_c(exc: SystemExit) -> bool:
+    """The exit is typer's for a KeyboardInterrupt nothing handled: an Exit(130) whose cause
+    is the interrupt (a command that handled it, saying so, raised its Exit from None)."""
+    exit_ = exc.__context__
+    return exit_ is not None and isinstance(exit_.__cause__, KeyboardInterrupt)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,7 +191,11 @@ def main(argv: list[str] | None = None) -> None:
         _command()(args=argv, prog_name="primus")  # exits; usage errors exit 2 (typer)
     except PrimusError as exc:
         _report(exc)
-    except (SystemExit, KeyboardInterrupt, GeneratorExit):
+    except SystemExit as exc:
+        if exc.code == 130 and _by_ctrl_c(exc):  # said here unless the command said it
+            print("[primus] interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        raise
+    except (KeyboardInterrupt, GeneratorExit):
         raise
     except BaseException as exc:  # torch.distributed.checkpoint's failures are BaseExceptions
         from primus.core.reliability.out_of_memory import out_of_memory

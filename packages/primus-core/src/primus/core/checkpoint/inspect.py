@@ -30,8 +30,7 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
             for name, info in BackendRegistry.backends().items()
             if info.status == READY and provides(info.adapter_class, "checkpoint-inspect")
         )
-        native = (BackendRegistry.get_adapter(n).inspect_checkpoint(path) for n in ready)
-        found = next((r for r in native if r is not None), None)
+        found = _native(ready, path)
         if found is None:
             raise ConfigError(
                 f"{path}: not a checkpoint Primus recognises",
@@ -39,6 +38,34 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
                 f"native checkpoints of the ready backends ({', '.join(ready) or 'none'})",
             )
     return {"path": str(path), **found, "provenance": provenance(path)}
+
+
+def _native(backends: list[str], path: Path) -> dict[str, Any] | None:
+    """The first description of `path` one of `backends` gives; None when none recognises it.
+    A backend whose reader fails on it (a damaged or cut-short file) is one ConfigError, unless
+    another backend recognises the checkpoint."""
+    from primus.core.backend.backend_registry import BackendRegistry
+
+    failed: tuple[str, BaseException] | None = None
+    for backend in backends:
+        try:
+            found = BackendRegistry.get_adapter(backend).inspect_checkpoint(path)
+        except (ConfigError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's failures are BaseExceptions
+            failed = failed or (backend, exc)
+            continue
+        if found is not None:
+            return found
+    if failed is None:
+        return None
+    backend, error = failed
+    said = (str(error).strip().splitlines() or [""])[0][:200]
+    raise ConfigError(
+        f"{path}: a {backend} checkpoint whose files cannot be read "
+        f"({type(error).__name__}: {said})",
+        hint="it may be damaged or cut short; inspect another iteration's folder",
+    ) from error
 
 
 def provenance(path: Path) -> dict[str, Any] | None:
