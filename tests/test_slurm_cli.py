@@ -41,13 +41,15 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
         (("--nnodes", "0"), "Invalid value for '--nnodes'"),
         (("--sbatch", "qos=high"), "'qos=high' is not an option"),
         (("train_itres=5",), "train_itres"),
+        (("--container-mounts", "/data:/data"), "name its --container-image"),
+        (("--container-image", "img", "--container-mounts", "/data"), "'/data' is not SRC:DST"),
     ],
-    ids=["time", "nnodes", "sbatch", "config"],
+    ids=["time", "nnodes", "sbatch", "config", "mounts-without-image", "mount-without-target"],
 )
 def test_bad_flags_and_config_are_exit_2_with_one_message(
     tmp_path: Path, args: tuple[str, ...], message: str
 ) -> None:
-    result = slurm(tmp_path, *args)
+    result = slurm(tmp_path, *args, COLUMNS="300")  # typer's error box unwrapped
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr
     assert "Traceback" not in result.stderr

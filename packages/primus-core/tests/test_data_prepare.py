@@ -144,6 +144,11 @@ def test_partial_output_of_another_command_is_started_over(
         main(["data", "inspect", str(prefix), "--show", "1"])
     said = capsys.readouterr().out
     assert said.startswith("98 documents, ") and "\n  0: [" in said and '"documents": 98' in said
+    Path(f"{prefix}.json").write_text("{garbage")  # a damaged manifest is said to be one
+    with pytest.raises(SystemExit):
+        main(["data", "inspect", str(prefix)])
+    said = capsys.readouterr().out
+    assert f"manifest: {prefix}.json is not a manifest of this format" in said
 
 
 def test_one_run_at_a_time_on_a_prefix(tmp_path: Path, tokenizer: Path) -> None:

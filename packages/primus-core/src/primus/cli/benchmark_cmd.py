@@ -147,6 +147,11 @@ def gemm(
 
     if save_peak and dtype == "fp32":
         raise ConfigError("--save-peak keeps a bf16 or fp16 rate: MFU is against those peaks")
+    if save_peak:
+        import torch
+
+        if not torch.cuda.is_available():  # refused before the timing, which runs on the CPU
+            raise ConfigError("--save-peak needs a GPU: MFU is not reported for a CPU")
     given: list[Op] = [parse_shape(shape) for shape in shapes or []]
     device, timings = _run(ctx, config, given, _gemms, gpus, dtype, repeats, warmup, json_path,
                            plot_path, module)  # fmt: skip
@@ -195,11 +200,8 @@ def _save_peak(device: str, dtype: str, timings: list[Timing]) -> None:
     """The fastest GEMM's median rate as `device`'s MFU peak (primus.core.metrics)."""
     import datetime
 
-    from primus.core.errors import ConfigError
     from primus.core.metrics import save_measured_peak
 
-    if device == "cpu":
-        raise ConfigError("--save-peak needs a GPU: MFU is not reported for a CPU")
     best = max(timings, key=lambda t: t.tflops)
     how = f"{best.op.shape} {dtype}, {datetime.date.today().isoformat()}"
     path = save_measured_peak(device, best.tflops, how)

@@ -272,4 +272,7 @@ def inspect(
     for i in range(min(show, len(corpus))):
         print(f"  {i}: {corpus[i].tolist()}")
     record = read_manifest(prefix)
-    print("manifest:", "none" if record is None else json.dumps(record, indent=2))
+    manifest = Path(f"{prefix}.json")
+    unread = f"{manifest} is not a manifest of this format (unreadable, or not its JSON)"
+    absent = unread if manifest.exists() else "none"
+    print("manifest:", absent if record is None else json.dumps(record, indent=2))

@@ -114,6 +114,14 @@ def _command(stage: str) -> Callable[..., None]:
         bad = [s for s in sbatch or [] if not s.startswith("-")]
         if bad:
             raise typer.BadParameter(f"{bad[0]!r} is not an option", param_hint="--sbatch")
+        if container_mounts is not None:
+            if container_image is None:
+                raise typer.BadParameter("mounts go into a container: name its --container-image",
+                                         param_hint="--container-mounts")  # fmt: skip
+            unpaired = [m for m in container_mounts.split(",") if ":" not in m.strip(":")]
+            if unpaired:
+                raise typer.BadParameter(f"{unpaired[0]!r} is not SRC:DST",
+                                         param_hint="--container-mounts")  # fmt: skip
         overrides = list(ctx.args)
         # fails fast: the workspace and the inputs, as the job's launch checks them
         runtime = PrimusRuntime(config, overrides, stage, module, debug=DEBUG.on, check_inputs=True)
