@@ -334,6 +334,8 @@ def test_a_broken_hf_directory_is_refused(refused: dict[str, Any], how: str) -> 
         assert f"{ws.parent / how}/model.safetensors: " in done.stderr
     leftovers = [p for p in ws.rglob("*") if "checkpoints" in p.name or ".partial" in p.name]
     assert leftovers == []  # nothing half-written
+    if how in ("truncated", "architecture", "family"):  # found before the run directory is made
+        assert not ws.exists()
 
 
 def test_an_export_of_a_run_without_a_checkpoint_folder_says_so(tmp_path: Path) -> None:

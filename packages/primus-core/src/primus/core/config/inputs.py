@@ -97,16 +97,22 @@ def _one_tokenizer(manifests: dict[Path, dict[str, Any] | None], origin: Origin 
         )
 
 
+def check_hf_model(folder: Path) -> None:
+    """The HF model in `folder` has a readable config.json and whole safetensors files (their
+    headers, and files as long as the headers say): a ConfigError otherwise."""
+    from primus.core.checkpoint.hf import read_config, safetensors_files, safetensors_header
+
+    read_config(folder)
+    for weights in safetensors_files(folder):
+        safetensors_header(weights)
+
+
 def check_inputs(module: ModuleConfig) -> None:
     """Core's inputs: `init_from`'s config.json and safetensors headers, `data:`'s corpora,
     and every `sft:` record (a bad one is file:line). Reads files, imports no framework."""
-    from primus.core.checkpoint.hf import read_config, safetensors_files, safetensors_header
-
     if module.init_from is not None:
         try:
-            read_config(module.init_from)
-            for weights in safetensors_files(module.init_from):
-                safetensors_header(weights)
+            check_hf_model(module.init_from)
         except ConfigError as exc:
             exc.origin = exc.origin or module.init_from_origin
             raise

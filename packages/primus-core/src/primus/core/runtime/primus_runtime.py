@@ -292,11 +292,13 @@ class PrimusRuntime:
     def import_hf(self, hf_dir: Path) -> Path:
         """`primus checkpoint import`: the HF model in `hf_dir` as the run's native
         checkpoint, checked against the experiment's model; the folder written."""
+        from primus.core.config.inputs import check_hf_model
         from primus.core.errors import Origin
 
         self.module.init_from = hf_dir.resolve()
         self.module.init_from_origin = Origin("cli", detail=f"--hf {hf_dir}")
         resolution.check_init_from(self.module, self.adapter)
+        check_hf_model(self.module.init_from)  # before the backend loads or a folder is made
         self.adapter.host_only = True
         args = self.backend_args()
         return import_hf(self.adapter, self.experiment, self.module, args, self.module.init_from)
