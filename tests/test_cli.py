@@ -379,8 +379,12 @@ def test_ctrl_c_in_a_command_says_so_exits_130_and_leaves_nothing(tmp_path: Path
     import signal
     import time
 
+    def as_a_terminal_starts_it() -> None:  # an ignored SIGINT is inherited, and kept ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen([sys.executable, "-m", "primus.cli", "checkpoint", "tiny", "--hf",
-                             str(tmp_path / "hf")], stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             str(tmp_path / "hf")], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_terminal_starts_it)  # fmt: skip
     deadline = time.monotonic() + 120
     while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
