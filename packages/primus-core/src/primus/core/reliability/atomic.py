@@ -101,7 +101,7 @@ def staged_folder(final: Path, replace: bool = False) -> Iterator[Path]:
     """An empty folder beside `final` to fill; renamed to `final` when the block succeeds and
     removed when it fails, so a reader never sees a half-written `final`. An existing `final`
     (an empty folder, or any folder with `replace`) is swapped out only once the new one is
-    whole: a failure or a kill before then leaves it as it was."""
+    whole (two renames): a failure, or a kill before the swap, leaves it as it was."""
     staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     for leftover in (staging, old):
