@@ -42,11 +42,9 @@ Debug = Annotated[
 def output_file(value: Path | None) -> Path | None:
     """An option naming a file the command writes at its end: refused at once (a usage
     error) where no folder holds it, not after the work."""
-    from primus.core.folders import not_a_folder
+    from primus.core.folders import not_a_file
 
-    if value is None:
-        return None
-    why = "it is a folder" if value.is_dir() else not_a_folder(value.parent)
+    why = not_a_file(value) if value is not None else None
     if why is not None:
         raise typer.BadParameter(f"cannot write {value}: {why}")
     return value

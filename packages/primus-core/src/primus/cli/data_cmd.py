@@ -271,8 +271,12 @@ def inspect(
     print(f"{len(corpus):,} documents, {corpus.token_count:,} tokens ({corpus.dtype})")
     for i in range(min(show, len(corpus))):
         print(f"  {i}: {corpus[i].tolist()}")
-    record = read_manifest(prefix)
-    manifest = Path(f"{prefix}.json")
-    unread = f"{manifest} is not a manifest of this format (unreadable, or not its JSON)"
-    absent = unread if manifest.exists() else "none"
-    print("manifest:", absent if record is None else json.dumps(record, indent=2))
+    record, manifest = read_manifest(prefix), Path(f"{prefix}.json")
+    if record is not None:
+        print("manifest:", json.dumps(record, indent=2))
+    elif manifest.exists():
+        print(
+            f"manifest: {manifest} is not a manifest of this format (unreadable, or not its JSON)"
+        )
+    else:
+        print("manifest: none")

@@ -76,7 +76,7 @@ def preflight(
     from primus.core.diagnostics.preflight import check_workspace, run
     from primus.core.diagnostics.preflight_report import render_markdown, render_table, verdict
     from primus.core.errors import ConfigError
-    from primus.core.folders import not_a_folder
+    from primus.core.folders import not_a_file
     from primus.core.launch.dist_env import under_torchrun
     from primus.core.launch.workers import launch_workers
     from primus.core.reliability.atomic import write_atomic, write_json
@@ -85,9 +85,8 @@ def preflight(
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
     workspace = check_workspace(workspace)
     for output in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
-        target = workspace / output
-        if why := "it is a folder" if target.is_dir() else not_a_folder(target.parent):
-            raise ConfigError(f"cannot write {target}: {why}",  # before the checks run
+        if why := not_a_file(workspace / output):  # refused before the checks run
+            raise ConfigError(f"cannot write {workspace / output}: {why}",
                               hint="name a file in a folder that exists")  # fmt: skip
     if node_smoke:
         if nproc_per_node > 1 or nnodes > 1 or markdown_path:

@@ -21,6 +21,12 @@ def not_a_folder(folder: Path) -> str | None:
     return f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
 
 
+def not_a_file(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (a folder there, or no folder to hold it), or
+    None: the check a command makes before its work, for a report it writes at the end."""
+    return "it is a folder" if path.is_dir() else not_a_folder(path.parent)
+
+
 def unwritable(folder: Path, create: bool = True) -> str | None:
     """Make `folder` (and its parents) and write a probe file into it, removed at once: None
     if that worked, else why not (a regular file on the way, a read-only file system, ...).

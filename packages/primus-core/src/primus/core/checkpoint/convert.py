@@ -20,9 +20,8 @@ from primus.core.checkpoint.preset import flatten, same_value
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.schema_cache import schema_of
 from primus.core.errors import ConfigError
-from primus.core.folders import unwritable
 from primus.core.logging import get_logger
-from primus.core.reliability.atomic import staged_folder
+from primus.core.reliability.atomic import check_replaceable, staged_folder
 
 if TYPE_CHECKING:
     from primus.core.backend.backend_adapter import BackendAdapter
@@ -88,9 +87,6 @@ def import_hf(
             f"{final} already holds a checkpoint",
             hint="remove it, or import into another run (exp_name=...)",
         )
-    if final.exists():
-        final.rmdir()
-    final.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     get_logger().info(f"importing {hf_dir} into {final}")
     with staged_folder(final) as staging:
@@ -123,12 +119,9 @@ def init_from_hf(
 
 
 def _writable(out: Path, force: bool, run_dir: Path, source: HFSource | None) -> None:
-    """`out` may be written: not a file; neither the run directory, a folder around it nor a
-    non-empty one inside it; nor the HF model the run started from, around or inside it; empty
-    unless `force` lets the finished export replace it; its parent writable. Nothing is
-    removed here."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} is a file, not a folder", hint="name a folder to write")
+    """`out` may be written (`check_replaceable`), and is neither the run directory, a folder
+    around it nor a non-empty one inside it, nor the HF model the run started from, around or
+    inside it. Nothing is removed here."""
     target, run = out.resolve(), run_dir.resolve()
     filled = out.is_dir() and any(out.iterdir())
     model = source.folder.resolve() if source and source.folder else None
@@ -138,11 +131,7 @@ def _writable(out: Path, force: bool, run_dir: Path, source: HFSource | None) ->
     clash = run if around_run or (filled and run in target.parents) else model if in_model else None
     if clash is not None:
         raise ConfigError(f"{out} would overwrite {clash}", hint="export to another folder")
-    if filled and not force:
-        raise ConfigError(f"{out} exists and is not empty", hint="pass --force to replace it")
-    why = unwritable(out.parent)
-    if why is not None:
-        raise ConfigError(f"cannot write {out}: {why}")
+    check_replaceable(out, force)
 
 
 def export_hf(

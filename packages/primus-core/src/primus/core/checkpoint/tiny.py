@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.errors import ConfigError
-from primus.core.folders import unwritable
-from primus.core.reliability.atomic import staged_folder
+from primus.core.reliability.atomic import check_replaceable, staged_folder
 
 # Llama 3.2's RoPE scaling (rope_scaling of meta-llama/Llama-3.2-1B's config.json).
 LLAMA3_2_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -62,13 +61,7 @@ def write_tiny_model(
     replaced only with `force`, and only once the new model is whole."""
     if tokenizer is not None and not (tokenizer / "tokenizer.json").is_file():
         raise ConfigError(f"{tokenizer}: no tokenizer.json (an HF tokenizer folder is needed)")
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{folder} is a file, not a folder", hint="name a folder to write")
-    if folder.is_dir() and any(folder.iterdir()) and not force:
-        raise ConfigError(f"{folder} exists and is not empty", hint="pass --force to replace it")
-    why = unwritable(folder.parent)
-    if why is not None:
-        raise ConfigError(f"cannot write {folder}: {why}")
+    check_replaceable(folder, force)
     with staged_folder(folder, replace=force) as staging:  # the old model kept until then
         random_hf_model(staging, TINY_LLAMA3, seed)
         if tokenizer is not None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from primus.core.errors import ConfigError
-from primus.core.folders import not_a_folder
+from primus.core.folders import not_a_folder, unwritable
 
 
 def _umask() -> int:
@@ -94,6 +94,18 @@ def atomic_file(
             raise _named(exc, path)  # noqa: B904
         raise
     sync_folder(path.parent)
+
+
+def check_replaceable(final: Path, replace: bool) -> None:
+    """A ConfigError unless `staged_folder(final, replace)` can write `final`: a folder (or
+    nothing) there, empty unless `replace`, in a parent this process can write."""
+    if final.exists() and not final.is_dir():
+        raise ConfigError(f"{final} is a file, not a folder", hint="name a folder to write")
+    if final.is_dir() and any(final.iterdir()) and not replace:
+        raise ConfigError(f"{final} exists and is not empty", hint="pass --force to replace it")
+    why = unwritable(final.parent)
+    if why is not None:
+        raise ConfigError(f"cannot write {final}: {why}")
 
 
 @contextlib.contextmanager
