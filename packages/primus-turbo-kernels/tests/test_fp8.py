@@ -4,7 +4,9 @@ no FP8, the TorchTitan wiring, and on a GPU a short Megatron run against the bf1
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -175,6 +177,68 @@ def test_torchtitan_runs_the_inner_blocks_linears_in_fp8() -> None:
     assert rel(layer(x), F.linear(x, layer.weight)) < TOL["out"]
 
 
+def sequence_parallel_rank(rank: int, store: str, recipe: str, results: Any) -> None:
+    """One of two tensor-parallel ranks (gloo) of a column-parallel layer under sequence
+    parallelism: its slice of the sequence in, its slice of the output features out; puts
+    (rank, errors against the exact GEMMs, whether the FP8 path ran) on `results`."""
+    from primus.turbo.megatron_fp8 import turbo_linear
+
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=2
+    )
+    try:
+        torch.manual_seed(0)  # every rank draws the same whole tensors
+        s, b, k, n = 32, 2, 64, 48  # sequence, batch, in, out features per rank
+        x_all = torch.randn(s, b, k, dtype=torch.bfloat16)
+        w_all = (torch.randn(2 * n, k) / k**0.5).bfloat16()
+        g_all = torch.randn(s, b, 2 * n, dtype=torch.bfloat16)
+        x = x_all.chunk(2)[rank].clone().requires_grad_()
+        w = torch.nn.Parameter(w_all.chunk(2)[rank].clone())
+        w.turbo_fp8 = recipe  # type: ignore[attr-defined]  # what tag_linears marks
+        g = g_all[..., rank * n : (rank + 1) * n]
+        group = torch.distributed.group.WORLD
+        out = turbo_linear(x, w, None, False, False, True, tp_group=group)
+        got = (out, *torch.autograd.grad(out, (x, w), g))
+        exact_out = x_all.float() @ w.float().t()
+        exact_input = (g_all.float() @ w_all.float()).chunk(2)[rank]
+        exact_weight = g.float().reshape(-1, n).t() @ x_all.float().reshape(-1, k)
+        want = (exact_out, exact_input, exact_weight)
+        names = ("out", "input", "weight")
+        errs = {name: rel(a, e) for name, a, e in zip(names, got, want, strict=True)}
+        results.put((rank, errs, hasattr(w, "_turbo_fp8")))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_sequence_parallel_linears_gather_and_scatter_around_the_fp8_gemms(
+    tmp_path: Path, recipe: str
+) -> None:
+    """Two processes forked from this one: each rank's output, input gradient (its slice of
+    the sequence) and weight gradient match the exact GEMMs over the whole sequence."""
+    if not fp8.cpu_has_fp8(recipe):
+        pytest.skip(f"this torch has no {recipe} _scaled_mm on the CPU")
+    pytest.importorskip("megatron.core")
+    import primus.turbo.megatron_fp8  # noqa: F401  # imported once, before the fork
+
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    ranks = [
+        fork.Process(
+            target=sequence_parallel_rank, args=(r, str(tmp_path / "store"), recipe, results)
+        )
+        for r in (0, 1)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:  # their results are a few numbers: the queue does not block them
+        process.join(120)
+        assert process.exitcode == 0
+    for rank, errs, ran_fp8 in sorted(results.get(timeout=5) for _ in ranks):
+        assert ran_fp8, rank
+        assert_fp8_close({**errs, "bias": 0.0})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_fp8_linear_tracks_the_exact_gemm_at_llama_shapes(recipe: str) -> None:
@@ -184,13 +248,43 @@ def test_fp8_linear_tracks_the_exact_gemm_at_llama_shapes(recipe: str) -> None:
 
 
 @pytest.mark.gpu
-def test_megatron_fp8_training_tracks_bf16(tmp_path: Path) -> None:
+def test_the_one_pass_cast_writes_what_two_casts_write() -> None:
+    """`quantize_both`'s kernel (a tensor and its transpose from one read) against the
+    per-copy cast, bit for bit, on a shape the tiles do not divide and on a transposed view."""
+    from primus.turbo.kernels.fp8_linear import E5M2, _cast, _scale, quantize_both
+
+    x = torch.randn(1000, 600, device="cuda", dtype=torch.bfloat16) * 40
+    for source in (x, x.t()):
+        q, q_t, scale = quantize_both(source, E5M2)
+        each = _scale(source, E5M2, False)
+        assert torch.equal(scale, each.reshape(()))
+        assert torch.equal(q.view(torch.uint8), _cast(source, each, E5M2).view(torch.uint8))
+        assert torch.equal(q_t.view(torch.uint8), _cast(source.t(), each, E5M2).view(torch.uint8))
+
+
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param((), id="one-gpu"),
+        pytest.param(
+            ("tensor_model_parallel_size=2", "sequence_parallel=true"),
+            id="tensor-and-sequence-parallel",
+            marks=TWO_GPUS,
+        ),
+    ],
+)
+def test_megatron_fp8_training_tracks_bf16(tmp_path: Path, layout: tuple[str, ...]) -> None:
     """Four layers of the 1B recipe (the middle two FP8), 20 steps with turbo on, against the
     same run in bf16 (the benchmark compares both recipes on the whole 1B model)."""
     shape = ("num_layers=4", "seq_length=1024", "max_position_embeddings=1024",
-             "train_iters=20", "log_interval=1", "lr_warmup_iters=5")  # fmt: skip
+             "train_iters=20", "log_interval=1", "lr_warmup_iters=5", *layout)  # fmt: skip
+    nproc = 2 if layout else 1
     bf16, fp8_run = (
-        losses(train_run(GPU_RECIPE, tmp_path, f"exp_name={name}", *shape, *extra))
+        losses(train_run(GPU_RECIPE, tmp_path, f"exp_name={name}", *shape, *extra, nproc=nproc))
         for name, extra in (("bf16", ()), ("fp8", ("turbo.fp8=true",)))
     )
     assert bf16[20] < bf16[2] - 1.0  # it trained

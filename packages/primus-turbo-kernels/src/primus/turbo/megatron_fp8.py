@@ -3,8 +3,14 @@
 `tag_linears` marks the weights of the Column/RowParallelLinear layers inside every
 TransformerLayer but the first and the last (`weight.turbo_fp8 = recipe`); the replaced
 `linear_with_grad_accumulation_and_async_allreduce` runs marked weights in FP8 and hands
-everything else (unmarked weights, sequence parallelism, deferred embedding gradients,
-shapes FP8 cannot take) to the upstream function.
+everything else (unmarked weights, deferred embedding gradients, shapes FP8 cannot take) to
+the upstream function.
+
+Under sequence parallelism a column-parallel layer gets its rank's slice of the sequence: the
+forward all-gathers it (in the input's dtype, as upstream does) before the FP8 GEMM, and the
+backward reduce-scatters the input gradient back to the slice. The tensor-wise recipe keeps
+the gathered input's FP8 copy for the weight gradient; the row-wise one keeps the slice and
+gathers it again in the backward, as upstream keeps its input.
 """
 
 from __future__ import annotations
@@ -19,6 +25,20 @@ from megatron.core.utils import get_tensor_model_parallel_group_if_none
 from primus.turbo.kernels.fp8_linear import fp8_backward, fp8_supported, function_forward
 
 UPSTREAM_LINEAR = layers.linear_with_grad_accumulation_and_async_allreduce
+
+
+def gathered(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """The slices of `x` of every rank of `group`, concatenated along the first dimension."""
+    out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+    torch.distributed.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+def reduce_scattered(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's slice (along the first dimension) of `x` summed over `group`."""
+    out = x.new_empty((x.shape[0] // group.size(), *x.shape[1:]))
+    torch.distributed.reduce_scatter_tensor(out, x.contiguous(), group=group)
+    return out
 
 
 def tag_linears(init: Callable[..., None], recipe: str) -> Callable[..., None]:
@@ -38,9 +58,10 @@ def tag_linears(init: Callable[..., None], recipe: str) -> Callable[..., None]:
 
 
 class MegatronFP8Linear(torch.autograd.Function):
-    """Megatron's linear autograd function (no sequence parallelism) on FP8 GEMMs: the weight
-    gradient goes into `main_grad` under gradient-accumulation fusion, as upstream's does, and
-    the input gradient is all-reduced over the tensor-parallel group where upstream does."""
+    """Megatron's linear autograd function on FP8 GEMMs: the weight gradient goes into
+    `main_grad` under gradient-accumulation fusion, as upstream's does, and the input gradient
+    is all-reduced (or, under sequence parallelism, reduce-scattered) over the tensor-parallel
+    group where upstream does."""
 
     @staticmethod
     def forward(
@@ -51,11 +72,17 @@ class MegatronFP8Linear(torch.autograd.Function):
         recipe: str,
         accumulate: bool,
         allreduce_dgrad: bool,
+        sequence_parallel: bool,
         tp_group: Any,
     ) -> torch.Tensor:
         ctx.weight, ctx.accumulate = weight, accumulate
-        ctx.allreduce_dgrad, ctx.tp_group = allreduce_dgrad, tp_group
-        return function_forward(ctx, x, weight, bias, recipe, cache=True)
+        ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
+        ctx.tp_group = tp_group
+        total = gathered(x, tp_group) if sequence_parallel else x
+        out = function_forward(ctx, total, weight, bias, recipe, cache=True)
+        if sequence_parallel and recipe == "rowwise":
+            ctx.saved.x = x  # the slice: gathered again in the backward
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -63,14 +90,21 @@ class MegatronFP8Linear(torch.autograd.Function):
         grad = grad.reshape(-1, grad.shape[-1])
         main_grad = getattr(weight, "main_grad", None) if ctx.accumulate else None
         wgrad_dtype = weight.dtype if main_grad is None else main_grad.dtype
-        grad_input, grad_weight = fp8_backward(ctx.saved, grad, wgrad_dtype)
+        saved = ctx.saved
+        if ctx.sequence_parallel and saved.recipe == "rowwise":
+            whole = gathered(saved.x, ctx.tp_group)
+            saved.x = whole.reshape(-1, whole.shape[-1])
+        grad_input, grad_weight = fp8_backward(saved, grad, wgrad_dtype)
+        grad_input = grad_input.view(ctx.shape)
         if ctx.allreduce_dgrad:
             torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
+        if ctx.sequence_parallel:
+            grad_input = reduce_scattered(grad_input, ctx.tp_group)
         if main_grad is not None:
             main_grad.add_(grad_weight)
         grad_bias = grad.sum(0) if ctx.has_bias else None
         returned = grad_weight if main_grad is None else _accumulated(weight, main_grad, grad.dtype)
-        return grad_input.view(ctx.shape), returned, grad_bias, None, None, None, None
+        return grad_input, returned, grad_bias, None, None, None, None, None
 
 
 def _accumulated(weight: Any, main_grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
@@ -100,7 +134,6 @@ def turbo_linear(
     recipe = getattr(weight, "turbo_fp8", None)
     if (
         recipe is None
-        or sequence_parallel
         or grad_output_buffer is not None
         or gtp_remat_size > 1
         or not fp8_supported(input, weight, recipe)
@@ -109,11 +142,12 @@ def turbo_linear(
             input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
             sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group, gtp_remat_size,
         )  # fmt: skip
-    if allreduce_dgrad:
+    if allreduce_dgrad or sequence_parallel:
         tp_group = get_tensor_model_parallel_group_if_none(tp_group)
     return MegatronFP8Linear.apply(
-        input, weight, bias, recipe, gradient_accumulation_fusion, allreduce_dgrad, tp_group
-    )
+        input, weight, bias, recipe, gradient_accumulation_fusion, allreduce_dgrad,
+        sequence_parallel, tp_group,
+    )  # fmt: skip
 
 
 # Upstream's function reads this flag by its module-level name, which now names this one.

@@ -14,8 +14,9 @@ in FP8, quantized along K, which is the layout `_scaled_mm` takes (`B.t()` is co
   along its own K.
 
 The cast is a Triton kernel on a GPU (scale, saturate and cast in one pass, reading any
-strides, so a transposed copy costs no extra transpose; the amax is one `vector_norm`
-reduction), PyTorch ops elsewhere. `_scaled_mm` also runs on the CPU in recent torch (row-wise
+strides, so a transposed copy costs no extra transpose; the tensor-wise recipe writes a tensor
+and its transpose from one read; the amax is one `vector_norm` reduction), PyTorch ops
+elsewhere. `_scaled_mm` also runs on the CPU in recent torch (row-wise
 scales too in 2.15, not in 2.11), which the tests use. GEMMs need K and N (and, for the weight
 gradient, M) to be multiples of 16: `fp8_supported` says whether a shape is.
 """
@@ -54,6 +55,21 @@ def _cast_kernel(
     tl.store(out + rm * N + rn, q.to(out.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _cast_both_kernel(
+    x, scale, out, out_t, M, N, stride_xm, stride_xn, fp8_max,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """out[m, n] = out_t[n, m] = saturate(x[m, n] / scale), both row-major: one read of x."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rm < M) & (rn < N)
+    v = tl.load(x + rm * stride_xm + rn * stride_xn, mask=mask, other=0.0).to(tl.float32)
+    q = tl.clamp(v / tl.load(scale), -fp8_max, fp8_max).to(out.dtype.element_ty)
+    tl.store(out + rm * N + rn, q, mask=mask)
+    tl.store(out_t + rn * M + rm, q, mask=mask)
+
+
 def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
     """The dequantization scale of the 2-D `x`: amax / FP8 max, fp32 [1, 1], or [rows, 1]
     (each row's amax) with `rowwise`."""
@@ -86,9 +102,20 @@ def quantize_rows(
 
 
 def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale."""
+    """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale: on a GPU, one kernel
+    that reads `x` once and writes both."""
     scale = _scale(x, dtype, False)
-    return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
+    if not x.is_cuda:
+        return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
+    rows, cols = x.shape
+    out = torch.empty(rows, cols, dtype=dtype, device=x.device)
+    out_t = torch.empty(cols, rows, dtype=dtype, device=x.device)
+    grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
+    _cast_both_kernel[grid](
+        x, scale, out, out_t, rows, cols, *x.stride(), torch.finfo(dtype).max,
+        BLOCK_M=64, BLOCK_N=64,
+    )  # fmt: skip
+    return out, out_t, scale.reshape(())
 
 
 def mm_nt(
