@@ -194,12 +194,12 @@ def test_fine_tuning_and_dpo_replay_cuda_graphs(forks: Forks, tmp_path: Path) ->
         assert "cuda_graph_impl: full_iteration\n" in stdout
 
 
-def test_packed_fine_tuning_keeps_its_document_mask(tmp_path: Path) -> None:
-    """Packed rows bring a block-diagonal mask, which turbo's SDPA (causal or unmasked) would
-    drop, letting the chats of a row attend to each other: attention stays upstream's, and
-    the losses of turbo's attention asked for are plain Megatron's (rows of 128 tokens, several
-    chats each). Turbo's other features are off: none of them touches the mask, and their
-    Triton kernels would run through the interpreter here."""
+def test_packed_fine_tuning_applies_its_document_mask(tmp_path: Path) -> None:
+    """Packed rows bring a block-diagonal mask, which turbo's causal SDPA would drop, letting
+    the chats of a row attend to each other: SDPA applies the rows' masks, and the losses are
+    plain Megatron's (rows of 128 tokens, several chats each). Turbo's other features are
+    off: none of them touches the mask, and their Triton kernels would run through the
+    interpreter here."""
     task = make_task(tmp_path / "task")
     others = [f"turbo.{f}=false" for f in FEATURES if f != "attention"]
     runs = {}
@@ -213,10 +213,9 @@ def test_packed_fine_tuning_keeps_its_document_mask(tmp_path: Path) -> None:
     assert sorted(turbo) == sorted(plain) == [2]  # step 1 is not logged
     for step, loss in plain.items():
         assert turbo[step] == pytest.approx(loss, rel=2e-3, abs=2e-3), step
-    assert patch_status(runs["true"])["megatron.turbo_attention"] == (
-        "skipped",
-        "the rows' own attention mask (documents packed)",
-    )
+    assert patch_status(runs["true"])["megatron.turbo_attention"][0] == "applied"
+    log = (runs["true"] / "logs" / "rank-0.log").read_text()
+    assert "[turbo] attention (the rows' own masks): " in log
 
 
 def test_patches_list_shows_target_and_switch() -> None:

@@ -129,7 +129,10 @@ def turbo_fused_qkv_rope(
 
 class TurboDotProductAttention(DotProductAttention):
     """Megatron's local core attention through PyTorch SDPA (flash or memory-efficient
-    kernels, GQA without repeating K/V); masks other than causal or none stay upstream."""
+    kernels, GQA without repeating K/V), causal or unmasked by the layer's mask type; attention
+    biases, packed-sequence params, softmax offsets and windows stay upstream."""
+
+    rows_bring_masks = False  # the rows' own masks are applied (TurboMaskedDotProductAttention)
 
     def forward(
         self,
@@ -142,8 +145,10 @@ class TurboDotProductAttention(DotProductAttention):
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
         mask_type = attn_mask_type or self.attn_mask_type
+        own_mask = attention_mask if self.rows_bring_masks else None
         if (
-            mask_type not in (AttnMaskType.causal, AttnMaskType.no_mask)
+            (own_mask is None and mask_type not in (AttnMaskType.causal, AttnMaskType.no_mask))
+            or (own_mask is not None and own_mask.dtype != torch.bool)
             or attention_bias is not None
             or packed_seq_params is not None
             or self.softmax_offset is not None
@@ -157,20 +162,32 @@ class TurboDotProductAttention(DotProductAttention):
             scale *= self.layer_number
         # [s, b, heads, d] -> [b, heads, s, d] (views; SDPA takes the strides)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        groups = q.shape[1] // k.shape[1]
+        if own_mask is not None and groups > 1:  # the masked kernels take no GQA: repeat K/V
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         dropout = self.attention_dropout.p if self.training else 0.0
         with tensor_parallel.get_cuda_rng_tracker().fork():
             context = F.scaled_dot_product_attention(
                 q,
                 k,
                 v,
+                # Megatron's mask is True where masked, SDPA's where attended
+                attn_mask=None if own_mask is None else ~own_mask,
                 dropout_p=dropout,
-                is_causal=mask_type == AttnMaskType.causal,
+                is_causal=own_mask is None and mask_type == AttnMaskType.causal,
                 scale=scale,
                 enable_gqa=q.shape[1] != k.shape[1],
             )
         # [b, heads, s, d] -> [s, b, heads * d]
         context = context.permute(2, 0, 1, 3).contiguous()
         return context.view(*context.shape[:2], self.hidden_size_per_partition)
+
+
+class TurboMaskedDotProductAttention(TurboDotProductAttention):
+    """SDPA over the mask each row brings (packed documents' block-diagonal causal mask): the
+    memory-efficient kernel, which computes every score of the row but never holds them."""
+
+    rows_bring_masks = True
 
 
 def turbo_language_model_loss(

@@ -126,23 +126,21 @@ def _rotated_apart(ctx: PatchContext) -> str | None:
 
 
 @_turbo("attention", "megatron.core.transformer.dot_product_attention.DotProductAttention")
-def turbo_attention(ctx: PatchContext) -> str | None:
+def turbo_attention(ctx: PatchContext) -> None:
     """Core attention of the local spec runs PyTorch SDPA (flash / memory-efficient, GQA).
     Rows that bring their own attention mask (packed fine-tuning's block-diagonal one,
-    `reset_attention_mask`'s) keep upstream's, which applies it: the SDPA path runs causal or
-    unmasked, the layer's mask type, and would let packed documents attend to each other."""
+    `reset_attention_mask`'s) have SDPA apply it: the memory-efficient kernel, no flash."""
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
 
     from primus.turbo import megatron_layers as layers
 
     args = get_args(ctx)
     own = ctx.stage != "pretrain" or args.reset_attention_mask
-    if args.create_attention_mask_in_dataloader and own:
-        return _kept_upstream("attention", "the rows' own attention mask (documents packed)")
+    masked = args.create_attention_mask_in_dataloader and own
     attention = "megatron.core.transformer.dot_product_attention"
-    sites = ctx.replace(attention, "DotProductAttention", layers.TurboDotProductAttention)
-    _installed("attention", sites)
-    return None
+    turbo = layers.TurboMaskedDotProductAttention if masked else layers.TurboDotProductAttention
+    sites = ctx.replace(attention, "DotProductAttention", turbo)
+    _installed("attention (the rows' own masks)" if masked else "attention", sites)
 
 
 @_turbo(
