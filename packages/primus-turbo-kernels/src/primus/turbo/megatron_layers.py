@@ -162,32 +162,70 @@ class TurboDotProductAttention(DotProductAttention):
             scale *= self.layer_number
         # [s, b, heads, d] -> [b, heads, s, d] (views; SDPA takes the strides)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
-        groups = q.shape[1] // k.shape[1]
-        if own_mask is not None and groups > 1:  # the masked kernels take no GQA: repeat K/V
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         dropout = self.attention_dropout.p if self.training else 0.0
-        with tensor_parallel.get_cuda_rng_tracker().fork():
-            context = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                # Megatron's mask is True where masked, SDPA's where attended
-                attn_mask=None if own_mask is None else ~own_mask,
-                dropout_p=dropout,
-                is_causal=own_mask is None and mask_type == AttnMaskType.causal,
-                scale=scale,
-                enable_gqa=q.shape[1] != k.shape[1],
-            )
+        if own_mask is not None and q.is_cuda and dropout == 0.0:
+            context = masked_flex_attention(q, k, v, own_mask, scale)
+        else:
+            groups = q.shape[1] // k.shape[1]
+            if own_mask is not None and groups > 1:  # SDPA's masked kernels take no GQA
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                context = F.scaled_dot_product_attention(
+                    q,
+                    k,
+                    v,
+                    # Megatron's mask is True where masked, SDPA's where attended
+                    attn_mask=None if own_mask is None else ~own_mask,
+                    dropout_p=dropout,
+                    is_causal=own_mask is None and mask_type == AttnMaskType.causal,
+                    scale=scale,
+                    enable_gqa=q.shape[1] != k.shape[1],
+                )
         # [b, heads, s, d] -> [s, b, heads * d]
         context = context.permute(2, 0, 1, 3).contiguous()
         return context.view(*context.shape[:2], self.hidden_size_per_partition)
 
 
 class TurboMaskedDotProductAttention(TurboDotProductAttention):
-    """SDPA over the mask each row brings (packed documents' block-diagonal causal mask): the
-    memory-efficient kernel, which computes every score of the row but never holds them."""
+    """Attention under the mask each row brings (packed documents' block-diagonal causal
+    mask): FlexAttention on a GPU, which skips the tiles the mask covers whole; SDPA with the
+    mask elsewhere and with dropout."""
 
     rows_bring_masks = True
+
+
+_flex: list[Any] = [None, None]  # compiled flex_attention and create_block_mask, made once
+_last_block_mask: list[Any] = [None, None, None]  # mask, its version, its BlockMask
+
+
+def _compiled_flex() -> list[Any]:
+    if _flex[0] is None:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        _flex[:] = [torch.compile(flex_attention), torch.compile(create_block_mask)]
+    return _flex
+
+
+def masked_flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """FlexAttention of [b, heads, s, d] q, k, v under Megatron's bool mask [b, 1, s, s] (True
+    where masked; every position sees at least itself), GQA included. The block mask (which
+    128 x 128 tiles have anything to attend) is made once per mask tensor: the layers of a
+    forward share it."""
+    flex, make_block_mask = _compiled_flex()
+    if _last_block_mask[0] is not mask or _last_block_mask[1] != mask._version:
+        attended = ~mask[:, 0]
+
+        def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return attended[b, q_idx, kv_idx]
+
+        rows, _, length, kv_length = mask.shape
+        block_mask = make_block_mask(mask_mod, rows, None, length, kv_length, device=mask.device)
+        _last_block_mask[:] = [mask, mask._version, block_mask]
+    return flex(
+        q, k, v, block_mask=_last_block_mask[2], scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
 def turbo_language_model_loss(
