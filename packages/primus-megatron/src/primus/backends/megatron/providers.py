@@ -139,6 +139,14 @@ def datasets_provider(train_val_test_num_samples: list[int], vp_stage: int | Non
 datasets_provider.is_distributed = True  # type: ignore[attr-defined]
 
 
+def document_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Megatron's attention mask [..., 1, s, s] (bool, True where masked) of packed rows'
+    sample ids [..., s]: a position attends to earlier positions of its own sample only."""
+    same = segment_ids[..., :, None] == segment_ids[..., None, :]
+    causal = torch.ones(same.shape[-2:], dtype=torch.bool, device=same.device).tril()
+    return ~(same & causal).unsqueeze(-3)
+
+
 def _to_gpu(value: Any) -> Any:
     return value.cuda(non_blocking=True) if isinstance(value, torch.Tensor) else value
 
@@ -163,6 +171,8 @@ def get_batch(
         local = {k: _to_gpu(v) for k, v in next(data_iterator).items()}
         if pairs:
             local = {k: v.flatten(0, 1) for k, v in local.items()}
+        if "segment_ids" in local:  # packed rows ship their ids, not an s x s mask
+            local["attention_mask"] = document_mask(local.pop("segment_ids"))
     logps = local.pop(REFERENCE_KEY) if local is not None and reference else None
     if local is not None and first and last and tp_group.size() == 1:
         batch = local  # one TP rank, one stage: nothing to broadcast or drop

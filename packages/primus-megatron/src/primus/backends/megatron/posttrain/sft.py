@@ -6,7 +6,8 @@ consumed .. consumed + global_batch - 1, so sample i is the row at position i
 from the checkpoint) sees exactly the rows it would have seen.
 
 Packed rows: Megatron's local attention takes a full mask, so each row gets its block-diagonal
-causal mask (a position attends to earlier positions of its own sample only). Megatron's RoPE
+causal mask (a position attends to earlier positions of its own sample only). A row carries
+only its samples' ids (`segment_ids`); `get_batch` makes the mask on the GPU. Megatron's RoPE
 rotates by the position in the row, not `position_ids`; within a block the scores depend only
 on the distance between query and key, so this equals positions restarting per sample.
 """
@@ -23,14 +24,6 @@ from primus.backends.megatron.providers import get_batch, loss_func
 from primus.core.posttrain import REFERENCE_KEY, PairDataset, SFTDataset, token_stats_torch
 
 Rows = SFTDataset | PairDataset  # SFT rows, or DPO's pairs (each tensor with a leading 2)
-
-
-def document_mask(segment_ids: Any) -> torch.Tensor:
-    """(1, s, s) bool, True where attention is masked: across samples, or to a later position."""
-    segments = torch.as_tensor(segment_ids)
-    same = segments[:, None] == segments[None, :]
-    causal = torch.ones_like(same).tril()
-    return ~(same & causal)[None]
 
 
 class SFTSamples(torch.utils.data.Dataset):
@@ -61,7 +54,7 @@ class SFTSamples(torch.utils.data.Dataset):
         if REFERENCE_KEY in row:  # DPO's precomputed reference log-probabilities
             sample[REFERENCE_KEY] = torch.as_tensor(row[REFERENCE_KEY])
         if self.packed:
-            sample["attention_mask"] = document_mask(row["segment_ids"])
+            sample["segment_ids"] = torch.as_tensor(row["segment_ids"]).int()
         return sample
 
 
