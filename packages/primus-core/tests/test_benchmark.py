@@ -13,12 +13,14 @@ from primus.core.diagnostics.benchmark import (
     Attention,
     Gemm,
     bus_factor,
+    check_fits,
     job_attention,
     job_collective_sizes,
     job_gemms,
     parse_attention,
     parse_shape,
     parse_size,
+    run_ops,
     timed,
 )
 from primus.core.errors import ConfigError
@@ -106,6 +108,21 @@ def test_a_report_it_cannot_write_is_refused_before_the_timing(
     unboxed = " ".join(re.sub("[│╭╮╰╯─]", " ", result.stderr).split())  # typer's usage box
     assert result.returncode == 2 and said.format(tmp_path) in unboxed, result.stderr
     assert "Traceback" not in result.stderr and "16x16x16" not in result.stdout
+
+
+def test_a_shape_the_device_cannot_hold_is_refused_before_any_allocation() -> None:
+    """Three 100000 x 100000 bf16 matrices (56 GiB) on this process's device, in process: a
+    usage error instead of an allocation that fails or swaps for minutes."""
+    huge = parse_shape("100000x100000x100000")
+    with pytest.raises(
+        ConfigError, match=r"^100000x100000x100000: its bf16 tensors need 55\.9 GiB, and "
+    ) as refused:
+        run_ops([huge], "bf16", repeats=1, warmup=0)
+    assert refused.value.hint == "time a smaller shape"
+    check_fits([huge], "bf16", 2, "cpu", free=None)  # memory unknown: no check
+    small = Gemm("qkv", 16, 16, 16)
+    with pytest.raises(ConfigError, match=r"^qkv \(16x16x16\): its fp32 tensors need 0\.3 GiB"):
+        check_fits([small], "fp32", 4, "NVIDIA H200", free=1 << 20)  # the L2 flush counted
 
 
 def test_the_command_needs_something_to_time() -> None:

@@ -45,6 +45,11 @@ class Gemm:
     def shape(self) -> str:
         return f"{self.m}x{self.n}x{self.k}"
 
+    @property
+    def elements(self) -> int:
+        """The inputs' and the output's."""
+        return self.m * self.k + self.k * self.n + self.m * self.n
+
     def call(self, torch: Any, device: str, dtype: Any) -> Callable[[], Any]:
         a = torch.randn(self.m, self.k, dtype=dtype, device=device)
         b = torch.randn(self.k, self.n, dtype=dtype, device=device)
@@ -71,6 +76,11 @@ class Attention:
     @property
     def shape(self) -> str:
         return f"{self.batch}x{self.heads}x{self.kv_heads}x{self.seq}x{self.head_dim}"
+
+    @property
+    def elements(self) -> int:
+        """Query, key, value and the output's."""
+        return 2 * self.batch * (self.heads + self.kv_heads) * self.seq * self.head_dim
 
     def call(self, torch: Any, device: str, dtype: Any) -> Callable[[], Any]:
         def tensor(heads: int) -> Any:
@@ -171,14 +181,41 @@ def timed(torch: Any, cuda: bool, fn: Callable[[], Any], repeats: int, warmup: i
     return [start.elapsed_time(end) for start, end in events]
 
 
+def check_fits(ops: list[Op], dtype: str, itemsize: int, device: str, free: int | None) -> None:
+    """A ConfigError naming the first op whose tensors (`itemsize` bytes an element) need more
+    than the device's `free` bytes (None: unknown, no check)."""
+    for op in ops:
+        need = op.elements * itemsize + (L2_FLUSH_BYTES if device != "cpu" else 0)
+        if free is not None and need > free:
+            what = op.shape if op.name == op.shape else f"{op.name} ({op.shape})"
+            raise ConfigError(
+                f"{what}: its {dtype} tensors need {need / 2**30:.1f} GiB, and {device} has "
+                f"{free / 2**30:.1f} GiB free",
+                hint="time a smaller shape",
+            )
+
+
+def free_bytes(torch: Any, cuda: bool) -> int | None:
+    """The GPU's free memory, or the host's available memory on the CPU (None: unknown)."""
+    if cuda:
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024
+
+
 def run_ops(ops: list[Op], dtype: str, repeats: int, warmup: int) -> tuple[str, list[Timing]]:
     """Time each op on this process's device (the GPU if there is one); the device's name
-    and a timing each."""
+    and a timing each. Ops whose tensors the device cannot hold are refused first."""
     import torch
 
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if cuda else "cpu"
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    check_fits(ops, dtype, torch_dtype.itemsize, device, free_bytes(torch, cuda))
     peak = peak_tflops(device) if cuda and dtype != "fp32" else None
     results = []
     for op in ops:
