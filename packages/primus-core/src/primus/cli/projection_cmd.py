@@ -117,8 +117,14 @@ def memory(
     from primus.core.runtime import PrimusRuntime
 
     runtime = _quiet(PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on))
+    # A layout the run itself would refuse: its batch checked before the build, which takes
+    # seconds; model replicas that do not fill the GPUs, as the build names them.
+    early = runtime.holds_replicas(gpus)
+    if early:
+        runtime.check_world(gpus, f"--gpus {gpus}")
     job = runtime.training_job(gpus)
-    runtime.check_world(gpus, f"--gpus {gpus}")  # a layout the run itself would refuse
+    if not early:
+        runtime.check_world(gpus, f"--gpus {gpus}")
     projection = project(job)
     typer.echo(_table(job, projection))
     if json_path is not None:

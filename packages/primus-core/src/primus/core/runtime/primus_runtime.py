@@ -131,15 +131,21 @@ class PrimusRuntime:
                 "system, or save no checkpoints",
             )
 
+    def holds_replicas(self, processes: int) -> bool:
+        """Whether `processes` split into whole model replicas of the size the adapter's
+        `parallel_sizes` give."""
+        replica = math.prod(self.adapter.parallel_sizes(self.module).values())
+        return replica > 0 and processes % replica == 0
+
     def check_world(self, processes: int, how: str) -> None:
         """A ConfigError where `processes` (started as `how` says) cannot be split into model
         replicas of the size the adapter's `parallel_sizes` give, or the adapter's
         `check_launch` refuses them, before anything starts."""
-        sizes = self.adapter.parallel_sizes(self.module)
-        replica = math.prod(sizes.values())
-        if replica > 0 and processes % replica == 0:
+        if self.holds_replicas(processes):
             self.adapter.check_launch(self.module, processes)
             return
+        sizes = self.adapter.parallel_sizes(self.module)
+        replica = math.prod(sizes.values())
         product = " x ".join(f"{key} {value}" for key, value in sizes.items())
         at = next((k for k, v in sizes.items() if v > 1 and self.module.origin(k)), None)
         raise ConfigError(
