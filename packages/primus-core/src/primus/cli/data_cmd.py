@@ -204,6 +204,12 @@ def prepare(
     inputs = [*(files or []), *(inputs or [])]
     if not inputs:
         raise typer.BadParameter("name the files to tokenize (FILE... or --input FILE)")
+    if not output.strip():
+        raise typer.BadParameter(
+            "is empty; name the corpus's prefix, as corpus (writes corpus.bin, corpus.idx and "
+            "corpus.json)",
+            param_hint="--output",
+        )
     if Path(output).is_dir() or output.endswith("/"):
         raise typer.BadParameter(
             f"{output} is a folder; the output is a prefix in one, as {Path(output) / 'corpus'} "
