@@ -42,32 +42,20 @@ _EPS = 1e-12  # the smallest amax: an all-zero tensor gets a finite scale
 
 @triton.jit
 def _cast_kernel(
-    x, scale, out, M, N, stride_xm, stride_xn, fp8_max,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x, scale, out, out_t, M, N, stride_xm, stride_xn, fp8_max,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED_TOO: tl.constexpr,
 ):  # fmt: skip
-    """out[m, n] = saturate(x[m, n] / scale[m]), row-major; x of any strides."""
+    """out[m, n] = saturate(x[m, n] / scale[m]), row-major, x of any strides; with
+    `TRANSPOSED_TOO` also out_t[n, m], row-major, from the same read."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     mask = (rm < M) & (rn < N)
     v = tl.load(x + rm * stride_xm + rn * stride_xn, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(scale + rm, mask=rm < M, other=1.0)
-    q = tl.clamp(v / s, -fp8_max, fp8_max)
-    tl.store(out + rm * N + rn, q.to(out.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _cast_both_kernel(
-    x, scale, out, out_t, M, N, stride_xm, stride_xn, fp8_max,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """out[m, n] = out_t[n, m] = saturate(x[m, n] / scale), both row-major: one read of x."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    mask = (rm < M) & (rn < N)
-    v = tl.load(x + rm * stride_xm + rn * stride_xn, mask=mask, other=0.0).to(tl.float32)
-    q = tl.clamp(v / tl.load(scale), -fp8_max, fp8_max).to(out.dtype.element_ty)
+    q = tl.clamp(v / s, -fp8_max, fp8_max).to(out.dtype.element_ty)
     tl.store(out + rm * N + rn, q, mask=mask)
-    tl.store(out_t + rn * M + rm, q, mask=mask)
+    if TRANSPOSED_TOO:
+        tl.store(out_t + rn * M + rm, q, mask=mask)
 
 
 def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
@@ -84,12 +72,24 @@ def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     fp8_max = torch.finfo(dtype).max
     if not x.is_cuda:
         return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype).contiguous()
+    return _cast_on_gpu(x, scale, dtype, transposed_too=False)[0]
+
+
+def _cast_on_gpu(
+    x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transposed_too: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_cast_kernel` over the 2-D `x`: its FP8 copy, and with `transposed_too` that of x.T
+    (else the copy again)."""
     rows, cols = x.shape
     out = torch.empty(rows, cols, dtype=dtype, device=x.device)
+    out_t = torch.empty(cols, rows, dtype=dtype, device=x.device) if transposed_too else out
     per_row = scale.expand(rows, 1).contiguous()
     grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
-    _cast_kernel[grid](x, per_row, out, rows, cols, *x.stride(), fp8_max, BLOCK_M=64, BLOCK_N=64)
-    return out
+    _cast_kernel[grid](
+        x, per_row, out, out_t, rows, cols, *x.stride(), torch.finfo(dtype).max,
+        BLOCK_M=64, BLOCK_N=64, TRANSPOSED_TOO=transposed_too,
+    )  # fmt: skip
+    return out, out_t
 
 
 def quantize_rows(
@@ -107,15 +107,7 @@ def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ..
     scale = _scale(x, dtype, False)
     if not x.is_cuda:
         return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
-    rows, cols = x.shape
-    out = torch.empty(rows, cols, dtype=dtype, device=x.device)
-    out_t = torch.empty(cols, rows, dtype=dtype, device=x.device)
-    grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
-    _cast_both_kernel[grid](
-        x, scale, out, out_t, rows, cols, *x.stride(), torch.finfo(dtype).max,
-        BLOCK_M=64, BLOCK_N=64,
-    )  # fmt: skip
-    return out, out_t, scale.reshape(())
+    return *_cast_on_gpu(x, scale, dtype, transposed_too=True), scale.reshape(())
 
 
 def mm_nt(
