@@ -6,6 +6,8 @@ to the upstream code, so turning a feature on never changes what a config means.
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.util
 from typing import Any
 
 import torch
@@ -163,7 +165,7 @@ class TurboDotProductAttention(DotProductAttention):
         # [s, b, heads, d] -> [b, heads, s, d] (views; SDPA takes the strides)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         dropout = self.attention_dropout.p if self.training else 0.0
-        if own_mask is not None and q.is_cuda and dropout == 0.0:
+        if own_mask is not None and dropout == 0.0 and flex_runs_on(q.device):
             context = masked_flex_attention(q, k, v, own_mask, scale)
         else:
             groups = q.shape[1] // k.shape[1]
@@ -192,6 +194,15 @@ class TurboMaskedDotProductAttention(TurboDotProductAttention):
     mask elsewhere and with dropout."""
 
     rows_bring_masks = True
+
+
+@functools.cache
+def flex_runs_on(device: torch.device) -> bool:
+    """Whether FlexAttention's Triton kernels run on `device`: a GPU of compute capability 8.0
+    or newer (an NVIDIA one; ROCm's report 9.x), with a torch that has them (2.5 and newer)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
 _flex: list[Any] = [None, None]  # compiled flex_attention and create_block_mask, made once
