@@ -315,11 +315,12 @@ def test_a_folder_as_the_output_is_refused_with_a_prefix_in_it(
         assert done.value.code == 2
         said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
         assert "is a folder; the output is a prefix in one" in said
-    with pytest.raises(SystemExit) as done:  # "" would be the folder it runs in
-        main(["data", "prepare", str(corpus), "-t", str(tokenizer), "-o", ""])
-    assert done.value.code == 2
-    said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
-    assert "Invalid value for --output: is empty; name the corpus's prefix" in said
+    for output in ("", ".bin"):  # the folder it runs in, as the prefix
+        with pytest.raises(SystemExit) as done:
+            main(["data", "prepare", str(corpus), "-t", str(tokenizer), "-o", output])
+        assert done.value.code == 2
+        said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
+        assert f"Invalid value for --output: {output!r} names no prefix" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "data"]
     with pytest.raises(
         ConfigError, match=r"cannot write the corpus .*a.jsonl/c: \S*a.jsonl is not"

@@ -180,7 +180,8 @@ def test_torchtitan_runs_the_inner_blocks_linears_in_fp8() -> None:
 def sequence_parallel_rank(rank: int, store: str, recipe: str, results: Any) -> None:
     """One of two tensor-parallel ranks (gloo) of a column-parallel layer under sequence
     parallelism: its slice of the sequence in, its slice of the output features out; puts
-    (rank, errors against the exact GEMMs, whether the FP8 path ran) on `results`."""
+    (rank, errors against the exact GEMMs, whether the FP8 path ran and a second backward gave
+    the first's gradients) on `results`."""
     from primus.turbo.megatron_fp8 import turbo_linear
 
     torch.distributed.init_process_group(
@@ -198,14 +199,16 @@ def sequence_parallel_rank(rank: int, store: str, recipe: str, results: Any) -> 
         g = g_all[..., rank * n : (rank + 1) * n]
         group = torch.distributed.group.WORLD
         out = turbo_linear(x, w, None, False, False, True, tp_group=group)
-        got = (out, *torch.autograd.grad(out, (x, w), g))
+        got = (out, *torch.autograd.grad(out, (x, w), g, retain_graph=True))
+        again = torch.autograd.grad(out, (x, w), g)  # the backward leaves what it saved as it was
+        same = all(torch.equal(a, b) for a, b in zip(got[1:], again, strict=True))
         exact_out = x_all.float() @ w.float().t()
         exact_input = (g_all.float() @ w_all.float()).chunk(2)[rank]
         exact_weight = g.float().reshape(-1, n).t() @ x_all.float().reshape(-1, k)
         want = (exact_out, exact_input, exact_weight)
         names = ("out", "input", "weight")
         errs = {name: rel(a, e) for name, a, e in zip(names, got, want, strict=True)}
-        results.put((rank, errs, hasattr(w, "_turbo_fp8")))
+        results.put((rank, errs, hasattr(w, "_turbo_fp8") and same))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -234,8 +237,8 @@ def test_sequence_parallel_linears_gather_and_scatter_around_the_fp8_gemms(
     for process in ranks:  # their results are a few numbers: the queue does not block them
         process.join(120)
         assert process.exitcode == 0
-    for rank, errs, ran_fp8 in sorted(results.get(timeout=5) for _ in ranks):
-        assert ran_fp8, rank
+    for rank, errs, ran_fp8_twice in sorted(results.get(timeout=5) for _ in ranks):
+        assert ran_fp8_twice, rank
         assert_fp8_close({**errs, "bias": 0.0})
 
 

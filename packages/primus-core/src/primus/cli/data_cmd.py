@@ -204,10 +204,10 @@ def prepare(
     inputs = [*(files or []), *(inputs or [])]
     if not inputs:
         raise typer.BadParameter("name the files to tokenize (FILE... or --input FILE)")
-    if not output.strip():
+    if not output.removesuffix(".bin").removesuffix(".idx").strip():
         raise typer.BadParameter(
-            "is empty; name the corpus's prefix, as corpus (writes corpus.bin, corpus.idx and "
-            "corpus.json)",
+            f"{output!r} names no prefix; name the corpus's, as corpus (writes corpus.bin, "
+            "corpus.idx and corpus.json)",
             param_hint="--output",
         )
     if Path(output).is_dir() or output.endswith("/"):

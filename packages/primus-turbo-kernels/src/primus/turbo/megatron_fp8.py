@@ -15,6 +15,7 @@ gathers it again in the backward, as upstream keeps its input.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -91,9 +92,9 @@ class MegatronFP8Linear(torch.autograd.Function):
         main_grad = getattr(weight, "main_grad", None) if ctx.accumulate else None
         wgrad_dtype = weight.dtype if main_grad is None else main_grad.dtype
         saved = ctx.saved
-        if ctx.sequence_parallel and saved.recipe == "rowwise":
+        if ctx.sequence_parallel and saved.recipe == "rowwise":  # a copy: the slice stays saved
             whole = gathered(saved.x, ctx.tp_group)
-            saved.x = whole.reshape(-1, whole.shape[-1])
+            saved = dataclasses.replace(saved, x=whole.reshape(-1, whole.shape[-1]))
         grad_input, grad_weight = fp8_backward(saved, grad, wgrad_dtype)
         grad_input = grad_input.view(ctx.shape)
         if ctx.allreduce_dgrad:

@@ -226,12 +226,12 @@ def masked_flex_attention(
     forward share it."""
     flex, make_block_mask = _compiled_flex()
     if _last_block_mask[0] is not mask or _last_block_mask[1] != mask._version:
-        attended = ~mask[:, 0]
+        attended = (~mask[:, 0]).expand(q.shape[0], -1, -1)  # a mask of one row serves all
 
         def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
             return attended[b, q_idx, kv_idx]
 
-        rows, _, length, kv_length = mask.shape
+        rows, length, kv_length = attended.shape
         block_mask = make_block_mask(mask_mod, rows, None, length, kv_length, device=mask.device)
         _last_block_mask[:] = [mask, mask._version, block_mask]
     return flex(

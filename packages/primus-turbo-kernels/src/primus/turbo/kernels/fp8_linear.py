@@ -165,7 +165,8 @@ class Saved:
     """What the backward needs: FP8 copies tensorwise, the input itself rowwise."""
 
     recipe: str
-    x: torch.Tensor  # tensorwise: x.T in FP8 [K, M]; rowwise: x [M, K] as given
+    x: torch.Tensor  # tensorwise: x.T in FP8 [K, M]; rowwise: x [M, K] as given (a caller
+    # may keep a slice of it instead, as the sequence-parallel layers do)
     x_scale: torch.Tensor  # tensorwise: x's scale; rowwise: unused (empty)
     w_t: torch.Tensor  # W.T in FP8 [K, N]
     w_t_scale: torch.Tensor

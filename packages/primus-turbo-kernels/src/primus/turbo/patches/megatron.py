@@ -129,7 +129,7 @@ def _rotated_apart(ctx: PatchContext) -> str | None:
 def turbo_attention(ctx: PatchContext) -> None:
     """Core attention of the local spec runs PyTorch SDPA (flash / memory-efficient, GQA).
     Rows that bring their own attention mask (packed fine-tuning's block-diagonal one,
-    `reset_attention_mask`'s) have SDPA apply it: the memory-efficient kernel, no flash."""
+    `reset_attention_mask`'s) are attended under it: FlexAttention on a GPU, SDPA elsewhere."""
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
 
     from primus.turbo import megatron_layers as layers
