@@ -339,6 +339,34 @@ def test_lora_with_tensor_parallel_trains_as_one_process(
         assert all((two[k] - one[k]).abs().max() <= 1e-5 for k in one), folder
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [["pipeline_model_parallel_size=3", "num_layers=3"],
+     ["pipeline_model_parallel_size=2", "num_layers_per_virtual_pipeline_stage=1"]],
+    ids=["three-stages", "virtual-stages"],
+)  # fmt: skip
+def test_packing_with_stages_that_read_no_rows_is_refused(
+    task: dict[str, Path], tmp_path: Path, overrides: list[str]
+) -> None:
+    """Megatron hands the stages between the first and the last no batch, so no mask: their
+    attention would run causal across the samples of a packed row. Refused at sft.packing."""
+    from primus.backends.megatron.megatron_adapter import MegatronAdapter
+    from primus.core.errors import ConfigError
+    from primus.core.runtime import resolution
+
+    exp = experiment(tmp_path / "pp", task, packing=True)
+    (module,) = resolution.load(exp, overrides, None, single=True).modules.values()
+    with pytest.raises(ConfigError) as refused:
+        MegatronAdapter("megatron").check_params(module, "posttrain")
+    said = str(refused.value)
+    assert "sft.packing with pipeline stages between the first and the last" in said, said
+    assert "hint: set pipeline_model_parallel_size to 2 at most" in said
+    (module,) = resolution.load(
+        exp, [*overrides, "sft.packing=false"], None, single=True
+    ).modules.values()
+    MegatronAdapter("megatron").check_params(module, "posttrain")  # unpacked rows need no mask
+
+
 def test_lora_with_sequence_parallel_is_refused(task: dict[str, Path], tmp_path: Path) -> None:
     """From the config alone, at the peft section's line."""
     from primus.backends.megatron.megatron_adapter import MegatronAdapter

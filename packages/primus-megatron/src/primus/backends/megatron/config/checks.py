@@ -189,6 +189,26 @@ def _check_finetuning(config: ModuleConfig, args: argparse.Namespace) -> None:
             "only, not with transformer_impl: transformer_engine",
             hint="set transformer_impl: local, or sft.packing: false",
         )
+    virtual = (
+        args.num_layers_per_virtual_pipeline_stage or args.num_virtual_stages_per_pipeline_rank
+    )
+    if (
+        config.sft is not None
+        and config.sft.packing
+        and (
+            args.pipeline_model_parallel_size > 2
+            or (args.pipeline_model_parallel_size > 1 and virtual)
+        )
+    ):
+        raise config.sft.error(
+            "packing",
+            "megatron: sft.packing with pipeline stages between the first and the last "
+            f"(pipeline_model_parallel_size {args.pipeline_model_parallel_size}"
+            f"{', virtual stages' if virtual else ''}): those read no rows, so their "
+            "attention would not get the rows' document mask",
+            hint="set pipeline_model_parallel_size to 2 at most (no virtual stages), or "
+            "sft.packing: false",
+        )
     if config.peft is None:
         return
     problems = {
