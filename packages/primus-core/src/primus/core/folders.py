@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from primus.core.errors import ConfigError, Origin
+
 # Python's multiprocessing binds Unix sockets at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (data-loader
 # workers share tensors through them); Linux takes a socket path of at most 107 bytes.
 SOCKET_PATH_MAX = 107
@@ -66,3 +68,15 @@ def temp_dir_too_long() -> str | None:
         f"multiprocessing makes Unix sockets {SOCKET_SUFFIX} bytes deeper, and Linux takes "
         f"{SOCKET_PATH_MAX}: data-loader workers could not share tensors and the run would hang"
     )
+
+
+def check_temp_dir() -> None:
+    """A ConfigError where the temporary folder is too long for multiprocessing's sockets (a
+    hang later)."""
+    why = temp_dir_too_long()
+    if why is not None:
+        raise ConfigError(
+            why,
+            Origin("env", detail="TMPDIR") if os.environ.get("TMPDIR") else None,
+            hint="point TMPDIR at a shorter folder",
+        )

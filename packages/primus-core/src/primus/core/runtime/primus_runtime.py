@@ -17,7 +17,7 @@ from primus.core.config.experiment import Experiment, resolved_tree
 from primus.core.config.render import args_summary, to_yaml
 from primus.core.config.tree import ConfigTree
 from primus.core.errors import ConfigError, Origin, filesystem_error
-from primus.core.folders import temp_dir_too_long, unwritable
+from primus.core.folders import check_temp_dir, unwritable
 from primus.core.launch.dist_env import get_torchrun_env
 from primus.core.logging import get_logger, setup_logging, write_refused
 from primus.core.patches.patch import PatchContext
@@ -66,7 +66,7 @@ class PrimusRuntime:
         self.run_dir = self.experiment.run_dir.resolve()
         if check_inputs:
             self.check_run_dir()
-            self.check_temp_dir()
+            check_temp_dir()
         began = time.perf_counter()
         self.adapter, self.source_tree, self.undecided = resolution.backend_for(
             self.module, converting, inputs=check_inputs, stage=stage
@@ -156,16 +156,6 @@ class PrimusRuntime:
             hint=f"start a multiple of {replica} processes, or make the parallel sizes divide "
             f"{processes}",
         )
-
-    def check_temp_dir(self) -> None:
-        """A ConfigError where TMPDIR is too long for multiprocessing's sockets (a hang later)."""
-        why = temp_dir_too_long()
-        if why is not None:
-            raise ConfigError(
-                why,
-                Origin("env", detail="TMPDIR") if os.environ.get("TMPDIR") else None,
-                hint="point TMPDIR at a shorter folder",
-            )
 
     def run(self, dry_run: bool = False, full: bool = False) -> None:
         """Train (the workspace checked at `check_inputs`, here or by the launcher), or with
@@ -299,7 +289,6 @@ class PrimusRuntime:
         """`primus checkpoint import`: the HF model in `hf_dir` as the run's native
         checkpoint, checked against the experiment's model; the folder written."""
         from primus.core.config.inputs import check_hf_model
-        from primus.core.errors import Origin
 
         self.module.init_from = hf_dir.resolve()
         self.module.init_from_origin = Origin("cli", detail=f"--hf {hf_dir}")
