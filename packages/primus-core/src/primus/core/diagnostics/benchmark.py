@@ -199,12 +199,9 @@ def free_bytes(torch: Any, cuda: bool) -> int | None:
     """The GPU's free memory, or the host's available memory on the CPU (None: unknown)."""
     if cuda:
         return int(torch.cuda.mem_get_info()[0])
-    try:
-        with open("/proc/meminfo") as meminfo:
-            line = next(line for line in meminfo if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return None
-    return int(line.split()[1]) * 1024
+    from primus.core.diagnostics.preflight import meminfo_bytes
+
+    return meminfo_bytes("MemAvailable")
 
 
 def run_ops(ops: list[Op], dtype: str, repeats: int, warmup: int) -> tuple[str, list[Timing]]:

@@ -50,9 +50,15 @@ def _proc_field(path: str, name: str) -> str | None:
     return None
 
 
-def _meminfo_gib(name: str) -> float | None:
+def meminfo_bytes(name: str) -> int | None:
+    """A /proc/meminfo field (`MemAvailable`, ...) in bytes; None where there is none."""
     value = _proc_field("/proc/meminfo", name)  # "16314248 kB"
-    return round(int(value.split()[0]) * 1024 / GIB, 1) if value else None
+    return int(value.split()[0]) * 1024 if value else None
+
+
+def _meminfo_gib(name: str) -> float | None:
+    value = meminfo_bytes(name)
+    return round(value / GIB, 1) if value is not None else None
 
 
 def host_info() -> dict[str, Any]:
