@@ -205,16 +205,15 @@ def flex_runs_on(device: torch.device) -> bool:
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
-_flex: list[Any] = [None, None]  # compiled flex_attention and create_block_mask, made once
 _last_block_mask: list[Any] = [None, None, None]  # mask, its version, its BlockMask
 
 
-def _compiled_flex() -> list[Any]:
-    if _flex[0] is None:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@functools.cache
+def _compiled_flex() -> tuple[Any, Any]:
+    """flex_attention and create_block_mask compiled, once a process."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        _flex[:] = [torch.compile(flex_attention), torch.compile(create_block_mask)]
-    return _flex
+    return torch.compile(flex_attention), torch.compile(create_block_mask)
 
 
 def masked_flex_attention(
