@@ -199,7 +199,7 @@ def free_bytes(torch: Any, cuda: bool) -> int | None:
     """The GPU's free memory, or the host's available memory on the CPU (None: unknown)."""
     if cuda:
         return int(torch.cuda.mem_get_info()[0])
-    from primus.core.diagnostics.preflight import meminfo_bytes
+    from primus.core.diagnostics.host import meminfo_bytes
 
     return meminfo_bytes("MemAvailable")
 

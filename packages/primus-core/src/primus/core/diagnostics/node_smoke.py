@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from primus.core.diagnostics.preflight import GIB, host_info
+from primus.core.diagnostics.host import GIB, host_info
 from primus.core.reliability.atomic import append_line
 
 BAD_DEVICE = "PRIMUS_PREFLIGHT_BAD_DEVICE"

@@ -21,13 +21,13 @@ from typing import Any
 
 from primus.core.diagnostics.benchmark import bus_gbs, process_group, time_collective, timed
 from primus.core.diagnostics.gpu_health import gpu_health
+from primus.core.diagnostics.host import GIB, host_info
 from primus.core.errors import ConfigError
 from primus.core.folders import unwritable
 
 SLOW_RANK = "PRIMUS_PREFLIGHT_SLOW_RANK"
 SLOW_NODE = "PRIMUS_PREFLIGHT_SLOW_NODE"
 PROBE_BYTES = 64 << 20  # the disk write probe
-GIB = 1 << 30
 
 
 def check_workspace(workspace: Path) -> Path:
@@ -36,40 +36,6 @@ def check_workspace(workspace: Path) -> Path:
     if why is not None:
         raise ConfigError(f"workspace {workspace} cannot take files: {why}")
     return workspace.resolve()
-
-
-def _proc_field(path: str, name: str) -> str | None:
-    try:
-        with open(path) as lines:
-            for line in lines:
-                key, _, value = line.partition(":")
-                if key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
-def meminfo_bytes(name: str) -> int | None:
-    """A /proc/meminfo field (`MemAvailable`, ...) in bytes; None where there is none."""
-    value = _proc_field("/proc/meminfo", name)  # "16314248 kB"
-    return int(value.split()[0]) * 1024 if value else None
-
-
-def _meminfo_gib(name: str) -> float | None:
-    value = meminfo_bytes(name)
-    return round(value / GIB, 1) if value is not None else None
-
-
-def host_info() -> dict[str, Any]:
-    """This host's name, CPU model and cores, total and available memory (GiB)."""
-    return {
-        "host": socket.gethostname(),
-        "cpu": _proc_field("/proc/cpuinfo", "model name"),
-        "cpu_cores": os.cpu_count(),
-        "mem_total_gib": _meminfo_gib("MemTotal"),
-        "mem_available_gib": _meminfo_gib("MemAvailable"),
-    }
 
 
 def disk_write(workspace: Path, nbytes: int = PROBE_BYTES) -> dict[str, float]:
