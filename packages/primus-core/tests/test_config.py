@@ -102,6 +102,16 @@ def test_extends_cycle_and_missing_base_name_the_extends_line(write) -> None:
     assert err.value.origin.line == 2
 
 
+def test_a_symlink_loop_is_a_config_error_at_the_extends_line(write, tmp_path) -> None:
+    (tmp_path / "loop1.yaml").symlink_to("loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to("loop1.yaml")
+    with pytest.raises(ConfigError, match=r"loop1.yaml: a symbolic link that loops"):
+        load_config_file(tmp_path / "loop1.yaml")
+    with pytest.raises(ConfigError, match=r"a symbolic link that loops") as err:
+        load_config_file(write("exp.yaml", "k: 1\nextends: loop1.yaml\n"))
+    assert err.value.origin.line == 2
+
+
 def test_overrides_syntax() -> None:
     parsed = parse_overrides(
         ["--lr", "1e-4", "a.b=[1,2]", "--train-iters=3", "--flag", "--shift", "-1", "--last"]

@@ -16,7 +16,11 @@ def load_config_file(
 
     `extends` is one path or a list of paths, each relative to the file that names it.
     """
-    path = path.resolve()
+    try:
+        path = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: RuntimeError before Python 3.13
+        raise ConfigError(f"{path}: a symbolic link that loops", referenced_at,
+                          hint="point the link at a file") from None  # fmt: skip
     if path in _chain:
         cycle = " -> ".join(p.name for p in (*_chain[_chain.index(path) :], path))
         raise ConfigError(f"extends cycle: {cycle}", referenced_at)
