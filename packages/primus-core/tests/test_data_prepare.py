@@ -21,8 +21,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 import pyarrow as pa  # type: ignore[import-untyped]  # noqa: E402
 
 from primus.cli.main import main  # noqa: E402
-from primus.core.data import indexed  # noqa: E402
-from primus.core.data.indexed import IndexedCorpus, index_problem  # noqa: E402
+from primus.core.data.indexed import IndexedCorpus  # noqa: E402
 from primus.core.data.manifest import read_manifest, sha256  # noqa: E402
 from primus.core.data.prepare import Request, prepare  # noqa: E402
 from primus.core.data.tokenizer import find_eod, load_tokenizer  # noqa: E402
@@ -256,30 +255,6 @@ def test_eod_choice(tmp_path: Path, tokenizer: Path) -> None:
     assert (fresh.id, fresh.token) == (plain.get_vocab_size(), None)  # past the vocabulary
     with pytest.raises(ConfigError, match=r"no tokenizer\.json in"):
         load_tokenizer(tmp_path)
-
-
-def test_index_in_blocks_and_its_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import numpy as np
-
-    lengths = np.arange(1, 11, dtype=np.int32)
-    sizes = io.BytesIO(lengths.tobytes())
-    whole = io.BytesIO()
-    assert indexed.write_index(whole, sizes, "int32") == 10
-    monkeypatch.setattr(indexed, "BLOCK", 3)
-    blocks = io.BytesIO()
-    indexed.write_index(blocks, sizes, "int32")
-    assert blocks.getvalue() == whole.getvalue()
-
-    idx, data = tmp_path / "c.idx", tmp_path / "c.bin"
-    idx.write_bytes(whole.getvalue())
-    data.write_bytes(np.arange(55, dtype=np.int32)[:-1].tobytes())  # the last token cut
-    assert index_problem(idx, data) == f"{data} is truncated: 216 bytes, its index c.idx needs 220"
-    data.write_bytes(np.arange(55, dtype=np.int32).tobytes())
-    assert index_problem(idx, data) is None
-    corpus = IndexedCorpus(tmp_path / "c")
-    assert (len(corpus), corpus.token_count, corpus[3].tolist()) == (10, 55, [6, 7, 8, 9])
-    idx.write_bytes(b"junk" * 20)
-    assert "not an index file of the indexed format" in str(index_problem(idx, data))
 
 
 def test_files_named_as_arguments_come_before_those_of_input(

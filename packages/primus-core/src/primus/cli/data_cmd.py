@@ -258,11 +258,12 @@ def inspect(
     show: Annotated[int, typer.Option("--show", min=0, help="Print this many documents' ids.")] = 0,
     debug: Debug = False,
 ) -> None:
-    """Check a prepared corpus (index and tokens agree) and print its counts and manifest."""
+    """Check a prepared corpus (every index entry, the tokens it covers, the ids against the
+    manifest's vocabulary) and print its counts and manifest."""
     import json
 
-    from primus.core.data.indexed import IndexedCorpus, index_problem
-    from primus.core.data.manifest import read_manifest
+    from primus.core.data.indexed import IndexedCorpus, entries_problem, index_problem
+    from primus.core.data.manifest import ids_problem, read_manifest
     from primus.core.errors import ConfigError
 
     prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
@@ -270,14 +271,16 @@ def inspect(
     for path in (idx, data):
         if not path.is_file():
             raise ConfigError(f"not found: {path}", hint="primus data prepare makes a corpus")
-    problem = index_problem(idx, data)
+    problem = index_problem(idx, data) or entries_problem(idx)
+    record, manifest = read_manifest(prefix), Path(f"{prefix}.json")
+    if record is not None:
+        problem = problem or ids_problem(prefix, record["vocab_size"], "its manifest's")
     if problem:
         raise ConfigError(problem)
     corpus = IndexedCorpus(prefix)
     print(f"{len(corpus):,} documents, {corpus.token_count:,} tokens ({corpus.dtype})")
     for i in range(min(show, len(corpus))):
         print(f"  {i}: {corpus[i].tolist()}")
-    record, manifest = read_manifest(prefix), Path(f"{prefix}.json")
     if record is not None:
         print("manifest:", json.dumps(record, indent=2))
     elif manifest.exists():

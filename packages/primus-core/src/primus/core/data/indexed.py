@@ -85,12 +85,42 @@ def index_problem(idx: Path, data: Path) -> str | None:
         (length,) = struct.unpack("<i", stream.read(4))
         stream.seek(HEADER_BYTES + sequences * 4 + (sequences - 1) * 8)
         (pointer,) = struct.unpack("<q", stream.read(8))
-    tokens_end = pointer + length * header.itemsize
-    if data.stat().st_size < tokens_end:
+    if length < 0 or pointer < 0:
+        return f"{idx} is damaged: its last document has {length} tokens at byte {pointer}"
+    tokens_end, size = pointer + length * header.itemsize, data.stat().st_size
+    if size < tokens_end:
+        return f"{data} is truncated: {size} bytes, its index {idx.name} needs {tokens_end}"
+    if size > tokens_end:
         return (
-            f"{data} is truncated: {data.stat().st_size} bytes, its index {idx.name} "
-            f"needs {tokens_end}"
+            f"{data} holds {size - tokens_end} bytes past the last document of its index "
+            f"{idx.name}: they are not one corpus"
         )
+    return None
+
+
+def entries_problem(idx: Path) -> str | None:
+    """Why the sizes and pointers of `idx` (its header read by `index_problem` already) do not
+    describe documents back to back from byte 0, or None: every entry is read, in blocks."""
+    import numpy as np
+
+    header = read_header(idx)
+    assert header is not None
+    count, itemsize = header.sequences, header.itemsize
+    sizes = np.memmap(idx, mode="r", dtype="<i4", offset=HEADER_BYTES, shape=(count,))
+    pointers = np.memmap(idx, mode="r", dtype="<i8", offset=HEADER_BYTES + count * 4,
+                         shape=(count,))  # fmt: skip
+    expected = 0
+    for at in range(0, count, BLOCK):
+        size, pointer = sizes[at : at + BLOCK].astype(np.int64), pointers[at : at + BLOCK]
+        starts = expected + np.concatenate(([0], np.cumsum(size[:-1] * itemsize)))
+        bad = np.flatnonzero((size < 0) | (pointer != starts))
+        if bad.size:
+            i = at + int(bad[0])
+            return (
+                f"{idx} is damaged: document {i} has {int(sizes[i])} tokens at byte "
+                f"{int(pointers[i])}, where the documents before it end at byte {int(starts[bad[0]])}"
+            )
+        expected = int(starts[-1] + size[-1] * itemsize)
     return None
 
 

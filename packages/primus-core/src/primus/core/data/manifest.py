@@ -14,6 +14,7 @@ from typing import Any
 
 from primus.core.data.sources import Source
 from primus.core.data.tokenizer import Eod
+from primus.core.errors import ConfigError
 
 FORMAT = "indexed"  # PREFIX.bin + PREFIX.idx, as primus.core.data.indexed describes
 # Bump when the same input and options give other bytes: partial output of an older version
@@ -102,12 +103,39 @@ def write_manifest(
 
 
 def read_manifest(prefix: str | Path) -> dict[str, Any] | None:
-    """The manifest of the corpus at `prefix`, or None when it has none (or an unreadable one)."""
+    """The manifest of the corpus at `prefix`, or None when it has none (or an unreadable one,
+    or JSON of another format). A ConfigError when it claims the format but a field the readers
+    use is missing or of the wrong type."""
     try:
         record = json.loads(Path(f"{prefix}.json").read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        return None
+    problem = _field_problem(record)
+    if problem:
+        raise ConfigError(f"{prefix}.json, the corpus's manifest: {problem}",
+                          hint="make the corpus again with primus data prepare, or remove "
+                          "the manifest")  # fmt: skip
+    return record
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _field_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a manifest that the readers use, or None."""
+    vocab, eod, tokenizer = record.get("vocab_size"), record.get("eod"), record.get("tokenizer")
+    if not _count(vocab) or vocab == 0:
+        return f"vocab_size must be a positive integer, got {vocab!r}"
+    if eod is not None and not (isinstance(eod, dict) and _count(eod.get("id"))):
+        return f"eod must be null or hold the end-of-document id (id: an integer), got {eod!r}"
+    if eod is not None and eod["id"] >= vocab:
+        return f"the end-of-document id {eod['id']} is outside its vocabulary of {vocab}"
+    if tokenizer is not None and not isinstance(tokenizer, dict):
+        return f"tokenizer must be null or a mapping (path, sha256), got {tokenizer!r}"
+    return None
 
 
 VOCABULARY_HINT = "prepare it with the model's tokenizer, or a model with that vocabulary"
@@ -117,8 +145,6 @@ def vocabulary_problem(prefix: str | Path, vocab: Any) -> str | None:
     """Why the corpus at `prefix` does not fit a model of `vocab` token ids (an int; any other
     value is not checked): its manifest's vocabulary is larger or, without a manifest, a token
     id in its .bin is out of range (read when it is at most SCAN_BYTES). None when it fits."""
-    from primus.core.data.indexed import id_range
-
     if not isinstance(vocab, int):
         return None
     record = read_manifest(Path(prefix).expanduser())
@@ -129,12 +155,20 @@ def vocabulary_problem(prefix: str | Path, vocab: Any) -> str | None:
             f"{prefix} was tokenized with a vocabulary of {record['vocab_size']} (its manifest "
             f"{prefix}.json), more than the model's {vocab}"
         )
+    return ids_problem(prefix, vocab, "the model's")
+
+
+def ids_problem(prefix: str | Path, vocab: int, whose: str) -> str | None:
+    """Why a token id in PREFIX.bin lies outside ids 0 to `vocab` - 1 (`whose` vocabulary: "the
+    model's"), read when the file is at most SCAN_BYTES; None when none does."""
+    from primus.core.data.indexed import id_range
+
     span = id_range(Path(prefix).expanduser())
     if span is None or (span[0] >= 0 and span[1] < vocab):
         return None
     bad = span[1] if span[1] >= vocab else span[0]
     return (
-        f"{prefix}.bin holds token id {bad}, outside the model's vocabulary of {vocab} "
+        f"{prefix}.bin holds token id {bad}, outside {whose} vocabulary of {vocab} "
         f"(ids 0 to {vocab - 1})"
     )
 
