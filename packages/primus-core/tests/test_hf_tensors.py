@@ -75,3 +75,23 @@ def test_a_bad_tensor_is_named_with_its_file(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 10_000) + b"{")
     with pytest.raises(ConfigError, match=r"model\.safetensors: truncated safetensors file"):
         HFTensors(tmp_path, "numpy")
+
+
+def test_a_folder_named_safetensors_and_a_bad_index_are_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from primus.cli.main import main
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "model.safetensors").mkdir()
+    with pytest.raises(SystemExit) as done:
+        main(["checkpoint", "inspect", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "Traceback" not in err, err
+    assert "model.safetensors: not a file (a folder, or a broken link), not safetensors" in err
+    (tmp_path / "model.safetensors").rmdir()
+    save_file({"w": np.ones((2, 2), np.float32)}, str(tmp_path / "model.safetensors"))
+    for index in ("{garbage", "[]", '{"weight_map": ["model.safetensors"]}'):
+        (tmp_path / "model.safetensors.index.json").write_text(index)
+        with pytest.raises(ConfigError, match=r"index.json: not a safetensors index"):
+            HFTensors(tmp_path, "numpy")

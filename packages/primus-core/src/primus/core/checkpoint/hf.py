@@ -211,6 +211,8 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     """The tensor entries of a safetensors file's header (`__metadata__` left out); a
     ConfigError when the header is malformed or truncated, or naming the first tensor whose
     data lies past the end of a truncated file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file (a folder, or a broken link), not safetensors")
     size = path.stat().st_size
     with path.open("rb") as f:
         raw = f.read(8)
@@ -251,8 +253,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     *.safetensors; a ConfigError when there are none or an indexed one is missing."""
     index = folder / INDEX
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / name for name in names]
+        files = [folder / name for name in _indexed_files(index)]
         for path in files:
             if not path.is_file():
                 raise ConfigError(f"{path}: missing (named by {index.name})")
@@ -261,6 +262,17 @@ def safetensors_files(folder: Path) -> list[Path]:
     if not files:
         raise ConfigError(f"{folder}: no *.safetensors files")
     return files
+
+
+def _indexed_files(index: Path) -> list[str]:
+    """The file names the weight map of `index` names; a ConfigError when it has none."""
+    try:
+        weights = json.loads(index.read_text()).get("weight_map")
+    except (ValueError, AttributeError):
+        weights = None
+    if not isinstance(weights, dict) or not all(isinstance(n, str) for n in weights.values()):
+        raise ConfigError(f"{index}: not a safetensors index (no weight_map of tensor -> file)")
+    return sorted(set(weights.values()))
 
 
 def is_hf_directory(path: Path) -> bool:
