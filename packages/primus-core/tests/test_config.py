@@ -56,6 +56,9 @@ def test_interpolation_types_plain_scalars_and_keeps_quoted_ones(write, monkeypa
     ("text", "line", "message"),
     [
         ("a: 1\nb: ${PRIMUS_TEST_UNSET}\n", 2, "PRIMUS_TEST_UNSET is not set"),
+        ("a: 1\nb: x-${BAD\n", 2, "malformed ${...} in 'x-${BAD': write ${NAME} or"),
+        ("a: ${:x}\n", 1, "malformed ${...} in '${:x}'"),
+        ("a: ${A:${B:x}}\n", 1, "a default holds no ${...}"),
         ("a: 1\nb: [1, 2\nc: 3\n", 3, "YAML syntax error"),
         ("a: 1\na: 2\n", 2, "duplicate key 'a'"),
         ("- 1\n- 2\n", 1, "top level must be a mapping"),

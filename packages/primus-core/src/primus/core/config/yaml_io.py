@@ -89,7 +89,14 @@ def parse_scalar(text: str, where: Origin | None = None) -> Any:
 
 
 def interpolate(text: str, where: Origin) -> tuple[str, str | None]:
-    """Substitute `${VAR}` / `${VAR:default}`; return the text and the first variable read from env."""
+    """Substitute `${VAR}` / `${VAR:default}`; return the text and the first variable read from
+    env. A `${` that starts neither (`${BAD`, `${:x}`, one nested in a default) is an error."""
+    if "${" in _VAR.sub("", text) or any("${" in (m.group(2) or "") for m in _VAR.finditer(text)):
+        raise ConfigError(
+            f"malformed ${{...}} in {_shown(text)}: write ${{NAME}} or ${{NAME:default}} (NAME: "
+            "letters, digits and _; a default holds no ${...})",
+            where,
+        )
     from_env: list[str] = []
 
     def substitute(match: re.Match[str]) -> str:
