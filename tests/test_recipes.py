@@ -115,3 +115,21 @@ def test_a_dpo_recipe_validates_and_dry_runs_after_the_model_command(
         done = run_in_process(argv, ROOT, env)
         assert done.code == 0, (argv, done.stderr[-3000:])
     assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("recipe", [p for p in RECIPES if p.name == "sft-tiny-cpu.yaml"], ids=str)
+def test_a_fine_tuning_recipe_is_refused_by_the_pretrain_stage(
+    recipe: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Pretraining would train on mock data and leave the sft: section unread: refused at it,
+    by `config validate --stage pretrain` and the pretrain stage's dry run alike."""
+    env = {"PRIMUS_WORKSPACE": str(tmp_path / "ws"), "PRIMUS_SFT_HF": str(tiny_model)}
+    for argv in (["config", "validate", str(recipe), "--stage", "pretrain"],
+                 ["train", "pretrain", "--config", str(recipe), "--dry-run"]):  # fmt: skip
+        done = run_in_process(argv, ROOT, env)
+        assert done.code == 2, (argv, done.stderr[-3000:])
+        assert f"error: {recipe}:" in done.stderr and "sft: is the data fine-tuning reads" in (
+            done.stderr
+        )
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "ws").exists()

@@ -179,6 +179,10 @@ def validate(
     """
     if module.data is not None and stage != "pretrain":
         raise module.data.error("", f"data: is the corpus pretraining reads; {stage} reads sft:")
+    if module.sft is not None and stage == "pretrain" and "posttrain" in adapter.trainers:
+        raise module.sft.error("", "sft: is the data fine-tuning reads; pretraining would "
+                               "train on data: (or mock data) and leave it unread",
+                               hint="run primus train posttrain, or remove sft:")  # fmt: skip
     own = BackendRegistry.info(module.framework).distribution
     for failure in load_patch_modules():
         message = f"patch module {failure.entry_point} ({failure.distribution}) failed to import: {failure.error}"
