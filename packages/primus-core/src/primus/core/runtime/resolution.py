@@ -135,8 +135,10 @@ def backend_for(
 ) -> Resolved:
     """The module's adapter, checked as training checks it, with its upstream source tree.
 
-    `inputs`: the files the module reads are checked first (`primus.core.config.inputs`, then
-    the adapter's `check_inputs`), before anything imports the upstream. A source tree
+    `inputs` (a run, a dry run, `config validate`: the stage is the one to train): the stage
+    takes the module's data (the pretrain stage refuses an sft: section), and the files the
+    module reads are checked (`primus.core.config.inputs`, then the adapter's `check_inputs`),
+    before anything imports the upstream. A source tree
     (`setup_backend_path`) stands in for an installed upstream; without one the backend must
     be ready. Then the params are validated. The modules the backend never uses
     (`unused_modules`) are hidden before the upstream is imported. `converting`: this process
@@ -145,6 +147,10 @@ def backend_for(
     framework = module.framework
     adapter = adapter_class(framework)(framework)
     if inputs:
+        if module.sft is not None and stage == "pretrain" and "posttrain" in adapter.trainers:
+            raise module.sft.error("", "sft: is the data fine-tuning reads; pretraining would "
+                                   "train on data: (or mock data) and leave it unread",
+                                   hint="run primus train posttrain, or remove sft:")  # fmt: skip
         check_inputs(module)
         adapter.check_inputs(module)
     hide_modules(adapter.unused_modules)
@@ -179,10 +185,6 @@ def validate(
     """
     if module.data is not None and stage != "pretrain":
         raise module.data.error("", f"data: is the corpus pretraining reads; {stage} reads sft:")
-    if module.sft is not None and stage == "pretrain" and "posttrain" in adapter.trainers:
-        raise module.sft.error("", "sft: is the data fine-tuning reads; pretraining would "
-                               "train on data: (or mock data) and leave it unread",
-                               hint="run primus train posttrain, or remove sft:")  # fmt: skip
     own = BackendRegistry.info(module.framework).distribution
     for failure in load_patch_modules():
         message = f"patch module {failure.entry_point} ({failure.distribution}) failed to import: {failure.error}"
