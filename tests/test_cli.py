@@ -136,6 +136,26 @@ def test_config_show_and_validate(tmp_path) -> None:
     assert twice.returncode == 2 and "give the experiment YAML once" in twice.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "pretrain", "--config", "a.yaml", "-c", "b.yaml", "--dry-run"],
+        ["config", "validate", "-c", "a.yaml", "--config=b.yaml"],
+        ["config", "show", "--config", "a.yaml", "--config", "a.yaml"],
+    ],
+)
+def test_config_given_twice_is_refused_before_anything_is_read(argv, capsys) -> None:
+    """In process: typer would keep the last --config and drop the other without a word."""
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --config is given 2 times: give the experiment YAML once\n"
+    )
+
+
 def test_dry_run_prints_args_and_plan(tmp_path) -> None:
     fast = train_quickstart(tmp_path, "--dry-run")
     assert fast.returncode == 0, fast.stderr

@@ -170,6 +170,16 @@ def _by_ctrl_c(exc: SystemExit) -> bool:
     return exit_ is not None and isinstance(exit_.__cause__, KeyboardInterrupt)
 
 
+def _one_experiment(args: list[str]) -> None:
+    """A ConfigError where `--config` (`-c`) is given more than once: the option would keep the
+    last and drop the others without a word."""
+    from primus.core.errors import ConfigError
+
+    given = [a for a in args if a in ("--config", "-c") or a.startswith("--config=")]
+    if len(given) > 1:
+        raise ConfigError(f"--config is given {len(given)} times: give the experiment YAML once")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: 0 ok, 1 failure, 2 usage or config error; tracebacks only with --debug. A
     write refused by a full, over-quota or read-only file system, however deep in a backend
@@ -188,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # this process is the command (not a test calling it in its own)
         _quiet_background_errors()
     try:
+        _one_experiment(sys.argv[1:] if argv is None else argv)
         _command()(args=argv, prog_name="primus")  # exits; usage errors exit 2 (typer)
     except PrimusError as exc:
         _report(exc)
