@@ -415,3 +415,16 @@ def test_ctrl_c_in_a_command_says_so_exits_130_and_leaves_nothing(tmp_path: Path
     assert err.strip().splitlines()[-1] == "[primus] interrupted (Ctrl-C)", err[-3000:]
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_without_a_line_names_its_module_in_a_several_module_experiment(
+    tmp_path,
+) -> None:
+    """In process: Megatron's missing num_layers has no line to point at; the module does."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "megatron" / "tiny-cpu.yaml"
+    argv = ["config", "validate", str(recipe), "modules.new.framework=megatron"]
+    done = run_in_process(argv, tmp_path, {"PRIMUS_WORKSPACE": str(tmp_path / "ws")})
+    assert done.code == 2, done.stderr
+    assert "error: module 'new': num_layers is not set" in done.stderr

@@ -128,6 +128,7 @@ def validate(
     framework version), the backend's own checks of values, and, given --nproc-per-node or
     --nnodes, the parallel layout and the batch against the processes `train` would start.
     Exit 0 if valid, 2 if not."""
+    from primus.core.errors import ConfigError
     from primus.core.runtime import resolution
     from primus.core.runtime.primus_runtime import PrimusRuntime
 
@@ -136,10 +137,15 @@ def validate(
     experiment = resolution.load(config, overrides, module)
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
-        runtime = PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True)
-        if nproc_per_node or nnodes:  # the launch is known: check it as `train` will
-            nodes, procs = nnodes or 1, nproc_per_node or 1
-            runtime.check_world(nodes * procs, f"--nnodes {nodes} x --nproc-per-node {procs}")
-        runtime.validate(full)
+        try:
+            runtime = PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True)
+            if nproc_per_node or nnodes:  # the launch is known: check it as `train` will
+                nodes, procs = nnodes or 1, nproc_per_node or 1
+                runtime.check_world(nodes * procs, f"--nnodes {nodes} x --nproc-per-node {procs}")
+            runtime.validate(full)
+        except ConfigError as exc:  # without a line to point at, say which module it is
+            if len(experiment.modules) > 1 and not (exc.origin and str(exc.origin)):
+                exc.message = f"module '{name}': {exc.message}"
+            raise
         typer.echo(f"ok: module '{name}' ({mod.framework}): {len(list(mod.tree.leaves()))} params")
     typer.echo(f"{config}: valid")
