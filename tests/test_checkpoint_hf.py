@@ -81,6 +81,24 @@ def test_unsupported_fields_are_named(hf_dir: tuple[Path, int], change: dict, me
         HFArchitecture.from_config(read_config(hf_dir[0]) | change)
 
 
+def test_a_bad_field_of_the_hf_config_names_its_file(
+    hf_dir: tuple[Path, int], tmp_path: Path
+) -> None:
+    """Through a backend's preset (megatron's, read without importing Megatron)."""
+    import json
+
+    from primus.core.backend.backend_registry import BackendRegistry
+    from primus.core.checkpoint.preset import preset_from_hf
+
+    config = read_config(hf_dir[0]) | {"hidden_size": -3}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    adapter = BackendRegistry.get_adapter("megatron")
+    message = f"{tmp_path / 'config.json'}: 'hidden_size' must be a positive integer, not -3"
+    with pytest.raises(ConfigError) as err:
+        preset_from_hf(adapter, tmp_path, config)
+    assert err.value.message == message
+
+
 @pytest.mark.slow
 def test_a_path_nothing_recognises_is_exit_2_saying_what_was_looked_for(tmp_path: Path) -> None:
     result = primus("checkpoint", "inspect", str(tmp_path))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from primus.core.checkpoint.export import HFSource, carry_over, choose_dtype, find_source
 from primus.core.checkpoint.hf import read_config, weights_dtype
 from primus.core.checkpoint.peft_adapter import write_adapter
-from primus.core.checkpoint.preset import flatten, same_value
+from primus.core.checkpoint.preset import flatten, preset_from_hf, same_value
 from primus.core.checkpoint.provenance import PROVENANCE_FILE, write_provenance
 from primus.core.config.schema_cache import schema_of
 from primus.core.errors import ConfigError
@@ -36,7 +36,7 @@ def architecture_mismatches(
 ) -> list[str]:
     """One line per architecture key where the HF config and the experiment differ: the key,
     both values, and where the experiment's value was set."""
-    preset = adapter.model_preset_from_hf(read_config(hf_dir))
+    preset = preset_from_hf(adapter, hf_dir, read_config(hf_dir))
     schema = schema_of(adapter)
     params = dict(flatten(module.params))
     lines = []

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from primus.core.checkpoint.hf import read_config
 from primus.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from primus.core.backend.backend_adapter import BackendAdapter
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -45,6 +48,17 @@ def pick_framework(framework: str | None) -> str:
     return ready[0]
 
 
+def preset_from_hf(adapter: BackendAdapter, hf_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """`adapter`'s model preset for `config`, the config.json of `hf_dir`; the adapter's
+    complaints about a field ("config.json: ...") name the file's path."""
+    try:
+        return adapter.model_preset_from_hf(config)
+    except ConfigError as exc:
+        if exc.message.startswith("config.json:"):
+            exc.message = f"{hf_dir / 'config.json'}{exc.message.removeprefix('config.json')}"
+        raise
+
+
 def derive_preset(hf_dir: Path, framework: str) -> str:
     """The YAML text of `framework`'s model preset for the HF model in `hf_dir`."""
     from primus.core.backend.backend_registry import BackendRegistry, require
@@ -52,7 +66,7 @@ def derive_preset(hf_dir: Path, framework: str) -> str:
     config = read_config(hf_dir)
     adapter = BackendRegistry.get_adapter(framework)
     require(adapter, "hf-import")
-    preset = adapter.model_preset_from_hf(config)
+    preset = preset_from_hf(adapter, hf_dir, config)
     source = config.get("_name_or_path") or str(hf_dir.resolve())
     header = (
         f"# {framework} model preset derived from the Hugging Face config.json of {source}\n"
