@@ -129,6 +129,12 @@ def test_inspect_checks_the_ids_against_the_manifest_and_every_entry(
     err = capsys.readouterr().err
     assert f"{big}.bin holds token id 60000, outside its manifest's vocabulary of 64" in err
     assert "Traceback" not in err
+    Path(f"{good}.idx").unlink()
+    Path(f"{good}.idx").mkdir()
+    with pytest.raises(SystemExit) as done:
+        main(["data", "inspect", str(good)])
+    assert done.value.code == 2
+    assert f"error: {good}.idx is not a file" in capsys.readouterr().err
 
 
 def test_config_validate_refuses_a_damaged_manifest_in_one_line(

@@ -270,7 +270,8 @@ def inspect(
     idx, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
     for path in (idx, data):
         if not path.is_file():
-            raise ConfigError(f"not found: {path}", hint="primus data prepare makes a corpus")
+            why = f"{path} is not a file" if path.exists() else f"not found: {path}"
+            raise ConfigError(why, hint="primus data prepare makes a corpus")
     problem = index_problem(idx, data) or entries_problem(idx)
     record, manifest = read_manifest(prefix), Path(f"{prefix}.json")
     if record is not None:
