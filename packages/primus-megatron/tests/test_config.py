@@ -108,7 +108,8 @@ def test_config_errors_name_file_line_and_megatron_names(tmp_path: Path) -> None
 def test_validate_args_failures_are_config_errors_at_the_key(tmp_path: Path) -> None:
     exp = tmp_path / "exp.yaml"
     exp.write_text(
-        f"extends: {RECIPE}\nmodules:\n  pre_trainer:\n    overrides:\n      fp16: true\n      bf16: true\n"
+        f"extends: {RECIPE}\nmodules:\n  pre_trainer:\n    overrides:\n      log_interval: 2\n"
+        "      log_memory_interval: 3\n"
     )
     result = primus("train", "pretrain", "--config", str(exp), "--dry-run", "--full", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from primus.backends.megatron.config.checks import RULES
 from primus.backends.megatron.megatron_adapter import MegatronAdapter
-from primus.testing.fuzz_runs import check_backend, refusal_problems
+from primus.testing.fuzz import EXPERIMENT, Case
+from primus.testing.fuzz_runs import check_backend, refusal_problems, run_case
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
 SIZES = [
@@ -37,6 +39,22 @@ MODEL_BUILD = {
             ("tensor_model_parallel_size", 2),
         ],
     ),
+    "query groups do not divide the heads": ("num_query_groups", [("num_query_groups", 3)]),
+    "a virtual pipeline over one pipeline stage": (
+        "num_layers_per_virtual_pipeline_stage",
+        [("num_layers_per_virtual_pipeline_stage", 1)],
+    ),
+    "virtual stages that do not split a stage's layers": (
+        "num_layers_per_virtual_pipeline_stage",
+        [("num_layers_per_virtual_pipeline_stage", 3)],
+    ),
+    "two ways of virtual stages": (
+        "num_layers_per_virtual_pipeline_stage",
+        [("num_layers_per_virtual_pipeline_stage", 1), ("num_virtual_stages_per_pipeline_rank", 2)],
+    ),
+    "sequence above the position embeddings": ("seq_length", [("seq_length", 256)]),
+    "no model size": ("num_layers", [("num_layers", None)]),
+    "fp16 and bf16": ("bf16", [("fp16", True), ("bf16", True)]),
     "pipeline parallel does not divide layers": (
         "pipeline_model_parallel_size",
         [("pipeline_model_parallel_size", 3)],
@@ -53,7 +71,18 @@ MODEL_BUILD = {
         "global_batch_size",
         [("global_batch_size", 6)],
     ),
+    "train_samples beside train_iters": ("train_samples", [("train_samples", 100)]),
+    "no run length": ("train_iters", [("train_iters", None)]),
+    "iteration warm-up in a run of samples": (
+        "lr_warmup_iters",
+        [("train_iters", None), ("train_samples", 1000)],
+    ),
+    "warm-up fraction beside warm-up iterations": (
+        "lr_warmup_fraction",
+        [("lr_warmup_fraction", 0.1)],
+    ),
     # OptimizerParamScheduler's asserts, a traceback when training starts
+    "minimum lr above lr": ("min_lr", [("min_lr", 0.1)]),
     "warm-up as long as the run": ("lr_warmup_iters", [("train_iters", 2)]),
     "warm-up fraction of 1": (
         "lr_warmup_fraction",
@@ -92,3 +121,12 @@ def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
 
 def test_model_build_refusals_are_found_at_validation_with_the_key_and_fix(tmp_path) -> None:
     assert refusal_problems(RECIPE, MODEL_BUILD, tmp_path) == []
+
+
+def test_a_module_without_a_model_is_refused_at_validation(tmp_path) -> None:
+    tree = yaml.safe_load(RECIPE.read_text())
+    tree["workspace"] = "ws"
+    tree["modules"]["pre_trainer"]["model"] = None  # no architecture: no num_layers & co.
+    case = Case("no model", {EXPERIMENT: yaml.safe_dump(tree).encode()}, at="num_layers is not set")
+    problems, _ = run_case(case, tmp_path)
+    assert problems == []

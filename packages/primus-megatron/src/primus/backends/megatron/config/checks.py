@@ -1,7 +1,8 @@
 """What Megatron takes on trust, refuses only when it builds the model or its scheduler, or
 cannot be told with null: checked from the params over Megatron's defaults (its schema),
-without importing Megatron. Every run and `config validate` run these before anything else of
-the backend; `check_sequence_parallel` needs the norm class in place, after the patches."""
+without importing Megatron (the model's shape in `model_checks`, the schedule in
+`schedule_checks`). Every run and `config validate` run these before anything else of the
+backend; `check_sequence_parallel` needs the norm class in place, after the patches."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import argparse
 import importlib.util
 from typing import Any
 
+from primus.backends.megatron.config.model_checks import check_model, check_sizes
+from primus.backends.megatron.config.schedule_checks import check_schedule
 from primus.core.config import ModuleConfig, ParamSchema
 from primus.core.config.sanity import (
     FRACTION,
@@ -39,6 +42,8 @@ BLEND = Rule(
     _is_blend,
     refuses=([0.5, "a", 0.5],),
 )
+DROPOUT = Rule("a probability in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1, refuses=(2, -0.5))
+"""A dropout probability, as torch.nn.Dropout takes it when Megatron builds the model."""
 # What Megatron takes on trust and fails on later (or trains nothing): refused at validation.
 RULES: Rules = {
     **dict.fromkeys(
@@ -48,10 +53,20 @@ RULES: Rules = {
             "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
             "tensor_model_parallel_size", "pipeline_model_parallel_size",
             "context_parallel_size", "expert_model_parallel_size", "log_interval",
-            "eval_interval", "save_interval",
+            "eval_interval", "save_interval", "lr_decay_iters", "lr_decay_samples",
+            "make_vocab_size_divisible_by", "num_layers_per_virtual_pipeline_stage",
+            "num_virtual_stages_per_pipeline_rank",
+            "seed",  # Megatron's set_random_seed refuses 0 too
         ),
         POSITIVE,
     ),
+    # 0 turns each off (no warm-up, clipping, evaluation; num_experts 0: a dense model)
+    **dict.fromkeys(
+        ("lr_warmup_iters", "lr_warmup_samples", "lr_warmup_init", "clip_grad", "eval_iters",
+         "num_experts"),
+        NON_NEGATIVE,
+    ),
+    **dict.fromkeys(("hidden_dropout", "attention_dropout"), DROPOUT),
     "lr": LEARNING_RATE,
     "min_lr": LEARNING_RATE,
     "adam_beta1": FRACTION,
@@ -101,32 +116,6 @@ def check_sequence_parallel(config: ModuleConfig, args: argparse.Namespace) -> N
         )
 
 
-def _check_lr_schedule(config: ModuleConfig, args: Any) -> None:
-    """What Megatron's OptimizerParamScheduler asserts when training starts (and validate_args
-    does not), found here."""
-    if args.lr is None:
-        raise config.error("lr", "lr is not set: Megatron has no default learning rate",
-                           hint="set lr: <learning rate>")  # fmt: skip
-    if args.lr_warmup_init > args.lr:
-        raise config.error("lr_warmup_init", f"lr_warmup_init {args.lr_warmup_init} is above "
-                           f"lr {args.lr}", hint="set lr_warmup_init to at most lr")  # fmt: skip
-    if args.lr_warmup_fraction is not None:
-        if not 0 <= args.lr_warmup_fraction < 1:
-            raise config.error("lr_warmup_fraction", "lr_warmup_fraction must lie in [0, 1)",
-                               hint="set lr_warmup_fraction below 1")  # fmt: skip
-        return
-    unit = "iters" if args.train_iters else "samples"
-    warmup = getattr(args, f"lr_warmup_{unit}")
-    decay = getattr(args, f"lr_decay_{unit}") or getattr(args, f"train_{unit}")
-    if decay and warmup >= decay:
-        raise config.error(
-            f"lr_warmup_{unit}",
-            f"lr_warmup_{unit} {warmup} leaves no decay: the schedule decays over {decay} "
-            f"(lr_decay_{unit}, else train_{unit})",
-            hint=f"set lr_warmup_{unit} below {decay}",
-        )
-
-
 def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str]) -> str | None:
     """Megatron's params (`own`: the schema's keys that are Megatron's) checked without Megatron:
     no null where Megatron has a default, the RULES, the learning-rate schedule. Returns why the
@@ -140,10 +129,11 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
                 hint=f"remove {key} to keep Megatron's default, or set a value",
             )  # fmt: skip
     config.require(RULES)
-    _check_sizes(config, {k: schema.specs[k].default for k in own})
+    check_sizes(config, {k: schema.specs[k].default for k in own})
     args = megatron_values(config, schema, own)
+    check_model(config, args)
     check_batch(config, args)
-    _check_lr_schedule(config, args)
+    check_schedule(config, args)
     _check_finetuning(config, args)
     return norm_undecided(args)
 
@@ -281,45 +271,3 @@ def checkpoint_bytes(args: argparse.Namespace, lora: bool) -> int | None:
     weight = 2 if mixed else 4
     optimizer = 0 if args.no_save_optim or lora else 8 + 4 * mixed
     return model.parameters() * (weight + optimizer)
-
-
-def _check_sizes(config: ModuleConfig, defaults: dict[str, Any]) -> None:
-    """The divisibility Megatron asserts in validate_args, or only when it builds the model
-    (TransformerConfig), or when the first batch meets a context-parallel split."""
-    value: dict[str, Any] = {k: config.params.get(k, defaults.get(k)) for k in defaults}
-    if value["kv_channels"] is None:
-        config.require_divisor("hidden_size", "num_attention_heads",
-                               "each head gets hidden_size / num_attention_heads", defaults)  # fmt: skip
-    built = "Megatron refuses it when it builds the model"
-    config.require_divisor("num_attention_heads", "tensor_model_parallel_size", built, defaults)
-    groups, tp = value["num_query_groups"], value["tensor_model_parallel_size"]
-    split = isinstance(groups, int) and isinstance(tp, int) and groups > 0 and tp > 0
-    if value["group_query_attention"] and split and groups % tp and tp % groups:
-        raise config.error(
-            "tensor_model_parallel_size",
-            f"num_query_groups ({groups}) must be a multiple or a divisor of "
-            f"tensor_model_parallel_size ({tp}): {built}",
-            hint=f"set tensor_model_parallel_size to a divisor or a multiple of {groups}",
-        )
-    simple_pipeline = not any(
-        value[k] for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                           "account_for_embedding_in_pipeline_split",
-                           "account_for_loss_in_pipeline_split", "hybrid_layer_pattern",
-                           "pipeline_model_parallel_layout")
-    )  # fmt: skip
-    if simple_pipeline:
-        config.require_divisor("num_layers", "pipeline_model_parallel_size",
-                               "each pipeline stage gets as many layers", defaults)  # fmt: skip
-    context, length = value["context_parallel_size"], value["seq_length"]
-    if (
-        isinstance(context, int)
-        and isinstance(length, int)
-        and context > 1
-        and length % (2 * context)
-    ):
-        raise config.error(
-            "context_parallel_size",
-            f"2 x context_parallel_size ({context}) must divide seq_length ({length}): "
-            "each rank gets two chunks of the sequence",
-            hint="set context_parallel_size so that twice it divides seq_length",
-        )
