@@ -3,6 +3,9 @@ params give (real `primus` processes; those that import MaxText forked by confte
 
 from __future__ import annotations
 
+import operator
+import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from primus.backends.maxtext.config.bridge import base_config, maxtext_argv
+from primus.backends.maxtext.config.mesh import mesh_origin
+from primus.backends.maxtext.config.rules import BOUNDS, MESH_AXIS, RULES, mesh_rules
+from primus.backends.maxtext.maxtext_adapter import MaxTextAdapter
 from primus.core.config import ParamSchema, ParamSpec
 from primus.core.config.loader import load_config_file
 from primus.core.errors import ConfigError
@@ -65,6 +71,40 @@ def test_the_schema_is_maxtexts_config_model() -> None:
     assert specs["mlp_activations"].type is list and specs["dpo"].type is dict
     assert specs["logical_axis_rules"].type is None  # any: pydantic checks it
     assert specs["base_emb_dim"].help and specs["base_emb_dim"].default == 2048
+
+
+BOUND_TESTS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+
+
+def test_the_fast_check_refuses_what_maxtexts_config_bounds_refuse() -> None:
+    """Each bound of MaxTextConfig (pydantic's ge, gt, le, lt) is a rule checked without
+    MaxText: at and around each bound, the rule refuses what pydantic refuses, and BOUNDS
+    (no stricter than MaxText) takes what it takes."""
+    from maxtext.configs.types import MaxTextConfig
+
+    for name, field in MaxTextConfig.model_fields.items():
+        bounds = [(getattr(m, k), t) for m in field.metadata for k, t in BOUND_TESTS.items()
+                  if isinstance(getattr(m, k, None), int | float)]  # fmt: skip
+        if not bounds:
+            assert name not in BOUNDS, f"{name}: MaxText has no bound on it"
+            continue
+        assert name in RULES, f"{name}: MaxText bounds it, no rule checks it"
+        integer = int in (typing.get_args(field.annotation) or (field.annotation,))
+        steps = (-1, 0, 1) if integer else (-1, -0.5, 0, 0.5, 1)
+        for value in (end + step for end, _ in bounds for step in steps):
+            legal = all(test(value, end) for end, test in bounds)
+            refused = RULES[name].problem(name, value) is not None
+            assert refused or legal, f"{name}={value}: MaxText refuses it, the fast check not"
+            assert not (refused and legal and name in BOUNDS), f"{name}={value}: MaxText takes it"
+
+
+def test_every_mesh_axis_is_a_size_or_minus_one() -> None:
+    rules = mesh_rules(MaxTextAdapter("maxtext").param_schema())
+    axes = {
+        key for key in _yaml(Path(base_config())) if re.fullmatch(r"(ici|dcn)_\w+_parallelism", key)
+    }
+    assert set(rules) == axes and set(rules.values()) == {MESH_AXIS}
+    assert [MESH_AXIS.problem("k", v) is None for v in (-2, -1, 0, 1, 8)] == [0, 1, 0, 1, 1]
 
 
 def _yaml(path: Path) -> dict:
@@ -133,13 +173,23 @@ def test_the_recipe_builds_maxtexts_config(convert) -> None:
     assert config["emb_dim"] == 32  # derived by MaxText from base_emb_dim
 
 
+def test_the_trainers_mesh_error_is_at_the_layout_key_set(convert) -> None:
+    """MaxText builds its mesh once JAX has started (a GPU's, a multi-slice one): its error
+    names where the layout was set."""
+    args = convert("num_slices=2", "per_device_batch_size=2")
+    assert set(args.origins) == {"num_slices", "per_device_batch_size"}
+    assert str(mesh_origin(args.origins, args.config)) == "cli (num_slices=2)"
+    plain = convert()
+    assert mesh_origin(plain.origins, plain.config) is None
+
+
 def test_pydantic_rejections_are_config_errors_at_the_key(convert) -> None:
     with pytest.raises(ConfigError) as caught:
-        convert("hidden_size_per_layer_input=-1")
+        convert("hidden_size_per_layer_input=null")  # its bound is checked before, not its type
     error = caught.value
-    assert str(error.origin) == "cli (hidden_size_per_layer_input=-1)"
+    assert str(error.origin) == "cli (hidden_size_per_layer_input=null)"
     assert "MaxText rejected the config: hidden_size_per_layer_input: " in error.message
-    assert "greater than or equal to 0 (got -1)" in error.message
+    assert "Input should be a valid integer (got None)" in error.message
 
 
 def validate(tmp_path: Path, *lines: str, train: bool = False) -> str:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from primus.backends.maxtext.config.bridge import RULES
+import pytest
+
+from primus.backends.maxtext.config.rules import BOUNDS, RULES, mesh_rules
 from primus.backends.maxtext.maxtext_adapter import MaxTextAdapter
-from primus.testing.fuzz_runs import check_backend, refusal_problems
+from primus.core.config.sanity import Rules
+from primus.testing.fuzz_runs import check_backend, refusal_problems, run_in_process
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "maxtext" / "tiny-cpu.yaml"
 SIZES = [
@@ -22,14 +25,62 @@ MODEL_BUILD = {
 }
 
 
+# Refused by pydantic only with --full, or by MaxText's mesh once JAX has started: here at
+# validation
+LATER = {
+    "dropout rate above 1": ("dropout_rate", [("dropout_rate", 2)]),
+    "two ICI axes of -1": ("ici_data_parallelism", [("ici_data_parallelism", -1)]),
+}
+CPU_MESH = "MaxText cannot lay out its mesh: the ICI parallelism"
+
+
+def one_key_per_rule(rules: Rules) -> Rules:
+    """The first key of each rule: MaxText's bounds and mesh keys share a few rules, each
+    checked key by key in process by test_config."""
+    firsts: dict[int, str] = {}
+    for key, rule in rules.items():
+        firsts.setdefault(id(rule), key)
+    return {key: rules[key] for key in firsts.values()}
+
+
 def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
-    report = check_backend(RECIPE, SIZES, MODEL_BUILD, tmp_path, RULES)
+    schema = MaxTextAdapter("maxtext").param_schema()
+    shared = BOUNDS | mesh_rules(schema)
+    rules = {k: r for k, r in RULES.items() if k not in shared} | one_key_per_rule(shared)
+    report = check_backend(RECIPE, SIZES, MODEL_BUILD | LATER, tmp_path, rules)
     record_property("fuzz", str(report).splitlines()[0])
     print(f"\nmaxtext fuzz: {report}")
     assert not report.failures, str(report)
-    schema = MaxTextAdapter("maxtext").param_schema()
     assert set(RULES) <= set(schema.specs)  # each rule names a real key
+    assert "ici_fsdp_parallelism" in shared and "dcn_data_parallelism" in shared
 
 
 def test_model_build_refusals_are_found_at_validation_with_the_key_and_fix(tmp_path) -> None:
-    assert refusal_problems(RECIPE, MODEL_BUILD, tmp_path) == []
+    assert refusal_problems(RECIPE, MODEL_BUILD | LATER, tmp_path) == []
+
+
+@pytest.mark.parametrize(("processes", "forced", "override", "error"), [
+    (1, None, "ici_fsdp_parallelism=3",
+     "ICI parallelism (ici_fsdp_parallelism 3) spans 3 devices, the launch has 1 (1 process x 1 "
+     "CPU device)"),
+    (3, None, "ici_tensor_parallelism=2",
+     "(ici_fsdp_parallelism -1 x ici_tensor_parallelism 2) spans a multiple of 2 devices, the "
+     "launch has 3 (3 processes x 1 CPU device)"),
+    (1, 4, "ici_fsdp_parallelism=3", "the launch has 4 (1 process x 4 CPU devices)"),
+    (1, 4, "ici_fsdp_parallelism=4", None),
+    (2, None, "ici_tensor_parallelism=2", None),
+])  # fmt: skip
+def test_a_mesh_the_cpu_devices_cannot_hold_is_refused_at_the_key(
+    tmp_path, processes: int, forced: int | None, override: str, error: str | None
+) -> None:
+    """The devices of a CPU launch are known before JAX starts: one a process, unless
+    XLA_FLAGS forces a count (`train` checks its launch as `config validate` does)."""
+    xla = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={forced}" if forced else None}
+    argv = ["config", "validate", str(RECIPE), "--nproc-per-node", str(processes), override]
+    done = run_in_process(argv, tmp_path, xla)
+    if error is None:
+        assert done.code == 0, done.stderr[-3000:]
+        return
+    assert done.code == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.message.startswith(f"error: cli ({override}): {CPU_MESH}"), done.message
+    assert error in done.message and "hint: make the ici_*_parallelism keys" in done.message

@@ -152,16 +152,20 @@ def test_running_a_finished_run_again_says_so(
     assert "Traceback" not in result.stderr
 
 
-def test_a_mesh_the_devices_cannot_hold_is_a_config_error(tmp_path: Path) -> None:
-    """Also: a process that runs MaxText, which torch reaches only through tensorboardX and
-    transformers, hides it (the adapter's unused_modules), though it is installed here."""
+def test_a_mesh_the_devices_cannot_hold_is_a_config_error_at_the_key(tmp_path: Path) -> None:
+    """A mesh checked only once JAX has started (two slices: a CPU launch's ICI mesh is checked
+    before, test_fuzz). Also: a process that runs MaxText, which torch reaches only through
+    tensorboardX and transformers, hides it (the adapter's unused_modules), though it is
+    installed here."""
     result, imported = primus_imports(
-        "train", "pretrain", "--config", str(RECIPE), "exp_name=mesh", "ici_fsdp_parallelism=3",
+        "train", "pretrain", "--config", str(RECIPE), "exp_name=mesh", "num_slices=2",
         PRIMUS_WORKSPACE=str(tmp_path),
     )  # fmt: skip
     assert "maxtext" in imported and "torch" not in imported, imported
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "error: MaxText cannot lay out its mesh on 1 device(s): " in result.stderr
+    assert "error: cli (num_slices=2): MaxText cannot lay out its mesh on 1 device(s): " in (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 

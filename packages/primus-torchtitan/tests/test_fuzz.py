@@ -8,7 +8,7 @@ from pathlib import Path
 
 from primus.backends.torchtitan.config.bridge import RULES
 from primus.backends.torchtitan.torchtitan_adapter import TorchTitanAdapter
-from primus.testing.fuzz_runs import check_backend, refusal_problems
+from primus.testing.fuzz_runs import check_backend, refusal_problems, run_in_process
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
 SIZES = [
@@ -34,8 +34,31 @@ MODEL_BUILD = {
 }
 
 
+# Refused by TorchTitan only once every rank has started (ParallelDims), or trained on (a
+# negative warm-up, a decay past the schedule, gradients clipped to nothing): here at validation
+LATER = {
+    "data-parallel shard degree 0": (
+        "parallelism.data_parallel_shard_degree",
+        [("parallelism.data_parallel_shard_degree", 0)],
+    ),
+    "data-parallel shard degree below -1": (
+        "parallelism.data_parallel_shard_degree",
+        [("parallelism.data_parallel_shard_degree", -3)],
+    ),
+    "negative warm-up": ("lr_scheduler.warmup_steps", [("lr_scheduler.warmup_steps", -5)]),
+    "decay ratio above 1": ("lr_scheduler.decay_ratio", [("lr_scheduler.decay_ratio", 1.5)]),
+    "gradients clipped to 0": ("training.max_norm", [("training.max_norm", 0.0)]),
+}
+# TorchTitan's own sentinels and bounds, which validation must take as TorchTitan does
+LEGAL = [
+    "training.global_batch_size=-1", "parallelism.data_parallel_shard_degree=-1",
+    "lr_scheduler.warmup_steps=0", "lr_scheduler.decay_ratio=1.0", "lr_scheduler.min_lr_factor=1.0",
+    "lr_scheduler.total_steps=null",
+]  # fmt: skip
+
+
 def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
-    report = check_backend(RECIPE, SIZES, MODEL_BUILD, tmp_path, RULES)
+    report = check_backend(RECIPE, SIZES, MODEL_BUILD | LATER, tmp_path, RULES)
     record_property("fuzz", str(report).splitlines()[0])
     print(f"\ntorchtitan fuzz: {report}")
     assert not report.failures, str(report)
@@ -44,4 +67,10 @@ def test_every_bad_input_is_one_config_error(tmp_path, record_property) -> None:
 
 
 def test_model_build_refusals_are_found_at_validation_with_the_key_and_fix(tmp_path) -> None:
-    assert refusal_problems(RECIPE, MODEL_BUILD, tmp_path) == []
+    assert refusal_problems(RECIPE, MODEL_BUILD | LATER, tmp_path) == []
+
+
+def test_torchtitans_sentinels_and_bounds_validate(tmp_path) -> None:
+    for full in ([], ["--full"]):
+        done = run_in_process(["config", "validate", *full, str(RECIPE), *LEGAL], tmp_path, {})
+        assert done.code == 0, done.stderr[-3000:]

@@ -59,9 +59,11 @@ def to_json(tree: ConfigTree, provenance: bool = False) -> str:
 
 
 def args_summary(args: Any) -> str:
-    """Backend args as YAML, whatever their type (namespace, dataclass, dict)."""
+    """Backend args as YAML, whatever their type (namespace, dataclass, dict); a dataclass's
+    fields declared with `repr=False` are left out."""
     if dataclasses.is_dataclass(args) and not isinstance(args, type):
-        data = dataclasses.asdict(args)
+        hidden = {f.name for f in dataclasses.fields(args) if not f.repr}
+        data = {k: v for k, v in dataclasses.asdict(args).items() if k not in hidden}
     elif isinstance(args, dict):
         data = args
     else:

@@ -66,4 +66,15 @@ FRACTION_PAIR = Rule(
 )
 """A pair of decay factors, such as Adam's betas in one list."""
 
+UNIT = Rule("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1, refuses=(1.5, -0.5))
+"""A probability (a dropout) or a share (of the schedule, of the learning rate)."""
+
+
+def positive_or_minus_one(meaning: str) -> Rule:
+    """A size an upstream also takes as -1, with `meaning` ("the rest"); any other value below
+    1 fails."""
+    return Rule(f"a positive number, or -1 ({meaning})",
+                lambda v: is_number(v) and (v > 0 or v == -1), refuses=(0, -2))  # fmt: skip
+
+
 Rules = dict[str, Rule]  # dotted param key -> the rule its value keeps

@@ -108,8 +108,7 @@ class MaxTextAdapter(BackendAdapter):
 
         schema = schema_of(self)
         assert schema is not None
-        default = schema.specs["per_device_batch_size"].default
-        check_launch(config, config.params.get("per_device_batch_size", default), processes)
+        check_launch(config, schema, processes)
 
     def checkpoint_bytes(self, config: ModuleConfig) -> int | None:
         from primus.backends.maxtext.projection import checkpoint_bytes

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from primus.backends.maxtext.config.checks import no_rows
+from primus.backends.maxtext.config.mesh import mesh_origin
 from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.trainer.base_trainer import BaseTrainer
@@ -28,15 +29,22 @@ class MaxTextPretrainTrainer(BaseTrainer):
         from maxtext.utils.maxtext_utils import create_device_mesh
 
         self.config, self.recorder = train.initialize(self.backend_args.argv)
-        try:  # the mesh MaxText will build: only now are the devices known
+        origins = self.backend_args.origins
+        try:  # the mesh MaxText will build: only now are a GPU's devices known (CPU's before)
             create_device_mesh(self.config)
         except (AssertionError, ValueError) as exc:
             raise ConfigError(
-                f"MaxText cannot lay out its mesh on {jax.device_count()} device(s): {exc}",
-                hint="the ici_*/dcn_* parallelism keys must multiply to the number of devices "
-                "(-1 takes what is left)",
+                f"MaxText cannot lay out its mesh on {jax.device_count()} device(s): "
+                + " ".join(str(exc).split()),
+                mesh_origin(origins, self.backend_args.config),
+                hint="the ici_*_parallelism keys must multiply to the devices of a slice, the "
+                "dcn_* keys to the slices (num_slices); -1 takes the rest",
             ) from exc
-        error = no_rows(self.config.per_device_batch_size, jax.device_count())
+        error = no_rows(
+            self.config.per_device_batch_size,
+            jax.device_count(),
+            origins.get("per_device_batch_size"),
+        )
         if error is not None:
             raise error
 

@@ -22,18 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from primus.backends.maxtext.config.checks import check_peft
+from primus.backends.maxtext.config.checks import check_peft, param_values
+from primus.backends.maxtext.config.mesh import LAYOUT_KEY, check_unspecified, ici_axes
+from primus.backends.maxtext.config.rules import RULES, mesh_rules
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
-from primus.core.config.sanity import (
-    FRACTION,
-    LEARNING_RATE,
-    NON_NEGATIVE,
-    POSITIVE,
-    Rule,
-    Rules,
-    is_number,
-)
-from primus.core.errors import ConfigError
+from primus.core.errors import ConfigError, Origin
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -43,12 +36,14 @@ _SCALARS = (bool, int, float, str)
 
 @dataclass
 class MaxTextArgs:
-    """What the trainer runs: MaxText's command line, the config it resolves to (flat), and
-    the params Primus's own patches take (not MaxText's, so not in `argv`)."""
+    """What the trainer runs: MaxText's command line, the config it resolves to (flat), the
+    params Primus's own patches take (not MaxText's, so not in `argv`), and where the params
+    the trainer's device checks name were set (the mesh's, per_device_batch_size)."""
 
     argv: list[str]
     config: dict[str, Any]
     primus: dict[str, Any] = dataclasses.field(default_factory=dict)
+    origins: dict[str, Origin] = dataclasses.field(default_factory=dict, repr=False)
 
 
 def base_config() -> str:
@@ -86,7 +81,9 @@ def _kind(annotation: Any) -> tuple[type | tuple[type, ...] | None, tuple[Any, .
 
 @cache
 def maxtext_schema() -> ParamSchema:
-    """Every key of MaxText's `MaxTextConfig`, typed from its annotations."""
+    """Every key of MaxText's `MaxTextConfig`, typed from its annotations, with its default
+    (a default factory's list or mapping too, as `mesh_axes`'s; never a sub-model)."""
+    from pydantic import BaseModel
     from pydantic_core import PydanticUndefined
 
     from maxtext.configs.types import MaxTextConfig
@@ -94,7 +91,10 @@ def maxtext_schema() -> ParamSchema:
     specs = {}
     for name, field in MaxTextConfig.model_fields.items():
         kind, choices = _kind(field.annotation)
-        default = None if field.default is PydanticUndefined else field.default
+        default = field.get_default(call_default_factory=True)
+        default = (
+            None if default is PydanticUndefined or isinstance(default, BaseModel) else default
+        )
         default = default.value if isinstance(default, enum.Enum) else default
         specs[name] = ParamSpec(kind, (field.description or "").strip(), choices, default)
     return ParamSchema(specs)
@@ -166,40 +166,18 @@ def _quiet() -> Iterator[None]:
         absl_logging.set_verbosity(verbosity)
 
 
-STEPS = Rule(
-    "a positive number, or -1 (the other of steps and learning_rate_schedule_steps)",
-    lambda v: is_number(v) and (v > 0 or v == -1),
-    refuses=(0, -5),
-)
-# What MaxText takes on trust and fails on later (or trains nothing): refused at validation.
-# (`steps` and `eval_interval` are MaxText's own: -1 means "the schedule's length" and "none".)
-RULES: Rules = {
-    **dict.fromkeys(
-        (
-            "per_device_batch_size", "max_target_length", "base_emb_dim", "base_num_query_heads",
-            "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers",
-            "vocab_size", "checkpoint_period", "log_period",
-        ),
-        POSITIVE,
-    ),
-    "learning_rate": LEARNING_RATE,
-    "adam_b1": FRACTION,
-    "adam_b2": FRACTION,
-    "adam_eps": NON_NEGATIVE,
-    "adam_weight_decay": NON_NEGATIVE,
-    **dict.fromkeys(("steps", "learning_rate_schedule_steps"), STEPS),
-}  # fmt: skip
-
-
 def check_params(config: ModuleConfig, schema: ParamSchema) -> None:
     """What MaxText takes on trust, or refuses only when it builds the model, checked without
     importing it (the adapter's `check_params`; `schema` gives MaxText's defaults)."""
-    config.require(RULES)
+    config.require(RULES | mesh_rules(schema))
     config.require_divisor(
         "base_num_query_heads", "base_num_kv_heads", "MaxText fails only when it builds the model"
     )
-    value = {key: config.params.get(key, spec.default) for key, spec in schema.specs.items()}
-    steps, schedule = value["steps"], value["learning_rate_schedule_steps"]
+    value = param_values(config, schema)
+    axes = ici_axes(value, schema)
+    if axes is not None:
+        check_unspecified(config, axes)
+    steps, schedule = value("steps"), value("learning_rate_schedule_steps")
     if steps == -1 and schedule == -1:
         raise config.error(
             "steps",
@@ -208,14 +186,14 @@ def check_params(config: ModuleConfig, schema: ParamSchema) -> None:
             hint="set steps to a positive number",
         )
     sft = config.sft
-    if sft is not None and sft.packing and value["attention"] == "cudnn_flash_te":
+    if sft is not None and sft.packing and value("attention") == "cudnn_flash_te":
         raise sft.error(
             "packing",
             "maxtext: packed rows are masked per sample through decoder_segment_ids, "
             "which Primus has not tested with attention: cudnn_flash_te",
             hint="set attention: autoselected (or dot_product, flash), or sft.packing: false",
         )
-    check_peft(config, value.__getitem__)
+    check_peft(config, value)
 
 
 def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:
@@ -229,4 +207,6 @@ def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxT
         resolved = pyconfig.initialize_pydantic(argv)
         train_utils.validate_train_config(pyconfig.HyperParameters(resolved))
     primus = {key: value for key, value in config.params.items() if key in owned}
-    return MaxTextArgs(argv, resolved.model_dump(mode="json"), primus)
+    named = (k for k in config.params if LAYOUT_KEY.fullmatch(k) or k == "per_device_batch_size")
+    origins = {key: where for key in named if (where := config.origin(key)) is not None}
+    return MaxTextArgs(argv, resolved.model_dump(mode="json"), primus, origins)

@@ -1,14 +1,16 @@
-"""MaxText's checks of a launch (the rows a step trains on, which MaxText computes as
-int(per_device_batch_size x devices) and, at 0, trains on silently) and of what `peft:` on
+"""MaxText's checks of a launch (its mesh, and the rows a step trains on, which MaxText computes
+as int(per_device_batch_size x devices) and, at 0, trains on silently) and of what `peft:` on
 MaxText cannot do."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
-from primus.core.config import ModuleConfig
+from primus.backends.maxtext.config.mesh import check_mesh, ici_axes
+from primus.core.config import ModuleConfig, ParamSchema
 from primus.core.errors import ConfigError, Origin
 
 HOST_DEVICES = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
@@ -26,17 +28,26 @@ def no_rows(per_device: float, devices: int, where: Origin | None = None) -> Con
     )
 
 
-def check_launch(config: ModuleConfig, per_device: float, processes: int) -> None:
-    """On CPU, where each process holds one device (or the count XLA_FLAGS forces), the step
-    trains on at least one row; a GPU process's devices are known only where it runs (the
-    trainer checks them)."""
+def param_values(config: ModuleConfig, schema: ParamSchema) -> Callable[[str], Any]:
+    """A MaxText param's value, or its default in `schema` where unset."""
+    return lambda key: config.params.get(key, schema.specs[key].default)
+
+
+def check_launch(config: ModuleConfig, schema: ParamSchema, processes: int) -> None:
+    """On CPU, where each process holds one device (or the count XLA_FLAGS forces), the ICI
+    mesh fits the devices of the one slice and a step trains on at least one row; a GPU
+    process's devices are known only where it runs (the trainer checks them)."""
     if config.params.get("hardware") != "cpu":
         return
     forced = HOST_DEVICES.search(os.environ.get("XLA_FLAGS", ""))
+    each = int(forced.group(1)) if forced else 1
+    value = param_values(config, schema)
+    axes = ici_axes(value, schema)
+    if axes is not None and value("num_slices") in (-1, 1):
+        how = f"{processes} process{'es' * (processes != 1)} x {each} CPU device{'s' * (each != 1)}"
+        check_mesh(config, axes, processes * each, how)
     error = no_rows(
-        per_device,
-        processes * (int(forced.group(1)) if forced else 1),
-        config.origin("per_device_batch_size"),
+        value("per_device_batch_size"), processes * each, config.origin("per_device_batch_size")
     )
     if error is not None:
         raise error

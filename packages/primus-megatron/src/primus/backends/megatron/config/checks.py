@@ -18,6 +18,7 @@ from primus.core.config.sanity import (
     LEARNING_RATE,
     NON_NEGATIVE,
     POSITIVE,
+    UNIT,
     Rule,
     Rules,
     is_number,
@@ -42,8 +43,6 @@ BLEND = Rule(
     _is_blend,
     refuses=([0.5, "a", 0.5],),
 )
-DROPOUT = Rule("a probability in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1, refuses=(2, -0.5))
-"""A dropout probability, as torch.nn.Dropout takes it when Megatron builds the model."""
 # What Megatron takes on trust and fails on later (or trains nothing): refused at validation.
 RULES: Rules = {
     **dict.fromkeys(
@@ -66,7 +65,7 @@ RULES: Rules = {
          "num_experts"),
         NON_NEGATIVE,
     ),
-    **dict.fromkeys(("hidden_dropout", "attention_dropout"), DROPOUT),
+    **dict.fromkeys(("hidden_dropout", "attention_dropout"), UNIT),  # torch.nn.Dropout's range
     "lr": LEARNING_RATE,
     "min_lr": LEARNING_RATE,
     "adam_beta1": FRACTION,

@@ -20,7 +20,15 @@ from functools import cache
 from typing import Any
 
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
-from primus.core.config.sanity import FRACTION_PAIR, LEARNING_RATE, NON_NEGATIVE, POSITIVE, Rules
+from primus.core.config.sanity import (
+    FRACTION_PAIR,
+    LEARNING_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    Rules,
+    positive_or_minus_one,
+)
 from primus.core.errors import ConfigError
 
 AC_MODE = "activation_checkpoint.mode"
@@ -269,18 +277,29 @@ def _rejected(config: ModuleConfig, message: str, schema: ParamSchema) -> Config
     return ConfigError(f"TorchTitan rejected the config: {message}")
 
 
-# What TorchTitan takes on trust and fails on later (or trains nothing): refused at validation.
+# What TorchTitan takes on trust and fails on later (or trains nothing, or trains backwards):
+# refused at validation. ParallelDims asserts each degree >= 1, the shard degree -1 or >= 1.
 RULES: Rules = {
     **dict.fromkeys(
         (
-            "training.local_batch_size", "training.global_batch_size", "training.seq_len",
-            "training.steps", "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads",
-            "model.ffn_hidden_dim", "model.vocab_size", "model.max_seq_len", "metrics.log_freq",
-            "checkpoint.interval", "validator.freq", "training.gc_freq", "profiler.profile_freq",
-            "profiler.memory_snapshot_freq",
+            "training.local_batch_size", "training.seq_len", "training.steps", "model.dim",
+            "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.ffn_hidden_dim",
+            "model.vocab_size", "model.max_seq_len", "metrics.log_freq", "checkpoint.interval",
+            "validator.freq", "training.gc_freq", "profiler.profile_freq",
+            "profiler.memory_snapshot_freq", "training.max_norm", "lr_scheduler.total_steps",
+            "parallelism.data_parallel_replicate_degree", "parallelism.context_parallel_degree",
+            "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+            "parallelism.expert_parallel_degree", "parallelism.pipeline_parallel_microbatch_size",
         ),
         POSITIVE,
     ),
+    "training.global_batch_size": positive_or_minus_one("one local batch per data-parallel rank"),
+    "parallelism.data_parallel_shard_degree": positive_or_minus_one(
+        "the processes the other degrees leave"
+    ),
+    "lr_scheduler.warmup_steps": NON_NEGATIVE,
+    "lr_scheduler.decay_ratio": UNIT,
+    "lr_scheduler.min_lr_factor": UNIT,
     "optimizer.lr": LEARNING_RATE,
     "optimizer.betas": FRACTION_PAIR,
     "optimizer.eps": NON_NEGATIVE,
