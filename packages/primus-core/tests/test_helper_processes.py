@@ -111,6 +111,37 @@ def test_helpers_ignore_the_stop_signal_that_reaches_every_process(tmp_path: Pat
     assert left_alive(list(pids.values()), timeout_s=5) == []
 
 
+# A shielded process starts spawned helpers and signals each while its interpreter starts, as a
+# signal to the whole job does when it lands on a helper's first milliseconds (Megatron's
+# checkpoint writer starts a multiprocessing Manager at its first save): each must live on.
+STARTING = """
+import multiprocessing, os, signal, time
+from primus.core.launch import helper_processes
+from primus.core.reliability import preemption
+
+if __name__ == "__main__":
+    preemption.watch()
+    helper_processes.shield()
+    codes = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        helper = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0.5,))
+        helper.start()
+        os.kill(helper.pid, sig)
+        helper.join()
+        codes.append(helper.exitcode)
+    print(codes, flush=True)
+"""
+
+
+def test_a_spawned_helper_signalled_while_it_starts_lives_on(tmp_path: Path) -> None:
+    script = tmp_path / "starting.py"
+    script.write_text(STARTING)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "[0, 0, 0]\n"  # each slept its half second and exited 0
+
+
 def test_a_run_killed_by_sigkill_leaves_nothing_it_started(tmp_path: Path) -> None:
     """Within 5 s of the SIGKILL: the spawned and forked helpers, the plain subprocess and
     multiprocessing's resource tracker are gone; a process of the same group that the run did

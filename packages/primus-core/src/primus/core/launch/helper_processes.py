@@ -58,21 +58,34 @@ def _then_ignore(setup: Callable[[], None]) -> Callable[[], None]:
 
 def _ignoring_stop_signals(args: Sequence[str]) -> list[str]:
     """multiprocessing's command line for a new interpreter (`python ... -c PROGRAM ...`) with
-    the stop signals ignored before PROGRAM runs."""
+    the stop signals ignored before PROGRAM runs, then unblocked (`_spawn_shielded` starts it
+    with them blocked: one sent while the interpreter starts is dropped, not fatal)."""
     args = list(args)
     if "-c" in args[:-1]:
         at = args.index("-c") + 1
         numbers = ", ".join(str(int(sig)) for sig in SIGNALS)
         args[at] = (
-            f"import signal\nfor s in ({numbers}): signal.signal(s, signal.SIG_IGN)\n{args[at]}"
+            f"import signal\nfor s in ({numbers}): signal.signal(s, signal.SIG_IGN)\n"
+            f"signal.pthread_sigmask(signal.SIG_UNBLOCK, ({numbers},))\n{args[at]}"
         )
     return args
 
 
 def _spawn_shielded(spawn: Callable[..., int]) -> Callable[..., int]:
+    """`spawn` (fork and exec) with the stop signals blocked around it: the new interpreter
+    inherits the mask, so a signal to the whole job while it starts waits until it ignores them;
+    this process gets its own once the spawn returns."""
+
     @functools.wraps(spawn)
     def spawn_ignoring_stop_signals(path: str, args: Sequence[str], *rest: Any) -> int:
-        return spawn(path, _ignoring_stop_signals(args), *rest)
+        shielded = _ignoring_stop_signals(args)
+        if shielded == list(args):  # no program to put the unblocking in front of
+            return spawn(path, shielded, *rest)
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            return spawn(path, shielded, *rest)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     return spawn_ignoring_stop_signals
 
