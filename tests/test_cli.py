@@ -428,3 +428,19 @@ def test_an_error_without_a_line_names_its_module_in_a_several_module_experiment
     done = run_in_process(argv, tmp_path, {"PRIMUS_WORKSPACE": str(tmp_path / "ws")})
     assert done.code == 2, done.stderr
     assert "error: module 'new': num_layers is not set" in done.stderr
+
+
+def test_an_eof_error_in_a_run_is_raised_with_its_traceback(tmp_path, monkeypatch) -> None:
+    """In process: typer would take an EOFError (a helper's pipe that closed) for the end of
+    input, print "Aborted." and drop it; the run's failure keeps it as its cause."""
+    import primus.backends.dummy.dummy_pretrain_trainer as dummy
+    from primus.cli.main import main
+    from primus.testing.in_process import in_process
+
+    def closed(self: object) -> None:
+        raise EOFError("the helper's pipe")
+
+    monkeypatch.setattr(dummy.DummyPretrainTrainer, "train", closed)
+    with in_process(), pytest.raises(RuntimeError, match="a pipe closed under it") as err:
+        main(["train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}"])
+    assert isinstance(err.value.__cause__, EOFError)
