@@ -220,20 +220,28 @@ def test_a_taken_rendezvous_port_is_replaced(
     assert "the rendezvous port was taken" in capfd.readouterr().err
 
 
+ON_SIGNAL = {  # what a worker does on the signal: save and exit 75, die of it, exit 1 unsaved
+    "save": "lambda *_: (time.sleep(1), open(f'{folder}/' + os.environ['RANK'], 'w'), sys.exit(75))",
+    "die": "signal.SIG_DFL",
+    "unsaved": "lambda *_: sys.exit(1)",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["sigterm", "sigusr1"])
-@pytest.mark.parametrize("saving_s", [1.0, None], ids=["save", "die"])
+@pytest.mark.parametrize(
+    ("sig", "worker_does"),
+    [(signal.SIGTERM, "save"), (signal.SIGUSR1, "save"), (signal.SIGTERM, "die"),
+     (signal.SIGUSR1, "die"), (signal.SIGINT, "unsaved")],
+    ids=["sigterm-save", "sigusr1-save", "sigterm-die", "sigusr1-die", "sigint-unsaved"],
+)  # fmt: skip
 def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them(
-    tmp_path: Path, sig: signal.Signals, saving_s: float | None
+    tmp_path: Path, sig: signal.Signals, worker_does: str
 ) -> None:
-    """The spawner passes SIGTERM/SIGUSR1 on and waits while the workers save (exit 75: it
-    exits 75); a worker the signal kills (no checkpoint) makes it exit 128 + the signal."""
-    on_signal = (
-        f"lambda *_: (time.sleep({saving_s}), open(f'{tmp_path}/' + os.environ['RANK'], 'w'), "
-        "sys.exit(75))"
-        if saving_s
-        else "signal.SIG_DFL"
-    )
+    """The spawner passes the stop signals on and waits while the workers save (exit 75: it
+    exits 75); a worker the signal kills, or that ends without a checkpoint (exit 1: its
+    backend saves none), makes it exit 128 + the signal, as torchrun's launcher does."""
+    saving_s = worker_does == "save"
+    on_signal = ON_SIGNAL[worker_does].format(folder=tmp_path)
     worker = (
         f"import os, signal, sys, time; signal.signal({int(sig)}, {on_signal}); "
         f"open('{tmp_path}/started-' + os.environ['RANK'], 'w'); time.sleep(120)"

@@ -45,13 +45,17 @@ def _wait(
 ) -> int:
     """0 when every worker succeeded, 75 when they all ended and one was preempted; at the first
     failure, its `failure_code`. After a preemption signal (`stopping`: the signal and the
-    deadline for the workers), 128 + the signal when a worker died of it or the deadline
-    passed."""
+    deadline for the workers), 128 + the signal when a worker died of it, ended without a
+    checkpoint (its own error said why), or the deadline passed."""
     while True:
         codes = [w.poll() for w in workers]
         for i, code in enumerate(codes):
             if code not in (None, 0, EXIT_PREEMPTED):
-                if stopping and code < 0:  # killed by the signal passed on: no checkpoint
+                if stopping:  # killed by the signal passed on, or stopped unsaved: no checkpoint
+                    name = signal.Signals(stopping[0][0]).name
+                    how = f"died of {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+                    print(f"[primus] {name}: rank {first_rank + i} {how} without a checkpoint",
+                          file=sys.stderr)  # fmt: skip
                     return 128 + stopping[0][0]
                 print(
                     f"[primus] a worker failed: rank {first_rank + i} exited with code {code}; "
