@@ -167,6 +167,24 @@ def test_the_signal_handler_tells_the_processes_started_after_it(
         os.environ.pop(ENV, None)
 
 
+def test_a_rank_names_the_signal_the_ranks_agreed_on(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """In this process: a rank that got no signal itself takes the agreed one as its own,
+    silently (the marker and messages then name it); one that got its own keeps it."""
+    monkeypatch.setattr(preemption, "_received", None)
+    monkeypatch.delenv(ENV, raising=False)
+    try:
+        assert preemption.agreed(0) == 0 and preemption.requested() is None
+        assert preemption.agreed(int(signal.SIGUSR1)) == signal.SIGUSR1
+        assert preemption.requested() == "SIGUSR1"
+        assert preemption.agreed(int(signal.SIGTERM)) == signal.SIGTERM  # the largest, agreed
+        assert preemption.requested() == "SIGUSR1"  # its own first one stays
+        assert capfd.readouterr().err == ""
+    finally:
+        os.environ.pop(ENV, None)
+
+
 def test_only_the_watched_process_announces_the_signal(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -210,9 +210,9 @@ def test_two_workers_stop_at_the_same_step_on_a_signal_to_one_or_to_the_launcher
 ) -> None:
     run_dir, [to_rank_1, to_launcher], _, _ = resized
     # rank 0 agreed to stop on rank 1's signal and wrote the marker
-    first = assert_preempted(run_dir, to_rank_1, "a preemption signal")
+    first = assert_preempted(run_dir, to_rank_1, "SIGUSR1")  # rank 0 names rank 1's signal
     assert to_rank_1.stderr.count("[primus] SIGUSR1 received") == 1  # rank 1 only
-    assert f"[primus] preempted by a preemption signal at step {first}" in to_rank_1.stderr
+    assert f"[primus] preempted by SIGUSR1 at step {first}" in to_rank_1.stderr
     second = assert_preempted(run_dir, to_launcher, "SIGTERM")
     assert to_launcher.stderr.count("[primus] SIGTERM received") == 2  # passed on to both
     # torch, hidden from MaxText's processes (its adapter's unused_modules): transformers'

@@ -120,7 +120,7 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_the_same_curve(
         assert stopped.left == []  # every process the run started ended with it
         step = stopped.marker["step"]
         assert at <= step < STEPS - 2
-        assert isinstance(to, int) or stopped.marker["signal"] == sig.name  # rank 0 got it
+        assert stopped.marker["signal"] == sig.name  # rank 0 names it, got or agreed on
         assert (
             f"at step {step}" in stopped.stderr and "run the same command again" in stopped.stderr
         )

@@ -152,7 +152,7 @@ def batch_hashes(run: Path, rank: int = 0) -> list[tuple[int, str]]:
 LOADERS = ("dataloader.num_workers=2",)  # data-loader worker processes, as real jobs have
 # (signal, to whom, how primus starts, the step after which it is sent, the marker's name)
 STOPS = [
-    (signal.SIGTERM, 1, PYTHON, 4, "a preemption signal"),  # rank 0 did not get it
+    (signal.SIGTERM, 1, PYTHON, 4, "SIGTERM"),  # rank 0 did not get it: it names rank 1's
     (signal.SIGTERM, "everyone", UV_RUN, 9, "SIGTERM"),  # as Slurm and systemd do
     (signal.SIGINT, None, UV_RUN, 14, "SIGINT"),  # Ctrl-C
 ]
@@ -213,7 +213,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_exit_75(
     assert stops[0].stderr.count("SIGTERM received") == 1
     assert f"preempted: SIGTERM at step {first}" in stops[0].stderr  # rank 1's line
     log = (run / "logs" / "rank-0.log").read_text()
-    assert f"preempted by a preemption signal at step {first}; checkpoint" in log
+    assert f"preempted by SIGTERM at step {first}; checkpoint" in log
 
 
 def test_the_same_command_resumes_and_matches_the_uninterrupted_run(

@@ -131,6 +131,15 @@ def requested_number() -> int:
     return _received or 0
 
 
+def agreed(signum: int) -> int:
+    """`signum`, the stop signal the ranks agreed on (the largest any received; 0: none), which
+    this process then names as its own where another rank got it: the marker and the messages
+    say which signal stopped the run."""
+    if signum and _received is None:
+        note(signum)
+    return signum
+
+
 @contextlib.contextmanager
 def stopping_before_training(run_dir: Path, rank: int) -> Iterator[None]:
     """Within: the run is setting up until `training_starts` (a signal then says the run stops

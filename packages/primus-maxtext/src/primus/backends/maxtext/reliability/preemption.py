@@ -10,7 +10,7 @@ from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.backends.maxtext.reliability.stopping import (
     NO_CHECKPOINT,
     TRAIN,
-    any_process,
+    largest,
     save_step,
 )
 from primus.core.errors import PrimusError
@@ -44,7 +44,7 @@ def stop_on_preemption(ctx: PatchContext) -> None:
                 preemption.watch()
                 watching.append(True)
             metrics = original(jax_device_state, python_vars, immutable_data)
-            if any_process(preemption.requested() is not None):
+            if preemption.agreed(largest(preemption.requested_number())):
                 import jax
 
                 step = python_vars["step"] + 1  # MaxText counts from 0, Primus's logs from 1

@@ -12,16 +12,16 @@ TRAIN = "maxtext.trainers.pre_train.train"  # the module of MaxText's training l
 NO_CHECKPOINT = "no checkpoint (enable_checkpointing is false)"
 
 
-def any_process(flag: bool) -> bool:
-    """Whether `flag` is true in any JAX process (a collective: every process must ask)."""
+def largest(number: int) -> int:
+    """The largest of every JAX process's `number` (a collective: every process must ask)."""
     import jax
 
     if jax.process_count() == 1:
-        return flag
+        return number
     import numpy as np
     from jax.experimental import multihost_utils
 
-    return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
+    return int(np.max(multihost_utils.process_allgather(np.asarray(number))))
 
 
 def save_step(jax_device_state: dict[str, Any], python_vars: dict[str, Any], config: Any) -> str:

@@ -4,7 +4,6 @@ it."""
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -46,9 +45,8 @@ def _stop_on_signal(ctx: PatchContext) -> Callable[[Callable], Callable]:
 
             from primus.backends.megatron.reliability.stopping import agreed_max, save_now
 
-            name = preemption.requested()
-            (signum,) = agreed_max(signal.Signals[name].value if name else 0)
-            if not signum:
+            (signum,) = agreed_max(preemption.requested_number())
+            if not preemption.agreed(int(signum)):
                 return original(*save_args)
             saved = save_now(run_dir, save_args)  # type: ignore[arg-type]
             preemption.stop(run_dir, save_args[3], saved, torch.distributed.get_rank())
