@@ -214,9 +214,14 @@ def test_patch_selection_from_the_environment(tmp_path) -> None:
 
 
 def test_two_workers_through_torchrun(tmp_path) -> None:
-    result = train_quickstart(tmp_path, "--nproc-per-node", "2", "train_iters=20")
+    """... and torchrun's log folder (its workers' error files) goes with the launch."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    result = train_quickstart(tmp_path, "--nproc-per-node", "2", "train_iters=20",
+                              TMPDIR=str(temp))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "torchrun --nproc-per-node=2" in result.stderr
+    assert [p.name for p in temp.iterdir() if "torch" in p.name] == []
     logs = tmp_path / "local" / "local" / "quickstart" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
     assert "rank 0 of 2" in (logs / "rank-0.log").read_text()

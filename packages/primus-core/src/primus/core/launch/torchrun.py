@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -114,6 +116,9 @@ def run_torchrun(args: list[str]) -> int:
             hint="pip install torch (or the backend package, which brings it)",
         ) from None
     print(f"[primus] torchrun {' '.join(args)}", file=sys.stderr)
+    # torchrun's own log folder (/tmp/torchelastic_*: the workers' error files) would outlive it
+    log_dir = tempfile.mkdtemp(prefix="primus-torchrun-")
+    args = [f"--log-dir={log_dir}", *args]
     os.environ[LAUNCHER_PID] = str(os.getpid())  # torchrun passes it on to the workers
     try:
         with _first_signal_only():
@@ -128,4 +133,5 @@ def run_torchrun(args: list[str]) -> int:
     finally:
         del os.environ[LAUNCHER_PID]  # not for what this process starts later
         forget_reports()
+        shutil.rmtree(log_dir, ignore_errors=True)
     return 0
