@@ -285,7 +285,7 @@ def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_chec
     last = run.stderr.rstrip().splitlines()[-2:]  # the launcher's verdict, no "preempted"
     assert last == [
         "[primus] rank 0 stopped with a checkpoint (exit 75)",  # torchrun stopped it
-        "[primus] a worker failed: rank 1 exited with code -9",
+        "[primus] a worker failed: rank 1 was killed by SIGKILL",
     ]
     assert run.left == []
 

@@ -74,6 +74,8 @@ def _ended(rank: int, code: int) -> str:
         return f"rank {rank} stopped with a checkpoint (exit 75)"
     if code == -signal.SIGTERM:
         return f"rank {rank} stopped (SIGTERM) when another rank ended"
+    if code < 0:
+        return f"a worker failed: rank {rank} was killed by {signal.Signals(-code).name}"
     return f"a worker failed: rank {rank} exited with code {code}"
 
 
