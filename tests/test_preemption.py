@@ -175,11 +175,21 @@ def test_a_rank_names_the_signal_the_ranks_agreed_on(
     monkeypatch.setattr(preemption, "_received", None)
     monkeypatch.delenv(ENV, raising=False)
     try:
-        assert preemption.agreed(0) == 0 and preemption.requested() is None
-        assert preemption.agreed(int(signal.SIGUSR1)) == signal.SIGUSR1
+        asked: list[int] = []
+
+        def largest(value: int) -> float:  # the other ranks' largest, as a collective gives
+            asked.append(value)
+            return float(max(value, other))
+
+        other = 0
+        assert preemption.agreed(largest) == 0 and preemption.requested() is None
+        other = int(signal.SIGUSR1)
+        assert preemption.agreed(largest) == signal.SIGUSR1
         assert preemption.requested() == "SIGUSR1"
-        assert preemption.agreed(int(signal.SIGTERM)) == signal.SIGTERM  # the largest, agreed
+        other = int(signal.SIGTERM)
+        assert preemption.agreed(largest) == signal.SIGTERM  # the largest, agreed
         assert preemption.requested() == "SIGUSR1"  # its own first one stays
+        assert asked == [0, 0, int(signal.SIGUSR1)]  # each rank gives its own number
         assert capfd.readouterr().err == ""
     finally:
         os.environ.pop(ENV, None)

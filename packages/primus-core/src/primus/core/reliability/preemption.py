@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -131,10 +131,12 @@ def requested_number() -> int:
     return _received or 0
 
 
-def agreed(signum: int) -> int:
-    """`signum`, the stop signal the ranks agreed on (the largest any received; 0: none), which
-    this process then names as its own where another rank got it: the marker and the messages
-    say which signal stopped the run."""
+def agreed(largest: Callable[[int], float]) -> int:
+    """The stop signal the ranks agree on, the largest any received (0: none): `largest` is the
+    backend's collective that takes each rank's number and gives the largest (every rank must
+    call). A process that got none itself names the agreed one as its own, silently: the marker
+    and the messages say which signal stopped the run."""
+    signum = int(largest(requested_number()))
     if signum and _received is None:
         note(signum)
     return signum

@@ -44,7 +44,7 @@ def stop_on_preemption(ctx: PatchContext) -> None:
                 preemption.watch()
                 watching.append(True)
             metrics = original(jax_device_state, python_vars, immutable_data)
-            if preemption.agreed(largest(preemption.requested_number())):
+            if preemption.agreed(largest):
                 import jax
 
                 step = python_vars["step"] + 1  # MaxText counts from 0, Primus's logs from 1

@@ -97,7 +97,7 @@ def precompute(model: Any, pairs: list[PairDataset], lora: bool, micro_batch: in
     for rows in pairs:
         table = torch.zeros(len(rows), 2, dtype=torch.float32, device=device)
         for round_start in range(0, len(rows), ranks * micro_batch):  # as many on every rank
-            if agreed_max(preemption.requested_number())[0]:
+            if preemption.agreed(lambda number: agreed_max(number)[0]):
                 raise preemption.SetUpInterrupted
             first = round_start + rank * micro_batch
             items = [rows[i] for i in range(first, min(first + micro_batch, len(rows)))]

@@ -45,8 +45,7 @@ def _stop_on_signal(ctx: PatchContext) -> Callable[[Callable], Callable]:
 
             from primus.backends.megatron.reliability.stopping import agreed_max, save_now
 
-            (signum,) = agreed_max(preemption.requested_number())
-            if not preemption.agreed(int(signum)):
+            if not preemption.agreed(lambda number: agreed_max(number)[0]):
                 return original(*save_args)
             saved = save_now(run_dir, save_args)  # type: ignore[arg-type]
             preemption.stop(run_dir, save_args[3], saved, torch.distributed.get_rank())

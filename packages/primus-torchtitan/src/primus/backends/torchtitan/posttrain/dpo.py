@@ -148,7 +148,7 @@ class DPOStep:
         for rows in pairs:
             table = torch.zeros(len(rows), 2, dtype=torch.float32, device=trainer.device)
             for first, (inputs, labels) in rank_batches(rows, size, ranks, rank):
-                if across_ranks([preemption.requested_number()], "max")[0]:
+                if preemption.agreed(lambda number: across_ranks([number], "max")[0]):
                     raise preemption.SetUpInterrupted
                 inputs = {k: v.to(trainer.device) for k, v in inputs.items()}
                 with trainer.train_context():

@@ -43,8 +43,7 @@ def stop_on_preemption(ctx: PatchContext) -> None:
     def wrapper(original: Callable[..., bool]) -> Callable[..., bool]:
         def save(self: Any, curr_step: int, last_step: bool = False) -> bool:
             saved = original(self, curr_step, last_step)
-            signum = across_ranks([preemption.requested_number()], "max", group)[0]
-            if not preemption.agreed(int(signum)):
+            if not preemption.agreed(lambda number: across_ranks([number], "max", group)[0]):
                 return saved
             if last_step:
                 log_rank_0(f"[torchtitan] preemption signal at the last step ({curr_step}): "
