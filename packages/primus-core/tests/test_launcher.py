@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from primus.core.backend.backend_adapter import BackendAdapter
 from primus.core.backend.backend_registry import BackendRegistry
 from primus.core.errors import PrimusError
-from primus.core.launch.launcher import Launch
+from primus.core.launch.launcher import Launch, how_it_ended
 from primus.core.launch.spawner import spawn, worker_env
 from primus.core.launch.torchrun import failed_launch_code
 from primus.core.launch.workers import launch_workers
@@ -251,7 +252,7 @@ def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them
         "from primus.core.launch.launcher import Launch; from primus.core.launch.spawner import spawn; "
         f"sys.exit(spawn([sys.executable, '-c', {worker!r}], Launch(2), grace_s=3))"
     )
-    parent = subprocess.Popen([sys.executable, "-c", launcher])
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -259,6 +260,18 @@ def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them
     expected = 75 if saving_s else 128 + int(sig)
     assert parent.wait(timeout=60) == expected
     assert sorted(p.name for p in tmp_path.glob("[0-9]")) == (["0", "1"] if saving_s else [])
+    said = parent.communicate()[1]
+    if not saving_s:  # the first worker to end is named, with how it ended
+        how = "exited 1" if worker_does == "unsaved" else f"was killed by {sig.name}"
+        assert re.search(rf"\[primus\] {sig.name}: rank [01] {how} without a checkpoint", said)
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [(3, "exited 3"), (-9, "was killed by SIGKILL"), (-40, "was killed by signal 40")],
+)
+def test_how_a_worker_ended_is_said_for_any_code(code: int, said: str) -> None:
+    assert how_it_ended(code) == said  # signal 40: a real-time one, which has no name
 
 
 def test_the_port_the_spawner_picks_is_held_for_the_workers(tmp_path: Path) -> None:

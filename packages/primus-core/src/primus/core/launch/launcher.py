@@ -118,3 +118,14 @@ def failure_code(worker_code: int) -> int:
     """The launcher's exit code for a failed worker's: 2 (bad config) and 75 (preempted, with
     a checkpoint) stay, the rest is 1."""
     return worker_code if worker_code in (2, EXIT_PREEMPTED) else 1
+
+
+def how_it_ended(code: int) -> str:
+    """A worker's end as a clause: `exited 3`, or `was killed by SIGKILL` for a negative code
+    (a real-time signal by its number)."""
+    if code >= 0:
+        return f"exited {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"

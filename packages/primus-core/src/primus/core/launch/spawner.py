@@ -17,6 +17,7 @@ from primus.core.launch.launcher import (
     Launch,
     failure_code,
     forget_reports,
+    how_it_ended,
 )
 from primus.core.launch.ports import reserve_port
 from primus.core.reliability import preemption
@@ -53,9 +54,8 @@ def _wait(
             if code not in (None, 0, EXIT_PREEMPTED):
                 if stopping:  # killed by the signal passed on, or stopped unsaved: no checkpoint
                     name = signal.Signals(stopping[0][0]).name
-                    how = f"died of {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
-                    print(f"[primus] {name}: rank {first_rank + i} {how} without a checkpoint",
-                          file=sys.stderr)  # fmt: skip
+                    print(f"[primus] {name}: rank {first_rank + i} {how_it_ended(code)} without "
+                          "a checkpoint", file=sys.stderr)  # fmt: skip
                     return 128 + stopping[0][0]
                 print(
                     f"[primus] a worker failed: rank {first_rank + i} exited with code {code}; "

@@ -16,7 +16,13 @@ from types import FrameType
 from typing import Any
 
 from primus.core.errors import PrimusError
-from primus.core.launch.launcher import LAUNCHER_PID, Launch, failure_code, forget_reports
+from primus.core.launch.launcher import (
+    LAUNCHER_PID,
+    Launch,
+    failure_code,
+    forget_reports,
+    how_it_ended,
+)
 from primus.core.reliability import preemption
 from primus.core.reliability.preemption import EXIT_PREEMPTED, GRACE_S
 
@@ -75,7 +81,7 @@ def _ended(rank: int, code: int) -> str:
     if code == -signal.SIGTERM:
         return f"rank {rank} stopped (SIGTERM) when another rank ended"
     if code < 0:
-        return f"a worker failed: rank {rank} was killed by {signal.Signals(-code).name}"
+        return f"a worker failed: rank {rank} {how_it_ended(code)}"
     return f"a worker failed: rank {rank} exited with code {code}"
 
 
