@@ -59,23 +59,29 @@ def test_model_build_refusals_are_found_at_validation_with_the_key_and_fix(tmp_p
     assert refusal_problems(RECIPE, MODEL_BUILD | LATER, tmp_path) == []
 
 
-@pytest.mark.parametrize(("processes", "forced", "override", "error"), [
-    (1, None, "ici_fsdp_parallelism=3",
+FORCE = "--xla_force_host_platform_device_count="
+
+
+@pytest.mark.parametrize(("processes", "env", "override", "error"), [
+    (1, {}, "ici_fsdp_parallelism=3",
      "ICI parallelism (ici_fsdp_parallelism 3) spans 3 devices, the launch has 1 (1 process x 1 "
      "CPU device)"),
-    (3, None, "ici_tensor_parallelism=2",
+    (3, {}, "ici_tensor_parallelism=2",
      "(ici_fsdp_parallelism -1 x ici_tensor_parallelism 2) spans a multiple of 2 devices, the "
      "launch has 3 (3 processes x 1 CPU device)"),
-    (1, 4, "ici_fsdp_parallelism=3", "the launch has 4 (1 process x 4 CPU devices)"),
-    (1, 4, "ici_fsdp_parallelism=4", None),
-    (2, None, "ici_tensor_parallelism=2", None),
+    (1, {"XLA_FLAGS": f"{FORCE}4"}, "ici_fsdp_parallelism=3",
+     "the launch has 4 (1 process x 4 CPU devices)"),
+    (1, {"XLA_FLAGS": f"{FORCE}4"}, "ici_fsdp_parallelism=4", None),
+    (1, {"XLA_FLAGS": f"{FORCE}2", "JAX_NUM_CPU_DEVICES": "4"}, "ici_fsdp_parallelism=4", None),
+    (2, {}, "ici_tensor_parallelism=2", None),
 ])  # fmt: skip
 def test_a_mesh_the_cpu_devices_cannot_hold_is_refused_at_the_key(
-    tmp_path, processes: int, forced: int | None, override: str, error: str | None
+    tmp_path, processes: int, env: dict[str, str], override: str, error: str | None
 ) -> None:
     """The devices of a CPU launch are known before JAX starts: one a process, unless
-    XLA_FLAGS forces a count (`train` checks its launch as `config validate` does)."""
-    xla = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={forced}" if forced else None}
+    JAX_NUM_CPU_DEVICES or XLA_FLAGS sets a count, JAX's variable first (`train` checks its
+    launch as `config validate` does)."""
+    xla = {"XLA_FLAGS": None, "JAX_NUM_CPU_DEVICES": None} | env
     argv = ["config", "validate", str(RECIPE), "--nproc-per-node", str(processes), override]
     done = run_in_process(argv, tmp_path, xla)
     if error is None:

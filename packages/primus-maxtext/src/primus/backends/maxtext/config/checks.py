@@ -33,14 +33,23 @@ def param_values(config: ModuleConfig, schema: ParamSchema) -> Callable[[str], A
     return lambda key: config.params.get(key, schema.specs[key].default)
 
 
+def cpu_devices() -> int:
+    """A JAX process's CPU devices, as JAX counts them: JAX_NUM_CPU_DEVICES where set, else the
+    count `XLA_FLAGS=--xla_force_host_platform_device_count=N` forces, else 1."""
+    named = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
+    if named.isdigit() and int(named) > 0:
+        return int(named)
+    forced = HOST_DEVICES.search(os.environ.get("XLA_FLAGS", ""))
+    return int(forced.group(1)) if forced else 1
+
+
 def check_launch(config: ModuleConfig, schema: ParamSchema, processes: int) -> None:
-    """On CPU, where each process holds one device (or the count XLA_FLAGS forces), the ICI
+    """On CPU, where each process holds one device (or the count `cpu_devices` reads), the ICI
     mesh fits the devices of the one slice and a step trains on at least one row; a GPU
     process's devices are known only where it runs (the trainer checks them)."""
     if config.params.get("hardware") != "cpu":
         return
-    forced = HOST_DEVICES.search(os.environ.get("XLA_FLAGS", ""))
-    each = int(forced.group(1)) if forced else 1
+    each = cpu_devices()
     value = param_values(config, schema)
     axes = ici_axes(value, schema)
     if axes is not None and value("num_slices") in (-1, 1):

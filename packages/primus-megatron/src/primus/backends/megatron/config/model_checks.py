@@ -12,7 +12,7 @@ from primus.core.config import ModuleConfig
 
 # What Megatron cannot build a model without (key -> the keys that may stand in for it)
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "num_layers": ("encoder_num_layers", "hybrid_layer_pattern"),
+    "num_layers": ("encoder_num_layers", "hybrid_layer_pattern", "hybrid_override_pattern"),
     "hidden_size": (),
     "num_attention_heads": (),
     "max_position_embeddings": (),
@@ -60,7 +60,8 @@ def _check_virtual_pipeline(config: ModuleConfig, args: argparse.Namespace) -> N
     more than one pipeline stage (two without overlapped p2p communication). Left to
     `validate_args` where a layout, a hybrid pattern or uneven stages decide the split."""
     chosen = [key for key in VIRTUAL if getattr(args, key) is not None]
-    if not chosen or args.pipeline_model_parallel_layout or args.hybrid_layer_pattern:
+    hybrid = args.hybrid_layer_pattern or args.hybrid_override_pattern
+    if not chosen or args.pipeline_model_parallel_layout or hybrid:
         return
     if len(chosen) > 1:
         later = last_set(config, *chosen)
@@ -126,7 +127,7 @@ def check_sizes(config: ModuleConfig, defaults: dict[str, Any]) -> None:
         value[k] for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                            "account_for_embedding_in_pipeline_split",
                            "account_for_loss_in_pipeline_split", "hybrid_layer_pattern",
-                           "pipeline_model_parallel_layout")
+                           "hybrid_override_pattern", "pipeline_model_parallel_layout")
     )  # fmt: skip
     if simple_pipeline:
         config.require_divisor("num_layers", "pipeline_model_parallel_size",
