@@ -132,4 +132,6 @@ def test_a_fine_tuning_recipe_is_refused_by_the_pretrain_stage(
             done.stderr
         )
         assert "Traceback" not in done.stderr
+    shown = run_in_process(["config", "show", str(recipe)], ROOT, env)  # no stage: not refused
+    assert shown.code == 0, shown.stderr[-3000:]
     assert not (tmp_path / "ws").exists()

@@ -48,11 +48,12 @@ def test_index_in_blocks_and_its_checks(tmp_path: Path, monkeypatch: pytest.Monk
     assert index_problem(idx, data) == f"{data} is truncated: 216 bytes, its index c.idx needs 220"
     data.write_bytes(np.arange(55, dtype=np.int32).tobytes())
     assert index_problem(idx, data) is None
-    assert entries_problem(idx) is None  # in blocks of 3 entries
-    corpus = IndexedCorpus(tmp_path / "c")
-    assert (len(corpus), corpus.token_count, corpus[3].tolist()) == (10, 55, [6, 7, 8, 9])
+    assert entries_problem(idx, data) is None  # in blocks of 3 entries
+    read = IndexedCorpus(tmp_path / "c")
+    assert (len(read), read.token_count, read[3].tolist()) == (10, 55, [6, 7, 8, 9])
     data.write_bytes(np.arange(56, dtype=np.int32).tobytes())  # a token past the last document
-    assert index_problem(idx, data) == (
+    assert index_problem(idx, data) is None  # Megatron's reader takes it: a run does too
+    assert entries_problem(idx, data) == (
         f"{data} holds 4 bytes past the last document of its index c.idx: they are not one corpus"
     )
     idx.write_bytes(b"junk" * 20)
@@ -70,7 +71,7 @@ def test_a_damaged_index_entry_is_found_in_any_block(
     raw[indexed.HEADER_BYTES : indexed.HEADER_BYTES + 4] = np.int32(-5).tobytes()  # document 0
     idx.write_bytes(bytes(raw))
     assert index_problem(idx, Path(f"{prefix}.bin")) is None  # the last entry is sound
-    assert entries_problem(idx) == (
+    assert entries_problem(idx, Path(f"{prefix}.bin")) == (
         f"{idx} is damaged: document 0 has -5 tokens at byte 0, where the documents before it "
         "end at byte 0"
     )
@@ -78,7 +79,7 @@ def test_a_damaged_index_entry_is_found_in_any_block(
     pointer = indexed.HEADER_BYTES + 10 * 4 + 4 * 8  # document 4's pointer
     raw[pointer : pointer + 8] = np.int64(0).tobytes()
     Path(tmp_path / "d.idx").write_bytes(bytes(raw))
-    assert entries_problem(tmp_path / "d.idx") == (
+    assert entries_problem(tmp_path / "d.idx", tmp_path / "d.bin") == (
         f"{tmp_path / 'd.idx'} is damaged: document 4 has 5 tokens at byte 0, where the "
         "documents before it end at byte 40"
     )

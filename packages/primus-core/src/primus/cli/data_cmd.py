@@ -258,8 +258,9 @@ def inspect(
     show: Annotated[int, typer.Option("--show", min=0, help="Print this many documents' ids.")] = 0,
     debug: Debug = False,
 ) -> None:
-    """Check a prepared corpus (every index entry, the tokens it covers, the ids against the
-    manifest's vocabulary) and print its counts and manifest."""
+    """Check a prepared corpus (every index entry, the tokens it covers, no fewer and no more,
+    the ids against the manifest's vocabulary for a .bin of up to 1 GiB) and print its counts
+    and manifest."""
     import json
 
     from primus.core.data.indexed import IndexedCorpus, entries_problem, index_problem
@@ -272,12 +273,12 @@ def inspect(
         if not path.is_file():
             why = f"{path} is not a file" if path.exists() else f"not found: {path}"
             raise ConfigError(why, hint="primus data prepare makes a corpus")
-    problem = index_problem(idx, data) or entries_problem(idx)
+    problem = index_problem(idx, data) or entries_problem(idx, data)
     record, manifest = read_manifest(prefix), Path(f"{prefix}.json")
     if record is not None:
         problem = problem or ids_problem(prefix, record["vocab_size"], "its manifest's")
     if problem:
-        raise ConfigError(problem)
+        raise ConfigError(problem, hint="make it again: primus data prepare")
     corpus = IndexedCorpus(prefix)
     print(f"{len(corpus):,} documents, {corpus.token_count:,} tokens ({corpus.dtype})")
     for i in range(min(show, len(corpus))):

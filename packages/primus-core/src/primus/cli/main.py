@@ -90,8 +90,31 @@ def root(
 
 @functools.cache
 def _command() -> Callable[..., Any]:
-    """The click command, built once a process (tests call `main` many times)."""
-    return typer.main.get_command(app)
+    """The click command, built once a process (tests call `main` many times), each of its
+    commands' EOFErrors kept (`_eof_kept`)."""
+    command = typer.main.get_command(app)
+    _eof_kept(command)
+    return command
+
+
+def _eof_kept(command: Any) -> None:
+    """Typer takes an EOFError for the end of the user's input: it prints "Aborted." and drops
+    it. One from inside a command (a helper's pipe that closed, a truncated pickle) is raised
+    as a RuntimeError whose cause it is, so that its traceback is told."""
+    for sub in getattr(command, "commands", {}).values():
+        _eof_kept(sub)
+    callback = command.callback
+    if callback is None:
+        return
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except EOFError as exc:
+            raise RuntimeError(f"the command ended on {exc!r}") from exc
+
+    command.callback = run
 
 
 def _report(exc: PrimusError) -> NoReturn:
@@ -177,7 +200,8 @@ def _one_experiment(args: list[str]) -> None:
 
     given = [a for a in args if a in ("--config", "-c") or a.startswith("--config=")]
     if len(given) > 1:
-        raise ConfigError(f"--config is given {len(given)} times: give the experiment YAML once")
+        raise ConfigError(f"--config is given {len(given)} times: give the experiment YAML once",
+                          hint="keep one --config (overrides after it change its values)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

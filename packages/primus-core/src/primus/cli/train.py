@@ -123,10 +123,7 @@ def _command(stage: str) -> Callable[..., None]:
             if code != 0 and preempted:
                 code = _say_preempted(runtime.run_dir, code, other_nodes=nnodes > 1)
             raise typer.Exit(code)
-        try:
-            runtime.run(dry_run=dry_run, full=full)
-        except EOFError as exc:  # typer takes it for the end of input: "Aborted.", the cause lost
-            raise RuntimeError(f"the run ended on {exc!r}: a pipe closed under it") from exc
+        runtime.run(dry_run=dry_run, full=full)
 
     command.__doc__ = f"Run the {stage} stage of an experiment. Overrides may follow the options."
     return command

@@ -212,7 +212,9 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     ConfigError when the header is malformed or truncated, or naming the first tensor whose
     data lies past the end of a truncated file."""
     if not path.is_file():
-        raise ConfigError(f"{path}: not a file (a folder, or a broken link), not safetensors")
+        what = "a folder" if path.is_dir() else "missing, or a broken link"
+        raise ConfigError(f"{path}: {what}, not a safetensors file",
+                          hint="the HF model folder holds its weights as *.safetensors files")  # fmt: skip
     size = path.stat().st_size
     with path.open("rb") as f:
         raw = f.read(8)
@@ -271,7 +273,8 @@ def _indexed_files(index: Path) -> list[str]:
     except (ValueError, AttributeError):
         weights = None
     if not isinstance(weights, dict) or not all(isinstance(n, str) for n in weights.values()):
-        raise ConfigError(f"{index}: not a safetensors index (no weight_map of tensor -> file)")
+        raise ConfigError(f"{index}: not a safetensors index (no weight_map of tensor -> file)",
+                          hint="remove it where the model is one model.safetensors")  # fmt: skip
     return sorted(set(weights.values()))
 
 

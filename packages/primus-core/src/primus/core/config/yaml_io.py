@@ -96,6 +96,7 @@ def interpolate(text: str, where: Origin) -> tuple[str, str | None]:
             f"malformed ${{...}} in {_shown(text)}: write ${{NAME}} or ${{NAME:default}} (NAME: "
             "letters, digits and _; a default holds no ${...})",
             where,
+            hint="close each ${ with }, name a variable after it",
         )
     from_env: list[str] = []
 

@@ -1,0 +1,60 @@
+"""The CLI's handling of what is around a command, in process: an option given twice, an error
+with no line to point at, an exception typer would misread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DUMMY_QUICKSTART = Path(__file__).parent / "fixtures" / "dummy-quickstart.yaml"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "pretrain", "--config", "a.yaml", "-c", "b.yaml", "--dry-run"],
+        ["config", "validate", "-c", "a.yaml", "--config=b.yaml"],
+        ["config", "show", "--config", "a.yaml", "--config", "a.yaml"],
+    ],
+)
+def test_config_given_twice_is_refused_before_anything_is_read(argv, capsys) -> None:
+    """In process: typer would keep the last --config and drop the other without a word."""
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --config is given 2 times: give the experiment YAML once\n"
+        "  hint: keep one --config (overrides after it change its values)\n"
+    )
+
+
+def test_an_error_without_a_line_names_its_module_in_a_several_module_experiment(
+    tmp_path,
+) -> None:
+    """In process: Megatron's missing num_layers has no line to point at; the module does."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "megatron" / "tiny-cpu.yaml"
+    argv = ["config", "validate", str(recipe), "modules.new.framework=megatron"]
+    done = run_in_process(argv, tmp_path, {"PRIMUS_WORKSPACE": str(tmp_path / "ws")})
+    assert done.code == 2, done.stderr
+    assert "error: module 'new': num_layers is not set" in done.stderr
+
+
+def test_an_eof_error_in_a_run_is_raised_with_its_traceback(tmp_path, monkeypatch) -> None:
+    """In process: typer would take an EOFError (a helper's pipe that closed) for the end of
+    input, print "Aborted." and drop it; the run's failure keeps it as its cause."""
+    import primus.backends.dummy.dummy_pretrain_trainer as dummy
+    from primus.cli.main import main
+    from primus.testing.in_process import in_process
+
+    def closed(self: object) -> None:
+        raise EOFError("the helper's pipe")
+
+    monkeypatch.setattr(dummy.DummyPretrainTrainer, "train", closed)
+    with in_process(), pytest.raises(RuntimeError, match="the command ended on EOFError") as err:
+        main(["train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}"])
+    assert isinstance(err.value.__cause__, EOFError)
