@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -194,12 +195,12 @@ def test_patch_selection_from_the_environment(tmp_path) -> None:
 
 
 def test_two_workers_through_torchrun(tmp_path) -> None:
-    """... and torchrun's log folder (its workers' error files) goes with the launch."""
-    (temp := tmp_path / "tmp").mkdir()
-    result = train_quickstart(tmp_path, "--nproc-per-node", "2", "train_iters=20", TMPDIR=str(temp))
+    """... and torchrun's log folder goes with the launch (TMPDIR short: sockets live there)."""
+    with tempfile.TemporaryDirectory(prefix="t") as temp:
+        result = train_quickstart(tmp_path, "--nproc-per-node", "2", "train_iters=20", TMPDIR=temp)
+        left = [p.name for p in Path(temp).iterdir() if p.name.startswith(("torchel", "primus-"))]
     assert result.returncode == 0, result.stderr
-    assert "torchrun --nproc-per-node=2" in result.stderr
-    assert [p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "primus-"))] == []
+    assert "torchrun --nproc-per-node=2" in result.stderr and left == []
     logs = tmp_path / "local" / "local" / "quickstart" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
     assert "rank 0 of 2" in (logs / "rank-0.log").read_text()
@@ -209,30 +210,6 @@ def test_two_workers_through_torchrun(tmp_path) -> None:
         tmp_path, "--nproc-per-node", "2", "train_iters=2", PRIMUS_LOG_ALL_RANKS="1"
     )
     assert loud.returncode == 0 and "[primus rank1]" in loud.stderr
-
-
-def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:
-    blocked = textwrap.dedent(f"""
-        import importlib.abc, sys
-        class NoTorch(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if name.split(".")[0] == "torch":
-                    raise ImportError("No module named 'torch'")
-        sys.meta_path.insert(0, NoTorch())
-        from primus.cli.main import main
-        main(["train", "pretrain", "--config", {str(DUMMY_QUICKSTART)!r}, "--nproc-per-node", "2"])
-    """)
-    result = subprocess.run(
-        [sys.executable, "-c", blocked],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PRIMUS_WORKSPACE": str(tmp_path)},
-    )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert (
-        "needs PyTorch, which is not installed" in result.stderr
-        and "pip install torch" in result.stderr
-    )
 
 
 def test_a_backend_with_the_spawn_launcher_starts_workers_without_torch(tmp_path) -> None:

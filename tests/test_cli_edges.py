@@ -1,8 +1,12 @@
-"""The CLI's handling of what is around a command, in process: an option given twice, an error
-with no line to point at, an exception typer would misread."""
+"""The CLI's handling of what is around a command: an option given twice, an error with no line
+to point at, an exception typer would misread, a launch without torch."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -58,3 +62,27 @@ def test_an_eof_error_in_a_run_is_raised_with_its_traceback(tmp_path, monkeypatc
     with in_process(), pytest.raises(RuntimeError, match="the command ended on EOFError") as err:
         main(["train", "pretrain", "--config", str(DUMMY_QUICKSTART), f"workspace={tmp_path}"])
     assert isinstance(err.value.__cause__, EOFError)
+
+
+def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:
+    blocked = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class NoTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ImportError("No module named 'torch'")
+        sys.meta_path.insert(0, NoTorch())
+        from primus.cli.main import main
+        main(["train", "pretrain", "--config", {str(DUMMY_QUICKSTART)!r}, "--nproc-per-node", "2"])
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", blocked],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PRIMUS_WORKSPACE": str(tmp_path)},
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert (
+        "needs PyTorch, which is not installed" in result.stderr
+        and "pip install torch" in result.stderr
+    )

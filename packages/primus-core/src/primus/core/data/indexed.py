@@ -96,7 +96,7 @@ def index_problem(idx: Path, data: Path) -> str | None:
 def entries_problem(idx: Path, data: Path) -> str | None:
     """Why the sizes and pointers of `idx` (`index_problem` found none) do not describe the
     documents of `data` back to back from byte 0 to its end, or None: every entry is read, in
-    blocks. (Megatron's reader takes bytes past the last document; `data inspect` says so.)"""
+    blocks. (The format's readers take bytes past the last document; `data inspect` says so.)"""
     import numpy as np
 
     header = read_header(idx)
