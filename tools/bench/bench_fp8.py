@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from common import environment, run
+from common import cuda_median_ms, environment, run
 
 HERE = Path(__file__).resolve().parent
 TOKENS = 4096
@@ -37,23 +36,6 @@ VARIANTS = {
     "fp8_tensorwise": ["turbo.enable=true", "turbo.fp8=true"],
     "fp8_rowwise": ["turbo.enable=true", "turbo.fp8=true", "turbo.fp8_recipe=rowwise"],
 }
-
-
-def timed(step: Callable[[], Any], reps: int) -> float:
-    """Median ms of `step` over `reps` eager runs after 5 warm-ups (CUDA events)."""
-    import torch
-
-    for _ in range(5):
-        step()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def backward(forward: Callable[[], Any], inputs: tuple[Any, ...], grad: Any) -> Any:
@@ -80,7 +62,10 @@ def gemms(reps: int) -> dict[str, dict[str, float]]:
             for cache in (True, False):
                 label = f"fp8_{recipe}" + ("" if cache else "_uncached")
                 ways[label] = partial(fp8_linear, x, w, None, recipe, cache)
-        row = {label: timed(partial(backward, f, (x, w), grad), reps) for label, f in ways.items()}
+        row = {
+            label: cuda_median_ms(partial(backward, f, (x, w), grad), reps)
+            for label, f in ways.items()
+        }
         row["tflops_bf16"] = 6 * TOKENS * k * n / row["bf16"] / 1e9
         row |= {f"{label}_speedup": row["bf16"] / row[label] for label in ways if label != "bf16"}
         results[name] = row

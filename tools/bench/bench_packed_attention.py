@@ -12,28 +12,14 @@ compiled, with its block mask made by compiled `create_block_mask` (timed apart)
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import cuda_median_ms
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-
-def median_ms(fn: Callable[[], Any], reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -96,10 +82,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; one row of {s} tokens, "
           f"{len(lengths)} documents, {args.heads} query / {args.kv_heads} key-value heads")  # fmt: skip
     make = lambda: make_block_mask(mask_mod, 1, None, s, s, device="cuda")  # noqa: E731
-    print(f"{'block mask (compiled create_block_mask)':<40} {median_ms(make, args.reps):8.3f} ms")
+    print(
+        f"{'block mask (compiled create_block_mask)':<40} {cuda_median_ms(make, args.reps):8.3f} ms"
+    )
     for name, attention in kernels.items():
         try:
-            print(f"{name:<40} {median_ms(step(attention), args.reps):8.3f} ms forward+backward")
+            print(
+                f"{name:<40} {cuda_median_ms(step(attention), args.reps):8.3f} ms forward+backward"
+            )
         except RuntimeError as error:  # a kernel this GPU or torch does not have
             print(f"{name:<40} not run: {str(error).splitlines()[0][:100]}")
 

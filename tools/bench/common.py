@@ -9,6 +9,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,20 @@ MFU_COLUMNS = (
     ("MFU (attention whole)", "mfu_full_attention", ".1%"),
     ("MFU (causal halved)", "mfu_causal_attention", ".1%"),
 )
+
+
+def cuda_median_ms(step: Callable[[], Any], reps: int) -> float:
+    """Median ms of `step` over `reps` eager runs after 5 warm-ups (CUDA events)."""
+    import torch
+
+    for _ in range(5):
+        step()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
