@@ -89,6 +89,17 @@ MODEL_BUILD = {
         [("lr_warmup_iters", 0), ("lr_warmup_fraction", 1.0)],
     ),
     "warm-up start above lr": ("lr_warmup_init", [("lr_warmup_init", 1.0)]),
+    # the first evaluation, minutes into the run
+    "evaluation with no validation split": (
+        "eval_iters",
+        [
+            ("mock_data", False),
+            ("data_path", ["s3://bucket/corpus"]),
+            ("tokenizer_type", "NullTokenizer"),
+            ("split", "100,0,0"),
+            ("eval_iters", 2),
+        ],
+    ),
 }
 # Refused by Megatron's options as Primus hands them over, not by its model build
 JUNK = {

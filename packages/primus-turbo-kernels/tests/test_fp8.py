@@ -265,6 +265,26 @@ def test_the_one_pass_cast_writes_what_two_casts_write() -> None:
         assert torch.equal(q_t.view(torch.uint8), _cast(source.t(), each, E5M2).view(torch.uint8))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_cuda_graph_casts_the_weight_it_replays_with(recipe: str) -> None:
+    """A graph captured after an eager forward of the same step (Megatron's evaluation: warm-up
+    iterations, then the capture) casts the weight itself: replayed after an optimizer step it
+    computes with that step's weight, not the capture's."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) / 512**0.5)
+    x = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        fp8_linear(x, w, recipe=recipe, cache_weight=True)  # the warm-up: the copy is cached
+        with torch.cuda.graph(graph):
+            out = fp8_linear(x, w, recipe=recipe, cache_weight=True)
+    w.grad = torch.randn_like(w)
+    torch.optim.SGD([w], lr=1.0).step()
+    graph.replay()
+    assert rel(out, F.linear(x, w.detach())) < TOL["out"]
+
+
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 

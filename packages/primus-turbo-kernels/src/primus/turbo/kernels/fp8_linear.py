@@ -141,8 +141,12 @@ def _next_generation(*_: Any) -> None:
 def _weight_fp8(weight: torch.Tensor, recipe: str, cache: bool) -> tuple[torch.Tensor, ...]:
     """(W [N, K], its scale) for the forward, and for the backward W.T [K, N] and its scale
     (same scale tensorwise; column amax rowwise). Cached on the weight with `cache` until the
-    next optimizer step (any `torch.optim` step) or an in-place change of the weight."""
-    key = (_generation[0], weight._version, recipe)
+    next optimizer step (any `torch.optim` step) or an in-place change of the weight. A copy
+    made outside a CUDA graph's capture is not reused inside one, nor the other way round: a
+    graph that read an eager copy would replay that step's weights for good (and a copy made
+    while capturing holds data only once the graph replays)."""
+    capturing = weight.is_cuda and torch.cuda.is_current_stream_capturing()
+    key = (_generation[0], weight._version, recipe, capturing)
     held = getattr(weight, "_turbo_fp8", None)
     if cache and held is not None and held[0] == key:
         return held[1]

@@ -5,6 +5,7 @@ params over Megatron's defaults, without importing Megatron."""
 from __future__ import annotations
 
 import argparse
+import re
 
 from primus.backends.megatron.config.model_checks import last_set
 from primus.core.config import ModuleConfig
@@ -15,6 +16,7 @@ def check_schedule(config: ModuleConfig, args: argparse.Namespace) -> None:
     Megatron's scheduler takes (`args`: `megatron_values`)."""
     if not args.skip_train:
         _check_length(config, args)
+        _check_evaluation(config, args)
     _check_lr_schedule(config, args)
 
 
@@ -83,4 +85,21 @@ def _check_lr_schedule(config: ModuleConfig, args: argparse.Namespace) -> None:
             f"lr_warmup_{unit} {warmup} leaves no decay: the schedule decays over {decay} "
             f"(lr_decay_{unit}, else train_{unit})",
             hint=f"set lr_warmup_{unit} below {decay}",
+        )
+
+
+def _check_evaluation(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """With eval_iters above 0 Megatron evaluates every eval_interval iterations and after
+    training, on the split's validation share: with none (a `data:` section gives the whole
+    corpus to training) the first evaluation fails, minutes into the run."""
+    if not args.eval_iters or args.mock_data or not args.data_path or args.valid_data_path:
+        return
+    shares = [float(share) for share in re.findall(r"[.0-9]+", str(args.split))]  # as Megatron
+    if len(shares) < 2 or shares[1] == 0:
+        raise config.error(
+            "eval_iters",
+            f"eval_iters is {args.eval_iters}, and split {args.split!r} holds out no validation "
+            "data: Megatron's first evaluation would fail",
+            hint="set eval_iters: 0, or name validation data (valid_data_path), or hold some "
+            "out with split (99,1,0) beside data_path (a data: section gives training it all)",
         )
