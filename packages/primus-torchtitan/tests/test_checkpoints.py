@@ -328,3 +328,14 @@ def test_the_fixed_rope_scaling_read_from_torchtitans_source_is_what_it_runs() -
 
     fields = {f.name: f.default for f in dataclasses.fields(ComplexRoPE.Config)}
     assert llama_scaling_defaults() == {k: float(fields[k]) for k in FIXED_SCALING}
+
+
+def test_an_export_of_a_run_that_saved_nothing_says_so(tmp_path: Path) -> None:
+    """No checkpoint folder yet (the run never trained): a config error, not a traceback."""
+    with in_process():
+        done = primus_here("checkpoint", "export", "--config", str(RECIPE), "--hf",
+                           str(tmp_path / "out"), f"workspace={tmp_path / 'ws'}")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "checkpoint: no TorchTitan checkpoint" in done.stderr
+    assert "hint: train with checkpoint.enable=true first" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -30,7 +30,10 @@ def dcp_summary(folder: Path, is_model: Callable[[str], bool]) -> dict[str, Any]
 
 
 def numbered(folder: Path, prefix: str) -> dict[int, Path]:
-    """The `<prefix>N` subfolders of `folder` (N an integer), by N in increasing order."""
+    """The `<prefix>N` subfolders of `folder` (N an integer), by N in increasing order; none
+    where `folder` is not a folder (a run that saved nothing yet)."""
+    if not folder.is_dir():
+        return {}
     found = {
         int(p.name.removeprefix(prefix)): p
         for p in folder.iterdir()

@@ -148,7 +148,7 @@ def checkpoint_step(config: Any, iteration: int | None) -> Path:
     """The step folder of the run's orbax checkpoint: the latest, or `iteration`; while the
     run has none, the params-only checkpoint it starts from (`load_parameters_path`)."""
     folder = Path(config.checkpoint_dir)
-    saved = numbered(folder, "") if folder.is_dir() else {}
+    saved = numbered(folder, "")
     steps = {n: p for n, p in saved.items() if (p / "items").is_dir()}
     start = Path(config.load_parameters_path).parent if config.load_parameters_path else None
     if not steps and start is not None and start.is_dir() and iteration in (None, 0):

@@ -195,7 +195,8 @@ def _source(config: Any, iteration: int | None) -> Path:
     folders = _step_folders(config)
     root = Path(config.dump_folder, config.checkpoint.folder)
     if not folders:
-        raise ConfigError(f"{root}: no TorchTitan checkpoint (step-N folder or {IMPORT_FOLDER})")
+        raise ConfigError(f"{root}: no TorchTitan checkpoint (step-N folder or {IMPORT_FOLDER})",
+                          hint="train with checkpoint.enable=true first")  # fmt: skip
     step = max(folders) if iteration is None else iteration
     if step not in folders:
         raise ConfigError(f"{root}: no checkpoint of step {step}",
