@@ -185,11 +185,19 @@ def test_the_trainers_mesh_error_is_at_the_layout_key_set(convert) -> None:
 
 def test_pydantic_rejections_are_config_errors_at_the_key(convert) -> None:
     with pytest.raises(ConfigError) as caught:
-        convert("hidden_size_per_layer_input=null")  # its bound is checked before, not its type
+        convert("train_data_columns=[1]")  # a list is checked before, not its items
     error = caught.value
-    assert str(error.origin) == "cli (hidden_size_per_layer_input=null)"
-    assert "MaxText rejected the config: hidden_size_per_layer_input: " in error.message
-    assert "Input should be a valid integer (got None)" in error.message
+    assert str(error.origin) == "cli (train_data_columns=[1])"
+    assert "MaxText rejected the config: train_data_columns: " in error.message
+    assert "Input should be a valid string (got 1)" in error.message
+
+
+def test_a_null_maxtexts_type_admits_not_is_refused_at_the_key(convert) -> None:
+    with pytest.raises(ConfigError) as caught:
+        convert("hidden_size_per_layer_input=null")  # typed int: pydantic would reject it
+    assert str(caught.value.origin) == "cli (hidden_size_per_layer_input=null)"
+    assert caught.value.message == "hidden_size_per_layer_input: cannot be null (default: 0)"
+    convert("tokenizer_path=null")  # typed None | str: taken
 
 
 def validate(tmp_path: Path, *lines: str, train: bool = False) -> str:

@@ -101,12 +101,14 @@ def test_unknown_and_mistyped_keys_name_file_line_and_the_closest_keys(tmp_path:
         "training:",
         "  step: 5",
         "  local_batch_size: four",
+        "  max_norm: null",
         "model:",
         "  family: gpt2",
     )
     assert "exp.yaml:6: unknown parameter 'training.step' (did you mean: training.steps" in err
     assert "exp.yaml:7: training.local_batch_size: must be an integer, got str 'four'" in err
-    assert "exp.yaml:9: model.family: must be one of 'llama3', 'qwen3'" in err
+    assert "exp.yaml:8: training.max_norm: cannot be null (default: 1.0)" in err  # typed float
+    assert "exp.yaml:10: model.family: must be one of 'llama3', 'qwen3'" in err
 
 
 @pytest.mark.slow

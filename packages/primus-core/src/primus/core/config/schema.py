@@ -27,18 +27,20 @@ _TYPE_NAMES = {
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One accepted key. `type` None means any; `open` means a mapping with free-form keys."""
+    """One accepted key. `type` None means any; `open` means a mapping with free-form keys;
+    `nullable` False: the upstream takes no null for it (its type admits none)."""
 
     type: type | tuple[type, ...] | None = None
     help: str = ""
     choices: tuple[Any, ...] | None = None
     default: Any = None
     open: bool = False
+    nullable: bool = True
 
     def type_error(self, value: Any) -> str | None:
-        """Why `value` does not fit this spec, or None when it does. `null` always fits."""
+        """Why `value` does not fit this spec, or None when it does."""
         if value is None:
-            return None
+            return None if self.nullable else f"cannot be null (default: {self.default!r})"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(repr, self.choices))}, got {value!r}"
         if self.type is None:
@@ -113,7 +115,8 @@ class ParamSchema:
             if spec is not None:
                 problem = spec.type_error(value)
                 if problem:
-                    errors.append(ConfigError(f"{key}: {problem}", params.origin(path)))
+                    hint = f"remove {key} to keep its default" if value is None else None
+                    errors.append(ConfigError(f"{key}: {problem}", params.origin(path), hint=hint))
             elif not self._is_open(path):
                 section = f"{key}." if isinstance(value, dict) else None
                 if section and any(k.startswith(section) for k in self.specs):

@@ -24,7 +24,7 @@ from primus.core.config.schema import ParamSchema, ParamSpec
 from primus.core.folders import cache_dir
 from primus.core.logging import get_logger
 
-FORMAT = 1  # bump when the file layout changes
+FORMAT = 2  # bump when the file layout changes
 _TYPES: dict[str, type] = {t.__name__: t for t in (bool, int, float, str, list, dict)}
 _read: dict[type, ParamSchema | None] = {}  # adapter class -> its schema, once per process
 
@@ -137,7 +137,7 @@ def _type_names(kind: type | tuple[type, ...] | None) -> list[str] | None:
 def encode(schema: ParamSchema) -> dict[str, Any]:
     """The schema as JSON data (`_NotPlain` where it holds more than plain data)."""
     specs = {
-        key: [_type_names(s.type), s.help, _plain(s.choices), _plain(s.default), s.open]
+        key: [_type_names(s.type), s.help, _plain(s.choices), _plain(s.default), s.open, s.nullable]
         for key, s in schema.specs.items()
     }
     return {"format": FORMAT, "specs": specs, "hints": schema.hints}
@@ -148,8 +148,10 @@ def decode(data: dict[str, Any]) -> ParamSchema:
     if data["format"] != FORMAT:
         raise ValueError(f"schema cache format {data['format']}")
     specs = {}
-    for key, (names, help_text, choices, default, is_open) in data["specs"].items():
+    for key, (names, help_text, choices, default, is_open, nullable) in data["specs"].items():
         kinds = None if names is None else tuple(_TYPES[n] for n in names)
         kind = kinds[0] if kinds is not None and len(kinds) == 1 else kinds
-        specs[key] = ParamSpec(kind, help_text, _unplain(choices), _unplain(default), is_open)
+        specs[key] = ParamSpec(
+            kind, help_text, _unplain(choices), _unplain(default), is_open, nullable
+        )
     return ParamSchema(specs, data["hints"])

@@ -96,8 +96,22 @@ def maxtext_schema() -> ParamSchema:
             None if default is PydanticUndefined or isinstance(default, BaseModel) else default
         )
         default = default.value if isinstance(default, enum.Enum) else default
-        specs[name] = ParamSpec(kind, (field.description or "").strip(), choices, default)
+        nullable = kind is None or _admits_none(field.annotation)
+        specs[name] = ParamSpec(kind, (field.description or "").strip(), choices, default,
+                                nullable=nullable)  # fmt: skip
     return ParamSchema(specs)
+
+
+def _admits_none(annotation: Any) -> bool:
+    """Whether pydantic takes None for a field of this annotation (Optional, Any, None)."""
+    if annotation in (Any, None, type(None)):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _admits_none(typing.get_args(annotation)[0])
+    return origin in (typing.Union, types.UnionType) and any(
+        map(_admits_none, typing.get_args(annotation))
+    )
 
 
 def _value(value: Any) -> str:

@@ -95,7 +95,9 @@ def _spec(field: dataclasses.Field, default: Any) -> ParamSpec:
         kind = str
     elif isinstance(default, list | tuple):
         kind = list
-    return ParamSpec(kind, default=default, choices=_literal_choices(field.type))
+    # TorchTitan's command line parses null as None only where the field's type admits it
+    nullable = kind is None or any(word in str(field.type) for word in ("None", "Optional", "Any"))
+    return ParamSpec(kind, default=default, choices=_literal_choices(field.type), nullable=nullable)
 
 
 def _literal_choices(annotation: Any) -> tuple[Any, ...] | None:
