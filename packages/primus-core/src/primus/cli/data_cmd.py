@@ -106,16 +106,15 @@ def _summary(result: Prepared) -> str:
 
 
 def chunk_size(text: str) -> int:
-    """'4M' -> 4 MiB; K, M and G count in 1024s; a bare number is bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    scale = units.get(text[-1:].upper(), 1)
-    try:
-        value = float(text[:-1] if scale > 1 else text) * scale
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: a size such as 4M, 512K or 1048576") from None
+    """'4M' or '4MiB' -> 4 MiB; K, M and G count in 1024s; a bare number is bytes."""
+    from primus.core.sizes import parse_bytes
+
+    value = parse_bytes(text)
+    if value is None:
+        raise typer.BadParameter(f"--chunk-size {text!r}: a size such as 4M, 512KiB or 1048576")
     if value < 1:
-        raise typer.BadParameter(f"{text!r}: at least one byte")
-    return int(value)
+        raise typer.BadParameter(f"--chunk-size {text!r}: at least one byte")
+    return value
 
 
 @app.command("prepare")

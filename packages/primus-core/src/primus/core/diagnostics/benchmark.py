@@ -23,6 +23,7 @@ from primus.core.errors import ConfigError
 from primus.core.launch.dist_env import DistEnv, get_torchrun_env
 from primus.core.metrics import peak_tflops
 from primus.core.projection import Job
+from primus.core.sizes import parse_bytes
 
 L2_FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 (H100: 50 MiB, MI300X: 256 MiB of MALL)
 DTYPES = ("bf16", "fp16", "fp32")
@@ -245,17 +246,13 @@ def render(device: str, dtype: str, timings: list[Timing]) -> str:
 # -- collectives -------------------------------------------------------------------------------
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
-              "gib": 1 << 30}  # fmt: skip
 
 
 def parse_size(text: str) -> int:
     """`64MiB`, `4m`, `1GiB`, `65536` as bytes (a multiple of 4: float32 elements)."""
-    match = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text.strip())
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in SIZE_UNITS or int(match.group(1)) == 0:
+    nbytes = parse_bytes(text)
+    if not nbytes:
         raise ConfigError(f"--size '{text}' is not a size such as 64MiB, 4m or 65536")
-    nbytes = int(match.group(1)) * SIZE_UNITS[unit]
     if nbytes % 4:
         raise ConfigError(f"--size '{text}' is not a whole number of float32 elements")
     return nbytes
