@@ -74,6 +74,25 @@ def test_a_truncated_safetensors_file_is_named(hf_dir: tuple[Path, int], tmp_pat
         ({"hidden_size": -64}, "'hidden_size' must be a positive integer, not -64"),
         ({"num_key_value_heads": "2"}, "'num_key_value_heads' must be a positive integer, not '2'"),
         ({"num_key_value_heads": 3}, "'num_key_value_heads: 3' does not divide"),
+        ({"rms_norm_eps": float("nan")}, "'rms_norm_eps' must be a finite number above 0, not nan"),
+        ({"rms_norm_eps": "1e-5"}, "'rms_norm_eps' must be a finite number above 0, not '1e-5'"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": float("inf")}},
+            "'rope_theta' must be a finite number above 0, not inf",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 5e5,
+                    "factor": -3.0,
+                    "low_freq_factor": 1,
+                    "high_freq_factor": 4,
+                    "original_max_position_embeddings": 8192,
+                }
+            },
+            "'rope_parameters.factor' must be a finite number above 0, not -3.0",
+        ),  # fmt: skip
     ],
 )
 def test_unsupported_fields_are_named(hf_dir: tuple[Path, int], change: dict, message: str) -> None:

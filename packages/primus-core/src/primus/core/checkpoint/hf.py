@@ -106,15 +106,21 @@ class HFArchitecture:
             ffn_hidden_size=_int(config, "intermediate_size"),
             vocab_size=_int(config, "vocab_size"),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            norm_eps=float(_field(config, "rms_norm_eps")),
-            rope_theta=float(_rope(config).get("rope_theta") or _field(config, "rope_theta")),
+            norm_eps=_positive("rms_norm_eps", _field(config, "rms_norm_eps")),
+            rope_theta=_positive(
+                "rope_theta", _rope(config).get("rope_theta") or _field(config, "rope_theta")
+            ),
             rope_scaling=_llama3_scaling(config),
             max_position_embeddings=_int(config, "max_position_embeddings"),
             qkv_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
             num_experts=_int(config, "num_local_experts") if moe else None,
             experts_per_token=_int(config, "num_experts_per_tok") if moe else None,
-            router_aux_loss_coef=float(_field(config, "router_aux_loss_coef")) if moe else None,
+            router_aux_loss_coef=(
+                _positive("router_aux_loss_coef", _field(config, "router_aux_loss_coef"), zero=True)
+                if moe
+                else None
+            ),
         )
 
 
@@ -132,6 +138,15 @@ def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"config.json: '{name}' must be a positive integer, not {value!r}")
     return value
+
+
+def _positive(name: str, value: Any, zero: bool = False) -> float:
+    """The finite number `value` of the field `name`, above 0 (or 0 with `zero`)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        least = "0 or more" if zero else "above 0"
+        raise ConfigError(f"config.json: '{name}' must be a finite number {least}, not {value!r}")
+    return float(value)
 
 
 def _refuse(config: dict[str, Any], name: str, bad: Any, what: str) -> None:
@@ -159,7 +174,7 @@ def _llama3_scaling(config: dict[str, Any]) -> dict[str, float] | None:
     missing = [name for name in LLAMA3_SCALING if name not in rope]
     if missing:
         raise ConfigError(f"config.json: '{key}.{missing[0]}' is missing (llama3 RoPE scaling)")
-    return {name: float(rope[name]) for name in LLAMA3_SCALING}
+    return {name: _positive(f"{key}.{name}", rope[name]) for name in LLAMA3_SCALING}
 
 
 def check_fixed_scaling(arch: HFArchitecture, fixed: dict[str, float], backend: str) -> None:
