@@ -15,7 +15,12 @@ import pytest
 
 from primus.core.errors import ConfigError, FileSystemError, filesystem_error, refused_writes
 from primus.core.metrics import read_metrics
-from primus.core.reliability.atomic import append_line, atomic_file, write_atomic
+from primus.core.reliability.atomic import (
+    append_line,
+    atomic_file,
+    check_replaceable,
+    write_atomic,
+)
 from primus.testing.disk import small_disk
 
 ROOM = re.compile(r"\((\d+\.\d) MiB free of 0\.1 MiB on (/\S+)\)")
@@ -149,3 +154,15 @@ def test_a_read_only_file_system_is_found_by_the_probe(disk: Path) -> None:
         pytest.skip(f"cannot remount {disk} read-only: {remount.stderr.decode().strip()}")
     found = filesystem_error(RuntimeError("a save failed"), disk / "checkpoints")
     assert found and found.code == errno.EROFS and str(found).startswith("read-only file system")
+
+
+@pytest.mark.parametrize("folder", ["", ".", "..", "/", "../.."])
+def test_the_current_folder_or_one_above_it_is_never_replaced(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`checkpoint tiny --hf '' --force` tried to swap out the folder the user stood in."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    with pytest.raises(ConfigError, match="is the current folder or holds it"):
+        check_replaceable(Path(folder), replace=True)
+    check_replaceable(Path("new"), replace=True)  # a folder of its own is fine

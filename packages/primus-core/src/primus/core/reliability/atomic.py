@@ -98,7 +98,12 @@ def atomic_file(
 
 def check_replaceable(final: Path, replace: bool) -> None:
     """A ConfigError unless `staged_folder(final, replace)` can write `final`: a folder (or
-    nothing) there, empty unless `replace`, in a parent this process can write."""
+    nothing) there, empty unless `replace`, in a parent this process can write, and neither
+    the current folder nor one that holds it ('', '.', '..', '/')."""
+    here = Path.cwd().resolve()
+    if final.resolve() in (here, *here.parents):
+        raise ConfigError(f"{final} is the current folder or holds it",
+                          hint="name a folder of its own to write")  # fmt: skip
     if final.exists() and not final.is_dir():
         raise ConfigError(f"{final} is a file, not a folder", hint="name a folder to write")
     if final.is_dir() and any(final.iterdir()) and not replace:
