@@ -86,3 +86,24 @@ def test_launching_workers_without_torch_says_how_to_get_it(tmp_path) -> None:
         "needs PyTorch, which is not installed" in result.stderr
         and "pip install torch" in result.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "pretrain", "--config", str(DUMMY_QUICKSTART), "--dry-run", "--node-rank", "3"],
+        ["preflight", "--node-rank", "1"],
+        ["benchmark", "collectives", "--node-rank", "2"],
+        ["preflight", "--nodes-ok", "ok.txt"],
+    ],
+)
+def test_launch_flags_that_contradict_are_refused_on_one_node_too(argv, capsys) -> None:
+    """In process: a node rank past --nnodes (1 by default) was ignored without a word unless
+    the command launched several processes; --nodes-ok without --node-smoke likewise."""
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    said = " ".join(capsys.readouterr().err.replace("│", " ").split())
+    assert done.value.code == 2
+    assert "is not below --nnodes 1" in said or "names the node list of --node-smoke" in said

@@ -247,6 +247,7 @@ def collectives(
 
     # decided before the experiment's build, which may set a rank's environment variables
     launching = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
+    launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     messages = {}
     for text in sizes or []:
         name, _, size = text.rpartition("=")
@@ -265,7 +266,6 @@ def collectives(
         defaults = DEFAULT_SIZES["cuda" if torch.cuda.is_available() else "cpu"]
         messages = {size: parse_size(size) for size in defaults}
     if launching:
-        launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         worker = ["benchmark", "collectives", "--repeats", str(repeats), "--warmup", str(warmup)]
         worker += [
             arg for name, nbytes in messages.items() for arg in ("--size", f"{name}={nbytes}")

@@ -83,6 +83,10 @@ def preflight(
 
     if not 0 <= tolerance < 100:  # NaN included
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
+    launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    for flag, given in (("--nodes-ok", nodes_ok), ("--nodes-bad", nodes_bad)):
+        if given is not None and not node_smoke:
+            raise typer.BadParameter("names the node list of --node-smoke", param_hint=flag)
     workspace = check_workspace(workspace)
     for output in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
         if why := not_a_file(workspace / output):  # refused before the checks run
@@ -96,7 +100,6 @@ def preflight(
             )
         raise typer.Exit(_node_smoke(workspace, json_path, nodes_ok, nodes_bad, device_timeout))
     if (nproc_per_node > 1 or nnodes > 1) and not under_torchrun():
-        launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         worker = ["preflight", "--workspace", str(workspace), "--tolerance", str(tolerance)]
         for flag, path in (("--json", json_path), ("--markdown", markdown_path)):
             worker += [flag, str(workspace / path)] if path else []

@@ -73,8 +73,8 @@ def _command(stage: str) -> Callable[..., None]:
                                      param_hint="--full")  # fmt: skip
         preemption.watch()  # a signal during set-up: no workers, or none that trains
         several = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
-        if several:  # a dry run checks the layout as the launch does
-            launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        # a dry run checks the layout as the launch does
+        launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
         launching = several and not dry_run
         if not launching and not dry_run:  # this process trains
             from primus.core.launch import helper_processes, reaper
