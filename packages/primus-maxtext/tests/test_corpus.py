@@ -103,8 +103,8 @@ def test_a_corpus_that_cannot_be_read_is_refused_at_its_key(
 
 def test_the_data_section_is_maxtexts_indexed_dataset(corpus: Path, tmp_path: Path) -> None:
     """`data:` becomes dataset_type indexed, dataset_path (dataset_blend for several corpora),
-    data_shuffle_seed and max_target_length, each with the line that set it as origin, and
-    no eval (the corpus is read for training)."""
+    data_shuffle_seed and max_target_length, each with the line that set it as origin; an
+    eval asked for beside it is refused, not dropped."""
     from primus.core.runtime.resolution import load
 
     overrides = [f"data.path={corpus}", "data.seq_length=16", "data.seed=5"]
@@ -114,7 +114,6 @@ def test_the_data_section_is_maxtexts_indexed_dataset(corpus: Path, tmp_path: Pa
         ("dataset_path", str(corpus), overrides[0]),
         ("data_shuffle_seed", 5, overrides[2]),
         ("max_target_length", 16, overrides[1]),
-        ("eval_interval", -1, overrides[0]),
     ):
         assert (tree.get((key,)), str(tree.origin((key,)))) == (value, f"cli ({said})"), key
     blend = f"data.path=[{{path: {corpus}, weight: 2}}, {{path: {corpus}-b, weight: 1}}]"
@@ -123,3 +122,5 @@ def test_the_data_section_is_maxtexts_indexed_dataset(corpus: Path, tmp_path: Pa
     assert tree.get(("dataset_blend",)) == expected
     stderr = refused(tmp_path, "validate", TINY, blend)
     assert f"data.path: the index file {corpus}-b.idx does not exist" in stderr
+    stderr = refused(tmp_path, "validate", TINY, f"data.path={corpus}", "eval_interval=5")
+    assert "cli (eval_interval=5): eval_interval: 5 evaluates, and a prepared corpus" in stderr
