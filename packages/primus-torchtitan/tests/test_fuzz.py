@@ -48,6 +48,21 @@ LATER = {
     "negative warm-up": ("lr_scheduler.warmup_steps", [("lr_scheduler.warmup_steps", -5)]),
     "decay ratio above 1": ("lr_scheduler.decay_ratio", [("lr_scheduler.decay_ratio", 1.5)]),
     "gradients clipped to 0": ("training.max_norm", [("training.max_norm", 0.0)]),
+    # the validator reads c4 from the Hub at step 1, not the mock data
+    "validation beside mock data": ("validator.enable", [("validator.enable", True)]),
+    "validation on a prepared corpus": (
+        "validator.dataloader.dataset",
+        [("validator.enable", True), ("validator.dataloader.dataset", "indexed")],
+    ),
+    # the CPU recipe: a GPU-only copy at the first save, a CUDA memory profiler at step 1
+    "pinned-memory checkpoints on a CPU": (
+        "checkpoint.async_mode",
+        [("checkpoint.async_mode", "async_with_pinned_mem")],
+    ),
+    "memory snapshots on a CPU": (
+        "profiler.enable_memory_snapshot",
+        [("profiler.enable_memory_snapshot", True)],
+    ),
 }
 # TorchTitan's own sentinels and bounds, which validation must take as TorchTitan does
 LEGAL = [

@@ -96,7 +96,12 @@ class TorchTitanAdapter(BackendAdapter):
 
     def check_params(self, config: ModuleConfig, stage: str = "pretrain") -> str | None:
         from primus.backends.torchtitan.config.bridge import check_params
-        from primus.backends.torchtitan.config.checks import check_batch, check_sequence
+        from primus.backends.torchtitan.config.checks import (
+            check_batch,
+            check_cpu_features,
+            check_sequence,
+            check_validator,
+        )
         from primus.backends.torchtitan.posttrain.checks import check_finetuning
 
         if stage == "posttrain":
@@ -104,6 +109,9 @@ class TorchTitanAdapter(BackendAdapter):
         check_params(config)
         check_batch(config, self._value(config))
         check_sequence(config, self._value(config))
+        if stage == "pretrain":  # post-training's validator reads the eval split
+            check_validator(config, self._value(config))
+        check_cpu_features(config, self._value(config))
         check_finetuning(config, self._value(config))
         return None
 
@@ -113,8 +121,15 @@ class TorchTitanAdapter(BackendAdapter):
         assert schema is not None
 
         def value(key: str) -> Any:
-            section, _, name = key.partition(".")
-            return (config.params.get(section) or {}).get(name, schema.specs[key].default)
+            *sections, name = key.split(".")
+            node: Any = config.params
+            for section in sections:
+                node = node.get(section) if isinstance(node, dict) else None
+            return (
+                node.get(name, schema.specs[key].default)
+                if isinstance(node, dict)
+                else (schema.specs[key].default)
+            )
 
         return value
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from primus.backends.torchtitan.data.inputs import INDEXED
 from primus.core.config import ModuleConfig
 
 DEGREES = ("data_parallel_replicate_degree", "data_parallel_shard_degree",
@@ -59,3 +60,66 @@ def check_sequence(config: ModuleConfig, value: Callable[[str], Any]) -> None:
             hint=f"set training.seq_len to at most {table}, or model.max_seq_len to at least "
             f"{seq_len}",
         )
+
+
+def check_validator(config: ModuleConfig, value: Callable[[str], Any]) -> None:
+    """TorchTitan's validator reads its own dataloader (`validator.dataloader.*`; by default
+    c4_validation from the Hugging Face Hub), never the training data, and cannot read a
+    prepared corpus: beside mock data or a corpus it failed at step 1 without the network."""
+    if value("validator.enable") is not True:
+        return
+    dataset = value("validator.dataloader.dataset")
+    if dataset == INDEXED:
+        raise config.error(
+            "validator.dataloader.dataset",
+            "validator.dataloader.dataset: TorchTitan's validator cannot read a prepared "
+            "corpus (it reads c4-style text datasets)",
+            hint="set validator.dataloader.dataset to a text dataset it reads, or "
+            "validator.enable: false",
+        )
+    training = "mock data" if config.params.get("mock_data") is True else None
+    training = "a prepared corpus" if value("dataloader.dataset") == INDEXED else training
+    if training and not value("validator.dataloader.dataset_path"):
+        raise config.error(
+            "validator.enable",
+            f"validator.enable: TorchTitan's validator reads {dataset} "
+            "(validator.dataloader.dataset, from the Hugging Face Hub), not the "
+            f"{training} this run trains on",
+            hint="set validator.enable: false, or give it local data "
+            "(validator.dataloader.dataset_path)",
+        )
+
+
+# what TorchTitan runs on a GPU only: key -> (the value that needs one, what fails on a CPU,
+# the CPU's value)
+GPU_ONLY = {
+    "checkpoint.async_mode": (
+        "async_with_pinned_mem",
+        "the first save's pinned-memory copy",
+        "async",
+    ),
+    "profiler.enable_memory_snapshot": (True, "the memory profiler, at step 1", "false"),
+}
+
+
+def check_cpu_features(config: ModuleConfig, value: Callable[[str], Any]) -> None:
+    """Settings TorchTitan takes and then fails on in a CPU run, minutes in."""
+    asked = [key for key, (needs, *_) in GPU_ONLY.items() if value(key) == needs]
+    if not asked or not _on_cpu(value("device")):
+        return
+    key, (needs, what, instead) = asked[0], GPU_ONLY[asked[0]]
+    shown = str(needs).lower() if isinstance(needs, bool) else needs
+    raise config.error(
+        key,
+        f"{key}: {shown} needs a GPU, and this run is on the CPU ({what} would fail)",
+        hint=f"set {key}: {instead} for a CPU run",
+    )
+
+
+def _on_cpu(device: str) -> bool:
+    """device cpu, or auto where no GPU is visible (torch imported only then)."""
+    if device != "auto":
+        return device == "cpu"
+    from primus.core.devices import gpu_visible
+
+    return not gpu_visible()
