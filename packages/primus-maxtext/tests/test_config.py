@@ -236,3 +236,28 @@ def test_an_hlo_dump_goes_into_the_run_directory_unless_placed(
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "local" / "local" / "maxtext-tiny"
     assert f"dump_hlo_local_dir={where.format(run_dir=run_dir)}" in result.stdout
+
+
+def test_an_hlo_dump_stays_in_the_run_directory_without_a_gcs_folder(tmp_path: Path) -> None:
+    """MaxText uploads the dump after the first step and, with no gs:// folder, the upload
+    (no credentials) ended the run: patch maxtext.hlo_dump_kept keeps it local."""
+    from maxtext.utils import gcs_utils
+
+    from primus.backends.maxtext.observability.run_dir import _hlo_dump_not_for_gcs, hlo_dump_kept
+    from primus.core.patches import PatchContext, restore_all
+
+    dump = tmp_path / "hlo_dump"
+    dump.mkdir()
+    (dump / "module.txt").write_text("HloModule")
+    params = {"dump_hlo": True, "dump_hlo_local_dir": str(dump), "base_output_directory": "/o"}
+    ctx = PatchContext("maxtext", "before_train", None, "0", params)
+    assert _hlo_dump_not_for_gcs(ctx)
+    assert not _hlo_dump_not_for_gcs(PatchContext("maxtext", "before_train", None, "0",
+                                                  params | {"dump_hlo_gcs_dir": "gs://b/d"}))  # fmt: skip
+    try:
+        with ctx.running("maxtext.hlo_dump_kept"):
+            hlo_dump_kept(ctx)
+        gcs_utils.upload_dump(str(dump), "/o/run/xla_dump", delete_local_after=True)
+    finally:
+        restore_all("maxtext.hlo_dump_kept")
+    assert (dump / "module.txt").read_text() == "HloModule"  # not deleted, no upload tried

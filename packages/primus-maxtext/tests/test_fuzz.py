@@ -30,6 +30,12 @@ MODEL_BUILD = {
 LATER = {
     "dropout rate above 1": ("dropout_rate", [("dropout_rate", 2)]),
     "two ICI axes of -1": ("ici_data_parallelism", [("ici_data_parallelism", -1)]),
+    # minutes into a run: an eval of endless synthetic data, uploads with no bucket
+    "a whole-set eval of synthetic data": (
+        "eval_steps",
+        [("eval_interval", 2), ("eval_steps", -1)],
+    ),
+    "metrics to GCS from a local run": ("gcs_metrics", [("gcs_metrics", True)]),
 }
 CPU_MESH = "MaxText cannot lay out its mesh: the ICI parallelism"
 

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from primus.backends.maxtext.config.checks import check_peft, param_values
+from primus.backends.maxtext.config.checks import (
+    check_eval,
+    check_peft,
+    check_uploads,
+    param_values,
+)
 from primus.backends.maxtext.config.mesh import LAYOUT_KEY, check_unspecified, ici_axes
 from primus.backends.maxtext.config.rules import RULES, mesh_rules
 from primus.core.config import ModuleConfig, ParamSchema, ParamSpec
@@ -208,6 +213,8 @@ def check_params(config: ModuleConfig, schema: ParamSchema) -> None:
             hint="set attention: autoselected (or dot_product, flash), or sft.packing: false",
         )
     check_peft(config, value)
+    check_eval(config, value)
+    check_uploads(config, value)
 
 
 def build_config(config: ModuleConfig, owned: ParamSchema, **extra: Any) -> MaxTextArgs:

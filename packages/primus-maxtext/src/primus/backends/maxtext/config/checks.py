@@ -79,3 +79,35 @@ def check_peft(config: Any, value: Any) -> None:
             "maxtext: gradient accumulation differentiates every weight, not LoRA's alone",
             hint="set gradient_accumulation_steps: 1 (raise per_device_batch_size instead)",
         )
+
+
+def check_eval(config: ModuleConfig, value: Callable[[str], Any]) -> None:
+    """An eval of eval_steps -1 reads the eval set to its end, and synthetic data has none: the
+    first eval never ended (post-training evaluates its own eval split)."""
+    if config.sft is not None or value("dataset_type") != "synthetic":
+        return
+    if value("eval_interval") > 0 and value("eval_steps") <= 0:
+        raise config.error(
+            "eval_steps" if config.origin("eval_steps") else "eval_interval",
+            f"eval_interval {value('eval_interval')} evaluates every eval_steps "
+            f"{value('eval_steps')} (the whole eval set), and synthetic data never ends: the "
+            "first eval would never end",
+            hint="set eval_steps to a positive number of batches, or eval_interval: -1",
+        )
+
+
+def check_uploads(config: ModuleConfig, value: Callable[[str], Any]) -> None:
+    """gcs_metrics where the run's output is not on GCS: MaxText failed on the first upload
+    (no credentials, or no bucket), log_period steps into the run. (An HLO dump stays in the
+    run directory: patch maxtext.hlo_dump_dir.)"""
+    output = str(value("base_output_directory") or "")
+    if value("gcs_metrics") is True and not output.startswith("gs://"):
+        raise config.error(
+            "gcs_metrics",
+            "gcs_metrics: MaxText uploads the metrics to Google Cloud Storage every log_period "
+            f"steps, and base_output_directory is not a gs:// folder ({
+                output or 'the run directory'
+            })",
+            hint="set gcs_metrics: false (the metrics are in the run directory's "
+            "metrics.jsonl), or base_output_directory to a gs:// folder",
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from primus.backends.maxtext.maxtext_adapter import TESTED
 from primus.core.logging import log_rank_0
@@ -47,6 +48,12 @@ def _hlo_dump_to_tmp(ctx: PatchContext) -> bool:
     return bool(get_param(ctx, "dump_hlo")) and not get_param(ctx, "dump_hlo_local_dir")
 
 
+def _hlo_dump_not_for_gcs(ctx: PatchContext) -> bool:
+    """dump_hlo is true and dump_hlo_gcs_dir (default: under base_output_directory) is not gs://"""
+    target = get_param(ctx, "dump_hlo_gcs_dir") or get_param(ctx, "base_output_directory")
+    return bool(get_param(ctx, "dump_hlo")) and not str(target or "").startswith("gs://")
+
+
 @register_patch(
     "maxtext.hlo_dump_dir",
     backend="maxtext",
@@ -63,3 +70,24 @@ def hlo_dump_dir(ctx: PatchContext) -> None:
     ctx.set_param(
         "dump_hlo_local_dir", str(ctx.run_dir / "hlo_dump"), "the HLO dump into the run directory"
     )
+
+
+@register_patch(
+    "maxtext.hlo_dump_kept",
+    backend="maxtext",
+    phase="before_train",
+    condition=_hlo_dump_not_for_gcs,
+    backend_versions=TESTED,
+    target="maxtext.utils.gcs_utils.upload_dump",
+    tags=("io",),
+)
+def hlo_dump_kept(ctx: PatchContext) -> None:
+    """MaxText uploads the HLO dump to dump_hlo_gcs_dir after the first step and deletes the
+    local copy: with no gs:// folder the upload failed (no credentials) and ended the run. The
+    dump now stays in dump_hlo_local_dir, and the log says where."""
+    local = get_param(ctx, "dump_hlo_local_dir")
+
+    def upload_dump(local_dir: str, target_dir: str, *args: Any, **kwargs: Any) -> None:
+        log_rank_0(f"[maxtext] HLO dump kept in {local_dir or local} ({target_dir} is not gs://)")
+
+    ctx.replace("maxtext.utils.gcs_utils", "upload_dump", upload_dump)
