@@ -339,3 +339,23 @@ def test_an_export_of_a_run_that_saved_nothing_says_so(tmp_path: Path) -> None:
     assert "checkpoint: no TorchTitan checkpoint" in done.stderr
     assert "hint: train with checkpoint.enable=true first" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_passes_over_the_last_steps_model_only_export(tmp_path: Path) -> None:
+    """checkpoint.last_save_model_only (or last_save_in_hf) writes the last step without the
+    run's state: TorchTitan picked it to resume from and failed. Real DCP saves: step 3 a
+    run's, step 6 the model only, step 9 an HF export's index, step 12 unfinished."""
+    import torch.distributed.checkpoint as dcp
+
+    from primus.backends.torchtitan.checkpoint.patches import _resumed_step
+
+    weights = {"tok_embeddings.weight": torch.ones(4, 2)}
+    dcp.save(weights | {"train_state": {"step": torch.tensor(3)}},
+             checkpoint_id=str(tmp_path / "step-3"), no_dist=True)  # fmt: skip
+    dcp.save(weights, checkpoint_id=str(tmp_path / "step-6"), no_dist=True)
+    (tmp_path / "step-9").mkdir()
+    (tmp_path / "step-9" / "model.safetensors.index.json").write_text("{}")
+    (tmp_path / "step-12").mkdir()
+    assert _resumed_step(str(tmp_path), 9) == (3, ["step-9", "step-6"])
+    assert _resumed_step(str(tmp_path), 3) == (3, [])
+    assert _resumed_step(str(tmp_path), -1) == (-1, [])

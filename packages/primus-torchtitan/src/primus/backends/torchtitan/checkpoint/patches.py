@@ -17,17 +17,50 @@ from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, register_patch
 
 
+def _steps(folder: str) -> list[int]:
+    """The N of the `step-N` folders in `folder`, in increasing order."""
+    from torchtitan.tools import filesystem
+
+    names = filesystem.listdir(folder) if filesystem.isdir(folder) else ()
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step-(\d+)", n)))
+
+
 def incomplete(folder: str, chosen: int) -> list[str]:
     """The `step-N` folders in `folder` newer than `chosen`, the latest complete save: saves
     that did not finish."""
-    from torchtitan.tools import filesystem
+    return [f"step-{n}" for n in _steps(folder) if n > chosen]
 
-    found = []
-    for name in filesystem.listdir(folder) if filesystem.isdir(folder) else ():
-        match = re.fullmatch(r"step-(\d+)", name)
-        if match and int(match.group(1)) > chosen:
-            found.append((int(match.group(1)), name))
-    return [name for _, name in sorted(found)]
+
+def resumable(checkpoint: str) -> bool:
+    """Whether a step folder holds a save a run resumes from (DCP with the train state), not
+    the model-only or HF export TorchTitan writes at the last step (checkpoint.
+    last_save_model_only, last_save_in_hf), which it would otherwise pick and fail to load. A
+    remote folder is taken as TorchTitan takes it."""
+    if "://" in checkpoint:
+        return True
+    if not os.path.isfile(os.path.join(checkpoint, ".metadata")):
+        return False
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    return any(key.split(".")[0] == "train_state" for key in keys)
+
+
+# what TorchTitan takes as a save in a step folder: DCP's, or an HF export's index
+SAVED = (".metadata", "model.safetensors.index.json")
+
+
+def _resumed_step(folder: str, latest: int) -> tuple[int, list[str]]:
+    """The newest step at or before `latest` (TorchTitan's pick) a run resumes from, and the
+    exports passed over (saves, DCP or HF, that hold the model only)."""
+    exports = []
+    for step in reversed([n for n in _steps(folder) if 0 <= n <= latest]):
+        path = os.path.join(folder, f"step-{step}")
+        if resumable(path):
+            return step, exports
+        if any(os.path.isfile(os.path.join(path, name)) for name in SAVED):
+            exports.append(f"step-{step}")
+    return -1, exports
 
 
 def _rank() -> int:
@@ -48,13 +81,19 @@ def crash_safe_checkpoints(ctx: PatchContext) -> None:
     """A save into a local step-N folder with a complete checkpoint (a run resumed from an
     earlier checkpoint.load_step) first removes its .metadata, so the folder counts as incomplete
     until the new save is done; a resume names the step-N folders newer than the one it
-    loads (saves that did not finish) and says which one it resumes from; a checkpoint of
-    another model (DCP's missing key or size mismatch) is one config error, not a traceback."""
+    loads (saves that did not finish) and says which one it resumes from, passing over the last
+    step's model-only or HF export; a checkpoint of another model (DCP's missing key or size
+    mismatch) is one config error, not a traceback."""
 
     def wrapper(original: Callable[..., int]) -> Callable[..., int]:
         def find_load_step(self: Any, folder: str = "") -> int:
-            step = original(self, folder)
-            skipped = incomplete(folder or self.folder, step)
+            folder = folder or self.folder
+            step, exports = _resumed_step(folder, original(self, folder))
+            if exports:
+                verb = "holds" if len(exports) == 1 else "hold"
+                log_rank_0(f"[torchtitan] checkpoint: {', '.join(exports)} {verb} the model only "
+                           "(the last step's export), not a run to resume: skipped")  # fmt: skip
+            skipped = [name for name in incomplete(folder, step) if name not in exports]
             if skipped:
                 chosen = f"step-{step}" if step >= 0 else "none (a fresh start)"
                 log_rank_0(f"[torchtitan] checkpoint: {', '.join(skipped)} incomplete (no "
