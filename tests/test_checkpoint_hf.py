@@ -92,7 +92,7 @@ def test_a_truncated_safetensors_file_is_named(hf_dir: tuple[Path, int], tmp_pat
                 }
             },
             "'rope_parameters.factor' must be a finite number above 0, not -3.0",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_unsupported_fields_are_named(hf_dir: tuple[Path, int], change: dict, message: str) -> None:

@@ -53,7 +53,7 @@ SAVED = (".metadata", "model.safetensors.index.json")
 def _resumed_step(folder: str, latest: int) -> tuple[int, list[str]]:
     """The newest step at or before `latest` (TorchTitan's pick) a run resumes from, and the
     exports passed over (saves, DCP or HF, that hold the model only)."""
-    exports = []
+    exports: list[str] = []
     for step in reversed([n for n in _steps(folder) if 0 <= n <= latest]):
         path = os.path.join(folder, f"step-{step}")
         if resumable(path):
