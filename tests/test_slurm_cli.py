@@ -68,3 +68,27 @@ def test_help_explains_the_job() -> None:
     assert result.returncode == 0
     for words in ("sbatch", "--requeue", "SIGUSR1", "--gpus-per-node", "shared filesystem"):
         assert words in result.stdout, words
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--sbatch=--nodes=5",), "'--nodes=5': the script sets nodes itself: use --nnodes"),
+        (("--sbatch=-N3",), "'-N3': the script sets N itself: use --nnodes"),
+        (("--sbatch", "--time=10"), "the script sets time itself: use --time"),
+        (("--partition", ""), "Invalid value for --partition: is empty"),
+        (("--account", " "), "Invalid value for --account: is empty"),
+    ],
+)
+def test_options_the_script_sets_itself_or_empty_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    """In process: a second `#SBATCH --nodes` overrode the first while the launchers still
+    expected --nnodes; an empty --partition wrote `#SBATCH --partition=`."""
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["slurm", "pretrain", "--config", str(DUMMY_QUICKSTART), "--dry-run", *args,
+              f"workspace={tmp_path}"])  # fmt: skip
+    assert done.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.replace("│", " ").split())

@@ -105,7 +105,7 @@ def _command(stage: str) -> Callable[..., None]:
         ] = False,
         debug: Debug = False,
     ) -> None:
-        from primus.core.launch.slurm import SlurmJob, render, submit
+        from primus.core.launch.slurm import SlurmJob, render, sbatch_conflict, submit
         from primus.core.reliability.atomic import write_atomic
         from primus.core.runtime import PrimusRuntime
 
@@ -114,6 +114,14 @@ def _command(stage: str) -> Callable[..., None]:
         bad = [s for s in sbatch or [] if not s.startswith("-")]
         if bad:
             raise typer.BadParameter(f"{bad[0]!r} is not an option", param_hint="--sbatch")
+        for option in sbatch or []:
+            if why := sbatch_conflict(option):
+                raise typer.BadParameter(f"{option!r}: {why}", param_hint="--sbatch")
+        for flag, given in (("--partition", partition), ("--account", account),
+                            ("--container-image", container_image)):  # fmt: skip
+            if given is not None and not given.strip():
+                raise typer.BadParameter("is empty: name one, or leave the option out",
+                                         param_hint=flag)  # fmt: skip
         if container_mounts is not None:
             if container_image is None:
                 raise typer.BadParameter("mounts go into a container: name its --container-image",

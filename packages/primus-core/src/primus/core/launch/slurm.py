@@ -51,6 +51,28 @@ def _sbatch_value(value: object) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# the sbatch options the script sets itself (long and short names) -> what sets them instead
+OWN_OPTIONS = {
+    "nodes": "--nnodes", "N": "--nnodes", "ntasks-per-node": "--nproc-per-node",
+    "gpus-per-node": "--gpus-per-node", "cpus-per-task": "--cpus-per-node",
+    "c": "--cpus-per-node", "partition": "--partition", "p": "--partition",
+    "account": "--account", "A": "--account", "time": "--time", "t": "--time",
+    "signal": "--warn", "requeue": "--requeue", "no-requeue": "--requeue",
+    "job-name": "the experiment's exp_name", "J": "the experiment's exp_name",
+    "output": "the run directory's logs/", "o": "the run directory's logs/",
+    "open-mode": "the run directory's logs/", "exclusive": "--cpus-per-node",
+}  # fmt: skip
+
+
+def sbatch_conflict(option: str) -> str | None:
+    """Why an extra sbatch option (`--qos=high`, `-N 2`) may not be given, or None: the script
+    sets it itself, and sbatch would take the later of the two."""
+    name = option.lstrip("-").split("=", 1)[0].split(" ", 1)[0]
+    name = name[:1] if option.startswith("-") and not option.startswith("--") else name
+    instead = OWN_OPTIONS.get(name)
+    return None if instead is None else f"the script sets {name} itself: use {instead}"
+
+
 def _directives(job: SlurmJob, log: Path) -> list[str]:
     options = {
         "job-name": job.job_name,
