@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from primus.testing import checkpoints, runs
-from primus.testing.checkpoints import inspect_json
+from primus.testing.checkpoints import export_of_nothing, inspect_json
 from primus.testing.faults import Forks
 from primus.testing.forked import forked
 from primus.testing.hf_models import hf_logits, make_hf_model
@@ -340,8 +340,5 @@ def test_a_broken_hf_directory_is_refused(refused: dict[str, Any], how: str) -> 
 
 def test_an_export_of_a_run_without_a_checkpoint_folder_says_so(tmp_path: Path) -> None:
     """The tiny recipe saves nothing unless `save` is set: the export names that, not '.'."""
-    with in_process():
-        done = primus_here("checkpoint", "export", "--config", str(RECIPE), "--hf",
-                           str(tmp_path / "out"), f"workspace={tmp_path / 'ws'}")  # fmt: skip
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "the run has no checkpoint folder (its config sets neither load nor save)" in done.stderr
+    stderr = export_of_nothing(RECIPE, tmp_path)
+    assert "the run has no checkpoint folder (its config sets neither load nor save)" in stderr

@@ -16,7 +16,12 @@ from safetensors.torch import load_file, save_file
 
 from primus.core.errors import ConfigError
 from primus.testing import runs
-from primus.testing.checkpoints import derived_preset, inspect_json, resolved_model
+from primus.testing.checkpoints import (
+    derived_preset,
+    export_of_nothing,
+    inspect_json,
+    resolved_model,
+)
 from primus.testing.hf_models import HF_CONFIGS, hf_config, hf_logits, hf_loss, make_hf_model
 from primus.testing.in_process import in_process, primus_here
 from primus.testing.runs import losses, primus, train_run
@@ -332,13 +337,9 @@ def test_the_fixed_rope_scaling_read_from_torchtitans_source_is_what_it_runs() -
 
 def test_an_export_of_a_run_that_saved_nothing_says_so(tmp_path: Path) -> None:
     """No checkpoint folder yet (the run never trained): a config error, not a traceback."""
-    with in_process():
-        done = primus_here("checkpoint", "export", "--config", str(RECIPE), "--hf",
-                           str(tmp_path / "out"), f"workspace={tmp_path / 'ws'}")  # fmt: skip
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "checkpoint: no TorchTitan checkpoint" in done.stderr
-    assert "hint: train with checkpoint.enable=true first" in done.stderr
-    assert not (tmp_path / "out").exists()
+    stderr = export_of_nothing(RECIPE, tmp_path)
+    assert "checkpoint: no TorchTitan checkpoint" in stderr
+    assert "hint: train with checkpoint.enable=true first" in stderr
 
 
 def test_a_resume_passes_over_the_last_steps_model_only_export(tmp_path: Path) -> None:

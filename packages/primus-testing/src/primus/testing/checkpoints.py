@@ -67,3 +67,17 @@ def estimate_and_size(recipe: Path, overrides: list[str], checkpoint: Path) -> t
     estimate = adapter.checkpoint_bytes(module)
     assert estimate is not None, "the run saves checkpoints: the adapter should tell their size"
     return estimate, sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
+
+
+def export_of_nothing(recipe: Path, folder: Path) -> str:
+    """`primus checkpoint export` of `recipe` in a fresh workspace under `folder` (the run never
+    trained), in this process: its stderr, once asserted a config error (exit 2, no
+    traceback) that wrote no model."""
+    from primus.testing.in_process import in_process, primus_here
+
+    with in_process():
+        done = primus_here("checkpoint", "export", "--config", str(recipe), "--hf",
+                           str(folder / "out"), f"workspace={folder / 'ws'}")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not (folder / "out").exists()
+    return done.stderr
