@@ -150,3 +150,22 @@ def test_config_validate_refuses_a_damaged_manifest_in_one_line(
     assert done.value.code == 2, err
     assert f"{prefix}.json, the corpus's manifest: vocab_size must be a positive integer" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [("documents", 7, "documents 7, the corpus has 10"), ("tokens", 5, "tokens 5, the corpus "
+     "has 55"), ("dtype", "uint16", "dtype 'uint16', the corpus has 'int32'"),
+     ("bin", "other.bin", "bin 'other.bin', the corpus has 'c.bin'")],
+)  # fmt: skip
+def test_inspect_refuses_a_manifest_of_another_corpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, said: str
+) -> None:
+    """A corpus prepared again without its manifest, or a manifest copied from another."""
+    prefix = corpus(tmp_path / "c")
+    manifest = json.loads(Path(f"{prefix}.json").read_text())
+    Path(f"{prefix}.json").write_text(json.dumps(manifest | {field: value}))
+    with pytest.raises(SystemExit) as done:
+        main(["data", "inspect", str(prefix)])
+    assert done.value.code == 2
+    assert f"error: its manifest ({prefix}.json) says {said}" in capsys.readouterr().err

@@ -263,7 +263,7 @@ def inspect(
     import json
 
     from primus.core.data.indexed import IndexedCorpus, entries_problem, index_problem
-    from primus.core.data.manifest import ids_problem, read_manifest
+    from primus.core.data.manifest import description_problem, ids_problem, read_manifest
     from primus.core.errors import ConfigError
 
     prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
@@ -279,6 +279,11 @@ def inspect(
     if problem:
         raise ConfigError(problem, hint="make it again: primus data prepare")
     corpus = IndexedCorpus(prefix)
+    if record is not None:
+        counts = (len(corpus), corpus.token_count, str(corpus.dtype))
+        if problem := description_problem(record, prefix, *counts):
+            raise ConfigError(problem, hint="make the corpus again with primus data prepare, "
+                              "or remove the manifest")  # fmt: skip
     print(f"{len(corpus):,} documents, {corpus.token_count:,} tokens ({corpus.dtype})")
     for i in range(min(show, len(corpus))):
         print(f"  {i}: {corpus[i].tolist()}")
@@ -286,7 +291,8 @@ def inspect(
         print("manifest:", json.dumps(record, indent=2))
     elif manifest.exists():
         print(
-            f"manifest: {manifest} is not a manifest of this format (unreadable, or not its JSON)"
+            f"manifest: {manifest} is not a manifest of this format (unreadable, or not its "
+            "JSON): the ids are not checked against a vocabulary"
         )
     else:
         print("manifest: none")

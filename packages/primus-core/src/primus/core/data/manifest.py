@@ -138,6 +138,21 @@ def _field_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+def description_problem(record: dict[str, Any], prefix: str | Path, documents: int,
+                        tokens: int, dtype: str) -> str | None:  # fmt: skip
+    """Where the manifest does not describe the corpus at `prefix` (the corpus prepared again
+    without it, or a manifest of another corpus), or None: its files, counts and dtype."""
+    name = Path(prefix).name
+    actual = {"bin": f"{name}.bin", "idx": f"{name}.idx", "documents": documents,
+              "tokens": tokens, "dtype": dtype}  # fmt: skip
+    for key, value in actual.items():
+        if key in record and record[key] != value:
+            return (
+                f"its manifest ({prefix}.json) says {key} {record[key]!r}, the corpus has {value!r}"
+            )
+    return None
+
+
 VOCABULARY_HINT = "prepare it with the model's tokenizer, or a model with that vocabulary"
 
 
