@@ -262,9 +262,10 @@ def test_the_ranked_layouts_pasted_give_their_layout(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("gpus", "overrides", "message", "fix"),
     [
-        (3, ["parallelism.tensor_parallel_degree=2"],
-         "--gpus 3 is not a multiple of tp 2 x pp 1 x cp 1 = 2", "pass --gpus 2"),
         # refused before the build, as `primus train --nproc-per-node 4` refuses it
+        (3, ["parallelism.tensor_parallel_degree=2"],
+         "3 processes (--gpus 3) cannot hold model replicas of 2 processes",
+         "start a multiple of 2 processes"),
         (4, ["parallelism.data_parallel_shard_degree=2"],
          "the parallel degrees span 2 processes (data_parallel_replicate_degree 1 x "
          "data_parallel_shard_degree 2", "the degrees must multiply to the processes"),

@@ -117,14 +117,8 @@ def memory(
     from primus.core.runtime import PrimusRuntime
 
     runtime = _quiet(PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on))
-    # A layout the run itself would refuse: its batch checked before the build, which takes
-    # seconds; model replicas that do not fill the GPUs, as the build names them.
-    early = runtime.holds_replicas(gpus)
-    if early:
-        runtime.check_world(gpus, f"--gpus {gpus}")
+    runtime.check_world(gpus, f"--gpus {gpus}")  # as the run would, before the build's seconds
     job = runtime.training_job(gpus)
-    if not early:
-        runtime.check_world(gpus, f"--gpus {gpus}")
     projection = project(job)
     typer.echo(_table(job, projection))
     if json_path is not None:
@@ -224,6 +218,7 @@ def performance(
 
     rates = rates_for(device, list(measured or []))
     runtime = _quiet(PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on))
+    runtime.check_world(gpus, f"--gpus {gpus}")  # as the run would, before the build's seconds
     run = project_run(runtime, gpus, rates)
     job, peak, step = run.job, run.peak, run.step
     typer.echo(f"layout: {_layout(job)}; micro batch {job.micro_batch}, recompute {job.recompute}")
