@@ -166,3 +166,15 @@ def test_the_current_folder_or_one_above_it_is_never_replaced(
     with pytest.raises(ConfigError, match="is the current folder or holds it"):
         check_replaceable(Path(folder), replace=True)
     check_replaceable(Path("new"), replace=True)  # a folder of its own is fine
+
+
+def test_a_report_in_a_folder_that_takes_no_file_is_refused_before_the_work(
+    tmp_path: Path,
+) -> None:
+    """sysfs, read-only here as in any container: `projection memory --json` computed for 10 s,
+    then failed to write."""
+    from primus.core.folders import not_a_file
+
+    assert not_a_file(tmp_path / "report.json") is None
+    assert not_a_file(tmp_path) == "it is a folder"
+    assert not_a_file(Path("/sys/report.json")) is not None

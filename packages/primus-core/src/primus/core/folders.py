@@ -25,8 +25,11 @@ def not_a_folder(folder: Path) -> str | None:
 
 def not_a_file(path: Path) -> str | None:
     """Why a file cannot be written at `path` (a folder there, or no folder to hold it), or
-    None: the check a command makes before its work, for a report it writes at the end."""
-    return "it is a folder" if path.is_dir() else not_a_folder(path.parent)
+    None: the check a command makes before its work, for a report it writes at the end (a
+    probe file in the folder: a read-only one is found too)."""
+    if path.is_dir():
+        return "it is a folder"
+    return not_a_folder(path.parent) or unwritable(path.parent, create=False)
 
 
 def unwritable(folder: Path, create: bool = True) -> str | None:
