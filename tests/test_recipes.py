@@ -56,6 +56,9 @@ def test_the_model_command_refuses_a_full_folder_a_file_and_a_folder_without_a_t
     argv = ["checkpoint", "tiny", "--tokenizer", str(tmp_path), "--hf", str(tmp_path / "new")]
     bare = run_in_process(argv, ROOT, {})
     assert bare.code == 2 and "no tokenizer.json" in bare.message, bare.stderr
+    argv[3] = str(tmp_path / "nothing")
+    missing = run_in_process(argv, ROOT, {})
+    assert missing.code == 2 and f"--tokenizer {argv[3]}: not found" in missing.message
     assert not (tmp_path / "new").exists()
     (tmp_path / "a-file").write_text("x")
     for folder, said in (("a-file", "a-file is a file, not a folder"),

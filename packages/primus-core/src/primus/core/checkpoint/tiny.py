@@ -59,6 +59,10 @@ def write_tiny_model(
     """Save the tiny Llama-3 (TINY_LLAMA3, random weights drawn from `seed`) in `folder`, with
     the HF tokenizer of the folder `tokenizer` when given; the folder. A non-empty `folder` is
     replaced only with `force`, and only once the new model is whole."""
+    if tokenizer is not None and tokenizer.name == "tokenizer.json" and tokenizer.is_file():
+        tokenizer = tokenizer.parent  # the file named: its folder holds the rest
+    if tokenizer is not None and not tokenizer.exists():
+        raise ConfigError(f"--tokenizer {tokenizer}: not found")
     if tokenizer is not None and not (tokenizer / "tokenizer.json").is_file():
         raise ConfigError(f"{tokenizer}: no tokenizer.json (an HF tokenizer folder is needed)")
     check_replaceable(folder, force)
