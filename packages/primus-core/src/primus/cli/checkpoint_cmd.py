@@ -151,7 +151,9 @@ def tiny(
     tokenizer: Annotated[
         Path | None,
         typer.Option(
-            "--tokenizer", help="An HF tokenizer folder to copy into it.", show_default=False
+            "--tokenizer",
+            help="An HF tokenizer folder (or its tokenizer.json) to copy into it.",
+            show_default=False,
         ),
     ] = None,
     seed: Annotated[
