@@ -245,6 +245,15 @@ def test_rendered_provenance_names_what_was_overridden(toy_backend, write) -> No
     ]
 
 
+def test_json_of_a_nan_or_an_infinity_is_json_every_reader_takes() -> None:
+    """JSON has no NaN: `config show --format json` printed one, which strict readers refuse."""
+    import json
+
+    tree = ConfigTree({"lr": float("nan"), "betas": [float("-inf"), 0.9]})
+    strict = json.loads(to_json(tree), parse_constant=lambda name: pytest.fail(name))
+    assert strict == {"lr": ".nan", "betas": ["-.inf", 0.9]}
+
+
 def test_resolved_config_is_itself_a_runnable_experiment(toy_backend, write, tmp_path) -> None:
     exp = resolution.load(write("exp.yaml", EXPERIMENT), ["layers=7"])
     again = write("resolved.yaml", to_yaml(resolved_tree(exp), provenance=True))

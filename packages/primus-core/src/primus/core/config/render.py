@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import yaml
@@ -45,9 +46,23 @@ def to_yaml(tree: ConfigTree, provenance: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _strict_json(value: Any) -> str:
+    """JSON that every reader takes: a NaN or an infinity (YAML's .nan, .inf) as its YAML text
+    in a string, since JSON has no such number."""
+
+    def plain(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return _scalar(item)
+        if isinstance(item, dict):
+            return {k: plain(v) for k, v in item.items()}
+        return [plain(v) for v in item] if isinstance(item, list | tuple) else item
+
+    return json.dumps(plain(value), indent=2, default=str, allow_nan=False)
+
+
 def to_json(tree: ConfigTree, provenance: bool = False) -> str:
     if not provenance:
-        return json.dumps(tree.data, indent=2, default=str)
+        return _strict_json(tree.data)
     sources = {}
     for path, _ in tree.leaves():
         origin = tree.origin(path)
@@ -55,7 +70,7 @@ def to_json(tree: ConfigTree, provenance: bool = False) -> str:
         if path in tree.replaced:
             entry["overrode"] = [{"value": v, "source": str(o)} for v, o in tree.replaced[path]]
         sources[".".join(path)] = entry
-    return json.dumps({"config": tree.data, "provenance": sources}, indent=2, default=str)
+    return _strict_json({"config": tree.data, "provenance": sources})
 
 
 def args_summary(args: Any) -> str:
