@@ -107,3 +107,26 @@ def test_launch_flags_that_contradict_are_refused_on_one_node_too(argv, capsys) 
     said = " ".join(capsys.readouterr().err.replace("│", " ").split())
     assert done.value.code == 2
     assert "is not below --nnodes 1" in said or "names the node list of --node-smoke" in said
+
+
+def test_a_stop_signal_while_the_launcher_loads_starts_no_worker(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """In process, the signal raised from within the load: Ctrl-C during the seconds torchrun's
+    import takes started the workers anyway, and they stopped only once built (30 s here)."""
+    import signal
+
+    from primus.cli.main import main
+    from primus.core.launch import workers
+    from primus.core.reliability import preemption
+    from primus.testing.in_process import in_process
+
+    monkeypatch.setattr(preemption, "_received", None)  # put back after the test
+    started: list[object] = []
+    monkeypatch.setattr(workers, "load_launcher", lambda _: signal.raise_signal(signal.SIGTERM))
+    monkeypatch.setattr(workers, "launch_workers", lambda *args: started.append(args) or 0)
+    with in_process(), pytest.raises(SystemExit) as done:
+        main(["train", "pretrain", "--config", str(DUMMY_QUICKSTART), "--nproc-per-node", "2",
+              f"workspace={tmp_path}"])  # fmt: skip
+    assert done.value.code == preemption.EXIT_PREEMPTED and started == []
+    assert "preempted by SIGTERM before the workers started" in capsys.readouterr().err

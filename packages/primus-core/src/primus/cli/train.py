@@ -64,7 +64,7 @@ def _command(stage: str) -> Callable[..., None]:
     ) -> None:
         from primus.core.launch.dist_env import get_torchrun_env, under_torchrun
         from primus.core.launch.launcher import LAUNCHER_PID
-        from primus.core.launch.workers import launch_workers
+        from primus.core.launch.workers import launch_workers, load_launcher
         from primus.core.reliability import preemption
         from primus.core.runtime import PrimusRuntime
 
@@ -106,6 +106,7 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
+            load_launcher(runtime.adapter.launcher)  # seconds: a signal meanwhile counts too
             # Signalled already: alone, start no worker. With other nodes, start them anyway:
             # they learn of the signal and stop before their first step with the other nodes'
             # (a node that started none would leave theirs waiting at the rendezvous).

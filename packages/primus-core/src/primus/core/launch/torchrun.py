@@ -112,17 +112,25 @@ def _first_signal_only() -> Iterator[None]:
         api._terminate_process_handler = handler
 
 
-def run_torchrun(args: list[str]) -> int:
-    """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
+def import_torchrun() -> None:
+    """Import torchrun (seconds: torch), so that a caller can look for a stop signal that came
+    meanwhile before any worker starts; a PrimusError without PyTorch."""
     try:
-        from torch.distributed import run as torchrun
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        import torch.distributed.run  # noqa: F401
     except ImportError:
         raise PrimusError(
             "starting several workers needs PyTorch, which is not installed",
             hint="pip install torch (or the backend package, which brings it)",
         ) from None
+
+
+def run_torchrun(args: list[str]) -> int:
+    """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
+    import_torchrun()
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     print(f"[primus] torchrun {' '.join(args)}", file=sys.stderr)
     # torchrun's own log folder (/tmp/torchelastic_*: the workers' error files) would outlive it
     log_dir = tempfile.mkdtemp(prefix="primus-torchrun-")

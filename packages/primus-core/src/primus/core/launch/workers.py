@@ -7,7 +7,13 @@ import sys
 from primus.core.errors import PrimusError
 from primus.core.launch.launcher import LAUNCHERS, PORT_TRIES, Launch, follow_uv
 from primus.core.launch.spawner import spawn
-from primus.core.launch.torchrun import port_taken, run_torchrun, torchrun_args
+from primus.core.launch.torchrun import import_torchrun, port_taken, run_torchrun, torchrun_args
+
+
+def load_launcher(launcher: str) -> None:
+    """Import what `launch_workers` needs of `launcher` (torchrun: torch, seconds)."""
+    if launcher == "torchrun":
+        import_torchrun()
 
 
 def launch_workers(launcher: str, worker_argv: list[str], launch: Launch) -> int:
