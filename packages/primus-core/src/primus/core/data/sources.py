@@ -91,8 +91,29 @@ def expand(inputs: list[str]) -> list[Source]:
     for path in dict.fromkeys(paths):
         stat = os.stat(path)
         kind = KINDS.get(Path(path).suffix.lower(), "jsonl")
+        _check_readable(path, kind)
         sources.append(Source(path, kind, stat.st_size, stat.st_mtime_ns))
     return sources
+
+
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
+
+
+def _check_readable(path: str, kind: str) -> None:
+    """A ConfigError for an input the readers would take for JSON Lines and fail on later: a
+    compressed file, or a file that holds one JSON array."""
+    suffix = Path(path).suffix.lower()
+    if suffix in COMPRESSED:
+        raise ConfigError(f"{path}: a compressed file ({suffix}) is not read",
+                          hint="decompress it first (gunzip -k, xz -dk, ...)")  # fmt: skip
+    if kind == "jsonl":
+        with open(path, "rb") as file:
+            head = file.read(4096).lstrip()
+        if head.startswith(b"["):
+            raise ConfigError(
+                f"{path}: one JSON array; data prepare reads JSON Lines (an object per line)",
+                hint=f"write it as JSON Lines: jq -c '.[]' {path} > {Path(path).stem}.jsonl",
+            )
 
 
 def plan(sources: list[Source], chunk_bytes: int, key: str) -> list[Chunk]:
