@@ -190,5 +190,8 @@ def test_rates_measured_on_another_device_are_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a primus benchmark JSON"):
         rates_for("H100", [tmp_path / "bad.json"])
-    with pytest.raises(ConfigError, match="not a primus benchmark JSON"):  # its device unread
-        rates_for(None, [tmp_path / "bad.json"])
+    with pytest.raises(ConfigError, match=r"not a primus benchmark JSON \(no device named\)"):
+        rates_for(None, [tmp_path / "bad.json"])  # its device unread
+    (tmp_path / "text.json").write_text("device: H100")
+    with pytest.raises(ConfigError, match=r"text\.json: not JSON: Expecting value"):
+        rates_for(None, [tmp_path / "text.json"])

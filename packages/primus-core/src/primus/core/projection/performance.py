@@ -106,10 +106,13 @@ def rates_for(device: str | None, files: list[Path]) -> Rates:
 def _benchmark_record(path: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
-        if not isinstance(record, dict) or not isinstance(record["device"], str):
-            raise ValueError("no device")
-    except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"--measured {path}: not a primus benchmark JSON ({e})") from None
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else f"not JSON: {e}"
+        raise ConfigError(f"--measured {path}: {why}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("device"), str):
+        raise ConfigError(f"--measured {path}: not a primus benchmark JSON (no device named)",
+                          hint="pass what primus benchmark gemm|attention|collectives --json "
+                          "wrote")  # fmt: skip
     return record
 
 
