@@ -255,24 +255,3 @@ def test_the_log_router_forwards_by_level_and_source(primus_log: Records) -> Non
         ("upstream_fw", "their warning"),
     ]
     upstream.removeHandler(upstream.handlers[0])
-
-
-def test_a_resumed_run_replaces_the_records_of_the_steps_it_trains_again(
-    tmp_path, monkeypatch
-) -> None:
-    """Ctrl-C twice (no checkpoint) after step 7, resumed from the checkpoint of step 4: steps
-    5-7 are trained again, and metrics.jsonl keeps each step once."""
-    monkeypatch.setenv("RANK", "0")
-    record = [step_metrics(s, 9, 2.0, 0.5, 8192, 4e15, 2, None) for s in range(1, 10)]
-    first = MetricsSink(ctx({}, tmp_path / "run"))
-    for m in record[:7]:
-        first.report(m, primary=True)
-    again = MetricsSink(ctx({}, tmp_path / "run"))
-    for m in record[4:]:
-        again.report(m, primary=True)
-    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == list(range(1, 10))
-    other = MetricsSink(ctx({}, tmp_path / "run"))  # another module of the experiment: kept
-    other.report(step_metrics(1, 3, 2.0, 0.5, 8192, 4e15, 2, None), primary=True)
-    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [*range(1, 10), 1]

@@ -267,7 +267,6 @@ class MetricsSink:
         self.metrics_file = ctx.run_dir / "metrics.jsonl" if ctx.run_dir else None
         self.configured_peak: float | None = get_param(ctx, "peak_tflops")
         self.found: Peak | None = None
-        self.resumed = False  # this process has written its first record
 
     def peak(self, device_name: str | None) -> float | None:
         """The peak for MFU on `device_name` (None: not a GPU); found and logged on first call."""
@@ -291,28 +290,7 @@ class MetricsSink:
         if get_torchrun_env().rank != 0:
             print(f"[primus] {metrics.line()}", flush=True)
         if self.metrics_file:
-            if not self.resumed:
-                self.resumed = True
-                self._drop_redone(metrics.step, metrics.total_steps)
             append_metrics(self.metrics_file, metrics)
         if writer is not None:
             for name, value in metrics.scalars().items():
                 writer.add_scalar(name, value, metrics.step)
-
-    def _drop_redone(self, step: int, total: int) -> None:
-        """The records an earlier attempt of this run wrote from `step` on: dropped, so that
-        metrics.jsonl holds each step once, as this attempt logs it. A run stopped without a
-        checkpoint of its last steps (Ctrl-C twice, a crash) trains them again when it resumes
-        from an earlier one. Only a resume (not step 1) of a run of the same length (not
-        another module of the experiment, which shares the run directory) drops any."""
-        assert self.metrics_file is not None
-        if step <= 1 or not self.metrics_file.is_file():
-            return
-        records = read_metrics(self.metrics_file)
-        if not records or records[-1].get("total_steps") != total:
-            return
-        kept = [r for r in records if not isinstance(r.get("step"), int) or r["step"] < step]
-        if len(kept) < len(records):
-            write_atomic(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
-            self.logger.info(f"metrics.jsonl: {len(records) - len(kept)} records of an earlier "
-                             f"attempt from step {step} on, trained again, replaced")  # fmt: skip
