@@ -106,7 +106,7 @@ def test_launch_flags_that_contradict_are_refused_on_one_node_too(argv, capsys) 
         main(argv)
     said = " ".join(capsys.readouterr().err.replace("│", " ").split())
     assert done.value.code == 2
-    assert "is not below --nnodes 1" in said or "names the node list of --node-smoke" in said
+    assert "is not below --nnodes 1" in said or "is a node list of --node-smoke" in said
 
 
 def test_a_stop_signal_while_the_launcher_loads_starts_no_worker(

@@ -74,8 +74,9 @@ def test_help_explains_the_job() -> None:
     ("args", "message"),
     [
         (("--sbatch=--nodes=5",), "'--nodes=5': the script sets nodes itself: use --nnodes"),
-        (("--sbatch=-N3",), "'-N3': the script sets N itself: use --nnodes"),
-        (("--sbatch", "--time=10"), "the script sets time itself: use --time"),
+        (("--sbatch=-N3",), "'-N3': the script sets nodes itself: use --nnodes"),
+        (("--time", "1:00:00", "--sbatch=-t 10"), "the script sets time itself: use --time"),
+        (("--sbatch=--exclusive",), "the script sets exclusive itself: use --cpus-per-node"),
         (("--partition", ""), "Invalid value for --partition: is empty"),
         (("--account", " "), "Invalid value for --account: is empty"),
     ],
@@ -92,3 +93,14 @@ def test_options_the_script_sets_itself_or_empty_are_refused(
               f"workspace={tmp_path}"])  # fmt: skip
     assert done.value.code == 2
     assert message in " ".join(capsys.readouterr().err.replace("│", " ").split())
+
+
+def test_an_option_the_script_leaves_out_may_be_given(tmp_path: Path, capsys) -> None:
+    """--partition unset: the script writes none, so --sbatch=-p gpu is the only one."""
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["slurm", "pretrain", "--config", str(DUMMY_QUICKSTART), "--dry-run",
+              "--sbatch=--partition=gpu", f"workspace={tmp_path}"])  # fmt: skip
+    assert done.value.code == 0
+    assert capsys.readouterr().out.count("#SBATCH --partition") == 1

@@ -106,8 +106,8 @@ def train(name: str, gpu: int, corpus: str, iters: int, work: Path) -> subproces
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu),
            "PRIMUS_WORKSPACE": str(work / name), "PRIMUS_EXP_NAME": name}  # fmt: skip
     print("$", " ".join(command), flush=True)
-    return subprocess.Popen(command, env=env, stdout=open(work / f"{name}.log", "wb"),
-                            stderr=subprocess.STDOUT)  # fmt: skip
+    with open(work / f"{name}.log", "wb") as log:  # the child keeps its own copy of the file
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def result(name: str, work: Path) -> dict[str, object]:

@@ -156,7 +156,7 @@ def test_config_validate_refuses_a_damaged_manifest_in_one_line(
     ("field", "value", "said"),
     [("documents", 7, "documents 7, the corpus has 10"), ("tokens", 5, "tokens 5, the corpus "
      "has 55"), ("dtype", "uint16", "dtype 'uint16', the corpus has 'int32'"),
-     ("bin", "other.bin", "bin 'other.bin', the corpus has 'c.bin'")],
+],
 )  # fmt: skip
 def test_inspect_refuses_a_manifest_of_another_corpus(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, said: str

@@ -360,3 +360,6 @@ def test_a_resume_passes_over_the_last_steps_model_only_export(tmp_path: Path) -
     assert _resumed_step(str(tmp_path), 9) == (3, ["step-9", "step-6"])
     assert _resumed_step(str(tmp_path), 3) == (3, [])
     assert _resumed_step(str(tmp_path), -1) == (-1, [])
+    (tmp_path / "step-3" / ".metadata").unlink()  # now a save that did not finish
+    dcp.save(weights, checkpoint_id=str(tmp_path / "step-0"), no_dist=True)  # a seed checkpoint
+    assert _resumed_step(str(tmp_path), 9) == (0, ["step-9", "step-6"])

@@ -86,7 +86,8 @@ def preflight(
     launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     for flag, given in (("--nodes-ok", nodes_ok), ("--nodes-bad", nodes_bad)):
         if given is not None and not node_smoke:
-            raise typer.BadParameter("names the node list of --node-smoke", param_hint=flag)
+            raise typer.BadParameter("is a node list of --node-smoke: give it with that",
+                                     param_hint=flag)  # fmt: skip
     workspace = check_workspace(workspace)
     for output in filter(None, (json_path, markdown_path, nodes_ok, nodes_bad)):
         if why := not_a_file(workspace / output):  # refused before the checks run

@@ -114,9 +114,6 @@ def _command(stage: str) -> Callable[..., None]:
         bad = [s for s in sbatch or [] if not s.startswith("-")]
         if bad:
             raise typer.BadParameter(f"{bad[0]!r} is not an option", param_hint="--sbatch")
-        for option in sbatch or []:
-            if why := sbatch_conflict(option):
-                raise typer.BadParameter(f"{option!r}: {why}", param_hint="--sbatch")
         for flag, given in (("--partition", partition), ("--account", account),
                             ("--container-image", container_image)):  # fmt: skip
             if given is not None and not given.strip():
@@ -150,6 +147,9 @@ def _command(stage: str) -> Callable[..., None]:
             warn_s=warn,
             sbatch_args=tuple(sbatch or ()),
         )
+        for option in sbatch or []:
+            if why := sbatch_conflict(option, job):
+                raise typer.BadParameter(f"{option!r}: {why}", param_hint="--sbatch")
         train_args = [
             "--config",
             str(Path(config).resolve()),

@@ -40,7 +40,10 @@ class ParamSpec:
     def type_error(self, value: Any) -> str | None:
         """Why `value` does not fit this spec, or None when it does."""
         if value is None:
-            return None if self.nullable else f"cannot be null (default: {self.default!r})"
+            if self.nullable:
+                return None
+            known = f" (default: {self.default!r})" if self.default is not None else ""
+            return f"cannot be null{known}"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(repr, self.choices))}, got {value!r}"
         if self.type is None:

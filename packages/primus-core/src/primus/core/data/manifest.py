@@ -141,10 +141,9 @@ def _field_problem(record: dict[str, Any]) -> str | None:
 def description_problem(record: dict[str, Any], prefix: str | Path, documents: int,
                         tokens: int, dtype: str) -> str | None:  # fmt: skip
     """Where the manifest does not describe the corpus at `prefix` (the corpus prepared again
-    without it, or a manifest of another corpus), or None: its files, counts and dtype."""
-    name = Path(prefix).name
-    actual = {"bin": f"{name}.bin", "idx": f"{name}.idx", "documents": documents,
-              "tokens": tokens, "dtype": dtype}  # fmt: skip
+    without it, or a manifest of another corpus), or None: its counts and dtype (not its file
+    names: a corpus renamed with its manifest is still the same)."""
+    actual = {"documents": documents, "tokens": tokens, "dtype": dtype}
     for key, value in actual.items():
         if key in record and record[key] != value:
             return (

@@ -13,7 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from primus.core.errors import ConfigError, PrimusError
@@ -51,26 +51,29 @@ def _sbatch_value(value: object) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-# the sbatch options the script sets itself (long and short names) -> what sets them instead
-OWN_OPTIONS = {
-    "nodes": "--nnodes", "N": "--nnodes", "ntasks-per-node": "--nproc-per-node",
-    "gpus-per-node": "--gpus-per-node", "cpus-per-task": "--cpus-per-node",
-    "c": "--cpus-per-node", "partition": "--partition", "p": "--partition",
-    "account": "--account", "A": "--account", "time": "--time", "t": "--time",
-    "signal": "--warn", "requeue": "--requeue", "no-requeue": "--requeue",
-    "job-name": "the experiment's exp_name", "J": "the experiment's exp_name",
-    "output": "the run directory's logs/", "o": "the run directory's logs/",
-    "open-mode": "the run directory's logs/", "exclusive": "--cpus-per-node",
-}  # fmt: skip
+# sbatch's short options for those the script may set -> their long names
+SHORT = {"N": "nodes", "c": "cpus-per-task", "p": "partition", "A": "account", "t": "time",
+         "J": "job-name", "o": "output"}  # fmt: skip
+# what sets an option of the script instead of --sbatch
+INSTEAD = {"nodes": "--nnodes", "ntasks-per-node": "--nproc-per-node",
+           "gpus-per-node": "--gpus-per-node", "cpus-per-task": "--cpus-per-node",
+           "partition": "--partition", "account": "--account", "time": "--time",
+           "signal": "--warn", "requeue": "--requeue", "no-requeue": "--requeue",
+           "exclusive": "--cpus-per-node", "job-name": "the experiment's exp_name",
+           "output": "the run directory's logs/", "open-mode": "the run directory's logs/"}  # fmt: skip
 
 
-def sbatch_conflict(option: str) -> str | None:
+def sbatch_conflict(option: str, job: SlurmJob) -> str | None:
     """Why an extra sbatch option (`--qos=high`, `-N 2`) may not be given, or None: the script
-    sets it itself, and sbatch would take the later of the two."""
+    writes it already for `job`, and sbatch would take the later of the two."""
+    long = option.startswith("--")
     name = option.lstrip("-").split("=", 1)[0].split(" ", 1)[0]
-    name = name[:1] if option.startswith("-") and not option.startswith("--") else name
-    instead = OWN_OPTIONS.get(name)
-    return None if instead is None else f"the script sets {name} itself: use {instead}"
+    name = name if long else SHORT.get(name[:1], name[:1])
+    own = _directives(replace(job, sbatch_args=()), Path())
+    written = {line.split()[1].lstrip("-").split("=", 1)[0] for line in own}
+    if name not in written:
+        return None
+    return f"the script sets {name} itself: use {INSTEAD.get(name, 'its own option')}"
 
 
 def _directives(job: SlurmJob, log: Path) -> list[str]:

@@ -125,11 +125,8 @@ class TorchTitanAdapter(BackendAdapter):
             node: Any = config.params
             for section in sections:
                 node = node.get(section) if isinstance(node, dict) else None
-            return (
-                node.get(name, schema.specs[key].default)
-                if isinstance(node, dict)
-                else (schema.specs[key].default)
-            )
+            default = schema.specs[key].default
+            return node.get(name, default) if isinstance(node, dict) else default
 
         return value
 

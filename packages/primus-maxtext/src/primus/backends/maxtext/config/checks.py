@@ -89,9 +89,9 @@ def check_eval(config: ModuleConfig, value: Callable[[str], Any]) -> None:
     if value("eval_interval") > 0 and value("eval_steps") <= 0:
         raise config.error(
             "eval_steps" if config.origin("eval_steps") else "eval_interval",
-            f"eval_interval {value('eval_interval')} evaluates every eval_steps "
-            f"{value('eval_steps')} (the whole eval set), and synthetic data never ends: the "
-            "first eval would never end",
+            f"eval_interval {value('eval_interval')} evaluates eval_steps "
+            f"{value('eval_steps')} batches (the whole eval set) every {value('eval_interval')} "
+            "steps, and synthetic data never ends: the first eval would never end",
             hint="set eval_steps to a positive number of batches, or eval_interval: -1",
         )
 

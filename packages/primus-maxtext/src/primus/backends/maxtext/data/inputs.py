@@ -105,7 +105,7 @@ def corpus_params(data: DataConfig) -> dict[str, tuple[Any, str]]:
     """`data:` as MaxText's keys: the prepared corpus (`dataset_path`) or the blend
     (`dataset_blend`) read through core's samples (`dataset_type: indexed`), its seed
     (`data_shuffle_seed`) and `max_target_length`. The corpus is read for training only: an
-    eval_interval the experiment asks for is refused (`check_inputs`), not dropped."""
+    eval_interval the experiment asks for is refused (`check_indexed`), not dropped."""
     params: dict[str, tuple[Any, str]] = {
         "dataset_type": (INDEXED, ""),
         "data_shuffle_seed": (data.seed, "seed"),

@@ -52,11 +52,12 @@ SAVED = (".metadata", "model.safetensors.index.json")
 
 def _resumed_step(folder: str, latest: int) -> tuple[int, list[str]]:
     """The newest step at or before `latest` (TorchTitan's pick) a run resumes from, and the
-    exports passed over (saves, DCP or HF, that hold the model only)."""
+    exports passed over (saves, DCP or HF, that hold the model only). Step 0 is TorchTitan's
+    seed checkpoint, model only by design: taken as it is."""
     exports: list[str] = []
     for step in reversed([n for n in _steps(folder) if 0 <= n <= latest]):
         path = os.path.join(folder, f"step-{step}")
-        if resumable(path):
+        if step == 0 or resumable(path):
             return step, exports
         if any(os.path.isfile(os.path.join(path, name)) for name in SAVED):
             exports.append(f"step-{step}")

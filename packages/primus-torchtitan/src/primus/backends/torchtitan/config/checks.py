@@ -79,14 +79,16 @@ def check_validator(config: ModuleConfig, value: Callable[[str], Any]) -> None:
         )
     training = "mock data" if config.params.get("mock_data") is True else None
     training = "a prepared corpus" if value("dataloader.dataset") == INDEXED else training
-    if training and not value("validator.dataloader.dataset_path"):
+    named = config.origin("validator.dataloader.dataset") or value(
+        "validator.dataloader.dataset_path"
+    )
+    if training and not named:
         raise config.error(
             "validator.enable",
-            f"validator.enable: TorchTitan's validator reads {dataset} "
-            "(validator.dataloader.dataset, from the Hugging Face Hub), not the "
-            f"{training} this run trains on",
-            hint="set validator.enable: false, or give it local data "
-            "(validator.dataloader.dataset_path)",
+            f"validator.enable: TorchTitan's validator reads its own dataset, by default "
+            f"{dataset} from the Hugging Face Hub, not the {training} this run trains on",
+            hint="name the validation data (validator.dataloader.dataset, .dataset_path), or "
+            "set validator.enable: false",
         )
 
 
@@ -103,9 +105,10 @@ GPU_ONLY = {
 
 
 def check_cpu_features(config: ModuleConfig, value: Callable[[str], Any]) -> None:
-    """Settings TorchTitan takes and then fails on in a CPU run, minutes in."""
+    """Settings TorchTitan takes and then fails on in a run on the CPU (device: cpu; with auto,
+    the host that checks may not be the one that trains), minutes in."""
     asked = [key for key, (needs, *_) in GPU_ONLY.items() if value(key) == needs]
-    if not asked or not _on_cpu(value("device")):
+    if not asked or value("device") != "cpu":
         return
     key, (needs, what, instead) = asked[0], GPU_ONLY[asked[0]]
     shown = str(needs).lower() if isinstance(needs, bool) else needs
@@ -114,12 +117,3 @@ def check_cpu_features(config: ModuleConfig, value: Callable[[str], Any]) -> Non
         f"{key}: {shown} needs a GPU, and this run is on the CPU ({what} would fail)",
         hint=f"set {key}: {instead} for a CPU run",
     )
-
-
-def _on_cpu(device: str) -> bool:
-    """device cpu, or auto where no GPU is visible (torch imported only then)."""
-    if device != "auto":
-        return device == "cpu"
-    from primus.core.devices import gpu_visible
-
-    return not gpu_visible()
