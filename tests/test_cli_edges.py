@@ -101,8 +101,9 @@ def test_launch_flags_that_contradict_are_refused_on_one_node_too(argv, capsys) 
     """In process: a node rank past --nnodes (1 by default) was ignored without a word unless
     the command launched several processes; --nodes-ok without --node-smoke likewise."""
     from primus.cli.main import main
+    from primus.testing.in_process import in_process
 
-    with pytest.raises(SystemExit) as done:
+    with in_process(), pytest.raises(SystemExit) as done:
         main(argv)
     said = " ".join(capsys.readouterr().err.replace("│", " ").split())
     assert done.value.code == 2
@@ -121,7 +122,6 @@ def test_a_stop_signal_while_the_launcher_loads_starts_no_worker(
     from primus.core.reliability import preemption
     from primus.testing.in_process import in_process
 
-    monkeypatch.setattr(preemption, "_received", None)  # put back after the test
     started: list[object] = []
     monkeypatch.setattr(workers, "load_launcher", lambda _: signal.raise_signal(signal.SIGTERM))
     monkeypatch.setattr(workers, "launch_workers", lambda *args: started.append(args) or 0)
@@ -130,3 +130,5 @@ def test_a_stop_signal_while_the_launcher_loads_starts_no_worker(
               f"workspace={tmp_path}"])  # fmt: skip
     assert done.value.code == preemption.EXIT_PREEMPTED and started == []
     assert "preempted by SIGTERM before the workers started" in capsys.readouterr().err
+    # nothing left for later tests: the processes they start would count as signalled
+    assert preemption.requested() is None and preemption.ENV not in os.environ

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -57,8 +58,9 @@ def reset_upstreams() -> None:
 def in_process(*helpers: ModuleType) -> Iterator[None]:
     """Within: the `primus` of each module of `helpers` is `primus_here`. What a training
     process does for its own end stays out of the test process: no reaper forked to outlive
-    it, its helper processes not shielded, the stop signals' handlers put back, and the log
-    handlers the runs added to Primus's and the root logger (a run's log file) closed."""
+    it, its helper processes not shielded, the stop signals' handlers and what they recorded
+    put back (else every process the test process starts later counts as signalled), and the
+    log handlers the runs added to Primus's and the root logger (a run's log file) closed."""
     import pytest
 
     from primus.core.launch import helper_processes, reaper
@@ -66,6 +68,7 @@ def in_process(*helpers: ModuleType) -> Iterator[None]:
     from primus.core.reliability import preemption
 
     handlers = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+    told = os.environ.get(preemption.ENV)  # a signal's name, for the processes started later
     loggers = {logger: list(logger.handlers) for logger in (logging.getLogger(), get_logger())}
     try:
         with pytest.MonkeyPatch.context() as patch:
@@ -73,10 +76,16 @@ def in_process(*helpers: ModuleType) -> Iterator[None]:
                 patch.setattr(module, "primus", primus_here)
             patch.setattr(reaper, "start_descendant_reaper", lambda: None)
             patch.setattr(helper_processes, "shield", lambda: None)
+            for name in ("_received", "_received_at", "_setting_up"):
+                patch.setattr(preemption, name, getattr(preemption, name))
             yield
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        if told is None:
+            os.environ.pop(preemption.ENV, None)
+        else:
+            os.environ[preemption.ENV] = told
         for logger, before in loggers.items():
             for added in [h for h in logger.handlers if h not in before]:
                 logger.removeHandler(added)
