@@ -99,15 +99,14 @@ def check_eval(config: ModuleConfig, value: Callable[[str], Any]) -> None:
 def check_uploads(config: ModuleConfig, value: Callable[[str], Any]) -> None:
     """gcs_metrics where the run's output is not on GCS: MaxText failed on the first upload
     (no credentials, or no bucket), log_period steps into the run. (An HLO dump stays in the
-    run directory: patch maxtext.hlo_dump_dir.)"""
+    run directory: patch maxtext.hlo_dump_kept.)"""
     output = str(value("base_output_directory") or "")
     if value("gcs_metrics") is True and not output.startswith("gs://"):
+        where = output or "the run directory"
         raise config.error(
             "gcs_metrics",
             "gcs_metrics: MaxText uploads the metrics to Google Cloud Storage every log_period "
-            f"steps, and base_output_directory is not a gs:// folder ({
-                output or 'the run directory'
-            })",
+            f"steps, and base_output_directory is not a gs:// folder ({where})",
             hint="set gcs_metrics: false (the metrics are in the run directory's "
             "metrics.jsonl), or base_output_directory to a gs:// folder",
         )

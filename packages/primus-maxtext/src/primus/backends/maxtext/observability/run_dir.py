@@ -85,9 +85,8 @@ def hlo_dump_kept(ctx: PatchContext) -> None:
     """MaxText uploads the HLO dump to dump_hlo_gcs_dir after the first step and deletes the
     local copy: with no gs:// folder the upload failed (no credentials) and ended the run. The
     dump now stays in dump_hlo_local_dir, and the log says where."""
-    local = get_param(ctx, "dump_hlo_local_dir")
 
     def upload_dump(local_dir: str, target_dir: str, *args: Any, **kwargs: Any) -> None:
-        log_rank_0(f"[maxtext] HLO dump kept in {local_dir or local} ({target_dir} is not gs://)")
+        log_rank_0(f"[maxtext] HLO dump kept in {local_dir} ({target_dir} is not gs://)")
 
     ctx.replace("maxtext.utils.gcs_utils", "upload_dump", upload_dump)
