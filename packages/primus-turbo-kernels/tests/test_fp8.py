@@ -89,6 +89,31 @@ def test_the_weights_fp8_copy_lasts_until_the_next_optimizer_step() -> None:
     assert rel(out, F.linear(x, w)) < TOL["out"]
 
 
+@pytest.mark.skipif(not CPU_FP8, reason="this torch has no _scaled_mm on the CPU")
+def test_fp8_linear_traces_into_one_compiled_graph() -> None:
+    """TorchTitan compiles each block with fullgraph=True: the FP8 linear (weight cache asked
+    for, as TurboFP8Linear asks) traces without a break, gives the eager values and caches
+    nothing on the weight (the compiled graph makes the weight's copies itself)."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(48, 32, dtype=torch.bfloat16))
+    x0 = torch.randn(2, 16, 32, dtype=torch.bfloat16)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, w, None, "tensorwise", cache_weight=True).float().square().sum()
+
+    results = []
+    for fn in (torch.compile(step, backend="aot_eager", fullgraph=True), step):
+        x = x0.clone().requires_grad_()
+        w.grad = None
+        loss = fn(x)
+        loss.backward()
+        results.append((loss.detach(), x.grad, w.grad))
+        if fn is not step:
+            assert not hasattr(w, "_turbo_fp8")
+    for compiled, eager in zip(*results, strict=True):
+        assert torch.equal(compiled, eager)
+
+
 def test_fp8_is_off_unless_asked_and_says_its_recipe() -> None:
     recipe = "megatron/llama3.2_1B-pretrain.yaml"
     assert not enabled(context(recipe), "fp8")

@@ -16,7 +16,8 @@ in FP8, quantized along K, which is the layout `_scaled_mm` takes (`B.t()` is co
 The cast is a Triton kernel on a GPU (scale, saturate and cast in one pass, reading any
 strides, so a transposed copy costs no extra transpose; the tensor-wise recipe writes a tensor
 and its transpose from one read; the amax is one `vector_norm` reduction), PyTorch ops
-elsewhere. `_scaled_mm` also runs on the CPU in recent torch (row-wise
+elsewhere and under `torch.compile`, whose compiler fuses them (there the weight's copies are
+made in the graph, not cached). `_scaled_mm` also runs on the CPU in recent torch (row-wise
 scales too in 2.15, not in 2.11), which the tests use. GEMMs need K and N (and, for the weight
 gradient, M) to be multiples of 16: `fp8_supported` says whether a shape is.
 """
@@ -68,11 +69,16 @@ def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
 
 def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Row-major FP8 copy of the 2-D `x` (any strides) divided by `scale` ([1, 1] or [rows, 1])
-    and saturated: the Triton kernel on a GPU, PyTorch elsewhere."""
+    and saturated: the Triton kernel on a GPU outside `torch.compile`, PyTorch ops elsewhere."""
     fp8_max = torch.finfo(dtype).max
-    if not x.is_cuda:
+    if not _on_triton(x):
         return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype).contiguous()
     return _cast_on_gpu(x, scale, dtype, transposed_too=False)[0]
+
+
+def _on_triton(x: torch.Tensor) -> bool:
+    """Whether `x` is cast by the Triton kernel: on a GPU, outside `torch.compile`."""
+    return x.is_cuda and not torch.compiler.is_compiling()
 
 
 def _cast_on_gpu(
@@ -105,7 +111,7 @@ def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ..
     """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale: on a GPU, one kernel
     that reads `x` once and writes both."""
     scale = _scale(x, dtype, False)
-    if not x.is_cuda:
+    if not _on_triton(x):
         return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
     return *_cast_on_gpu(x, scale, dtype, transposed_too=True), scale.reshape(())
 
@@ -138,29 +144,34 @@ def _next_generation(*_: Any) -> None:
     _generation[0] += 1
 
 
-def _weight_fp8(weight: torch.Tensor, recipe: str, cache: bool) -> tuple[torch.Tensor, ...]:
+def _weight_copies(weight: torch.Tensor, recipe: str) -> tuple[torch.Tensor, ...]:
     """(W [N, K], its scale) for the forward, and for the backward W.T [K, N] and its scale
-    (same scale tensorwise; column amax rowwise). Cached on the weight with `cache` until the
-    next optimizer step (any `torch.optim` step) or an in-place change of the weight. A copy
-    made outside a CUDA graph's capture is not reused inside one, nor the other way round: a
-    graph that read an eager copy would replay that step's weights for good (and a copy made
-    while capturing holds data only once the graph replays)."""
+    (same scale tensorwise; column amax rowwise)."""
+    if recipe == "tensorwise":
+        w, w_t, scale = quantize_both(weight, E4M3)
+        return w, scale, w_t, scale
+    return (*quantize_rows(weight, E4M3, True), *quantize_rows(weight.t(), E4M3, True))
+
+
+def _weight_fp8(weight: torch.Tensor, recipe: str, cache: bool) -> tuple[torch.Tensor, ...]:
+    """`_weight_copies` of `weight`, cached on it with `cache` until the next optimizer step
+    (any `torch.optim` step) or an in-place change of the weight; never under `torch.compile`,
+    which makes them in its graph. A copy made outside a CUDA graph's capture is not reused
+    inside one, nor the other way round: a graph that read an eager copy would replay that
+    step's weights for good (and a copy made while capturing holds data only once the graph
+    replays)."""
+    if not cache or torch.compiler.is_compiling():
+        return _weight_copies(weight.detach(), recipe)
     capturing = weight.is_cuda and torch.cuda.is_current_stream_capturing()
     key = (_generation[0], weight._version, recipe, capturing)
     held = getattr(weight, "_turbo_fp8", None)
-    if cache and held is not None and held[0] == key:
+    if held is not None and held[0] == key:
         return held[1]
-    detached = weight.detach()
-    if recipe == "tensorwise":
-        w, w_t, scale = quantize_both(detached, E4M3)
-        copies = (w, scale, w_t, scale)
-    else:
-        copies = (*quantize_rows(detached, E4M3, True), *quantize_rows(detached.t(), E4M3, True))
-    if cache:
-        if not _hooked[0]:
-            register_optimizer_step_post_hook(_next_generation)
-            _hooked[0] = True
-        weight._turbo_fp8 = (key, copies)  # type: ignore[attr-defined]
+    copies = _weight_copies(weight.detach(), recipe)
+    if not _hooked[0]:
+        register_optimizer_step_post_hook(_next_generation)
+        _hooked[0] = True
+    weight._turbo_fp8 = (key, copies)  # type: ignore[attr-defined]
     return copies
 
 
