@@ -276,18 +276,30 @@ def test_fp8_linear_tracks_the_exact_gemm_at_llama_shapes(recipe: str) -> None:
 
 
 @pytest.mark.gpu
-def test_the_one_pass_cast_writes_what_two_casts_write() -> None:
-    """`quantize_both`'s kernel (a tensor and its transpose from one read) against the
-    per-copy cast, bit for bit, on a shape the tiles do not divide and on a transposed view."""
-    from primus.turbo.kernels.fp8_linear import E5M2, _cast, _scale, quantize_both
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_the_cast_kernel_tracks_torchs_cast_eager_and_compiled(dtype: torch.dtype) -> None:
+    """`quantize_both` at the size of a 1B MLP's output gradient (its transposed copy once
+    came out with NaNs), on a shape the tiles do not divide, and on transposed views: the
+    copy is PyTorch's cast within one FP8 step (the kernel's division may round differently),
+    the transposed copy is the copy transposed, and compiled gives what eager gives."""
+    from primus.turbo.kernels.fp8_linear import quantize_both
 
-    x = torch.randn(1000, 600, device="cuda", dtype=torch.bfloat16) * 40
-    for source in (x, x.t()):
-        q, q_t, scale = quantize_both(source, E5M2)
-        each = _scale(source, E5M2, False)
-        assert torch.equal(scale, each.reshape(()))
-        assert torch.equal(q.view(torch.uint8), _cast(source, each, E5M2).view(torch.uint8))
-        assert torch.equal(q_t.view(torch.uint8), _cast(source.t(), each, E5M2).view(torch.uint8))
+    torch.manual_seed(0)
+    compiled = torch.compile(quantize_both, fullgraph=True)
+    top = torch.finfo(dtype).max
+    for shape in ((8192, 8192), (1000, 600)):
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 40
+        for source in (x, x.t()):
+            scale = torch.linalg.vector_norm(source.float(), float("inf")) / top
+            want = (source.float() / scale).clamp(-top, top).to(dtype).view(torch.uint8)
+            q, q_t, got_scale = (t.view(torch.uint8) if t.dim() else t
+                                 for t in quantize_both(source, dtype))  # fmt: skip
+            assert torch.equal(got_scale, scale)
+            assert (q.int() - want.int()).abs().max() <= 1  # neighbouring FP8 codes
+            assert torch.equal(q_t, q.t().contiguous())
+            again = compiled(source, dtype)
+            assert torch.equal(again[0].view(torch.uint8), q)
+            assert torch.equal(again[1].view(torch.uint8), q_t)
 
 
 @pytest.mark.gpu

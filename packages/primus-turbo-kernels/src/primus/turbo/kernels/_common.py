@@ -58,6 +58,15 @@ def row_launch(width: int, itemsize: int) -> tuple[int, int]:
     return block, warps
 
 
+def eager_impl(op: Any) -> Callable[..., Any]:
+    """What the public functions call for a `kernel_op` with no gradient: the op under
+    torch.compile, its Python function in eager (no dispatcher round trips)."""
+    impl = getattr(op, "_init_fn", None)  # the decorated function (torch >= 2.4)
+    if impl is None:
+        return op
+    return lambda *args: op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+
 def differentiable(
     op: Any, setup_context: Callable[..., None], backward: Callable[..., Any]
 ) -> Callable[..., Any]:

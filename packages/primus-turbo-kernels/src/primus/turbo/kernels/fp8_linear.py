@@ -14,11 +14,11 @@ in FP8, quantized along K, which is the layout `_scaled_mm` takes (`B.t()` is co
   along its own K.
 
 The cast is a Triton kernel on a GPU (scale, saturate and cast in one pass, reading any
-strides, so a transposed copy costs no extra transpose; the tensor-wise recipe writes a tensor
-and its transpose from one read; the amax is one `vector_norm` reduction), PyTorch ops
-elsewhere and under `torch.compile`, whose compiler fuses them (there the weight's copies are
-made in the graph, not cached). `_scaled_mm` also runs on the CPU in recent torch (row-wise
-scales too in 2.15, not in 2.11), which the tests use. GEMMs need K and N (and, for the weight
+strides, so a transposed copy costs no extra transpose; the amax is one `vector_norm`
+reduction), PyTorch ops elsewhere. It is an op (`primus_turbo::fp8_cast`), so `torch.compile`
+runs the same kernel; compiled, the weight's copies are made in the graph, not cached.
+`_scaled_mm` also runs on the CPU in recent torch (row-wise scales too in 2.15, not in 2.11),
+which the tests use. GEMMs need K and N (and, for the weight
 gradient, M) to be multiples of 16: `fp8_supported` says whether a shape is.
 """
 
@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from primus.turbo.kernels._common import eager_impl, kernel_op, launch
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 RECIPES = ("tensorwise", "rowwise")
@@ -43,11 +45,10 @@ _EPS = 1e-12  # the smallest amax: an all-zero tensor gets a finite scale
 
 @triton.jit
 def _cast_kernel(
-    x, scale, out, out_t, M, N, stride_xm, stride_xn, fp8_max,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED_TOO: tl.constexpr,
+    x, scale, out, M, N, stride_xm, stride_xn, fp8_max,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """out[m, n] = saturate(x[m, n] / scale[m]), row-major, x of any strides; with
-    `TRANSPOSED_TOO` also out_t[n, m], row-major, from the same read."""
+    """out[m, n] = saturate(x[m, n] / scale[m]), row-major, x of any strides."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     mask = (rm < M) & (rn < N)
@@ -55,8 +56,6 @@ def _cast_kernel(
     s = tl.load(scale + rm, mask=rm < M, other=1.0)
     q = tl.clamp(v / s, -fp8_max, fp8_max).to(out.dtype.element_ty)
     tl.store(out + rm * N + rn, q, mask=mask)
-    if TRANSPOSED_TOO:
-        tl.store(out_t + rn * M + rm, q, mask=mask)
 
 
 def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
@@ -69,33 +68,28 @@ def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
 
 def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Row-major FP8 copy of the 2-D `x` (any strides) divided by `scale` ([1, 1] or [rows, 1])
-    and saturated: the Triton kernel on a GPU outside `torch.compile`, PyTorch ops elsewhere."""
+    and saturated: the Triton kernel on a GPU, PyTorch ops elsewhere."""
     fp8_max = torch.finfo(dtype).max
-    if not _on_triton(x):
+    if not x.is_cuda:
         return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype).contiguous()
-    return _cast_on_gpu(x, scale, dtype, transposed_too=False)[0]
+    return fp8_cast(x, scale, dtype)
 
 
-def _on_triton(x: torch.Tensor) -> bool:
-    """Whether `x` is cast by the Triton kernel: on a GPU, outside `torch.compile`."""
-    return x.is_cuda and not torch.compiler.is_compiling()
-
-
-def _cast_on_gpu(
-    x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transposed_too: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_cast_kernel` over the 2-D `x`: its FP8 copy, and with `transposed_too` that of x.T
-    (else the copy again)."""
+@kernel_op("fp8_cast")
+def _fp8_cast_op(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`_cast_kernel` over the 2-D `x` on a GPU. An op, so torch.compile runs this kernel too
+    rather than writing its own cast."""
     rows, cols = x.shape
     out = torch.empty(rows, cols, dtype=dtype, device=x.device)
-    out_t = torch.empty(cols, rows, dtype=dtype, device=x.device) if transposed_too else out
     per_row = scale.expand(rows, 1).contiguous()
     grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
-    _cast_kernel[grid](
-        x, per_row, out, out_t, rows, cols, *x.stride(), torch.finfo(dtype).max,
-        BLOCK_M=64, BLOCK_N=64, TRANSPOSED_TOO=transposed_too,
-    )  # fmt: skip
-    return out, out_t
+    launch(_cast_kernel)[grid](
+        x, per_row, out, rows, cols, *x.stride(), torch.finfo(dtype).max, BLOCK_M=64, BLOCK_N=64
+    )
+    return out
+
+
+fp8_cast = eager_impl(_fp8_cast_op)
 
 
 def quantize_rows(
@@ -108,12 +102,9 @@ def quantize_rows(
 
 
 def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale: on a GPU, one kernel
-    that reads `x` once and writes both."""
+    """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale."""
     scale = _scale(x, dtype, False)
-    if not _on_triton(x):
-        return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
-    return *_cast_on_gpu(x, scale, dtype, transposed_too=True), scale.reshape(())
+    return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
 
 
 def mm_nt(
