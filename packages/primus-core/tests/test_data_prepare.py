@@ -272,34 +272,35 @@ def test_files_named_as_arguments_come_before_those_of_input(
     assert done.value.code == 0
     read = IndexedCorpus(prefix)
     assert [read[i].tolist() for i in range(len(read))] == expected_documents(tokenizer, texts, eod)
+    said = refused(capsys, "-o", str(tmp_path / "none"), *options)
+    assert "name the files to tokenize (FILE... or --input FILE)" in said
+
+
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """`primus data prepare ARGS` in process: exit 2; its error, click's box unwrapped."""
     with pytest.raises(SystemExit) as done:
-        main(["data", "prepare", "-o", str(tmp_path / "none"), *options])
+        main(["data", "prepare", *args])
     assert done.value.code == 2
-    assert "name the files to tokenize (FILE... or --input FILE)" in capsys.readouterr().err
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
 
 
-def test_a_folder_as_the_output_is_refused_with_a_prefix_in_it(
+def test_outputs_and_options_it_cannot_honour_are_refused(
     tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`-o data` where data is a folder wrote data.bin beside it, in its parent."""
+    """`-o data` (a folder) wrote data.bin in its parent; --no-append-eod ignored --eod-token."""
     corpus = write_jsonl(tmp_path / "a.jsonl", corpus_texts(5))
     (tmp_path / "data").mkdir()
+    given = [str(corpus), "-t", str(tokenizer)]
     for output in (tmp_path / "data", f"{tmp_path}/new/"):
-        with pytest.raises(SystemExit) as done:
-            main(["data", "prepare", str(corpus), "-t", str(tokenizer), "-o", str(output)])
-        assert done.value.code == 2
-        said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
+        said = refused(capsys, *given, "-o", str(output))
         assert "is a folder; the output is a prefix in one" in said
     for output in ("", ".bin"):  # the folder it runs in, as the prefix
-        with pytest.raises(SystemExit) as done:
-            main(["data", "prepare", str(corpus), "-t", str(tokenizer), "-o", output])
-        assert done.value.code == 2
-        said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
+        said = refused(capsys, *given, "-o", output)
         assert f"Invalid value for --output: {output!r} names no prefix" in said
+    said = refused(capsys, *given, "-o", str(tmp_path / "c"), "--no-append-eod", "--eod-token", "x")
+    assert "Invalid value for --eod-token: --no-append-eod writes no end-of-document id" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "data"]
-    with pytest.raises(
-        ConfigError, match=r"cannot write the corpus .*a.jsonl/c: \S*a.jsonl is not"
-    ):
+    with pytest.raises(ConfigError, match=r"cannot write the corpus .*a.jsonl/c: \S*a.jsonl is"):
         run([corpus], tokenizer, corpus / "c")  # under a file
 
 

@@ -215,6 +215,12 @@ def prepare(
             "(writes corpus.bin, corpus.idx and corpus.json there)",
             param_hint="--output",
         )
+    if eod_token is not None and not append_eod:
+        raise typer.BadParameter(
+            "--no-append-eod writes no end-of-document id, so the token would be unused; "
+            "drop one of the two",
+            param_hint="--eod-token",
+        )
     prefix = Path(output.removesuffix(".bin").removesuffix(".idx"))
     args = [x for item in inputs for x in ("-i", item)] + ["-t", str(tokenizer), "-o", str(prefix)]
     args += ["--key", key, "--chunk-size", chunk]
