@@ -59,6 +59,8 @@ LATER = {
         "checkpoint.async_mode",
         [("checkpoint.async_mode", "async_with_pinned_mem")],
     ),
+    # the model's dimensions are read when the trainer builds it
+    "a model dimension set to null": ("model.dim", [("model.dim", None)]),
     "memory snapshots on a CPU": (
         "profiler.enable_memory_snapshot",
         [("profiler.enable_memory_snapshot", True)],

@@ -102,11 +102,13 @@ class TorchTitanAdapter(BackendAdapter):
             check_sequence,
             check_validator,
         )
+        from primus.backends.torchtitan.model.flavors import check_model
         from primus.backends.torchtitan.posttrain.checks import check_finetuning
 
         if stage == "posttrain":
             config.require_sft()
         check_params(config)
+        check_model(config)
         check_batch(config, self._value(config))
         check_sequence(config, self._value(config))
         if stage == "pretrain":  # post-training's validator reads the eval split

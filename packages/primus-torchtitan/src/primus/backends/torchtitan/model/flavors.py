@@ -143,16 +143,24 @@ FAMILIES: dict[str, Callable[[dict[str, Any]], Callable[..., Any]]] = {
 }
 
 
-def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
-    """Register the `model:` section as a flavor named after the model; return its ModelSpec."""
+def check_model(config: ModuleConfig) -> None:
+    """A ConfigError naming the model dimensions no preset or key sets (`model: null`, or a
+    dimension set to null), at the first one's line."""
     model = config.params.get("model") or {}
     missing = [f"model.{key}" for key in REQUIRED if model.get(key) is None]
     if missing:
         raise config.error(
-            "model",
+            missing[0],
             f"missing {', '.join(missing)}",
-            hint="a model preset sets them (model: llama3.2_1B, ...); see docs/backends/torchtitan.md",
+            hint=f"set {', '.join(missing)}, or name a model preset that sets them (model: "
+            "llama3.2_1B, ...); see docs/backends/torchtitan.md",
         )
+
+
+def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
+    """Register the `model:` section as a flavor named after the model; return its ModelSpec."""
+    check_model(config)
+    model = config.params["model"]
     name = config.params.get("model_name") or f"primus_{model['family']}"
     family = model["family"]
     module = importlib.import_module(f"torchtitan.models.{family}")
