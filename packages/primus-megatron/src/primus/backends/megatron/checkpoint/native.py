@@ -132,6 +132,9 @@ def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
     found = _iteration_folder(path)
     if found is None:
         return None
+    from primus.backends.megatron.config.bridge import silence_import_notices
+
+    silence_import_notices()
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
     folder, iteration, saved = found
