@@ -1,6 +1,7 @@
 """No orphans, with real signals to real processes: a launcher killed by
 SIGKILL (started directly or through `uv run`) leaves no worker behind, and a worker that dies
-under torchrun stops the others in bounded time, named by rank and exit code."""
+under torchrun stops the others in bounded time, named by rank and exit code; the others, whose
+collectives fail for it, say so in one line."""
 
 from __future__ import annotations
 
@@ -80,3 +81,54 @@ def test_a_dead_worker_stops_the_others_and_is_named(
     assert run_torchrun(["--nproc-per-node=2", "--master-port=0", str(script)]) == 1
     assert time.monotonic() - start < 30
     assert "a worker failed: rank 1 exited with code 3" in capfd.readouterr().err
+
+
+# A worker through Primus's CLI: rank 1 dies (SIGKILL) between two collectives, and rank 0's
+# gloo all-reduce fails for it (`Connection reset by peer`).
+PEER_DIES = """
+import os, signal, sys, torch, torch.distributed as dist
+import primus.cli.main as cli
+
+def train(**_):
+    open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.zeros(1))
+
+cli._command = lambda: train
+cli.main([])
+"""
+
+LAUNCHERS = {  # poll_s: the spawner sees both workers ended in one look
+    "torchrun": "from primus.core.launch.torchrun import run_torchrun; sys.exit(run_torchrun(["
+    "'--nproc-per-node=2', f'--master-port={{free_port()}}', {script!r}, {folder!r}], "
+    "signals_held=True))",
+    "spawn": "from primus.core.launch.spawner import spawn; from primus.core.launch.launcher "
+    "import Launch; sys.exit(spawn([sys.executable, {script!r}, {folder!r}], "
+    "Launch(2, master_port=free_port()), poll_s=1.0, signals_held=True))",
+}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_the_ranks_a_dead_rank_leaves_in_a_collective_stop_without_a_traceback(
+    tmp_path: Path, launcher: str
+) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(PEER_DIES)
+    program = "import sys; from primus.core.launch.ports import free_port; " + LAUNCHERS[
+        launcher
+    ].format(script=str(script), folder=str(tmp_path))
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert time.monotonic() - start < 60
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "[primus] rank 0 stopped: another rank ended first (RuntimeError: " in done.stderr
+    assert "[primus] a worker failed: rank 1 was killed by SIGKILL" in done.stderr
+    if launcher == "torchrun":
+        assert "[primus] rank 0 stopped (SIGTERM) when another rank ended" in done.stderr
+    pids = [int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()]
+    assert len(pids) == 2 and left_alive(pids, timeout_s=5) == []

@@ -15,7 +15,15 @@ import pytest
 
 from primus.core.reliability import preemption
 from primus.core.reliability.preemption import ENV, EXIT_PREEMPTED, marked
-from primus.testing.faults import PYTHON, UV, UV_RUN, interrupt
+from primus.testing.faults import (
+    PYTHON,
+    UV,
+    UV_RUN,
+    interrupt,
+    slow_worker_start,
+    starting_workers,
+)
+from primus.testing.processes import left_alive
 from primus.testing.runs import primus
 
 pytestmark = pytest.mark.slow
@@ -323,3 +331,27 @@ def test_a_worker_notes_a_stop_signal_from_the_first_line_of_the_cli() -> None:
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.endswith("still here\n")
     assert "[primus] SIGUSR1 received during set-up: stopping before the first step" in done.stderr
+
+
+def test_ctrl_c_while_the_workers_start_stops_the_run_before_its_first_step(
+    tmp_path: Path,
+) -> None:
+    """A terminal's Ctrl-C (SIGINT to the launcher's process group; the workers lead their own)
+    while the workers' interpreters start: the launcher passes it on, and each worker notes it
+    once it watches (it started with the signal held) instead of dying of a KeyboardInterrupt
+    traceback; the run stops before its first step, exit 75."""
+    env = {**os.environ, **slow_worker_start(tmp_path)}
+    run = subprocess.Popen(
+        [*PYTHON, *endless(tmp_path, 2)], env=env, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    workers = starting_workers(tmp_path, 2)
+    os.killpg(run.pid, signal.SIGINT)
+    err = run.communicate(timeout=120)[1]
+    assert run.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.count("SIGINT received during set-up: stopping before the first step") == 2
+    assert "[primus] preempted by SIGINT before the first step; run the same command" in err
+    mark = marked(tmp_path / "local" / "local" / "quickstart")
+    assert mark is not None and (mark["step"], mark["signal"]) == (None, "SIGINT")
+    assert left_alive(workers, timeout_s=5) == []

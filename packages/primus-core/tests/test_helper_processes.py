@@ -1,6 +1,7 @@
 """A training process's helpers and its end, with real processes and real signals: helpers
-ignore the stop signals that reach a whole job; Ctrl-C stops at a step and twice aborts; a run
-killed by SIGKILL leaves nothing it started behind, and nothing else is touched."""
+ignore the stop signals that reach a whole job; Ctrl-C stops at a step and twice aborts, and is
+one line before the CLI can handle it; a run killed by SIGKILL leaves nothing it started behind,
+and nothing else is touched."""
 
 from __future__ import annotations
 
@@ -174,6 +175,44 @@ def test_ctrl_c_stops_at_the_step_and_twice_aborts(tmp_path: Path) -> None:
     assert "SIGINT received: stopping after this step with a checkpoint (Ctrl-C again to abort)" in err  # fmt: skip
     assert "SIGINT again: aborting without a checkpoint" in err
     assert left_alive(list(pids.values()), timeout_s=5) == []
+
+
+def test_a_copy_of_the_stop_signal_while_python_shuts_down_keeps_the_exit_code() -> None:
+    """A run stopped by a SIGINT exits 75; uv passes on the SIGINT the process group got 0.2 s
+    later, and a copy that lands while Python shuts down (its handlers gone) would end the
+    process by SIGINT instead (exit 130). Here it lands at the last object's clean-up."""
+    program = (
+        "import os, signal, sys\n"
+        "from primus.core.reliability import preemption\n"
+        "class Late:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "late = Late()\n"
+        "preemption.watch()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.exit(75)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PREEMPTED"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 75, done.stderr[-2000:]
+
+
+def test_ctrl_c_before_the_cli_can_handle_it_is_one_line() -> None:
+    """Ctrl-C while Python still imports the CLI (its first tenth of a second, before any
+    command handles it): one line, no traceback; the process ends by SIGINT (exit 130)."""
+    program = (
+        "import os, signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal\n"
+        "import primus.cli\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "from primus.cli.main import main\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_DEBUG"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == -signal.SIGINT, done.stderr[-2000:]
+    assert done.stderr == "[primus] interrupted (Ctrl-C)\n"
 
 
 def test_a_run_that_exits_with_its_data_loader_running_exits_cleanly(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from primus.core.launch.launcher import Launch, how_it_ended
 from primus.core.launch.spawner import spawn, worker_env
 from primus.core.launch.torchrun import failed_launch_code
 from primus.core.launch.workers import launch_workers
+from primus.testing.faults import slow_worker_start, starting_workers
 from primus.testing.processes import alive, left_alive
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -264,6 +265,30 @@ def test_a_preemption_signal_reaches_every_worker_and_the_spawner_waits_for_them
     if not saving_s:  # the first worker to end is named, with how it ended
         how = "exited 1" if worker_does == "unsaved" else f"was killed by {sig.name}"
         assert re.search(rf"\[primus\] {sig.name}: rank [01] {how} without a checkpoint", said)
+
+
+@pytest.mark.slow
+def test_a_signal_the_spawner_passes_on_while_its_workers_start_waits_for_their_cli(
+    tmp_path: Path,
+) -> None:
+    """The spawner starts Primus's CLI workers with the stop signals held: a SIGINT passed on
+    while a worker's interpreter starts is noted once the CLI watches, not a traceback."""
+    launcher = (
+        "import sys; from primus.core.launch.launcher import Launch; "
+        "from primus.core.launch.workers import launch_workers; "
+        "from primus.core.reliability import preemption; preemption.watch(); "
+        "sys.exit(launch_workers('spawn', ['--version'], Launch(2)))"
+    )
+    env = {**os.environ, **slow_worker_start(tmp_path)}
+    parent = subprocess.Popen([sys.executable, "-c", launcher], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    workers = starting_workers(tmp_path, 2)
+    parent.send_signal(signal.SIGINT)
+    err = parent.communicate(timeout=60)[1]
+    assert parent.returncode == 0, err[-3000:]  # each worker printed the versions and ended
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.count("SIGINT received during set-up: stopping before the first step") == 2
+    assert left_alive(workers, timeout_s=5) == []
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
@@ -186,6 +187,28 @@ def _quiet_background_errors() -> None:
     sys.unraisablehook, threading.excepthook = unraisable, thread
 
 
+def _after_another_worker(exc: BaseException) -> NoReturn:
+    """A worker's failure that followed another worker's end (a collective whose peer is gone):
+    one line, its traceback in the rank's log file, and this worker ends as the launcher's stop
+    would end it (SIGTERM), so that the launcher names the worker that ended first."""
+    from primus.core.logging import get_logger
+
+    said = next(iter(str(exc).splitlines()), "").split(". ")[0][:160]
+    rank = os.environ.get("RANK", "?")
+    line = f"rank {rank} stopped: another rank ended first ({type(exc).__name__}: {said})"
+    logger = get_logger()
+    if logger.handlers:
+        logger.warning(line, exc_info=exc)
+    else:
+        print(f"[primus] {line}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)  # the signal arrives here; should it not, exit as it would
+    os._exit(128 + signal.SIGTERM)
+
+
 def _by_ctrl_c(exc: SystemExit) -> bool:
     """The exit is typer's for a KeyboardInterrupt nothing handled: an Exit(130) whose cause
     is the interrupt (a command that handled it, saying so, raised its Exit from None)."""
@@ -237,5 +260,9 @@ def main(argv: list[str] | None = None) -> None:
 
         refused = filesystem_error(exc) or out_of_memory(exc)
         if refused is None:
+            from primus.core.launch.launcher import another_worker_ended
+
+            if not DEBUG.on and another_worker_ended():
+                _after_another_worker(exc)
             raise
         _report(refused)

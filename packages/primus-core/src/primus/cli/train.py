@@ -62,16 +62,17 @@ def _command(stage: str) -> Callable[..., None]:
         master_port: MasterPort = None,
         debug: Debug = False,
     ) -> None:
+        from primus.core.reliability import preemption
+
+        preemption.watch(setting_up=True)  # a signal during set-up: no workers, or none that trains
         from primus.core.launch.dist_env import get_torchrun_env, under_torchrun
         from primus.core.launch.launcher import LAUNCHER_PID
         from primus.core.launch.workers import launch_workers, load_launcher
-        from primus.core.reliability import preemption
         from primus.core.runtime import PrimusRuntime
 
         if full and not dry_run:
             raise typer.BadParameter("builds a dry run's args: give it with --dry-run",
                                      param_hint="--full")  # fmt: skip
-        preemption.watch()  # a signal during set-up: no workers, or none that trains
         several = (nproc_per_node > 1 or nnodes > 1) and not under_torchrun()
         # a dry run checks the layout as the launch does
         launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
@@ -106,10 +107,11 @@ def _command(stage: str) -> Callable[..., None]:
                 *(["--debug"] if DEBUG.on else []),
                 *overrides,
             ]
-            load_launcher(runtime.adapter.launcher)  # seconds: a signal meanwhile counts too
             # Signalled already: alone, start no worker. With other nodes, start them anyway:
             # they learn of the signal and stop before their first step with the other nodes'
             # (a node that started none would leave theirs waiting at the rendezvous).
+            if not (preemption.requested() and nnodes == 1):
+                load_launcher(runtime.adapter.launcher)  # seconds: a signal meanwhile counts too
             if preemption.requested() and nnodes == 1:
                 preemption.mark(runtime.run_dir, None, None)  # a Slurm job requeues on it
                 print(

@@ -289,3 +289,31 @@ class Forks:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+_SLOW_START = """
+import os, time
+if "PRIMUS_LAUNCHER_PID" in os.environ and "LOCAL_RANK" in os.environ:  # a launcher's worker
+    open(os.path.join({folder!r}, "starting-" + str(os.getpid())), "w").close()
+    time.sleep({seconds!r})
+"""
+
+
+def slow_worker_start(folder: Path, seconds: float = 1.0) -> dict[str, str]:
+    """The environment (PYTHONPATH) under which each worker of a Primus launcher, while its
+    interpreter starts (before any of Primus runs), writes `folder`/starting-<pid> and sleeps
+    `seconds`: a signal sent once `starting_workers` lists them lands in that window."""
+    site = folder / "slow-start"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_START.format(folder=str(folder), seconds=seconds))
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def starting_workers(folder: Path, count: int, timeout_s: float = 120) -> list[int]:
+    """The pids of the `count` workers `slow_worker_start` holds, once they are all there."""
+    deadline = time.monotonic() + timeout_s
+    while len(pids := [int(p.name.split("-")[1]) for p in folder.glob("starting-*")]) < count:
+        assert time.monotonic() < deadline, f"{len(pids)} of {count} workers started"
+        time.sleep(0.02)
+    return pids

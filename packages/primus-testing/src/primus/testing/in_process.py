@@ -76,7 +76,7 @@ def in_process(*helpers: ModuleType) -> Iterator[None]:
                 patch.setattr(module, "primus", primus_here)
             patch.setattr(reaper, "start_descendant_reaper", lambda: None)
             patch.setattr(helper_processes, "shield", lambda: None)
-            for name in ("_received", "_received_at", "_setting_up"):
+            for name in ("_received", "_received_at", "_setting_up", "_unsaved"):
                 patch.setattr(preemption, name, getattr(preemption, name))
             yield
     finally:

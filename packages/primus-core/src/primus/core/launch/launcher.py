@@ -10,6 +10,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,39 @@ def bind_worker_to_launcher() -> None:
     if os.getpgrp() == os.getpid():  # this worker leads its process group (both launchers)
         start_group_reaper()
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def _running_children(parent: int) -> int:
+    """How many children of `parent` run (zombies, ended but not yet reaped, left out)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():  # "self" among them
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                state, ppid = stat.read().rsplit(b")", 1)[1].split()[:2]
+        except OSError:  # gone meanwhile
+            continue
+        if int(ppid) == parent and state != b"Z":
+            count += 1
+    return count
+
+
+def another_worker_ended(wait_s: float = 1.0) -> bool:
+    """In a worker of a Primus launch whose run failed: whether another worker of this node had
+    ended first (looked for up to `wait_s`, as one that was killed closes its connections
+    before it has ended). Then this failure follows from that one (a collective whose peer is
+    gone), and the launcher names the worker that ended. False outside a launch."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not launcher or workers < 2 or not os.path.isdir("/proc/self"):
+        return False
+    deadline = time.monotonic() + wait_s
+    while _running_children(int(launcher)) >= workers:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _parent_is_uv() -> bool:

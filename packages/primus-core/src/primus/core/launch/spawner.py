@@ -50,19 +50,23 @@ def _wait(
     checkpoint (its own error said why), or the deadline passed."""
     while True:
         codes = [w.poll() for w in workers]
-        for i, code in enumerate(codes):
-            if code not in (None, 0, EXIT_PREEMPTED):
-                if stopping:  # killed by the signal passed on, or stopped unsaved: no checkpoint
-                    name = signal.Signals(stopping[0][0]).name
-                    print(f"[primus] {name}: rank {first_rank + i} {how_it_ended(code)} without "
-                          "a checkpoint", file=sys.stderr)  # fmt: skip
-                    return 128 + stopping[0][0]
-                print(
-                    f"[primus] a worker failed: rank {first_rank + i} exited with code {code}; "
-                    "stopping the others",
-                    file=sys.stderr,
-                )
-                return failure_code(code)
+        failed = [
+            (i, code) for i, code in enumerate(codes) if code not in (None, 0, EXIT_PREEMPTED)
+        ]
+        if failed:
+            # a worker that ended by its own SIGTERM did so after another had ended: not it
+            i, code = next((f for f in failed if f[1] != -signal.SIGTERM), failed[0])
+            if stopping:  # killed by the signal passed on, or stopped unsaved: no checkpoint
+                name = signal.Signals(stopping[0][0]).name
+                print(f"[primus] {name}: rank {first_rank + i} {how_it_ended(code)} without "
+                      "a checkpoint", file=sys.stderr)  # fmt: skip
+                return 128 + stopping[0][0]
+            how = f"exited with code {code}" if code >= 0 else how_it_ended(code)
+            print(
+                f"[primus] a worker failed: rank {first_rank + i} {how}; stopping the others",
+                file=sys.stderr,
+            )
+            return failure_code(code)
         if None not in codes:
             return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
         if stopping and time.monotonic() > stopping[0][1]:
@@ -99,7 +103,10 @@ def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float) -> None:
             signal.signal(sig, handler)
 
 
-def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: float = 0.1) -> int:
+def spawn(
+    command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: float = 0.1,
+    signals_held: bool = False,
+) -> int:  # fmt: skip
     """Run `command` in `launch.nproc_per_node` processes with torchrun's variables, no torch.
 
     Nothing listens on MASTER_PORT: it is the workers' own to use (a JAX coordinator, say).
@@ -108,6 +115,8 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
     The first worker to fail stops the others; returns 0, or `failure_code` of the first failure.
     SIGTERM and SIGUSR1 are passed on to the workers, which stop at a step with a checkpoint
     (exit 75); they get GRACE_S seconds for it. Each node runs this with its `node_rank`.
+    `signals_held`: the workers start with the stop signals blocked (`preemption.held`), for a
+    command that unblocks them once it handles them (Primus's CLI).
     """
     held = reserve_port() if launch.master_port is None and launch.nnodes == 1 else None
     if held is not None:
@@ -143,12 +152,13 @@ def spawn(command: list[str], launch: Launch, grace_s: float = 10.0, poll_s: flo
 
     previous = {sig: signal.signal(sig, pass_on) for sig in SIGNALS}
     try:
-        for local_rank in range(launch.nproc_per_node):
-            env = {**worker_env(launch, local_rank, addr, port), LAUNCHER_PID: str(os.getpid())}
-            # Each worker leads its own process group, so that stopping it stops what it forked.
-            workers.append(
-                subprocess.Popen(command, env={**os.environ, **env}, start_new_session=True)
-            )
+        with preemption.held() if signals_held else contextlib.nullcontext():
+            for local_rank in range(launch.nproc_per_node):
+                env = {**worker_env(launch, local_rank, addr, port), LAUNCHER_PID: str(os.getpid())}
+                # Each worker leads its own process group: stopping it stops what it forked.
+                workers.append(
+                    subprocess.Popen(command, env={**os.environ, **env}, start_new_session=True)
+                )
         return _wait(workers, first, poll_s, stopping)
     finally:
         _stop(workers, grace_s)

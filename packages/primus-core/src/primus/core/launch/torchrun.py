@@ -90,6 +90,29 @@ def port_taken(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
+def _workers_held() -> Iterator[None]:
+    """Within, torchrun starts each worker with the stop signals held (`preemption.held`), by
+    wrapping its `SubprocessHandler._popen` (a private method: where a torch has none, the
+    workers start as before)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    popen = getattr(SubprocessHandler, "_popen", None)
+    if popen is None:
+        yield
+        return
+
+    def popen_held(self: SubprocessHandler, *args: Any, **kwargs: Any) -> Any:
+        with preemption.held():
+            return popen(self, *args, **kwargs)
+
+    SubprocessHandler._popen = popen_held  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SubprocessHandler._popen = popen  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def _first_signal_only() -> Iterator[None]:
     """torchrun stops its workers on a signal (raising `SignalException` in its own handler)
     and waits for them; a second signal would cut that wait short and kill workers in the middle
@@ -124,8 +147,10 @@ def import_torchrun() -> None:
         ) from None
 
 
-def run_torchrun(args: list[str]) -> int:
-    """Run torchrun in this process; return 0, or `failure_code` of the first failure."""
+def run_torchrun(args: list[str], signals_held: bool = False) -> int:
+    """Run torchrun in this process; return 0, or `failure_code` of the first failure.
+    `signals_held`: the workers start with the stop signals blocked (`preemption.held`), for a
+    command that unblocks them once it handles them (Primus's CLI)."""
     import_torchrun()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -137,7 +162,7 @@ def run_torchrun(args: list[str]) -> int:
     args = [f"--log-dir={log_dir}", *args]
     os.environ[LAUNCHER_PID] = str(os.getpid())  # torchrun passes it on to the workers
     try:
-        with _first_signal_only():
+        with _first_signal_only(), _workers_held() if signals_held else contextlib.nullcontext():
             torchrun.main(args)
     except ChildFailedError as exc:  # each worker has reported its own error already
         for rank, failure in sorted(exc.failures.items()):

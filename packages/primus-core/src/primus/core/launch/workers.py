@@ -18,16 +18,17 @@ def load_launcher(launcher: str) -> None:
 
 def launch_workers(launcher: str, worker_argv: list[str], launch: Launch) -> int:
     """Run `python -m primus.cli <worker_argv>` in every worker, through the backend's launcher.
+    Each starts with the stop signals held (`preemption.held`) until its CLI handles them.
 
     Under torchrun, a rendezvous port that Primus chose and that another process took before
     torchrun bound it (EADDRINUSE) is replaced by a new free port, up to PORT_TRIES times."""
     follow_uv()
     if launcher == "spawn":
-        return spawn([sys.executable, "-m", "primus.cli", *worker_argv], launch)
+        return spawn([sys.executable, "-m", "primus.cli", *worker_argv], launch, signals_held=True)
     if launcher == "torchrun":
         for attempt in range(1, PORT_TRIES + 1):
             try:
-                return run_torchrun(torchrun_args(worker_argv, launch))
+                return run_torchrun(torchrun_args(worker_argv, launch), signals_held=True)
             except Exception as exc:
                 if launch.master_port or launch.nnodes > 1 or not port_taken(exc):
                     raise

@@ -8,11 +8,13 @@ only), saves a checkpoint of that step, and calls `stop()`, which marks the run 
 `Preempted`. Running the same command again resumes from that checkpoint. A signal before the
 first step stops the run there, with nothing to save: the launcher does not start its workers,
 and a worker started after it (the signal is in its environment, ENV) or given it during set-up
-stops before training.
+stops before training. A launcher starts its workers with the stop signals blocked (`held`), and
+`watch()` unblocks them: one that comes while a worker's interpreter starts waits for its handler.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -38,9 +40,11 @@ ENV = "PRIMUS_PREEMPTED"  # the signal's name, for the processes started after i
 _received: int | None = None
 _received_at = 0.0
 _watcher = 0  # the process that called `watch()`: those forked from it do not announce a signal
+_exit_quiet = False  # `_quiet_at_exit` is registered
 # from a worker's start (`watch(setting_up=True)`) or within `stopping_before_training`,
 # until `training_starts`
 _setting_up = False
+_unsaved: str | None = None  # why a stop writes no checkpoint (`stops_unsaved`); None: it does
 
 
 class SetUpInterrupted(Exception):
@@ -95,29 +99,65 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     if not note(signum) or os.getpid() != _watcher:  # noted before, or a forked process
         return
     again = " (Ctrl-C again to abort)" if signum == ABORT else ""
+    saved = f", without a checkpoint ({_unsaved})" if _unsaved else " with a checkpoint"
     when = (
         " during set-up: stopping before the first step"
         if _setting_up
-        else ": stopping after this step with a checkpoint"
+        else f": stopping after this step{saved}"
     )
     message = f"[primus] {signal.Signals(signum).name} received{when}{again}\n"
     os.write(2, message.encode())  # no logging lock inside a signal handler
 
 
+def stops_unsaved(why: str) -> None:
+    """A stop of this run writes no checkpoint (`why`: its backend's setting): a signal's
+    announcement says so rather than promising one."""
+    global _unsaved
+    _unsaved = why
+
+
 def watch(setting_up: bool = False) -> None:
     """From now on SIGTERM, SIGINT and SIGUSR1 only ask the run to stop at the next step
     boundary (a second SIGINT aborts); one that reached the process which started this one
-    (ENV) counts as received. This process says so on stderr; those forked from it (which
-    inherit the handler) only note it. `setting_up`: this process is a worker that has not
-    set up yet, so a signal stops it before its first step (and it says so).
+    (ENV) counts as received, and one held for this process (`held`) arrives now. This process
+    says so on stderr; those forked from it (which inherit the handler) only note it.
+    `setting_up`: this process (a launcher, a worker) has not set up yet, so a signal stops it
+    before its first step (and it says so).
     Call again where an upstream installs its own handlers (JAX's distributed runtime)."""
-    global _watcher, _setting_up
+    global _watcher, _setting_up, _exit_quiet
     _watcher = os.getpid()
     _setting_up = _setting_up or setting_up
     if _received is None and (name := os.environ.get(ENV)) in {s.name for s in SIGNALS}:
         note(signal.Signals[name])
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
+    if not _exit_quiet:  # once, early: it runs after the exit handlers registered later
+        atexit.register(_quiet_at_exit)
+        _exit_quiet = True
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def _quiet_at_exit() -> None:
+    """A process that is ending on a stop signal ignores the copies still on their way (uv
+    passes on what the process group got as well, 0.2 s later): Python gives the signals back
+    their default action while it shuts down, and a copy would end the process by the signal,
+    its exit code (75) lost."""
+    if _received is not None:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Within, the stop signals wait (blocked in this thread; this process gets its own at the
+    end). A process started within inherits them blocked, so that one sent while it starts
+    waits until `watch()` handles it: for a process that calls it, Primus's CLI (else a SIGINT
+    there is a KeyboardInterrupt traceback, a SIGTERM a silent death)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def requested() -> str | None:

@@ -39,6 +39,7 @@ def stop_on_preemption(ctx: PatchContext) -> None:
     if not checkpointer.enable:
         log_rank_0("[torchtitan] preemption: checkpoint.enable is false, so a SIGTERM/SIGUSR1 "
                    "stops the run after its step without a checkpoint (exit 1)")  # fmt: skip
+        preemption.stops_unsaved("checkpoint.enable is false")
 
     def wrapper(original: Callable[..., bool]) -> Callable[..., bool]:
         def save(self: Any, curr_step: int, last_step: bool = False) -> bool:
