@@ -177,6 +177,13 @@ def test_ctrl_c_stops_at_the_step_and_twice_aborts(tmp_path: Path) -> None:
     assert left_alive(list(pids.values()), timeout_s=5) == []
 
 
+def python(program: str, unset: str) -> subprocess.CompletedProcess[str]:
+    """`python -c program`, the variable `unset` left out of its environment."""
+    env = {k: v for k, v in os.environ.items() if k != unset}
+    return subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
 def test_a_copy_of_the_stop_signal_while_python_shuts_down_keeps_the_exit_code() -> None:
     """A run stopped by a SIGINT exits 75; uv passes on the SIGINT the process group got 0.2 s
     later, and a copy that lands while Python shuts down (its handlers gone) would end the
@@ -192,9 +199,7 @@ def test_a_copy_of_the_stop_signal_while_python_shuts_down_keeps_the_exit_code()
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "sys.exit(75)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PREEMPTED"}
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = python(program, "PRIMUS_PREEMPTED")
     assert done.returncode == 75, done.stderr[-2000:]
 
 
@@ -208,9 +213,7 @@ def test_ctrl_c_before_the_cli_can_handle_it_is_one_line() -> None:
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "from primus.cli.main import main\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_DEBUG"}
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = python(program, "PRIMUS_DEBUG")
     assert done.returncode == -signal.SIGINT, done.stderr[-2000:]
     assert done.stderr == "[primus] interrupted (Ctrl-C)\n"
 
