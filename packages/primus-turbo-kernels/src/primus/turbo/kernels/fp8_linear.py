@@ -18,8 +18,8 @@ strides, so a transposed copy costs no extra transpose; the amax is one `vector_
 reduction), PyTorch ops elsewhere. It is an op (`primus_turbo::fp8_cast`), so `torch.compile`
 runs the same kernel; compiled, the weight's copies are made in the graph, not cached.
 `_scaled_mm` also runs on the CPU in recent torch (row-wise scales too in 2.15, not in 2.11),
-which the tests use. GEMMs need K and N (and, for the weight
-gradient, M) to be multiples of 16: `fp8_supported` says whether a shape is.
+which the tests use. GEMMs need K and N (and, for the weight gradient, M) to be multiples of
+16: `fp8_supported` says whether a shape is.
 """
 
 from __future__ import annotations
