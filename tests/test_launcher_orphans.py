@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from primus.core.launch.launcher import peer_gone
 from primus.core.launch.torchrun import run_torchrun
 from primus.testing.faults import descendants
 from primus.testing.processes import left_alive
@@ -132,3 +133,22 @@ def test_the_ranks_a_dead_rank_leaves_in_a_collective_stop_without_a_traceback(
         assert "[primus] rank 0 stopped (SIGTERM) when another rank ended" in done.stderr
     pids = [int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()]
     assert len(pids) == 2 and left_alive(pids, timeout_s=5) == []
+
+
+@pytest.mark.parametrize(
+    ("error", "gone"),
+    [
+        (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection reset by peer"), True),
+        (RuntimeError("NCCL communicator was aborted on rank 0"), True),
+        (ValueError("loss is nan at step 3"), False),
+        (FileNotFoundError(2, "No such file or directory", "data.bin"), False),
+    ],
+)
+def test_only_a_collective_whose_peer_is_gone_is_told_as_another_ranks_end(
+    error: BaseException, gone: bool
+) -> None:
+    """A worker's own failure keeps its message even when another worker has ended."""
+    assert peer_gone(error) is gone
+    wrapped = RuntimeError("the step failed")
+    wrapped.__cause__ = error
+    assert peer_gone(wrapped) is gone

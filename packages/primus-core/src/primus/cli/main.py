@@ -260,9 +260,9 @@ def main(argv: list[str] | None = None) -> None:
 
         refused = filesystem_error(exc) or out_of_memory(exc)
         if refused is None:
-            from primus.core.launch.launcher import another_worker_ended
+            from primus.core.launch.launcher import another_worker_ended, peer_gone
 
-            if not DEBUG.on and another_worker_ended():
+            if not DEBUG.on and peer_gone(exc) and another_worker_ended():
                 _after_another_worker(exc)
             raise
         _report(refused)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -97,6 +98,26 @@ def _running_children(parent: int) -> int:
         if int(ppid) == parent and state != b"Z":
             count += 1
     return count
+
+
+# What a collective raises when a peer is gone (gloo, NCCL, the rendezvous store), by the
+# error's type or words.
+_PEER_GONE = re.compile(
+    r"connection|peer|socket|broken pipe|gloo|nccl|timed? ?out|Dist\w*Error", re.IGNORECASE
+)
+
+
+def peer_gone(exc: BaseException) -> bool:
+    """Whether `exc`, or an error that caused it, reads as a collective whose peer is gone
+    (and not as a failure of this worker's own, which keeps its message and traceback)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes, cycles cut short
+        if seen is None:
+            return False
+        if _PEER_GONE.search(f"{type(seen).__name__}: {seen}"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def another_worker_ended(wait_s: float = 1.0) -> bool:
