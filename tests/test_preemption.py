@@ -302,7 +302,7 @@ def test_a_crashed_worker_fails_the_launch_though_the_others_stopped_with_a_chec
     assert run.returncode == 1, run.stderr[-3000:]
     last = run.stderr.rstrip().splitlines()[-2:]  # the launcher's verdict, no "preempted"
     assert last == [
-        "[primus] rank 0 stopped with a checkpoint (exit 75)",  # torchrun stopped it
+        "[primus] rank 0 stopped as on a stop signal (exit 75)",  # torchrun stopped it
         "[primus] a worker failed: rank 1 was killed by SIGKILL",
     ]
     assert run.left == []

@@ -158,7 +158,7 @@ def _say_preempted(run_dir: Path, code: int, other_nodes: bool) -> int:
         if saved:  # a node that does not share the run dir
             print(
                 f"[primus] preempted by {preemption.requested() or 'a stop signal'}: the "
-                "workers stopped with a checkpoint; run the same command again to resume",
+                "workers stopped (exit 75); run the same command again to resume",
                 file=sys.stderr,
             )
         return code

@@ -146,7 +146,7 @@ def spawn(
         stopping.append((signum, time.monotonic() + GRACE_S))
         print(
             f"[primus] {signal.Signals(signum).name}: passed on to the workers; waiting up "
-            f"to {GRACE_S} s for their checkpoint",
+            f"to {GRACE_S} s for them to stop (a worker that trains saves its step first)",
             file=sys.stderr,
         )
 

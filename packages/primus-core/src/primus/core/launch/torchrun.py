@@ -77,7 +77,7 @@ def failed_launch_code(failures: list[Any]) -> int:
 def _ended(rank: int, code: int) -> str:
     """How a worker torchrun counts as failed ended: saved, stopped, or failed."""
     if code == EXIT_PREEMPTED:
-        return f"rank {rank} stopped with a checkpoint (exit 75)"
+        return f"rank {rank} stopped as on a stop signal (exit 75)"
     if code == -signal.SIGTERM:
         return f"rank {rank} stopped (SIGTERM) when another rank ended"
     if code < 0:
