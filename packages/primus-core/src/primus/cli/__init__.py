@@ -9,13 +9,14 @@ import os
 import sys
 from types import TracebackType
 
+INTERRUPTED = "[primus] interrupted (Ctrl-C)"  # the line for a Ctrl-C nothing else handled
 _hook = sys.excepthook
 
 
 def _interrupted(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     debug = os.environ.get("PRIMUS_DEBUG", "") not in ("", "0") or "--debug" in sys.argv
     if issubclass(kind, KeyboardInterrupt) and not debug:
-        print("[primus] interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        print(INTERRUPTED, file=sys.stderr, flush=True)
     else:
         _hook(kind, value, tb)
 

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from primus.cli import (
+    INTERRUPTED,
     backends_cmd,
     benchmark_cmd,
     checkpoint_cmd,
@@ -203,10 +203,9 @@ def _after_another_worker(exc: BaseException) -> NoReturn:
         print(f"[primus] {line}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(1)  # the signal arrives here; should it not, exit as it would
-    os._exit(128 + signal.SIGTERM)
+    from primus.core.reliability.preemption import end_by
+
+    end_by(signal.SIGTERM)
 
 
 def _by_ctrl_c(exc: SystemExit) -> bool:
@@ -251,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         _report(exc)
     except SystemExit as exc:
         if exc.code == 130 and _by_ctrl_c(exc):  # said here unless the command said it
-            print("[primus] interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            print(INTERRUPTED, file=sys.stderr, flush=True)
         raise
     except (KeyboardInterrupt, GeneratorExit):
         raise

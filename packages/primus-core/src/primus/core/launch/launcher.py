@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primus.core.launch.ports import free_port
-from primus.core.launch.reaper import die_with_parent, start_group_reaper
+from primus.core.launch.reaper import die_with_parent, processes, start_group_reaper
 from primus.core.reliability.preemption import EXIT_PREEMPTED
 
 LAUNCHERS = ("torchrun", "spawn")
@@ -84,22 +84,6 @@ def bind_worker_to_launcher() -> None:
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def _running_children(parent: int) -> int:
-    """How many children of `parent` run (zombies, ended but not yet reaped, left out)."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():  # "self" among them
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                state, ppid = stat.read().rsplit(b")", 1)[1].split()[:2]
-        except OSError:  # gone meanwhile
-            continue
-        if int(ppid) == parent and state != b"Z":
-            count += 1
-    return count
-
-
 # What a collective raises when a peer is gone (gloo, NCCL, the rendezvous store), by the
 # error's type or words.
 _PEER_GONE = re.compile(
@@ -130,7 +114,7 @@ def another_worker_ended(wait_s: float = 1.0) -> bool:
     if not launcher or workers < 2 or not os.path.isdir("/proc/self"):
         return False
     deadline = time.monotonic() + wait_s
-    while _running_children(int(launcher)) >= workers:
+    while sum(p.ppid == int(launcher) and not p.ended for p in processes().values()) >= workers:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

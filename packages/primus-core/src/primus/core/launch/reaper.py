@@ -68,6 +68,7 @@ class Process:
     ppid: int
     pgid: int
     start: int  # clock ticks after boot: with the pid, names one process across pid reuse
+    ended: bool = False  # a zombie: ended, not yet reaped by its parent
 
 
 def processes() -> dict[int, Process]:
@@ -82,7 +83,9 @@ def processes() -> dict[int, Process]:
         except OSError:  # gone meanwhile
             continue
         pid = int(entry.name)
-        table[pid] = Process(pid, int(fields[1]), int(fields[2]), int(fields[19]))
+        table[pid] = Process(
+            pid, int(fields[1]), int(fields[2]), int(fields[19]), fields[0] == b"Z"
+        )
     return table
 
 

@@ -87,10 +87,15 @@ def is_abort(signum: int) -> bool:
 def abort() -> NoReturn:
     """End this process at once, as SIGINT's default action does (exit 130 to its parent)."""
     os.write(2, b"[primus] SIGINT again: aborting without a checkpoint\n")
-    signal.signal(ABORT, signal.SIG_DFL)
-    os.kill(os.getpid(), ABORT)
+    end_by(ABORT)
+
+
+def end_by(sig: int) -> NoReturn:
+    """End this process by `sig`'s default action, as its parent then sees it (killed by it)."""
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
     time.sleep(1)  # the signal arrives here; should it not, exit as it would
-    os._exit(128 + ABORT)
+    os._exit(128 + sig)
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
