@@ -3,6 +3,7 @@ to point at, an exception typer would misread, a launch without torch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -132,3 +133,19 @@ def test_a_stop_signal_while_the_launcher_loads_starts_no_worker(
     assert "preempted by SIGTERM before the workers started" in capsys.readouterr().err
     # nothing left for later tests: the processes they start would count as signalled
     assert preemption.requested() is None and preemption.ENV not in os.environ
+
+
+def test_an_override_given_twice_is_told_and_the_last_one_is_used(tmp_path) -> None:
+    """In process: `config validate` and the run's log both say which value a repeated key took."""
+    from primus.testing.fuzz_runs import run_in_process
+    from primus.testing.in_process import in_process
+
+    given = ["train_iters=7", "--train-iters", "3"]
+    note = "train_iters is given 2 times on the command line ('train_iters=7', '--train-iters 3')"
+    for command in (["config", "validate"], ["train", "pretrain", "--config"]):
+        with in_process():
+            done = run_in_process([*command, str(DUMMY_QUICKSTART), *given], tmp_path, {})
+        assert done.code == 0, done.stderr
+        assert f"{note}: the last one is used" in done.stderr
+    summary = tmp_path / "ws" / "local" / "local" / "quickstart" / "summary.json"
+    assert json.loads(summary.read_text())["steps"] == 3

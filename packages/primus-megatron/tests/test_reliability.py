@@ -244,10 +244,14 @@ def kill_during_a_save(
     from primus.testing.processes import alive, left_alive
 
     logged = steps_logged(run_dir)
-    pid = forks.start(run, environment)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    stderr = run_dir.parent / f"{run_dir.name}-stderr-{logged}.txt"  # kept to tell a failure
+    pid = forks.start(run, environment, stderr=stderr)
     try:
         while steps_logged(run_dir) <= logged:
-            assert alive(pid), "the run ended before it logged a step"
+            assert alive(pid), (
+                f"the run ended before it logged a step:\n{stderr.read_text()[-4000:]}"
+            )
             time.sleep(0.002)
         time.sleep(delay)
     finally:

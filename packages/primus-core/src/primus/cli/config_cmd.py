@@ -135,6 +135,8 @@ def validate(
     config = _experiment_file(ctx, config, config_option)
     overrides = list(ctx.args)
     experiment = resolution.load(config, overrides, module)
+    for note in experiment.notes:
+        typer.echo(f"warning: {note}", err=True)
     for name, mod in experiment.modules.items():
         step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
         try:

@@ -13,7 +13,7 @@ from primus.core.config.data_section import DataConfig, data_config
 from primus.core.config.init_from import init_from, with_adapter
 from primus.core.config.limits import check_env, check_run_dir
 from primus.core.config.loader import load_config_file
-from primus.core.config.overrides import parse_overrides
+from primus.core.config.overrides import parse_overrides, repeated
 from primus.core.config.posttrain import (
     POSTTRAIN_KEYS,
     DPOConfig,
@@ -283,7 +283,8 @@ def load_experiment(
     cli_params: list[ConfigTree] = []
     # init_from.*, data.*, sft.*, peft.*, dpo.*: each module's section
     cli_sections: list[tuple[KeyPath, Any, Origin]] = []
-    for keypath, value, origin in parse_overrides(overrides or []):
+    parsed = parse_overrides(overrides or [])
+    for keypath, value, origin in parsed:
         if keypath[0] in SECTIONS:
             cli_sections.append((keypath, value, origin))
             continue
@@ -323,7 +324,8 @@ def load_experiment(
             f"the experiment has several modules ({', '.join(modules)})",
             hint="choose one with --module NAME",
         )
-    notes = [n for m in resolved.values() if (n := _adopt_legacy_log_level(exp, m))]
+    notes = repeated(parsed)
+    notes += [n for m in resolved.values() if (n := _adopt_legacy_log_level(exp, m))]
     return Experiment(path, exp, resolved, notes)
 
 

@@ -54,3 +54,16 @@ def parse_overrides(tokens: list[str]) -> list[tuple[KeyPath, Any, Origin]]:
         result.append((_key(raw, token), parse_scalar(value, where), where))
         i += 1
     return result
+
+
+def repeated(parsed: list[tuple[KeyPath, Any, Origin]]) -> list[str]:
+    """A note for each key `parse_overrides` gave more than once: the last value is the one used."""
+    given: dict[KeyPath, list[str]] = {}
+    for keypath, _, origin in parsed:
+        given.setdefault(keypath, []).append(origin.detail or "")
+    return [
+        f"{'.'.join(key)} is given {len(tokens)} times on the command line "
+        f"({', '.join(repr(t) for t in tokens)}): the last one is used"
+        for key, tokens in given.items()
+        if len(tokens) > 1
+    ]
