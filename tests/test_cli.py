@@ -243,6 +243,7 @@ def test_a_backend_with_the_spawn_launcher_starts_workers_without_torch(tmp_path
     [
         (("--nnodes", "2", "--node-rank", "1"), "Invalid value for --master-addr: several nodes"),
         (("--nnodes", "2", "--node-rank", "2", "--master-addr", "h0"), "2 is not below --nnodes 2"),
+        (("--nnodes", "2", "--master-addr", "node 0"), "'node 0' is not a host name or an IP"),
     ],
 )
 def test_multi_node_flags_are_checked_before_anything_starts(tmp_path, flags, message) -> None:

@@ -149,3 +149,14 @@ def test_an_override_given_twice_is_told_and_the_last_one_is_used(tmp_path) -> N
         assert f"{note}: the last one is used" in done.stderr
     summary = tmp_path / "ws" / "local" / "local" / "quickstart" / "summary.json"
     assert json.loads(summary.read_text())["steps"] == 3
+
+
+def test_an_empty_stage_is_refused_not_taken_for_the_default(tmp_path) -> None:
+    """In process: `config validate --stage ''` checked the default stage and said valid."""
+    from primus.testing.fuzz_runs import run_in_process
+    from primus.testing.in_process import in_process
+
+    argv = ["config", "validate", str(DUMMY_QUICKSTART), "--stage", ""]
+    with in_process():
+        done = run_in_process(argv, tmp_path, {"PRIMUS_WORKSPACE": str(tmp_path / "ws")})
+    assert done.code == 2 and "error: the dummy backend has no '' stage" in done.stderr

@@ -79,13 +79,16 @@ def test_help_explains_the_job() -> None:
         (("--sbatch=--exclusive",), "the script sets exclusive itself: use --cpus-per-node"),
         (("--partition", ""), "Invalid value for --partition: is empty"),
         (("--account", " "), "Invalid value for --account: is empty"),
+        (("--partition", "gpu\nhostname"), "--partition: 'gpu\\nhostname' holds a control"),
+        (("--sbatch=--qos=a\nhostname",), "--sbatch: '--qos=a\\nhostname' holds a control"),
     ],
 )
 def test_options_the_script_sets_itself_or_empty_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
 ) -> None:
     """In process: a second `#SBATCH --nodes` overrode the first while the launchers still
-    expected --nnodes; an empty --partition wrote `#SBATCH --partition=`."""
+    expected --nnodes; an empty --partition wrote `#SBATCH --partition=`; a newline in one ended
+    its #SBATCH line, the rest a command of the script."""
     from primus.cli.main import main
 
     with pytest.raises(SystemExit) as done:

@@ -195,3 +195,24 @@ def test_rates_measured_on_another_device_are_refused(tmp_path: Path) -> None:
     (tmp_path / "text.json").write_text("device: H100")
     with pytest.raises(ConfigError, match=r"text\.json: not JSON: Expecting value"):
         rates_for(None, [tmp_path / "text.json"])
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        ({"ops": 3}, "'ops' is not a list of benchmark rows"),
+        ({"ops": [{}]}, r"ops\[0\] names no op"),
+        ({"ops": [{"op": {"name": "qkv"}, "median_ms": 1.0, "tflops": "x"}]}, r"tflops is 'x'"),
+        ({"ops": [{"op": {"name": "qkv"}, "median_ms": 0, "tflops": 5.0}]}, r"median_ms is 0"),
+        ({"ops": [{"op": {"name": "qkv"}, "median_ms": 1.0, "tflops": -5.0}]}, r"tflops is -5"),
+        ({"ranks": 8, "rows": [{"op": "all_reduce", "busbw_gbs": float("nan")}]}, "is nan"),
+        ({"ranks": "8", "rows": []}, "ranks is '8', not a positive integer"),
+    ],
+)
+def test_malformed_measured_rows_are_one_config_error(tmp_path: Path, record, why) -> None:
+    """A hand-edited or foreign `--measured` file: a ConfigError naming the row at fault, not a
+    KeyError, a division by zero or a negative GEMM time."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"device": "H100", **record}))
+    with pytest.raises(ConfigError, match=why):
+        rates_for("H100", [path])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -76,10 +77,14 @@ def checked_launch(
     nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str | None,
     master_port: int | None,
 ) -> Launch:  # fmt: skip
-    """The launch the options describe; usage errors for a node rank past the nodes, or
-    several nodes without node 0's address."""
+    """The launch the options describe; usage errors for a node rank past the nodes, several
+    nodes without node 0's address, or an address that is no host name or IP address."""
     from primus.core.launch.launcher import Launch
 
+    if master_addr is not None and not re.fullmatch(r"[\w.:%\[\]-]+", master_addr, re.ASCII):
+        raise typer.BadParameter(
+            f"{master_addr!r} is not a host name or an IP address", param_hint="--master-addr"
+        )
     if nnodes > 1 and not master_addr:
         raise typer.BadParameter(
             "several nodes need the address of node 0", param_hint="--master-addr"

@@ -138,7 +138,7 @@ def validate(
     for note in experiment.notes:
         typer.echo(f"warning: {note}", err=True)
     for name, mod in experiment.modules.items():
-        step = stage or ("posttrain" if mod.sft or mod.peft else "pretrain")
+        step = stage if stage is not None else ("posttrain" if mod.sft or mod.peft else "pretrain")
         try:
             runtime = PrimusRuntime(config, overrides, step, name, debug=debug, check_inputs=True)
             if nproc_per_node or nnodes:  # the launch is known: check it as `train` will

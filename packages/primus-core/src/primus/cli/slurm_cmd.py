@@ -119,6 +119,14 @@ def _command(stage: str) -> Callable[..., None]:
             if given is not None and not given.strip():
                 raise typer.BadParameter("is empty: name one, or leave the option out",
                                          param_hint=flag)  # fmt: skip
+        for flag, given in (("--partition", partition), ("--account", account),
+                            ("--container-image", container_image),
+                            ("--container-mounts", container_mounts),
+                            *(("--sbatch", s) for s in sbatch or [])):  # fmt: skip
+            if given is not None and re.search(r"[\x00-\x1f\x7f]", given):
+                # a newline would end the #SBATCH line: the rest a command of the script
+                raise typer.BadParameter(f"{given!r} holds a control character (a newline?)",
+                                         param_hint=flag)  # fmt: skip
         if container_mounts is not None:
             if container_image is None:
                 raise typer.BadParameter("mounts go into a container: name its --container-image",

@@ -191,7 +191,7 @@ def _tag_cases(tree: dict[str, Any]) -> dict[str, bytes]:
 def _run_dir_cases(tree: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Names that would put the run directory outside the workspace, or nowhere."""
     bad: dict[str, list[str | None]] = {
-        "exp_name": ["../../../../tmp/escape", "/tmp/escape", "", "..", "x" * 300, "a\nb"],
+        "exp_name": ["../../../../tmp/escape", "/tmp/escape", "", "..", "x" * 300, "a\nb", " "],
         "work_group": ["a/b", "."],
         "user_name": ["..", "/abs"],
         "workspace": ["", None],

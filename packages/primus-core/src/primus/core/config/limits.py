@@ -40,6 +40,8 @@ def name_problem(name: Any) -> str | None:
     """Why `name` cannot be one folder of the run directory, or None."""
     if not isinstance(name, str) or not name:
         return "it is empty" if name in ("", None) else None
+    if not name.strip():
+        return "it is only whitespace"
     if name.startswith(("/", "\\")):
         return "it is an absolute path"
     if "/" in name or "\\" in name:

@@ -33,6 +33,7 @@ table of what these GPUs sustain (not their datasheet peaks).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from itertools import product
 from pathlib import Path
@@ -113,7 +114,38 @@ def _benchmark_record(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--measured {path}: not a primus benchmark JSON (no device named)",
                           hint="pass what primus benchmark gemm|attention|collectives --json "
                           "wrote")  # fmt: skip
+    if why := _bad_rows(record):
+        raise ConfigError(f"--measured {path}: {why}",
+                          hint="pass what primus benchmark gemm|attention|collectives --json "
+                          "wrote, unedited")  # fmt: skip
     return record
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _bad_rows(record: dict[str, Any]) -> str | None:
+    """What makes a benchmark record's rows unusable (not a list of rows, a GEMM's rate or
+    time, or an all-reduce's bus bandwidth over several ranks, that is not a positive finite
+    number), or None."""
+    ranks = record.get("ranks", 1)
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        return f"ranks is {ranks!r}, not a positive integer"
+    for key, numbers in (("ops", ("tflops", "median_ms")), ("rows", ("busbw_gbs",))):
+        rows = record.get(key, [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return f"'{key}' is not a list of benchmark rows"
+        for i, row in enumerate(rows):
+            op = row.get("op")
+            if not isinstance(op, dict if key == "ops" else str):
+                return f"{key}[{i}] names no op"
+            if key == "rows" and (op != "all_reduce" or ranks < 2):
+                continue  # only an all-reduce's bus bandwidth over several ranks is read
+            bad = next((n for n in numbers if not _positive(row.get(n))), None)
+            if bad is not None:
+                return f"{key}[{i}].{bad} is {row.get(bad)!r}, not a positive number"
+    return None
 
 
 def measured_rates(rates: Rates, records: dict[Path, dict[str, Any]]) -> Rates:
