@@ -23,6 +23,7 @@ from primus.core.runtime.resolution import backend_for, load
 from primus.testing import runs
 from primus.testing.faults import Forks
 from primus.testing.forked import forked
+from primus.testing.fuzz_runs import assert_inputs_refused, inputs_checked
 from primus.testing.runs import rejected
 
 RECIPES = Path(__file__).resolve().parents[3] / "configs" / "maxtext"
@@ -261,3 +262,38 @@ def test_an_hlo_dump_stays_in_the_run_directory_without_a_gcs_folder(tmp_path: P
     finally:
         restore_all("maxtext.hlo_dump_kept")
     assert (dump / "module.txt").read_text() == "HloModule"  # not deleted, no upload tried
+
+
+def test_the_remat_policies_are_those_maxtexts_decoder_takes() -> None:
+    import inspect
+
+    from maxtext.layers.nnx_decoders import NNXDecoder
+
+    from primus.backends.maxtext.config.bridge import REMAT_POLICIES, maxtext_schema
+
+    source = inspect.getsource(NNXDecoder.get_remat_policy)
+    named = re.findall(r'remat_policy [!=]= "(\w+)"', source)
+    named += re.findall(r'"(\w+)"', "".join(re.findall(r"remat_policy in \{[^}]*\}", source)))
+    assert set(named) == set(REMAT_POLICIES)
+    assert maxtext_schema().specs["remat_policy"].choices == REMAT_POLICIES
+
+
+def test_a_load_path_that_is_no_orbax_checkpoint_is_refused(tmp_path: Path) -> None:
+    hf, steps = tmp_path / "hf", tmp_path / "checkpoints"
+    (steps / "7" / "items").mkdir(parents=True)
+    (steps / "7" / "_CHECKPOINT_METADATA").write_text("{}")
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"x")
+    assert_inputs_refused(RECIPE, [
+        ((f"load_parameters_path={tmp_path}/none",), "none does not exist", "CHECKPOINTS/N"),
+        ((f"load_full_state_path={hf}/config.json",), "config.json is not a folder", "items"),
+        ((f"load_parameters_path={hf}",), "holds an HF model, not an orbax checkpoint",
+         "init_from"),
+        ((f"load_full_state_path={steps}",), "holds no orbax checkpoint", f"e.g. {steps / '7'}"),
+        (("remat_policy=ful",), "remat_policy: must be one of 'none', 'full'", ""),
+        (("learning_rate_final_fraction=-0.1",), "learning_rate_final_fraction must be a number",
+         ""),
+    ])  # fmt: skip
+    inputs_checked(RECIPE, f"load_parameters_path={steps / '7'}")
+    inputs_checked(RECIPE, "load_parameters_path=gs://bucket/checkpoints/7/items")

@@ -179,6 +179,19 @@ def test_a_resume_with_another_model_is_refused_naming_the_tensor(tmp_path: Path
     assert "hint: resume with the model it was saved with" in deeper.stderr
 
 
+def test_another_model_at_the_initial_load_path_is_named_so() -> None:
+    """With no save of the run's own to resume from, TorchTitan read
+    checkpoint.initial_load_path: that is what the error names, not the run's folder."""
+    from types import SimpleNamespace
+
+    from primus.backends.torchtitan.checkpoint.patches import _from_initial_load
+
+    folder = Path(__file__).parent / "no-such-checkpoint"
+    manager = SimpleNamespace(folder=str(folder), initial_load_path="/ckpt/step-5")
+    assert _from_initial_load(manager, -1) and not _from_initial_load(manager, 2)
+    assert not _from_initial_load(SimpleNamespace(folder=str(folder), initial_load_path=""), -1)
+
+
 def test_imported_logits_match_transformers(
     workspace: Path, run: Path, hf_llama: Path, batch: torch.Tensor
 ) -> None:

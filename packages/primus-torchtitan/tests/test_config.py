@@ -12,6 +12,7 @@ from primus.backends.torchtitan.config.bridge import cli_args
 from primus.backends.torchtitan.torchtitan_adapter import owned_keys
 from primus.core.errors import ConfigError
 from primus.core.runtime.resolution import backend_for, load
+from primus.testing.fuzz_runs import assert_inputs_refused, inputs_checked
 from primus.testing.runs import rejected
 
 RECIPE = Path(__file__).resolve().parents[3] / "configs" / "torchtitan" / "tiny-cpu.yaml"
@@ -134,3 +135,39 @@ def test_float8_without_torchao_is_a_config_error_not_torchtitans_import_error()
     with pytest.raises(ConfigError, match=r"model\.float8 needs torchao") as raised:
         trainer_config("model.float8=true")
     assert "pip install torchao" in str(raised.value.hint)
+
+
+def test_the_optimizer_names_are_torchtitans() -> None:
+    import inspect
+
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    from primus.backends.torchtitan.config.bridge import OPTIMIZERS
+
+    source = inspect.getsource(OptimizersContainer._resolve_optimizer_factory)
+    assert set(re.findall(r'"(\w+)":', source)) == set(OPTIMIZERS)
+    with pytest.raises(ConfigError, match=r"optimizer\.name: must be one of 'Adam', 'AdamW'"):
+        trainer_config("optimizer.name=Adamw")
+
+
+def test_an_initial_load_path_torchtitan_would_not_read_is_refused(tmp_path: Path) -> None:
+    hf, step = tmp_path / "hf", tmp_path / "ckpt" / "step-10"
+    for folder in (hf, step):
+        folder.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"x")
+    (step / ".metadata").write_bytes(b"x")
+    at, on = "checkpoint.initial_load_path=", "checkpoint.enable=true"
+    assert_inputs_refused(RECIPE, [
+        ((f"{at}{hf}",), "read only with checkpoint.enable: true", "set checkpoint.enable: true"),
+        ((f"{at}rel/step-5", on), "takes an absolute path, not 'rel/step-5'", "/rel/step-5"),
+        ((f"{at}{tmp_path}/none", on), "none does not exist", "step-N folder"),
+        ((f"{at}{hf}/config.json", on), "config.json is not a folder", "step-N folder"),
+        ((f"{at}{hf}", on), "holds an HF model, not a DCP checkpoint", "init_from: {hf: DIR}"),
+        ((f"{at}{tmp_path}", on), "holds no DCP checkpoint", "step-N folder"),
+        ((f"{at}{step.parent}", on), "holds no DCP checkpoint", f"e.g. {step} (the latest)"),
+        ((f"{at}{step}", on, "checkpoint.initial_load_in_hf=true"), "holds no *.safetensors",
+         "initial_load_in_hf: false"),
+    ])  # fmt: skip
+    inputs_checked(RECIPE, f"{at}{step}", on)
+    inputs_checked(RECIPE, f"{at}{hf}", on, "checkpoint.initial_load_in_hf=true")

@@ -199,3 +199,26 @@ def refusal_problems(
             problems.append(f"no key {key} and fix in: {message}")
         found += [f"{case.name}: {p}" for p in problems]
     return found
+
+
+def inputs_checked(recipe: Path, *overrides: str) -> None:
+    """`config validate`'s check of the files the recipe's first module reads, with
+    `overrides` (the framework is not imported)."""
+    from primus.core.runtime.resolution import backend_for, load
+
+    module = next(iter(load(recipe, list(overrides)).modules.values()))
+    backend_for(module, inputs=True)
+
+
+def assert_inputs_refused(recipe: Path, cases: list[tuple[tuple[str, ...], str, str]]) -> None:
+    """Each case (overrides, what the error says, what its hint says) is a ConfigError of
+    `inputs_checked` pointing at the first override's token."""
+    import pytest
+
+    from primus.core.errors import ConfigError
+
+    for overrides, said, hint in cases:
+        with pytest.raises(ConfigError, match=re.escape(said)) as raised:
+            inputs_checked(recipe, *overrides)
+        assert f"cli ({overrides[0]})" in str(raised.value.origin), raised.value
+        assert hint in str(raised.value.hint), raised.value.hint

@@ -67,9 +67,11 @@ class MaxTextAdapter(BackendAdapter):
     unused_modules = ("torch", "torchvision", "torchaudio")
 
     def check_inputs(self, config: ModuleConfig) -> None:
+        from primus.backends.maxtext.checkpoint.native import check_load_paths
         from primus.backends.maxtext.data.inputs import check_data_inputs
 
         check_data_inputs(config)
+        check_load_paths(config)
 
     def corpus_params(self, data: DataConfig) -> dict[str, tuple[Any, str]]:
         from primus.backends.maxtext.data.inputs import corpus_params

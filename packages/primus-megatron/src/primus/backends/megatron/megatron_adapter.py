@@ -80,9 +80,11 @@ class MegatronAdapter(BackendAdapter):
             log_rank_0(f"[megatron] not installed: {', '.join(missing)} (pure-PyTorch paths used)")
 
     def check_inputs(self, config: ModuleConfig) -> None:
+        from primus.backends.megatron.checkpoint.native import check_load
         from primus.backends.megatron.data.inputs import check_data_inputs
 
         check_data_inputs(config)
+        check_load(config)
 
     def corpus_params(self, data: DataConfig) -> dict[str, tuple[Any, str]]:
         from primus.backends.megatron.data.inputs import corpus_params

@@ -79,9 +79,11 @@ class TorchTitanAdapter(BackendAdapter):
             log_rank_0(f"[torchtitan] model: {model}")
 
     def check_inputs(self, config: ModuleConfig) -> None:
+        from primus.backends.torchtitan.checkpoint.native import check_initial_load
         from primus.backends.torchtitan.data.inputs import check_data_inputs
 
         check_data_inputs(config)
+        check_initial_load(config)
 
     def param_schema(self) -> ParamSchema:
         from primus.backends.torchtitan.config.bridge import torchtitan_schema

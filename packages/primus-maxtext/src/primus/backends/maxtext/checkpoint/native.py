@@ -133,3 +133,34 @@ def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
             "dtypes": dict(sorted(Counter(str(v.dtype) for v in leaves.values()).items())),
         },
     }
+
+
+LOAD_KEYS = ("load_parameters_path", "load_full_state_path")
+# what an orbax step folder (`_CHECKPOINT_METADATA`) or its `items` folder holds
+ORBAX_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
+
+
+def check_load_paths(module: Any) -> None:
+    """`load_parameters_path` and `load_full_state_path` (of `module`, a ModuleConfig) name a
+    local orbax checkpoint that exists: MaxText failed on anything else with orbax's traceback
+    once the model was built, and an HF model folder belongs in `init_from`."""
+    from primus.core.checkpoint.hf import is_hf_directory
+
+    for key in LOAD_KEYS:
+        value = module.params.get(key)
+        if not value or "://" in str(value):  # unset, or object storage (orbax reads it)
+            continue
+        path = Path(str(value)).expanduser()
+        saved = _step_folder(path) if path.is_dir() else None
+        if saved is not None and saved[0] != path:
+            hint = f"name one of its step folders, e.g. {saved[0]} (the latest)"
+        elif is_hf_directory(path):
+            hint = "start from an HF model with init_from: {hf: DIR} (Primus imports it)"
+        else:
+            hint = "name a step folder of a MaxText checkpoint (CHECKPOINTS/N, or its items)"
+        if not path.is_dir():
+            what = "is not a folder" if path.exists() else "does not exist"
+            raise module.error(key, f"{key}: {path} {what}", hint)
+        if not any((path / name).is_file() for name in ORBAX_FILES):
+            what = "an HF model, not an" if is_hf_directory(path) else "no"
+            raise module.error(key, f"{key}: {path} holds {what} orbax checkpoint", hint)

@@ -84,6 +84,16 @@ def _kind(annotation: Any) -> tuple[type | tuple[type, ...] | None, tuple[Any, .
     return (annotation, None) if annotation in _SCALARS else (None, None)
 
 
+# the policies MaxText's decoder takes (NNXDecoder.get_remat_policy; `remat_policy` is typed
+# str, and another name failed its assertion at the first step, after start-up)
+REMAT_POLICIES = (
+    "none", "full", "minimal", "minimal_with_context", "minimal_flash",
+    "minimal_with_quantization", "minimal_with_context_and_quantization",
+    "save_dot_with_context_except_mlp", "save_dot_except_mlpwi", "save_dot_except_mlp",
+    "save_qkv_proj", "qkv_proj_offloaded", "minimal_offloaded", "custom", "save_out_proj",
+)  # fmt: skip
+
+
 @cache
 def maxtext_schema() -> ParamSchema:
     """Every key of MaxText's `MaxTextConfig`, typed from its annotations, with its default
@@ -96,6 +106,7 @@ def maxtext_schema() -> ParamSchema:
     specs = {}
     for name, field in MaxTextConfig.model_fields.items():
         kind, choices = _kind(field.annotation)
+        choices = REMAT_POLICIES if name == "remat_policy" else choices
         default = field.get_default(call_default_factory=True)
         default = (
             None if default is PydanticUndefined or isinstance(default, BaseModel) else default

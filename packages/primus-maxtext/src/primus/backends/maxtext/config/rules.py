@@ -72,6 +72,8 @@ RULES: Rules = {
         POSITIVE,
     ),
     "learning_rate": LEARNING_RATE,
+    # the cosine decays to learning_rate x this: above 1 it rises, below 0 it turns negative
+    "learning_rate_final_fraction": UNIT,
     "adam_b1": FRACTION,
     "adam_b2": FRACTION,
     "adam_eps": NON_NEGATIVE,

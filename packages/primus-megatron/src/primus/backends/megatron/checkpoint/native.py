@@ -168,3 +168,38 @@ def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
         },
         "size": dcp_summary(folder, lambda key: not key.startswith("optimizer.")),
     }
+
+
+def check_load(module: Any) -> None:
+    """`load` (of `module`, a ModuleConfig) names a folder Megatron resumes from: one that holds
+    its tracker file, or is still empty, or is `save` (the first run writes it). Megatron
+    takes any other folder for one without a checkpoint, and trains from random weights."""
+    from primus.core.checkpoint.hf import is_hf_directory
+
+    value = module.params.get("load")
+    if not value or "://" in str(value):  # unset, or object storage (Megatron reads it)
+        return
+    path = Path(str(value)).expanduser()
+    if (path / TRACKER).is_file():
+        return
+    save = module.params.get("save")
+    if not path.exists():
+        if save and Path(str(save)).expanduser().resolve() == path.resolve():
+            return
+        raise module.error("load", f"load: {path} does not exist: Megatron would train from "
+                           "random weights", hint="name a checkpoint folder (the one holding "
+                           f"{TRACKER}), or remove load to start from scratch")  # fmt: skip
+    if not path.is_dir():
+        raise module.error("load", f"load: {path} is not a folder",
+                           hint=f"name a checkpoint folder (the one holding {TRACKER})")  # fmt: skip
+    inner = path / "checkpoints"
+    if is_hf_directory(path):
+        what, hint = "an HF model", "start from it with init_from: {hf: DIR} (Primus imports it)"
+    elif path.name.startswith("iter_") and (path.parent / TRACKER).is_file():
+        what, hint = f"one iteration of {path.parent}", f"set load: {path.parent}"
+    elif (inner / TRACKER).is_file():
+        what, hint = "a run directory", f"set load: {inner}"
+    else:
+        return  # empty, or a first save that did not finish: Megatron starts afresh
+    raise module.error("load", f"load: {path} is {what}, with no {TRACKER}: Megatron would "
+                       "train from random weights", hint=hint)  # fmt: skip

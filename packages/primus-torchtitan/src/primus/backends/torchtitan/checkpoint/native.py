@@ -127,3 +127,60 @@ def inspect_checkpoint(path: Path) -> dict[str, Any] | None:
         "parallel": {"saving_ranks": size["files"]},
         "size": size,
     }
+
+
+INITIAL_LOAD = "checkpoint.initial_load_path"
+
+
+def check_initial_load(module: Any) -> None:
+    """`checkpoint.initial_load_path` (of `module`, a ModuleConfig) names what TorchTitan reads:
+    it is read only with checkpoint.enable (else the run starts from scratch, silently), as an
+    absolute path (TorchTitan refuses any other once imported), a local folder that exists
+    (else TorchTitan's ValueError after start-up) holding what it loads: DCP's `.metadata`, or
+    with `checkpoint.initial_load_in_hf` safetensors (else DCP's traceback at the first step)."""
+    section = module.params.get("checkpoint")
+    section = section if isinstance(section, dict) else {}
+    value, in_hf = section.get("initial_load_path"), section.get("initial_load_in_hf") is True
+    if not value:
+        return
+    if section.get("enable") is not True:
+        raise module.error(
+            INITIAL_LOAD,
+            f"{INITIAL_LOAD} is read only with checkpoint.enable: true (TorchTitan's default: "
+            "false): the run would start from scratch",
+            hint="set checkpoint.enable: true (or start from an HF model with init_from: "
+            "{hf: DIR})",
+        )
+    text = str(value).strip()
+    if "://" in text:  # object storage: TorchTitan reads it
+        return
+    path = Path(text).expanduser()
+    if not text.startswith("/"):
+        raise module.error(INITIAL_LOAD, f"{INITIAL_LOAD}: TorchTitan takes an absolute path, "
+                           f"not {text!r}", hint=f"set it to {path.resolve()}")  # fmt: skip
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise module.error(INITIAL_LOAD, f"{INITIAL_LOAD}: {path} {what}",
+                           hint="name a step-N folder of a TorchTitan checkpoint")  # fmt: skip
+    hf = any(path.glob("*.safetensors"))
+    if in_hf and not hf:
+        raise module.error(
+            INITIAL_LOAD,
+            f"{INITIAL_LOAD}: {path} holds no *.safetensors, and checkpoint.initial_load_in_hf "
+            "reads an HF model's",
+            hint="name an HF model folder, or set checkpoint.initial_load_in_hf: false for a "
+            "TorchTitan (DCP) checkpoint",
+        )
+    if in_hf or (path / ".metadata").is_file():
+        return
+    saved = _step_folder(path)
+    if saved is not None:
+        hint = f"name one of its step folders, e.g. {saved[0]} (the latest)"
+    elif hf:
+        hint = ("start from an HF model with init_from: {hf: DIR} (Primus imports it), or set "
+                "checkpoint.initial_load_in_hf: true")  # fmt: skip
+    else:
+        hint = "name a step-N folder of a TorchTitan checkpoint"
+    what = "an HF model, not a" if hf and saved is None else "no"
+    raise module.error(INITIAL_LOAD, f"{INITIAL_LOAD}: {path} holds {what} DCP checkpoint "
+                       "(no .metadata)", hint=hint)  # fmt: skip

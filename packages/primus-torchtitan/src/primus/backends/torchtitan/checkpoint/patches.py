@@ -145,6 +145,13 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
             said = _other_model(str(exc))
             if said is None:
                 raise
+            if _from_initial_load(self, step):
+                raise ConfigError(
+                    f"checkpoint.initial_load_path {self.initial_load_path} holds another "
+                    f"model: {said}",
+                    hint="name a checkpoint of this model, or set the model preset it was "
+                    "saved with",
+                ) from None
             raise ConfigError(
                 f"the checkpoint in {self.folder} was saved by another model: {said}",
                 hint="resume with the model it was saved with, or train another run "
@@ -152,3 +159,12 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
             ) from None
 
     return load
+
+
+def _from_initial_load(manager: Any, step: int) -> bool:
+    """Whether `CheckpointManager.load(step)` read checkpoint.initial_load_path: no step asked
+    for, and no save in the run's checkpoint folder to resume from."""
+    if step != -1 or not manager.initial_load_path:
+        return False
+    latest = max(_steps(manager.folder), default=-1)
+    return latest < 0 or _resumed_step(manager.folder, latest)[0] < 0

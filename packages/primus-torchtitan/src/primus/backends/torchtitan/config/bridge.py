@@ -32,8 +32,11 @@ from primus.core.config.sanity import (
 from primus.core.errors import ConfigError
 
 AC_MODE = "activation_checkpoint.mode"
+# TorchTitan's optimizers (OptimizersContainer._resolve_optimizer_factory): another name fails
+# only when the optimizer is built, after start-up
+OPTIMIZERS = ("Adam", "AdamW", "DistMuon")
 OPTIMIZER_KEYS = {
-    "optimizer.name": ParamSpec(str, "optimizer of the catch-all param group (AdamW, Adam, ...)"),
+    "optimizer.name": ParamSpec(str, "optimizer of the catch-all param group", choices=OPTIMIZERS),
     "optimizer.lr": ParamSpec(float, "learning rate"),
     "optimizer.betas": ParamSpec(list, "Adam betas"),
     "optimizer.eps": ParamSpec(float, "Adam epsilon"),
