@@ -6,7 +6,10 @@ Megatron writes that trace with `profile: true`, `use_pytorch_profiler: true`,
 `profile_step_start: N`, `profile_step_end: N+1` (one step). Prints the profiled window, the
 time the GPU was busy (the union of kernel intervals) and idle, the kernel time per kind, and
 the communication kernels' time and the part of it no other kernel overlaps (exposed), and
-the top kernels by total time, as Markdown. TorchTitan writes it with
+the top kernels by total time, as Markdown. `--gaps N`: the N longest stretches with no kernel
+running, each with the host-side events (Python functions with
+`pytorch_profiler_collect_callstack: true`, ATen ops, CUDA runtime calls) that overlap it most:
+what the CPU was doing while the GPU waited. TorchTitan writes it with
 `profiler.enable_profiling=true profiler.profile_freq=N` (RUN_DIR/profiling/traces/iteration_N/
 rank0_trace.json.gz).
 """
@@ -31,6 +34,9 @@ KINDS = (
 )
 
 
+HOST = ("python_function", "cpu_op", "cuda_runtime", "user_annotation")  # host-side event kinds
+
+
 def kind(name: str) -> str:
     return next((k for k, pattern in KINDS if re.search(pattern, name, re.I)), "other elementwise")
 
@@ -45,10 +51,38 @@ def busy_time(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def idle_gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The stretches between the union of the [start, end) intervals, longest first."""
+    gaps, reach = [], None
+    for start, end in sorted(spans):
+        if reach is not None and start > reach:
+            gaps.append((reach, start))
+        reach = end if reach is None else max(reach, end)
+    return sorted(gaps, key=lambda gap: gap[0] - gap[1])
+
+
+def print_gaps(events: list[dict], spans: list[tuple[float, float]], count: int) -> None:
+    """The `count` longest idle stretches and the host events overlapping each most."""
+    window = max(end for _, end in spans) - min(start for start, _ in spans)
+    host = [e for e in events if e.get("cat") in HOST and e.get("dur", 0) < window / 2]
+    print("\n| idle gap | ms | host events overlapping it (ms) |\n|---|---|---|")
+    first = min(start for start, _ in spans)
+    for start, end in idle_gaps(spans)[:count]:
+        overlaps = [
+            (min(end, e["ts"] + e["dur"]) - max(start, e["ts"]), e["dur"], e["name"])
+            for e in host
+            if e["ts"] < end and e["ts"] + e["dur"] > start
+        ]
+        top = sorted(overlaps, key=lambda o: (-o[0], o[1]))[:6]
+        said = "; ".join(f"`{name[:60]}` {o / 1e3:.1f}" for o, _, name in top)
+        print(f"| at {(start - first) / 1e3:.1f} | {(end - start) / 1e3:.1f} | {said} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", type=Path)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--gaps", type=int, default=0, help="list the N longest idle stretches")
     opts = parser.parse_args()
     opener = gzip.open if opts.trace.suffix == ".gz" else open
     with opener(opts.trace, "rt") as f:
@@ -77,6 +111,8 @@ def main() -> None:
     print("\n| kernel | calls | ms |\n|---|---|---|")
     for name, (us, calls) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[: opts.top]:
         print(f"| `{name[:90]}` | {calls} | {us / 1e3:.1f} |")
+    if opts.gaps:
+        print_gaps(events, spans, opts.gaps)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,8 @@ MODEL_BUILD = {
             ("eval_iters", 2),
         ],
     ),
+    # not refused at all: without the loader's mask, attention would cross the documents
+    "document masks without the mask": ("reset_attention_mask", [("reset_attention_mask", True)]),
 }
 # Refused by Megatron's options as Primus hands them over, not by its model build
 JUNK = {

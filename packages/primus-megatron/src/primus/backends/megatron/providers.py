@@ -242,7 +242,7 @@ def forward_step(data_iterator: Any, model: GPTModel) -> tuple[torch.Tensor, Any
     output = model(
         batch["tokens"],
         batch["position_ids"],
-        batch["attention_mask"],
+        batch.get("attention_mask"),  # none where attention makes its causal mask itself
         labels=batch["labels"],
         loss_mask=batch["loss_mask"],
     )

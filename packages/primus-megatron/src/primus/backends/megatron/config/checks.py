@@ -133,8 +133,26 @@ def check_params(config: ModuleConfig, schema: ParamSchema, own: frozenset[str])
     check_model(config, args)
     check_batch(config, args)
     check_schedule(config, args)
+    _check_document_masks(config, args)
     _check_finetuning(config, args)
     return norm_undecided(args)
+
+
+def _check_document_masks(config: ModuleConfig, args: argparse.Namespace) -> None:
+    """`reset_attention_mask` keeps attention within each document only through the mask the
+    data loader makes (fine-tuning sets that itself): without it, silently, it would not."""
+    if (
+        config.sft is None
+        and args.reset_attention_mask
+        and not args.create_attention_mask_in_dataloader
+    ):
+        raise config.error(
+            "reset_attention_mask",
+            "reset_attention_mask needs the data loader's attention mask "
+            "(create_attention_mask_in_dataloader is false)",
+            hint="set create_attention_mask_in_dataloader: true with it (or set "
+            "reset_attention_mask: false)",
+        )
 
 
 def _check_dpo(config: ModuleConfig, args: argparse.Namespace) -> None:
