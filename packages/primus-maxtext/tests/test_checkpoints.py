@@ -150,3 +150,14 @@ def test_a_resume_with_another_model_is_one_config_error(
     )
     assert "hint: resume with the model it was saved with" in result.stderr
     assert len(result.stderr) < 20_000 and "Traceback" not in result.stderr
+    step = copy / "checkpoints" / "3"  # a data file cut short: damaged, not another model
+    data = max((step / "items").rglob("d/*"), key=lambda path: path.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with forked(forks, runs):
+        result = primus("train", "pretrain", "--config", str(RECIPE), *RUN, "steps=6",
+                        PRIMUS_WORKSPACE=str(tmp_path))  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"error: the checkpoint {step} cannot be read (ValueError: OUT_OF_RANGE: " in (
+        result.stderr
+    )
+    assert f"hint: a file in it may be damaged or cut short: move {step} out of" in result.stderr

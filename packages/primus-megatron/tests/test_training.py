@@ -16,7 +16,7 @@ from primus.testing import runs
 from primus.testing.checkpoints import estimate_and_size
 from primus.testing.files import run_writes, written_outside
 from primus.testing.golden import CPU_FP32, assert_matches_golden
-from primus.testing.in_process import in_process
+from primus.testing.in_process import in_process, primus_here
 from primus.testing.runs import assert_loss_falls, losses, primus, train_run
 from primus.testing.shared import shared_train_run
 
@@ -123,6 +123,21 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     ]
     assert steps == list(range(2, 11)) + list(range(12, 21))  # continues at 11, repeats nothing
     assert tracker.read_text().strip() == "20"
+    # A file of the latest checkpoint cut short: one error naming it, then, as its hint says,
+    # that checkpoint moved away and the run resumed from the one before
+    latest = run_dir / "checkpoints" / "iter_0000020"
+    shard = max(latest.glob("*.distcp"), key=lambda path: path.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    resume = ("train", "pretrain", "--config", str(RECIPE), "exp_name=resumed", "train_iters=20")
+    with in_process():
+        damaged = primus_here(*resume, PRIMUS_WORKSPACE=str(tmp_path))
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
+    assert f"error: the checkpoint {latest} cannot be read (" in damaged.stderr
+    assert f"hint: a file in it may be damaged or cut short: move {latest} out of" in damaged.stderr
+    latest.rename(tmp_path / "damaged")
+    train_here(tmp_path, *resume[4:])
+    assert "resumed from" in (log := (run_dir / "logs" / "rank-0.log").read_text())
+    assert "iter_0000015 (iteration 15)" in log.rsplit("resumed from", 1)[1]
     whole, resumed = losses(uninterrupted), losses(run_dir)
     for step in (12, 15, 20):
         assert resumed[step] == pytest.approx(whole[step], rel=1e-4), step

@@ -177,6 +177,14 @@ def test_a_resume_with_another_model_is_refused_naming_the_tensor(tmp_path: Path
         deeper.stderr
     )
     assert "hint: resume with the model it was saved with" in deeper.stderr
+    step = tmp_path / "local" / "local" / "other" / "checkpoint" / "step-2"  # a file cut short
+    shard = max(step.glob("*.distcp"), key=lambda path: path.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with in_process():
+        damaged = primus_here(*train[:-1], "training.steps=4")
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
+    assert f"error: the checkpoint {step} cannot be read (" in damaged.stderr
+    assert f"hint: a file in it may be damaged or cut short: move {step} out of" in damaged.stderr
 
 
 def test_another_model_at_the_initial_load_path_is_named_so() -> None:

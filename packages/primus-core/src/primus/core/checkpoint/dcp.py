@@ -1,13 +1,22 @@
 """Summaries of torch.distributed.checkpoint (DCP) folders from their `.metadata` alone, for the
-backends that save with DCP. Imports torch when called; no tensor is loaded."""
+backends that save with DCP, and the error for one whose files cannot be read. Imports torch
+when called; no tensor is loaded."""
 
 from __future__ import annotations
 
+import json
 import math
+import pickle
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from primus.core.errors import PrimusError
+
+# what reading a checkpoint file that was cut short or overwritten raises (DCP wraps each rank's
+# in a CheckpointException)
+DAMAGE = (EOFError, pickle.UnpicklingError, json.JSONDecodeError)
 
 
 def dcp_summary(folder: Path, is_model: Callable[[str], bool]) -> dict[str, Any]:
@@ -40,3 +49,24 @@ def numbered(folder: Path, prefix: str) -> dict[int, Path]:
         if p.is_dir() and p.name.startswith(prefix) and p.name.removeprefix(prefix).isdigit()
     }
     return dict(sorted(found.items()))
+
+
+def damage(exc: BaseException) -> BaseException | None:
+    """The error of a damaged checkpoint file in `exc` (DCP's CheckpointException holds one per
+    rank), or None when `exc` is another failure."""
+    failures = getattr(exc, "failures", None)
+    if failures:
+        exc = next(iter(failures.values()))[0]
+    return exc if isinstance(exc, DAMAGE) else None
+
+
+def damaged(folder: Path | str, cause: BaseException) -> PrimusError:
+    """The error for the checkpoint `folder` whose files cannot be read (`cause`: `damage`'s)."""
+    said = (str(cause).strip().splitlines() or [""])[0][:200]
+    what = f"{type(cause).__name__}: {said}" if said else type(cause).__name__
+    return PrimusError(
+        f"the checkpoint {folder} cannot be read ({what})",
+        hint=f"a file in it may be damaged or cut short: move {folder} out of "
+        f"{Path(folder).parent} to resume from the checkpoint before it, or start another run "
+        "(another exp_name)",
+    )

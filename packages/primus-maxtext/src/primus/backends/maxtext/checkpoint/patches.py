@@ -1,6 +1,6 @@
 """A resume from a checkpoint of another model (the same run directory after a change to the
 model's shape) is one config error, not orbax's error, whose text lists every tensor of the
-state it expected."""
+state it expected; one from a checkpoint whose files are damaged says so."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from primus.core.errors import ConfigError
 from primus.core.patches import PatchContext, register_patch
 
 SAID = 300  # characters of orbax's message kept in the error (it can run to megabytes)
+# tensorstore's codes (orbax raises them as ValueError) for a file cut short or overwritten
+DAMAGE_CODES = ("OUT_OF_RANGE:", "DATA_LOSS:")
 
 
 def _another_model_refused(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -20,8 +22,11 @@ def _another_model_refused(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(manager, *args, **kwargs)
         except Exception as exc:  # orbax's NoEntryError, or a ValueError about shapes
             from maxtext.common.checkpointing import latest_step
+            from primus.core.checkpoint.dcp import damaged
 
             step = latest_step(manager) if manager is not None else None
+            if step is not None and (cause := _damage(exc)) is not None:
+                raise damaged(f"{manager.directory}/{step}", cause) from None
             if step is None or not _mismatch(exc):
                 raise
             said = "" if type(exc).__name__ == "NoEntryError" else f": {_first_line(exc)}"
@@ -33,6 +38,17 @@ def _another_model_refused(original: Callable[..., Any]) -> Callable[..., Any]:
             ) from None
 
     return load_state_if_possible
+
+
+def _damage(exc: BaseException) -> BaseException | None:
+    """tensorstore's error for a damaged file, where orbax's chain of errors (it tries each
+    handler, then says none fits) holds one."""
+    for _ in range(10):
+        if str(exc).startswith(DAMAGE_CODES):
+            return exc
+        if (exc := exc.__cause__ or exc.__context__) is None:  # type: ignore[assignment]
+            return None
+    return None
 
 
 def _first_line(exc: Exception) -> str:
@@ -59,5 +75,7 @@ def _mismatch(exc: Exception) -> bool:
 def another_model_refused(ctx: PatchContext) -> None:
     """A resume whose checkpoint does not fit the run's model (orbax cannot restore its tree
     or shapes) is a config error naming the checkpoint, with orbax's first line cut short (its
-    message lists every tensor of the state: megabytes), not orbax's traceback."""
+    message lists every tensor of the state: megabytes), not orbax's traceback; one whose files
+    are damaged (tensorstore's OUT_OF_RANGE, DATA_LOSS) is an error naming it, with the way
+    back to the checkpoint before it."""
     ctx.wrap("maxtext.common.checkpointing", "load_state_if_possible", _another_model_refused)

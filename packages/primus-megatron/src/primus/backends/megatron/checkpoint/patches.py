@@ -62,16 +62,38 @@ def _same_model(module: Any, load: str) -> None:
             )
 
 
+def _loading(load: str) -> Path:
+    """The checkpoint a resume from `load` reads: the tracker's when it is complete, else the
+    latest complete one (the folder itself when there is none)."""
+    from primus.backends.megatron.checkpoint.native import TRACKER, complete_iterations
+    from primus.core.checkpoint.dcp import numbered
+
+    folders, complete = numbered(Path(load), "iter_"), complete_iterations(Path(load))
+    tracker = Path(load) / TRACKER
+    named = tracker.read_text().strip() if tracker.is_file() else ""
+    latest = max(complete, default=-1)
+    return folders.get(int(named) if named.isdigit() and int(named) in complete else latest,
+                       Path(load))  # fmt: skip
+
+
 def _say_which(module: Any) -> Callable[[Callable], Callable]:
     def wrapper(original: Callable) -> Callable:
         def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.api import CheckpointException
+
             from megatron.training import get_args
             from megatron.training.checkpointing import get_checkpoint_name
+            from primus.core.checkpoint.dcp import damage, damaged
 
             load = get_args().load
-            if load:
-                _same_model(module, load)
-            iteration, flops = original(*args, **kwargs)
+            try:
+                if load:
+                    _same_model(module, load)
+                iteration, flops = original(*args, **kwargs)
+            except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+                if not load or (cause := damage(exc)) is None:
+                    raise
+                raise damaged(_loading(load), cause) from exc
             if iteration and load:
                 where = get_checkpoint_name(load, iteration, return_base_dir=True)
                 log_rank_0(f"[megatron] resumed from {where} (iteration {iteration})")
@@ -100,7 +122,8 @@ def latest_complete_checkpoint(ctx: PatchContext) -> None:
     """Resume from the latest complete checkpoint when the tracker file names none (a kill
     while Megatron wrote it leaves it empty, and Megatron then exits 0 without training) or an
     incomplete one; refuse one of another model (exit 2 naming the key, not a shape
-    traceback); log the checkpoint a run resumes from."""
+    traceback) and say which one is damaged where its files cannot be read; log the
+    checkpoint a run resumes from."""
     checkpointing = "megatron.training.checkpointing"
     ctx.wrap(checkpointing, "read_metadata", _latest_complete)
     ctx.wrap(checkpointing, "load_checkpoint", _say_which(ctx.extra["module"]))

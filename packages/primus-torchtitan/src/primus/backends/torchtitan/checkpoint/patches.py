@@ -139,10 +139,15 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
     def load(self: Any, step: int = -1) -> bool:
         from torch.distributed.checkpoint.api import CheckpointException
 
+        from primus.core.checkpoint.dcp import damage, damaged
+
         try:
             return original(self, step)
-        except (RuntimeError, CheckpointException) as exc:
-            said = _other_model(str(exc))
+        except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+            if (cause := damage(exc)) is not None:
+                raise damaged(_loading(self, step), cause) from exc
+            other = isinstance(exc, RuntimeError | CheckpointException)
+            said = _other_model(str(exc)) if other else None
             if said is None:
                 raise
             if _from_initial_load(self, step):
@@ -168,3 +173,15 @@ def _from_initial_load(manager: Any, step: int) -> bool:
         return False
     latest = max(_steps(manager.folder), default=-1)
     return latest < 0 or _resumed_step(manager.folder, latest)[0] < 0
+
+
+def _loading(manager: Any, step: int) -> str:
+    """The folder `CheckpointManager.load(step)` reads: checkpoint.initial_load_path, the
+    step asked for, or the latest complete save a run resumes from."""
+    if _from_initial_load(manager, step):
+        return str(manager.initial_load_path)
+    if step == -1:
+        saved = [n for n in _steps(manager.folder)
+                 if os.path.isfile(os.path.join(manager.folder, f"step-{n}", ".metadata"))]  # fmt: skip
+        step = _resumed_step(manager.folder, max(saved, default=-1))[0]
+    return os.path.join(manager.folder, f"step-{step}")
