@@ -245,3 +245,16 @@ def test_an_export_of_another_model_keeps_its_derived_config(exp, tmp_path, caps
     log = capsys.readouterr().err
     assert "config.json derived from the checkpoint, not " in log
     assert "(source, checkpoint: layers: 2, 3)" in log
+
+
+def test_export_refuses_a_full_folder_before_the_backend_is_built(
+    exp, tmp_path, monkeypatch, capsys
+) -> None:
+    from primus.cli.main import main
+
+    monkeypatch.setattr("primus.core.runtime.PrimusRuntime", None)  # building it would fail
+    for option in ("--hf", "--adapter"):
+        with pytest.raises(SystemExit) as done:
+            main(["checkpoint", "export", "--config", str(exp), option, str(tmp_path / "hf")])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and "exists and is not empty" in err, err

@@ -35,3 +35,20 @@ def test_json_lines_under_any_name_are_listed(tmp_path: Path) -> None:
         "jsonl",
         "txt",
     ]
+
+
+@pytest.mark.parametrize("config", [b"{not json", b"[1]", b"\xff\xfe"])
+def test_a_tokenizer_config_that_is_not_an_object_is_refused_not_skipped(
+    tmp_path: Path, config: bytes
+) -> None:
+    pytest.importorskip("tokenizers")
+    from primus.core.data.tokenizer import find_eod, load_tokenizer
+
+    shipped = Path(__file__).parents[3] / "configs/data/sft-tiny/tokenizer/tokenizer.json"
+    (tmp_path / "tokenizer.json").write_bytes(shipped.read_bytes())
+    (tmp_path / "tokenizer_config.json").write_bytes(config)
+    tokenizer, directory = load_tokenizer(tmp_path)
+    with pytest.raises(ConfigError, match=r"tokenizer_config\.json: not a JSON object") as err:
+        find_eod(tokenizer, directory)  # else its eos_token silently gave way to another
+    assert "--eod-token" in str(err.value.hint)
+    assert find_eod(tokenizer, directory, "<|eot_id|>").source == "--eod-token"

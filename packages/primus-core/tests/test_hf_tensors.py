@@ -95,3 +95,14 @@ def test_a_folder_named_safetensors_and_a_bad_index_are_config_errors(
         (tmp_path / "model.safetensors.index.json").write_text(index)
         with pytest.raises(ConfigError, match=r"index.json: not a safetensors index"):
             HFTensors(tmp_path, "numpy")
+
+
+def test_stored_tensors_the_model_does_not_read_are_refused_up_front(tmp_path: Path) -> None:
+    one = np.ones((2, 2), np.float32)
+    save_file({"a": one, "b": one, "x.rotary_emb.inv_freq": one[0], "lm_head.weight": one},
+              str(tmp_path / "model.safetensors"))  # fmt: skip
+    tensors = HFTensors(tmp_path, "numpy")
+    tensors.check_unread(["a", "b"])  # RoPE's cache and a tied head's copy may stay unread
+    with pytest.raises(ConfigError, match=r"tensor 'b' has no place in the model") as err:
+        tensors.check_unread(["a"])
+    assert "num_hidden_layers" in str(err.value.hint)

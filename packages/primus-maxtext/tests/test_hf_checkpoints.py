@@ -242,6 +242,15 @@ def test_a_missing_tensor_is_named(llama: tuple[Path, Path], tmp_path: Path) -> 
     assert f"tensor '{name}' is missing" in refused(exp, bad)
 
 
+def test_a_tensor_the_model_has_no_place_for_is_named(
+    llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    hf, exp = llama
+    name = "model.layers.0.mlp.up_proj.weight"
+    bad = broken(hf, tmp_path / "hf", lambda t: t | {"model.layers.2.mlp.up_proj.weight": t[name]})
+    assert "tensor 'model.layers.2.mlp.up_proj.weight' has no place" in refused(exp, bad)
+
+
 def test_an_integer_tensor_is_named(llama: tuple[Path, Path], tmp_path: Path) -> None:
     hf, exp = llama
     name = "model.layers.0.self_attn.k_proj.weight"

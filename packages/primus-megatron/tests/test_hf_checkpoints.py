@@ -287,6 +287,8 @@ def _broken(folder: Path, source: Path, how: str) -> Path:
         del tensors["model.layers.1.self_attn.k_proj.weight"]
     elif how == "dtype":
         tensors["model.layers.0.mlp.up_proj.weight"] = torch.ones(128, 64, dtype=torch.int32)
+    elif how == "extra":  # a third layer that config.json does not describe
+        tensors["model.layers.2.mlp.up_proj.weight"] = torch.ones(128, 64)
     elif how == "architecture":
         config["num_key_value_heads"] = 4
     elif how == "family":
@@ -303,6 +305,7 @@ BROKEN = {
     "missing": "model.safetensors: tensor 'model.layers.1.self_attn.k_proj.weight' is missing",
     "dtype": "model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' has dtype I32",
     "truncated": "model.safetensors: truncated safetensors file: tensor '",
+    "extra": "tensor 'model.layers.2.mlp.up_proj.weight' has no place in the model",
     "architecture": "num_query_groups: 4 in the HF config, 2 in the experiment",
     "family": "model_type 'gpt2' is not supported",
 }
@@ -330,7 +333,7 @@ def test_a_broken_hf_directory_is_refused(refused: dict[str, Any], how: str) -> 
     ws, done = refused[how]
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert BROKEN[how] in done.stderr and "Traceback" not in done.stderr
-    if how in ("missing", "dtype", "truncated"):
+    if how in ("missing", "dtype", "truncated", "extra"):
         assert f"{ws.parent / how}/model.safetensors: " in done.stderr
     leftovers = [p for p in ws.rglob("*") if "checkpoints" in p.name or ".partial" in p.name]
     assert leftovers == []  # nothing half-written

@@ -73,6 +73,7 @@ def export(
     log says which dtype was written and why. A LoRA run's adapters go to --adapter as a PEFT
     adapter that `peft.PeftModel.from_pretrained(base, folder)` loads onto the HF model the run
     started from. Overrides may follow the options."""
+    from primus.core.reliability.atomic import check_replaceable
     from primus.core.runtime import PrimusRuntime
 
     if hf is None and adapter is None:
@@ -81,6 +82,9 @@ def export(
     if hf is not None and adapter is not None and hf.resolve() == adapter.resolve():
         raise typer.BadParameter("the model and the adapter need folders of their own",
                                  param_hint="--hf / --adapter")  # fmt: skip
+    for out in (hf, adapter):  # at once, not after the backend is built
+        if out is not None:
+            check_replaceable(out, force)
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on, converting=True)
     if hf is not None:
         typer.echo(f"exported {runtime.export_hf(iteration, hf, force)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from primus.core.reliability.atomic import write_json
 SHARD_BYTES = 4 << 30  # the most an export puts in one safetensors file
 # safetensors' names of the dtypes a model's weights have
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# stored tensors a model may leave unread: RoPE's cached frequencies, a tied LM head's copy
+UNREAD_OK = ("rotary_emb.inv_freq", "lm_head.weight")
 
 
 class HFTensors:
@@ -45,6 +47,20 @@ class HFTensors:
                 if entry["dtype"] not in FLOAT_DTYPES:
                     raise ConfigError(f"{path}: tensor '{name}' has dtype {entry['dtype']}; "
                                       f"expected a floating-point dtype ({', '.join(FLOAT_DTYPES)})")  # fmt: skip
+
+    def check_unread(self, names: Iterable[str]) -> None:
+        """A ConfigError naming the first stored tensor not among `names` (those the model
+        reads), before any is read: weights that config.json does not describe would be
+        dropped unseen."""
+        wanted = set(names)
+        extra = [n for n in self.entries if n not in wanted and not n.endswith(UNREAD_OK)]
+        if extra:
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise ConfigError(
+                f"{self.where}: tensor '{extra[0]}'{more} has no place in the model "
+                "config.json describes",
+                hint="config.json does not match these weights (num_hidden_layers, biases?)",
+            )
 
     def get(self, name: str, shape: tuple[int, ...] | list[int]) -> Any:
         """Tensor `name`, which must have `shape` (config.json's)."""

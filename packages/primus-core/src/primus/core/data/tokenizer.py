@@ -62,11 +62,19 @@ def vocab_size_of(tokenizer: Tokenizer) -> int:
 
 
 def _configured_eos(directory: Path) -> str | None:
+    """tokenizer_config.json's eos_token; a ConfigError for a file that is not a JSON object
+    (its EOD would silently be another token)."""
     config = directory / "tokenizer_config.json"
-    try:
-        eos = json.loads(config.read_text()).get("eos_token")
-    except (OSError, ValueError, AttributeError):
+    if not config.is_file():
         return None
+    try:
+        record = json.loads(config.read_bytes())
+    except (OSError, ValueError) as exc:
+        record = exc
+    if not isinstance(record, dict):
+        raise ConfigError(f"{config}: not a JSON object, so its eos_token is unknown",
+                          hint="repair or remove it, or name the token with --eod-token")  # fmt: skip
+    eos = record.get("eos_token")
     return eos.get("content") if isinstance(eos, dict) else eos if isinstance(eos, str) else None
 
 

@@ -27,6 +27,7 @@ from primus.backends.maxtext.checkpoint.hf_mapping import (
     export_dtype,
     export_layout,
     hf_config_from_maxtext,
+    hf_names,
     maxtext_config,
     slot_jobs,
     stored_dtypes,
@@ -88,6 +89,7 @@ def import_hf(hf_dir: Path, argv: list[str], out: Path) -> None:
     unmapped = [k for k in found.params if k not in found.mapping]
     if unmapped:
         raise ConfigError(f"no HF tensor maps to MaxText's {', '.join(unmapped)}")
+    reader.check_unread(n for key in found.params for n in hf_names(found.mapping[key]))
     log_rank_0(f"[maxtext] importing on JAX's {jax.default_backend()} backend")
     stored = stored_dtypes(found, reader)
     step, start, done = out / IMPORT_STEP, time.perf_counter(), 0

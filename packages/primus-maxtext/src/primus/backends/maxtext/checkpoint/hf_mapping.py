@@ -241,7 +241,7 @@ def stored_dtypes(tables: Tables, reader: HFTensors) -> dict[str, np.dtype]:
     exactly), else the parameter's own."""
     stored = {}
     for key, leaf in tables.params.items():
-        names = list(_names(tables.mapping[key]))
+        names = list(hf_names(tables.mapping[key]))
         bf16 = names and all(
             name in reader.entries and reader.entries[name][2]["dtype"] == "BF16" for name in names
         )
@@ -279,11 +279,11 @@ def build_param(
     return built[key]
 
 
-def _names(names: Any) -> Iterator[str]:
+def hf_names(names: Any) -> Iterator[str]:
     """The HF names of a (nested) mapping entry."""
     if isinstance(names, list):
         for sub in names:
-            yield from _names(sub)
+            yield from hf_names(sub)
     elif names is not None:
         yield names
 
@@ -301,5 +301,5 @@ def export_layout(found: Tables, dtype: np.dtype) -> dict[str, tuple[list[int], 
     return {
         name: (list(found.hf_shapes[name]), code)
         for key in found.params
-        for name in _names(found.mapping[key])
+        for name in hf_names(found.mapping[key])
     }

@@ -75,6 +75,7 @@ def import_hf(hf_dir: Path, args: Any, out: Path) -> None:
 
     layout = Layout.from_args(args, padded_vocab_size(args))
     source = HFTensors(hf_dir, "pt")
+    source.check_unread(n for p in params(layout) for i in p.indices(layout) for n in p.names(i))
     state: dict[str, Any] = {}
     for param in params(layout):
         for index in param.indices(layout):
