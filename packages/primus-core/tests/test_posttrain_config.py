@@ -118,6 +118,8 @@ def test_chat_template_from_a_file_or_inline(files, tmp_path) -> None:
          "sft.eval_fraction holds out training samples, but sft.eval names an eval file"),
         ("packing: true => tokenizer: {t}", 8, "is not a Hugging Face tokenizer directory"),
         ("packing: true => chat_template: missing.jinja", 8, "sft.chat_template: missing.jinja does not exist"),
+        ("packing: true => chat_template: ''", 8, "sft.chat_template is empty"),
+        ("packing: true => chat_template: {hf}", 8, "/hf is a folder\n  hint: a Jinja template"),
         ("    init_from: {hf: {hf}}\\n => ", 4, "sft needs a tokenizer: set sft.tokenizer or init_from.hf"),
         ("peft:\\n      type: lora => peft: lora", 9, "'peft' must be a mapping"),
         ("type: lora => type: lora\\n      rank: 0", 11, "peft.rank must be a positive integer, got 0"),

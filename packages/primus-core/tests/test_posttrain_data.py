@@ -15,6 +15,7 @@ import pytest
 from primus.core.config.posttrain import SFTConfig, sft_config
 from primus.core.config.tree import ConfigTree
 from primus.core.errors import ConfigError
+from primus.core.logging import get_logger
 from primus.core.posttrain import SFTDataset, build_sft_data
 from primus.core.posttrain.encode import load_tokenizer
 from primus.testing.hf_models import make_hf_model
@@ -177,7 +178,9 @@ def test_eval_split_holds_out_a_seeded_share(root, tokenizer) -> None:
     assert files.eval is not None and files.eval.num_samples == 8
 
 
-def test_truncation_cuts_long_samples_and_drops_those_left_without_loss(root, tokenizer) -> None:
+def test_truncation_cuts_long_samples_and_drops_those_left_without_loss(
+    root, tokenizer, caplog
+) -> None:
     words = " ".join(["apple"] * 20)
     records = [
         {"prompt": "reverse :", "completion": words},  # 23 tokens, the completion cut
@@ -185,8 +188,13 @@ def test_truncation_cuts_long_samples_and_drops_those_left_without_loss(root, to
         {"prompt": "reverse :", "completion": "river"},
     ]
     cfg = config(root, jsonl(root / "long.jsonl", *records), seq_length=12, truncate=True)
-    data = build_sft_data(cfg, tokenizer)
+    get_logger().addHandler(caplog.handler)  # the primus logger does not propagate
+    try:
+        data = build_sft_data(cfg, tokenizer)
+    finally:
+        get_logger().removeHandler(caplog.handler)
     assert data.dropped == 1 and data.train.num_samples == 2
+    assert "sft.truncate: dropped 1 of 3 train records" in caplog.text  # said, not silent
     assert data.train.positions == 12 + 4 and data.train.loss_tokens == 12 - 2 + 2
 
 
@@ -210,6 +218,7 @@ GOOD = chat(("user", "apple"), ("assistant", "apple"))
         (chat(("user", "apple"), ("robot", "x")), "messages[1] has unknown role 'robot'"),
         (chat(("user", 5)), "messages[0] 'content' must be a string, got int"),
         ({"messages": [{"role": "user"}]}, "messages[0] 'content' must be a string, got none"),
+        (chat(("user", None)), "messages[0] 'content' must be a string, got null"),  # JSON's name
         ({"messages": ["apple"]}, "messages[0] is not a mapping"),
         ({"prompt": "a", "completion": "b"}, "a prompt_completion record, but the file's first record is chat"),
         (chat(("user", "apple river")), "messages has no assistant message: nothing to train on"),

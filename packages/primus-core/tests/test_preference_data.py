@@ -166,6 +166,7 @@ def test_records_of_the_wrong_kind_are_refused_at_file_and_line(
     for bad, why in (
         ({"chosen": "river", "rejected": "stone"}, "'prompt' is missing"),
         ({"prompt": "a", "chosen": "river", "rejected": CHOSEN}, "both be strings or both"),
+        ({"prompt": PROMPT, "chosen": "b", "rejected": "c"}, "a list of messages but 'chosen'"),
         (
             {"prompt": "a", "chosen": [{"role": "robot", "content": "x"}], "rejected": CHOSEN},
             r"chosen\[0\] has unknown role",

@@ -171,3 +171,37 @@ def test_an_initial_load_path_torchtitan_would_not_read_is_refused(tmp_path: Pat
     ])  # fmt: skip
     inputs_checked(RECIPE, f"{at}{step}", on)
     inputs_checked(RECIPE, f"{at}{hf}", on, "checkpoint.initial_load_in_hf=true")
+
+
+def test_an_sft_row_its_chunked_loss_cannot_split_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchTitan's loss splits each row (each sequence-parallel shard of it) into 8 chunks:
+    another sft.seq_length was a RuntimeError traceback at step 1."""
+    import json
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "head_dim": 16,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 256, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False, "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192},
+    }))  # fmt: skip
+    (hf / "model.safetensors").write_bytes(b"x")
+    monkeypatch.setenv("PRIMUS_SFT_HF", str(hf))
+    recipe = RECIPE.with_name("sft-tiny-cpu.yaml")
+
+    def check(*overrides: str) -> None:
+        backend_for(next(iter(load(recipe, list(overrides)).modules.values())), stage="posttrain")
+
+    with pytest.raises(ConfigError, match=r"sft\.seq_length 14 is not a multiple of 8") as raised:
+        check("sft.seq_length=14")
+    assert "e.g. 16" in str(raised.value.hint)
+    tp = ("parallelism.tensor_parallel_degree=2", "parallelism.enable_sequence_parallel=true")
+    with pytest.raises(ConfigError, match=r"sft\.seq_length 24 is not a multiple of 16"):
+        check("sft.seq_length=24", *tp)
+    check("sft.seq_length=32", *tp)

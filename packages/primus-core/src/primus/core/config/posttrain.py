@@ -188,9 +188,17 @@ def _chat_template(value: str | None, origin: Origin | None) -> str | None:
     """A template's text: the value itself if it is Jinja, else the file it names."""
     if value is None or "{{" in value or "{%" in value:
         return value
+    hint = (
+        "a Jinja template (text holding {{ or {%), or a file holding one; leave it out for "
+        "the tokenizer's"
+    )
+    if not value.strip():
+        raise ConfigError("sft.chat_template is empty", origin, hint)
     path = existing_path(
         value, "sft.chat_template", origin, "a Jinja template, or a file holding one"
     )
+    if path.is_dir():
+        raise ConfigError(f"sft.chat_template: {path} is a folder", origin, hint)
     try:
         return read_text(path, "chat template")
     except ConfigError as exc:

@@ -24,12 +24,14 @@ resumes at position p sees exactly the rows it would have seen.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from primus.core.config.posttrain import SFTConfig
+from primus.core.logging import log_rank_0
 from primus.core.posttrain.encode import Encoder, Sample, check_length, load_tokenizer
 from primus.core.posttrain.mixing import mix
 from primus.core.posttrain.packing import one_per_row, pack
@@ -190,6 +192,12 @@ def encode_splits[T](
                 encoded[id(r)] = encode(encoder, r)
         kept = [s for s in (encoded[id(r)] for r in records) if s is not None]
         dropped += len(records) - len(kept)
+        if len(kept) < len(records):
+            log_rank_0(
+                f"sft.truncate: dropped {len(records) - len(kept)} of {len(records)} {name} "
+                f"records, which keep no token to train on once cut to sft.seq_length "
+                f"{cfg.seq_length}", logging.WARNING,
+            )  # fmt: skip
         if not kept:
             raise cfg.error(
                 "truncate",

@@ -130,8 +130,9 @@ def _turns(data: dict[str, Any], key: str, columns: Columns) -> list[dict[str, A
 
 
 def _content(turn: dict[str, Any], where: str, key: str, columns: Columns) -> None:
-    if not isinstance(turn.get(key), str):
-        got = type(turn.get(key)).__name__ if key in turn else "none"
+    value = turn.get(key)
+    if not isinstance(value, str):
+        got = "none" if key not in turn else "null" if value is None else type(value).__name__
         raise Invalid(f"{where} {columns.name(key)} must be a string, got {got}")
 
 
@@ -240,6 +241,11 @@ def preference(data: dict[str, Any], columns: Columns) -> Fields:
                 f"{columns.name('prompt')} is missing",
                 hint="a preference record of strings needs the prompt they answer",
             )
+        if isinstance(prompt, list):
+            raise Invalid(
+                f"{columns.name('prompt')} is a list of messages but 'chosen' and 'rejected' "
+                "are strings", hint="all three strings, or all three lists of messages",
+            )  # fmt: skip
         text = _text(data, "prompt", columns)
         sides = [{"prompt": text, "completion": answer} for answer in (chosen, rejected)]
         return {"chosen": sides[0], "rejected": sides[1]}

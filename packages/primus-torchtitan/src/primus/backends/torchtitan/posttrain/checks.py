@@ -9,6 +9,8 @@ from typing import Any
 from primus.core.config import ModuleConfig
 from primus.core.errors import ConfigError
 
+LOSS_CHUNKS = 8  # SFT's loss: ChunkedLossWrapper's num_chunks (config.bridge's default)
+
 
 def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
     """What Primus's fine-tuning on TorchTitan does not cover, for a module with `sft:` or
@@ -29,6 +31,18 @@ def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
                 f"torchtitan: fine-tuning runs without parallelism.{key} (the eval and the "
                 "SFT rows are not split across stages or sequence shards)",
             )
+    tp = value("parallelism.tensor_parallel_degree")
+    shards = tp if tp > 1 and value("parallelism.enable_sequence_parallel") else 1
+    if config.dpo is None and config.sft.seq_length % (LOSS_CHUNKS * shards):  # DPO: own loss
+        multiple = LOSS_CHUNKS * shards
+        raise config.sft.error(
+            "seq_length",
+            f"torchtitan: sft.seq_length {config.sft.seq_length} is not a multiple of "
+            f"{multiple} (its loss splits each row{' shard' if shards > 1 else ''} into "
+            f"{LOSS_CHUNKS} chunks)",
+            hint=f"set sft.seq_length to a multiple of {multiple}, e.g. "
+            f"{-(-config.sft.seq_length // multiple) * multiple}",
+        )
     freq, log_freq = value("validator.freq"), value("metrics.log_freq")
     evaluates = config.sft.eval is not None or config.sft.eval_fraction > 0
     if evaluates and freq % log_freq:
