@@ -313,6 +313,21 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
     import, the adapters and their optimizer state from the checkpoint)."""
     exp = experiment(tmp_path / "lora_resumed", task, peft=LORA)
     assert_resumes_exactly(lora_run, exp, 30, *TRAIN)
+    # the same checkpoint with other targets: one error, not DCP's KeyError traceback
+    other = experiment(tmp_path / "lora_other", task, peft=LORA | {"target_modules": ["gate_proj"]})
+    copy = resumed(lora_run, other, ["checkpoints/iter_0000000", "checkpoints/iter_0000060"])
+    (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("60")
+    with in_process(sft_runs):
+        done = sft_runs.primus("train", "posttrain", "--config", str(other), *TRAIN)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "iter_0000060 holds no decoder." in done.stderr and "other LoRA targets" in done.stderr
+    # the finished run run again: nothing left to train (Megatron's sampler asserted)
+    again = experiment(tmp_path / "lora_again", task, peft=LORA)
+    copy = resumed(lora_run, again, ["checkpoints/iter_0000000", "checkpoints/iter_0000060"])
+    (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("60")
+    with in_process(sft_runs):
+        log = (posttrain(again, *TRAIN) / "logs" / "rank-0.log").read_text()
+    assert "iter_0000060 (iteration 60)" in log and "posttrain finished" in log
 
 
 def test_lora_with_tensor_parallel_trains_as_one_process(

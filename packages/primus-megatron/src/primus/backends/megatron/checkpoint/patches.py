@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from primus.core.errors import ConfigError
 from primus.core.logging import get_logger, log_rank_0
 from primus.core.patches import TESTED, PatchContext, get_param, register_patch
 
@@ -76,6 +77,15 @@ def _loading(load: str) -> Path:
                        Path(load))  # fmt: skip
 
 
+def _missing(exc: BaseException) -> str | None:
+    """The tensor this run loads that the checkpoint lacks, where that is why DCP's load failed
+    (Megatron's shape check raises a KeyError for it), or None."""
+    failures = getattr(exc, "failures", None)
+    cause = next(iter(failures.values()))[0] if failures else exc
+    said = str(cause.args[0]) if isinstance(cause, KeyError) and cause.args else ""
+    return said.split(" from model not in state dict")[0] if "not in state dict" in said else None
+
+
 def _say_which(module: Any) -> Callable[[Callable], Callable]:
     def wrapper(original: Callable) -> Callable:
         def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
@@ -91,9 +101,16 @@ def _say_which(module: Any) -> Callable[[Callable], Callable]:
                     _same_model(module, load)
                 iteration, flops = original(*args, **kwargs)
             except (Exception, CheckpointException) as exc:  # the latter is a BaseException
-                if not load or (cause := damage(exc)) is None:
-                    raise
-                raise damaged(_loading(load), cause) from exc
+                if load and (cause := damage(exc)) is not None:
+                    raise damaged(_loading(load), cause) from exc
+                if load and (missing := _missing(exc)) is not None:
+                    raise ConfigError(
+                        f"the checkpoint {_loading(load)} holds no {missing}: it was saved by "
+                        "another model, or with other LoRA targets (peft.target_modules)",
+                        hint="resume with the settings it was saved with, or train another "
+                        "run (another exp_name)",
+                    ) from None
+                raise
             if iteration and load:
                 where = get_checkpoint_name(load, iteration, return_base_dir=True)
                 log_rank_0(f"[megatron] resumed from {where} (iteration {iteration})")

@@ -71,7 +71,9 @@ def datasets_provider(train: Rows, evaluation: Rows | None, packed: bool, global
         valid = None
         if evaluation is not None and eval_samples:
             valid = SFTSamples(evaluation, eval_samples, packed, False, global_batch)
-        return SFTSamples(train, train_samples, packed, True), valid, None
+        # one sample past what the run reads: Megatron's sampler refuses to start with every
+        # sample consumed, which a finished run run again (resumed at its last step) has
+        return SFTSamples(train, train_samples + 1, packed, True), valid, None
 
     return provide
 
