@@ -51,13 +51,18 @@ def numbered(folder: Path, prefix: str) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def damage(exc: BaseException) -> BaseException | None:
-    """The error of a damaged checkpoint file in `exc` (DCP's CheckpointException holds one per
-    rank), or None when `exc` is another failure."""
+def first_cause(exc: BaseException) -> BaseException:
+    """The first rank's error where `exc` is DCP's CheckpointException (it holds one per
+    rank), else `exc`."""
     failures = getattr(exc, "failures", None)
-    if failures:
-        exc = next(iter(failures.values()))[0]
-    return exc if isinstance(exc, DAMAGE) else None
+    return next(iter(failures.values()))[0] if failures else exc
+
+
+def damage(exc: BaseException) -> BaseException | None:
+    """The error of a damaged checkpoint file in `exc`, or None when `exc` is another
+    failure."""
+    cause = first_cause(exc)
+    return cause if isinstance(cause, DAMAGE) else None
 
 
 def damaged(folder: Path | str, cause: BaseException) -> PrimusError:

@@ -1,5 +1,6 @@
 """Crash-safe resume: Megatron loads the latest complete checkpoint, whatever a kill during a
-save left, and the log says which."""
+save left, and the log says which; a checkpoint of another model or other LoRA targets, or
+one whose files are damaged, is one error naming it."""
 
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def _loading(load: str) -> Path:
 def _missing(exc: BaseException) -> str | None:
     """The tensor this run loads that the checkpoint lacks, where that is why DCP's load failed
     (Megatron's shape check raises a KeyError for it), or None."""
-    failures = getattr(exc, "failures", None)
-    cause = next(iter(failures.values()))[0] if failures else exc
+    from primus.core.checkpoint.dcp import first_cause
+
+    cause = first_cause(exc)
     said = str(cause.args[0]) if isinstance(cause, KeyError) and cause.args else ""
     return said.split(" from model not in state dict")[0] if "not in state dict" in said else None
 
