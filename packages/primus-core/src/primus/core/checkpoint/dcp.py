@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from primus.core.errors import PrimusError
+from primus.core.errors import PrimusError, linked
 
-# what reading a checkpoint file that was cut short or overwritten raises (DCP wraps each rank's
-# in a CheckpointException)
+# what reading a checkpoint file that was cut short or overwritten raises (DCP holds each
+# rank's in a CheckpointException; orbax passes on TensorStore's codes as text)
 DAMAGE = (EOFError, pickle.UnpicklingError, json.JSONDecodeError)
+DAMAGE_CODES = ("OUT_OF_RANGE:", "DATA_LOSS:")
 
 
 def dcp_summary(folder: Path, is_model: Callable[[str], bool]) -> dict[str, Any]:
@@ -51,18 +52,12 @@ def numbered(folder: Path, prefix: str) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def first_cause(exc: BaseException) -> BaseException:
-    """The first rank's error where `exc` is DCP's CheckpointException (it holds one per
-    rank), else `exc`."""
-    failures = getattr(exc, "failures", None)
-    return next(iter(failures.values()))[0] if failures else exc
-
-
 def damage(exc: BaseException) -> BaseException | None:
-    """The error of a damaged checkpoint file in `exc`, or None when `exc` is another
-    failure."""
-    cause = first_cause(exc)
-    return cause if isinstance(cause, DAMAGE) else None
+    """The error of a damaged checkpoint file that `exc` is or holds (`linked`), or None when
+    `exc` is another failure."""
+    return next(
+        (e for e in linked(exc) if isinstance(e, DAMAGE) or str(e).startswith(DAMAGE_CODES)), None
+    )
 
 
 def damaged(folder: Path | str, cause: BaseException) -> PrimusError:

@@ -12,8 +12,6 @@ from primus.core.errors import ConfigError
 from primus.core.patches import PatchContext, register_patch
 
 SAID = 300  # characters of orbax's message kept in the error (it can run to megabytes)
-# tensorstore's codes (orbax raises them as ValueError) for a file cut short or overwritten
-DAMAGE_CODES = ("OUT_OF_RANGE:", "DATA_LOSS:")
 
 
 def _another_model_refused(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -22,10 +20,10 @@ def _another_model_refused(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(manager, *args, **kwargs)
         except Exception as exc:  # orbax's NoEntryError, or a ValueError about shapes
             from maxtext.common.checkpointing import latest_step
-            from primus.core.checkpoint.dcp import damaged
+            from primus.core.checkpoint.dcp import damage, damaged
 
             step = latest_step(manager) if manager is not None else None
-            if step is not None and (cause := _damage(exc)) is not None:
+            if step is not None and (cause := damage(exc)) is not None:
                 raise damaged(f"{manager.directory}/{step}", cause) from None
             if step is None or not _mismatch(exc):
                 raise
@@ -38,17 +36,6 @@ def _another_model_refused(original: Callable[..., Any]) -> Callable[..., Any]:
             ) from None
 
     return load_state_if_possible
-
-
-def _damage(exc: BaseException) -> BaseException | None:
-    """tensorstore's error for a damaged file, where orbax's chain of errors (it tries each
-    handler, then says none fits) holds one."""
-    for _ in range(10):
-        if str(exc).startswith(DAMAGE_CODES):
-            return exc
-        if (exc := exc.__cause__ or exc.__context__) is None:  # type: ignore[assignment]
-            return None
-    return None
 
 
 def _first_line(exc: Exception) -> str:

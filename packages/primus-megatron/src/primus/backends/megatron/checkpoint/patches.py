@@ -81,11 +81,13 @@ def _loading(load: str) -> Path:
 def _missing(exc: BaseException) -> str | None:
     """The tensor this run loads that the checkpoint lacks, where that is why DCP's load failed
     (Megatron's shape check raises a KeyError for it), or None."""
-    from primus.core.checkpoint.dcp import first_cause
+    from primus.core.errors import linked
 
-    cause = first_cause(exc)
-    said = str(cause.args[0]) if isinstance(cause, KeyError) and cause.args else ""
-    return said.split(" from model not in state dict")[0] if "not in state dict" in said else None
+    for cause in linked(exc):
+        said = str(cause.args[0]) if isinstance(cause, KeyError) and cause.args else ""
+        if " from model not in state dict" in said:
+            return said.split(" from model not in state dict")[0]
+    return None
 
 
 def _say_which(module: Any) -> Callable[[Callable], Callable]:
