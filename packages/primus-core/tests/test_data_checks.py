@@ -28,7 +28,8 @@ def corpus(prefix: Path, vocab: int = 64, tokens: np.ndarray | None = None) -> P
     Path(f"{prefix}.idx").write_bytes(whole.getvalue())
     ids = np.arange(55, dtype=np.int32) % vocab if tokens is None else tokens
     Path(f"{prefix}.bin").write_bytes(ids.tobytes())
-    manifest = {"format": FORMAT, "vocab_size": vocab, "eod": {"id": 0}, "tokenizer": None}
+    manifest = {"format": FORMAT, "vocab_size": vocab, "documents": 10, "tokens": 55,
+                "dtype": "int32", "eod": {"id": 0}, "tokenizer": None}  # fmt: skip
     Path(f"{prefix}.json").write_text(json.dumps(manifest))
     return prefix
 
@@ -88,30 +89,33 @@ def test_a_damaged_index_entry_is_found_in_any_block(
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"vocab_size": "abc"}, "vocab_size must be a positive integer, got 'abc'"),
-        ({"vocab_size": None}, "vocab_size must be a positive integer, got None"),
+        ({"vocab_size": "abc"}, 'vocab_size must be a positive integer, got "abc"'),
+        ({"vocab_size": None}, "vocab_size must be a positive integer, got null"),
         ({"vocab_size": [1]}, r"vocab_size must be a positive integer, got \[1\]"),
-        ({"vocab_size": True}, "vocab_size must be a positive integer, got True"),
+        ({"vocab_size": True}, "vocab_size must be a positive integer, got true"),
         ({"vocab_size": 0}, "vocab_size must be a positive integer, got 0"),
+        ({"documents": -1}, "documents must be an integer, 0 or more, got -1"),
+        ({"tokens": 5.5}, "tokens must be an integer, 0 or more, got 5.5"),
+        ({"dtype": {}}, r"dtype must be a string, got \{\}"),
         ({"eod": "x"}, "eod must be null or hold the end-of-document id"),
         ({"eod": {"id": -1}}, "eod must be null or hold the end-of-document id"),
         ({"eod": {"id": 64}}, "the end-of-document id 64 is outside its vocabulary of 64"),
-        ({"tokenizer": "x"}, r"tokenizer must be null or a mapping \(path, sha256\), got 'x'"),
+        ({"tokenizer": "x"}, r'tokenizer must be null or an object \(path, sha256\), got "x"'),
     ],
 )
 def test_a_manifest_with_a_bad_field_is_one_config_error(
     tmp_path: Path, fields: dict[str, Any], message: str
 ) -> None:
     prefix = corpus(tmp_path / "c")
-    record = json.loads(Path(f"{prefix}.json").read_text()) | fields
-    Path(f"{prefix}.json").write_text(json.dumps(record))
+    good = json.loads(Path(f"{prefix}.json").read_text())
+    Path(f"{prefix}.json").write_text(json.dumps(good | fields))
     with pytest.raises(ConfigError, match=message) as err:
         read_manifest(prefix)
     assert str(err.value).startswith(f"{prefix}.json, the corpus's manifest: ")
-    del record["vocab_size"]
-    Path(f"{prefix}.json").write_text(json.dumps(record))
-    with pytest.raises(ConfigError, match="vocab_size must be a positive integer, got None"):
-        read_manifest(prefix)
+    for name in ("vocab_size", "documents", "tokens", "dtype"):  # a damaged or foreign one
+        Path(f"{prefix}.json").write_text(json.dumps({k: v for k, v in good.items() if k != name}))
+        with pytest.raises(ConfigError, match=f"manifest: {name} is missing"):
+            read_manifest(prefix)
     Path(f"{prefix}.json").write_text(json.dumps({"format": "other"}))
     assert read_manifest(prefix) is None  # JSON of another format: no manifest
 
@@ -130,6 +134,15 @@ def test_inspect_checks_the_ids_against_the_manifest_and_every_entry(
     err = capsys.readouterr().err
     assert f"{big}.bin holds token id 60000, outside its manifest's vocabulary of 64" in err
     assert "Traceback" not in err
+    manifest = json.loads(Path(f"{good}.json").read_text())
+    del manifest["documents"]  # what inspect checks the corpus against
+    Path(f"{good}.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit) as done:
+        main(["data", "inspect", str(good)])
+    assert done.value.code == 2
+    assert f"error: {good}.json, the corpus's manifest: documents is missing" in (
+        capsys.readouterr().err
+    )
     Path(f"{good}.idx").unlink()
     Path(f"{good}.idx").mkdir()
     with pytest.raises(SystemExit) as done:

@@ -90,11 +90,7 @@ def test_one_and_two_workers_write_the_same_corpus(
     assert manifest is not None
     tokens = sum(map(len, expected))
     assert (manifest["documents"], manifest["empty_documents_skipped"]) == (len(expected), 2)
-    assert (manifest["tokens"], manifest["dtype"], manifest["vocab_size"]) == (
-        tokens,
-        "uint16",
-        300,
-    )
+    assert (manifest["tokens"], manifest["dtype"], manifest["vocab_size"]) == (tokens, "uint16", 300)  # fmt: skip
     assert manifest["eod"] == {
         "id": eod, "token": "<doc_end>", "source": "eos_token in tokenizer_config.json"
     }  # fmt: skip
@@ -159,12 +155,7 @@ def test_one_run_at_a_time_on_a_prefix(tmp_path: Path, tokenizer: Path) -> None:
         with pytest.raises(ConfigError, match="is being prepared by another command"):
             run([corpus], tokenizer, tmp_path / "c")
     run([corpus], tokenizer, tmp_path / "c")  # the other run is gone
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "c.bin",
-        "c.idx",
-        "c.json",
-        "corpus.jsonl",
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.bin", "c.idx", "c.json", "corpus.jsonl"]  # fmt: skip
 
 
 def test_the_progress_line() -> None:
@@ -208,8 +199,8 @@ def test_parquet_txt_and_globs_in_order(tmp_path: Path, tokenizer: Path, eod: in
     [
         ('{"text": "no closing quote}', r"c.jsonl:200: not valid JSON: Unterminated string"),
         ('{"body": "x"}', r"c.jsonl:200: no key 'text' \(keys: body\)"),
-        ('{"text": 3}', r"c.jsonl:200: 'text' must be a string, got int"),
-        ('["text"]', r"c.jsonl:200: expected a JSON object, got list"),
+        ('{"text": null}', r"c.jsonl:200: 'text' must be a string, got null"),
+        ('["text"]', r"c.jsonl:200: expected a JSON object, got array"),
         ('{"text": "\\ud800 alone"}', r"c.jsonl:200: 'text' holds an unpaired UTF-16 surrogate"),
     ],
 )
@@ -246,10 +237,16 @@ def test_eod_choice(tmp_path: Path, tokenizer: Path) -> None:
     loaded, directory = load_tokenizer(tokenizer)
     assert find_eod(loaded, directory).token == "<doc_end>"
     assert find_eod(loaded, directory, "<unk>").id == loaded.token_to_id("<unk>")
-    with pytest.raises(ConfigError, match="not in the tokenizer's vocabulary"):
+    with pytest.raises(ConfigError, match="'<nope>' is not in the vocabulary of the tokenizer in"):
         find_eod(loaded, directory, "<nope>")
     common = train_tokenizer(["<|endoftext|>"])
     assert find_eod(common, tmp_path).token == "<|endoftext|>"
+    (tmp_path / "bad").mkdir()  # an eos_token that names no token is refused, not replaced
+    for eos, said in (('"<nope>"', f"eos_token '<nope>' is not in the vocabulary of the tokenizer in "
+                       f"{tmp_path / 'bad'}"), ('{"content": 5}', "content must be a string, got number")):  # fmt: skip
+        (tmp_path / "bad" / "tokenizer_config.json").write_text(f'{{"eos_token": {eos}}}')
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            find_eod(common, tmp_path / "bad")
     plain = train_tokenizer([])
     fresh = find_eod(plain, tmp_path)
     assert (fresh.id, fresh.token) == (plain.get_vocab_size(), None)  # past the vocabulary
@@ -309,7 +306,7 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         main(["data", "prepare", "--help"])
     said = " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().out).split())
     for option in ("--input", "--tokenizer", "--output", "--key", "--append-eod", "--eod-token",
-                   "--workers", "--chunk-size", "one document per file", "PREFIX.json"):  # fmt: skip
+                   "--workers", "--chunk-size", "--overwrite", "one document per file", "PREFIX.json"):  # fmt: skip
         assert option in said
 
 
@@ -328,7 +325,7 @@ def test_the_command_fails_on_a_bad_line_in_one_line(tmp_path: Path, tokenizer: 
         "data", "prepare", "-i", str(corpus), "-t", str(tokenizer), "-o", str(tmp_path / "o" / "c")
     )
     assert result.returncode == 2
-    assert result.stderr.splitlines()[-1].endswith("c.jsonl:2: 'text' must be a string, got int")
+    assert result.stderr.splitlines()[-1].endswith("c.jsonl:2: 'text' must be a string, got number")
     assert "Traceback" not in result.stderr
 
 

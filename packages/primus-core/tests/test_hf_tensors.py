@@ -106,3 +106,29 @@ def test_stored_tensors_the_model_does_not_read_are_refused_up_front(tmp_path: P
     with pytest.raises(ConfigError, match=r"tensor 'b' has no place in the model") as err:
         tensors.check_unread(["a"])
     assert "num_hidden_layers" in str(err.value.hint)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "pt"])
+def test_a_tensor_with_nan_or_inf_is_refused_as_it_is_read(
+    tmp_path: Path, framework: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from primus.core.checkpoint import hf_tensors
+
+    monkeypatch.setattr(hf_tensors, "FINITE_BLOCK", 4)  # checked in blocks: found in any
+    bad = np.ones((3, 3), np.float32)
+    bad[2, 1] = np.inf
+    save_file({"a": np.ones((3, 3), np.float16), "b": bad, "c": np.full(2, np.nan, np.float32)},
+              str(tmp_path / "model.safetensors"))  # fmt: skip
+    tensors = HFTensors(tmp_path, framework)
+    assert tensors.get("a", (3, 3)).sum() == 9
+    with pytest.raises(ConfigError, match=r"tensor 'b' holds inf at element 7 \(of \[3, 3\]\)"):
+        tensors.get("b", (3, 3))
+    with pytest.raises(ConfigError, match=r"tensor 'c' holds nan at element 0"):
+        tensors.get("c", (2,))
+    if framework == "pt":  # a PEFT adapter read back (init_from.adapter) is checked the same
+        from primus.core.checkpoint.peft_adapter import read_adapter
+
+        name = "base_model.model.layers.0.q_proj.lora_B.weight"
+        save_file({name: bad}, str(tmp_path / "adapter_model.safetensors"))
+        with pytest.raises(ConfigError, match=f"tensor '{name}' holds inf at element 7"):
+            read_adapter(tmp_path)

@@ -48,9 +48,9 @@ class ProgressLine:
     """One line on stderr: documents, tokens, MB/s and, the input size being known, the share
     done and the time left. Redrawn in place on a terminal, every 10 s otherwise."""
 
-    def __init__(self, plan: Plan, stream: TextIO = sys.stderr) -> None:
-        self.plan, self.stream = plan, stream
-        self.tty = stream.isatty()
+    def __init__(self, plan: Plan, stream: TextIO | None = None) -> None:
+        self.plan, self.stream = plan, stream or sys.stderr  # the stderr of now, not of import
+        self.tty = self.stream.isatty()
         self.start = self.shown = time.monotonic()
         self.counts = plan.done_counts
 
@@ -91,16 +91,25 @@ def _eod_text(plan: Plan) -> str:
 
 def _summary(result: Prepared) -> str:
     counts = result.counts
+    eod = "none" if result.eod is None else result.eod.id
+    corpus = (
+        f"the corpus: prefix {result.prefix.resolve()}, vocab size {result.vocab_size}, "
+        f"end-of-document id {eod}"
+    )
+    if result.already:
+        return (
+            f"already prepared from these inputs and settings: {counts.documents:,} documents, "
+            f"{counts.tokens:,} tokens ({result.dtype}); nothing to do (--overwrite prepares "
+            f"it again)\n{corpus}"
+        )
     empty = f" ({counts.empty:,} empty, skipped)" if counts.empty else ""
     chunks = f"{result.resumed} chunk" + "s" * (result.resumed != 1)
     resumed = f"; {chunks} by the run before" if result.resumed else ""
-    eod = "none" if result.eod is None else result.eod.id
     lines = [
         f"prepared {counts.documents:,} documents{empty}, {counts.tokens:,} tokens "
         f"({result.dtype}) in {result.seconds:.1f} s{resumed}",
         *(f"  wrote {p}  {_size(p)}" for p in result.files),
-        f"the corpus: prefix {result.prefix.resolve()}, vocab size {result.vocab_size}, "
-        f"end-of-document id {eod}",
+        corpus,
     ]
     return "\n".join(lines)
 
@@ -192,6 +201,14 @@ def prepare(
             "run continues a killed one only at the same size.",
         ),
     ] = "4M",
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace a corpus at the prefix that other inputs or settings made (without "
+            "it, that is an error; one the same made is kept and nothing done).",
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
     """Tokenize text into the indexed format (PREFIX.bin, PREFIX.idx) and a manifest
@@ -228,7 +245,7 @@ def prepare(
     args += [] if eod_token is None else ["--eod-token", eod_token]
     request = Request(
         inputs, tokenizer, prefix, key, append_eod, eod_token, workers, chunk_size(chunk),
-        command="primus data prepare " + shlex.join(args),
+        command="primus data prepare " + shlex.join(args), overwrite=overwrite,
     )  # fmt: skip
     progress: list[ProgressLine] = []
 

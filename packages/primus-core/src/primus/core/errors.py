@@ -242,3 +242,19 @@ def did_you_mean(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """A ' (did you mean: a, b?)' suffix, or '' when nothing is close."""
     close = difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
     return f" (did you mean: {', '.join(close)}?)" if close else ""
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a parsed JSON value's type, for messages about JSON input: null,
+    boolean, number, string, array or object."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__

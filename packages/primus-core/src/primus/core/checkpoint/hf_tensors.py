@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,15 @@ SHARD_BYTES = 4 << 30  # the most an export puts in one safetensors file
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # stored tensors a model may leave unread: RoPE's cached frequencies, a tied LM head's copy
 UNREAD_OK = ("rotary_emb.inv_freq", "lm_head.weight")
+FINITE_BLOCK = 1 << 20  # elements checked for NaN and Inf at once: a bounded temporary
 
 
 class HFTensors:
     """The tensors of an HF model directory by name, each read on demand: `framework="pt"`
     gives torch tensors (safetensors' safe_open), `"numpy"` numpy arrays read straight from
     the file (BF16 as ml_dtypes' bfloat16), keeping no mapping of it. Every tensor's dtype is
-    checked up front and its shape before it is read: a ConfigError names file and tensor."""
+    checked up front, its shape before it is read and its values (no NaN or Inf) as it is
+    read: a ConfigError names file and tensor."""
 
     def __init__(self, folder: Path, framework: str) -> None:
         self.framework = framework
@@ -74,12 +76,48 @@ class HFTensors:
             from safetensors import safe_open
 
             with safe_open(file, "pt") as f:
-                return f.get_tensor(name)
+                tensor = f.get_tensor(name)
+        else:
+            import numpy as np
+
+            dtype = _numpy_dtype(entry["dtype"])
+            offset = start + entry["data_offsets"][0]
+            tensor = np.fromfile(file, dtype, math.prod(shape), offset=offset).reshape(shape)
+        check_finite(file, name, tensor)
+        return tensor
+
+
+def check_finite(file: Path, name: str, tensor: Any) -> None:
+    """A ConfigError naming `file`, tensor `name` and its first NaN or Inf, where it has one:
+    weights read for an import are checked once, as they are read."""
+    bad = first_nonfinite(tensor)
+    if bad is not None:
+        value = float(tensor.reshape(-1)[bad])
+        raise ConfigError(
+            f"{file}: tensor '{name}' holds {value} at element {bad} (of {list(tensor.shape)}): "
+            "these weights are not finite numbers",
+            hint="a damaged download, or a model saved after its training diverged",
+        )
+
+
+def first_nonfinite(tensor: Any) -> int | None:
+    """The flat index of the first NaN or Inf of a torch tensor or numpy array, or None; checked
+    FINITE_BLOCK elements at a time, so the check's temporary stays small."""
+    isfinite: Callable[[Any], Any]
+    if type(tensor).__module__.startswith("torch"):
+        import torch
+
+        isfinite = torch.isfinite
+    else:
         import numpy as np
 
-        dtype = _numpy_dtype(entry["dtype"])
-        offset = start + entry["data_offsets"][0]
-        return np.fromfile(file, dtype, math.prod(shape), offset=offset).reshape(shape)
+        isfinite = np.isfinite
+    flat = tensor.reshape(-1)
+    for start in range(0, flat.shape[0], FINITE_BLOCK):
+        ok = isfinite(flat[start : start + FINITE_BLOCK])
+        if not ok.all():
+            return start + ok.tolist().index(False)
+    return None
 
 
 def _numpy_dtype(code: str) -> Any:

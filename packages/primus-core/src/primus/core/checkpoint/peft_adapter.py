@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.checkpoint.hf import safetensors_header
-from primus.core.checkpoint.hf_tensors import SafetensorsWriter
+from primus.core.checkpoint.hf_tensors import SafetensorsWriter, check_finite
 from primus.core.config.init_from import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from primus.core.config.posttrain import PeftConfig
 from primus.core.errors import ConfigError
@@ -72,7 +72,8 @@ def write_adapter(
 
 def read_adapter(folder: Path) -> dict[str, tuple[Any, Any]]:
     """The LoRA factors of the PEFT adapter in `folder`: HF module name -> (A, B), float32
-    torch tensors; a ConfigError naming the file where a module lacks A or B."""
+    torch tensors; a ConfigError naming the file where a module lacks A or B, or a factor
+    holds NaN or Inf."""
     import re
 
     from safetensors import safe_open
@@ -86,7 +87,9 @@ def read_adapter(folder: Path) -> dict[str, tuple[Any, Any]]:
             if match is None:
                 raise ConfigError(f"{path}: tensor '{name}' is not a LoRA factor",
                                   hint="Primus continues adapters of LoRA alone")  # fmt: skip
-            found.setdefault(match[1], {})[match[2]] = f.get_tensor(name).float()
+            tensor = f.get_tensor(name)
+            check_finite(path, name, tensor)
+            found.setdefault(match[1], {})[match[2]] = tensor.float()
     for module, pair in found.items():
         if set(pair) != {"A", "B"}:
             raise ConfigError(f"{path}: {module} has lora_{''.join(pair)} alone")

@@ -102,6 +102,38 @@ def write_manifest(
     path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
 
 
+def made_otherwise(
+    record: dict[str, Any], sources: list[Source], tokenizer: str, key: str, eod: int | None
+) -> str | None:
+    """How the corpus a manifest describes was made otherwise than from `sources` with the
+    tokenizer of sha256 `tokenizer`, the text under `key` and the end-of-document id `eod`
+    (None: none appended), as "made ..."; None when a run of these would write the same
+    tokens. The sources are hashed only when everything else agrees."""
+    made = record.get("tokenizer") or {}
+    if made.get("sha256") != tokenizer:
+        return f"made with another tokenizer ({made.get('path') or 'not recorded'})"
+    if record.get("key") != key:
+        return f"made from the key {json.dumps(record.get('key'))}, not {json.dumps(key)}"
+    recorded = (record.get("eod") or {}).get("id")
+    if recorded != eod:
+        then, now = ("no end-of-document id" if i is None else f"end-of-document id {i}"
+                     for i in (recorded, eod))  # fmt: skip
+        return f"made with {then}, not {now}"
+    listed = record.get("sources")
+    if not isinstance(listed, list) or not all(isinstance(s, dict) for s in listed):
+        return "whose manifest lists no sources"
+    paths, read = [str(Path(s.path).resolve()) for s in sources], [s.get("path") for s in listed]
+    if read != paths:
+        both = min(len(read), len(paths))
+        i = next((i for i in range(both) if read[i] != paths[i]), both)  # the first difference
+        was, now = (names[i] if i < len(names) else "none" for names in (read, paths))
+        return f"made from other input files (input {i + 1} was {was}, here {now})"
+    for path, source, entry in zip(paths, sources, listed, strict=True):
+        if entry.get("bytes") != source.size or entry.get("sha256") != sha256(source.path):
+            return f"made before {path} changed"
+    return None
+
+
 def read_manifest(prefix: str | Path) -> dict[str, Any] | None:
     """The manifest of the corpus at `prefix`, or None when it has none (or an unreadable one,
     or JSON of another format). A ConfigError when it claims the format but a field the readers
@@ -124,17 +156,34 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+# The fields a manifest must hold, and what each must be: what the readers and inspect use.
+REQUIRED = {
+    "vocab_size": "a positive integer",
+    "documents": "an integer, 0 or more",
+    "tokens": "an integer, 0 or more",
+    "dtype": "a string",
+}
+
+
 def _field_problem(record: dict[str, Any]) -> str | None:
     """What is wrong with the fields of a manifest that the readers use, or None."""
-    vocab, eod, tokenizer = record.get("vocab_size"), record.get("eod"), record.get("tokenizer")
-    if not _count(vocab) or vocab == 0:
-        return f"vocab_size must be a positive integer, got {vocab!r}"
+    for name, what in REQUIRED.items():
+        if name not in record:
+            return f"{name} is missing"
+        value = record[name]
+        ok = isinstance(value, str) if name == "dtype" else _count(value)
+        if not ok or (name == "vocab_size" and value == 0):
+            return f"{name} must be {what}, got {json.dumps(value)}"
+    vocab, eod, tokenizer = record["vocab_size"], record.get("eod"), record.get("tokenizer")
     if eod is not None and not (isinstance(eod, dict) and _count(eod.get("id"))):
-        return f"eod must be null or hold the end-of-document id (id: an integer), got {eod!r}"
+        return (
+            "eod must be null or hold the end-of-document id (id: an integer), "
+            f"got {json.dumps(eod)}"
+        )
     if eod is not None and eod["id"] >= vocab:
         return f"the end-of-document id {eod['id']} is outside its vocabulary of {vocab}"
     if tokenizer is not None and not isinstance(tokenizer, dict):
-        return f"tokenizer must be null or a mapping (path, sha256), got {tokenizer!r}"
+        return f"tokenizer must be null or an object (path, sha256), got {json.dumps(tokenizer)}"
     return None
 
 

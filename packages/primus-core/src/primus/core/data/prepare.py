@@ -8,7 +8,8 @@ corpus, and the bytes do not depend on the number of workers. A run that is kill
 by the same command: the journal names the chunks done and where the files ended after the
 last one. At the end PREFIX.idx is written from the sizes, then PREFIX.bin, PREFIX.idx and the
 manifest PREFIX.json are renamed into place (the old .idx is removed first: never an old index
-with new tokens).
+with new tokens). A corpus already at the prefix is kept, and nothing done, when its manifest
+says the same inputs and settings made it; another one is replaced only with `overwrite`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Request:
     workers: int | None = None  # default: the cores this process may use
     chunk_bytes: int = CHUNK_BYTES
     command: str = ""
+    overwrite: bool = False  # replace a corpus made otherwise at the prefix
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Prepared:
     seconds: float
     resumed: int  # chunks done by an earlier, killed run
     files: list[Path] = field(default_factory=list)  # .bin, .idx, .json
+    already: bool = False  # the corpus was there, made from the same inputs and settings
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,42 @@ def _append(
                 on_chunk(counts)
 
 
+def _prepared_before(
+    out: Output, inputs: list[sources.Source], settings: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The manifest of the corpus at the prefix when a run of `inputs` and `settings` would
+    write the same (nothing to do); None when there is no corpus there. A ConfigError naming
+    its files when there is another, or a damaged one: a run replaces it only with
+    --overwrite."""
+    finals = (out.bin, out.idx, out.json)
+    found = [path for path in finals if path.exists()]
+    if not found:
+        return None
+    record, why = None, None
+    try:
+        record = manifest.read_manifest(out.prefix)
+    except ConfigError as exc:
+        why = f"whose manifest is damaged ({exc.message})"
+    if len(found) < len(finals):
+        why = f"that lacks {', '.join(p.name for p in finals if p not in found)}"
+    elif record is None:
+        why = why or "without a manifest that says what made it"
+    elif problem := indexed.index_problem(out.idx, out.bin):
+        why = f"that is damaged ({problem})"
+    else:
+        why = manifest.made_otherwise(
+            record, inputs, settings["tokenizer"], settings["key"], settings["eod"]
+        )
+    if why is None:
+        return record
+    raise ConfigError(
+        f"{out.prefix} already holds a corpus ({', '.join(map(str, found))}) {why}: pass "
+        "--overwrite to replace it",
+        hint="the files are replaced only once the new corpus is done; or prepare into "
+        "another --output",
+    )
+
+
 def default_workers() -> int:
     """The cores this process may run on."""
     affinity = getattr(os, "sched_getaffinity", None)
@@ -223,6 +262,15 @@ def prepare(
     workers = request.workers or default_workers()
     run = _Run(out, request.key, (str(file), None if eod is None else eod.id, dtype), on_chunk)
     try:
+        made = None if request.overwrite else _prepared_before(out, inputs, settings)
+        if made is not None:
+            empty = made.get("empty_documents_skipped")
+            empty = empty if isinstance(empty, int) else 0
+            size = sum(s.size for s in inputs)
+            counts = Counts(made["documents"], empty, made["tokens"], size)
+            files = [out.bin, out.idx, out.json]
+            seconds = time.monotonic() - start
+            return Prepared(counts, vocab, eod, dtype, request.prefix, seconds, 0, files, True)
         why = unwritable(request.prefix.parent)
         if why:
             raise ConfigError(f"cannot write the corpus {request.prefix}: {why}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from primus.core.errors import ConfigError, Origin
+from primus.core.errors import ConfigError, Origin, json_type
 
 KINDS = {".parquet": "parquet", ".txt": "txt"}  # every other suffix: jsonl
 
@@ -233,13 +233,13 @@ def _text(line: bytes, key: str, path: str, offset: int) -> str:
         reason = f"{exc.msg}: column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else exc
         raise BadInput(path, f"not valid JSON: {reason}", offset) from None
     if not isinstance(record, dict):
-        raise BadInput(path, f"expected a JSON object, got {type(record).__name__}", offset)
+        raise BadInput(path, f"expected a JSON object, got {json_type(record)}", offset)
     if key not in record:
         keys = ", ".join(sorted(record)) or "none"
         raise BadInput(path, f"no key '{key}' (keys: {keys})", offset)
     text = record[key]
     if not isinstance(text, str):
-        raise BadInput(path, f"'{key}' must be a string, got {type(text).__name__}", offset)
+        raise BadInput(path, f"'{key}' must be a string, got {json_type(text)}", offset)
     if b"\\u" in line.lower() and _unpaired_surrogate(text):  # JSON escapes can make one
         raise BadInput(path, f"'{key}' holds an unpaired UTF-16 surrogate (not text)", offset)
     return text

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from primus.core.errors import ConfigError
+from primus.core.errors import ConfigError, json_type
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -62,8 +62,9 @@ def vocab_size_of(tokenizer: Tokenizer) -> int:
 
 
 def _configured_eos(directory: Path) -> str | None:
-    """tokenizer_config.json's eos_token; a ConfigError for a file that is not a JSON object
-    (its EOD would silently be another token)."""
+    """tokenizer_config.json's eos_token (None where it names none); a ConfigError for a file
+    that is not a JSON object or an eos_token that is not a token (its EOD would silently be
+    another token)."""
     config = directory / "tokenizer_config.json"
     if not config.is_file():
         return None
@@ -71,24 +72,37 @@ def _configured_eos(directory: Path) -> str | None:
         record = json.loads(config.read_bytes())
     except (OSError, ValueError) as exc:
         record = exc
+    hint = "repair or remove it, or name the token with --eod-token"
     if not isinstance(record, dict):
-        raise ConfigError(f"{config}: not a JSON object, so its eos_token is unknown",
-                          hint="repair or remove it, or name the token with --eod-token")  # fmt: skip
+        raise ConfigError(f"{config}: not a JSON object, so its eos_token is unknown", hint=hint)
     eos = record.get("eos_token")
-    return eos.get("content") if isinstance(eos, dict) else eos if isinstance(eos, str) else None
+    token = eos.get("content") if isinstance(eos, dict) else eos
+    if token is not None and not isinstance(token, str):
+        field = "eos_token.content" if isinstance(eos, dict) else "eos_token"
+        raise ConfigError(f"{config}: {field} must be a string, got {json_type(token)}", hint=hint)
+    return token
 
 
 def find_eod(tokenizer: Tokenizer, directory: Path, token: str | None = None) -> Eod:
-    """The EOD id: `token` if given, else tokenizer_config.json's eos_token, else a common
-    end-of-text token, else a new id one past the vocabulary (never a real token's id)."""
+    """The EOD id: `token` if given, else tokenizer_config.json's eos_token (which must be in
+    the vocabulary), else a common end-of-text token, else a new id one past the vocabulary
+    (never a real token's id)."""
     if token is not None:
         token_id = tokenizer.token_to_id(token)
         if token_id is None:
-            raise ConfigError(f"--eod-token {token!r} is not in the tokenizer's vocabulary")
+            raise ConfigError(
+                f"--eod-token {token!r} is not in the vocabulary of the tokenizer in {directory}"
+            )
         return Eod(token_id, token, "--eod-token")
     eos = _configured_eos(directory)
-    eos_id = None if eos is None else tokenizer.token_to_id(eos)
-    if eos is not None and eos_id is not None:
+    if eos is not None:
+        eos_id = tokenizer.token_to_id(eos)
+        if eos_id is None:
+            raise ConfigError(
+                f"{directory / 'tokenizer_config.json'}: eos_token {eos!r} is not in the "
+                f"vocabulary of the tokenizer in {directory}",
+                hint="name a token of the vocabulary as eos_token, or with --eod-token",
+            )
         return Eod(eos_id, eos, "eos_token in tokenizer_config.json")
     for candidate in EOD_CANDIDATES:
         token_id = tokenizer.token_to_id(candidate)
