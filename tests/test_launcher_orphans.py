@@ -152,3 +152,4 @@ def test_only_a_collective_whose_peer_is_gone_is_told_as_another_ranks_end(
     wrapped = RuntimeError("the step failed")
     wrapped.__cause__ = error
     assert peer_gone(wrapped) is gone
+    assert peer_gone(ExceptionGroup("the ranks failed", [ValueError("a"), error])) is gone

@@ -321,13 +321,14 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
         done = sft_runs.primus("train", "posttrain", "--config", str(other), *TRAIN)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "iter_0000060 holds no decoder." in done.stderr and "other LoRA targets" in done.stderr
-    # the finished run run again: nothing left to train (Megatron's sampler asserted)
+    # the finished run run again: nothing left to train, exit 0, and it says so
     again = experiment(tmp_path / "lora_again", task, peft=LORA)
     copy = resumed(lora_run, again, ["checkpoints/iter_0000000", "checkpoints/iter_0000060"])
     (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("60")
     with in_process(sft_runs):
         log = (posttrain(again, *TRAIN) / "logs" / "rank-0.log").read_text()
     assert "iter_0000060 (iteration 60)" in log and "posttrain finished" in log
+    assert "already finished at step 60: nothing was trained (raise train_iters above 60" in log
 
 
 def test_lora_with_tensor_parallel_trains_as_one_process(

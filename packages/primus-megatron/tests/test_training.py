@@ -134,6 +134,11 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
     assert f"error: the checkpoint {latest} cannot be read (" in damaged.stderr
     assert f"hint: a file in it may be damaged or cut short: move {latest} out of" in damaged.stderr
+    (latest / ".metadata").write_bytes(b"\x80\x04garbage")  # its DCP index damaged: the same
+    with in_process():
+        damaged = primus_here(*resume, PRIMUS_WORKSPACE=str(tmp_path))
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
+    assert f"error: the checkpoint {latest} cannot be read (UnpicklingError: " in damaged.stderr
     latest.rename(tmp_path / "damaged")
     train_here(tmp_path, *resume[4:])
     assert "resumed from" in (log := (run_dir / "logs" / "rank-0.log").read_text())

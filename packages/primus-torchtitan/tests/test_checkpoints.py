@@ -185,6 +185,11 @@ def test_a_resume_with_another_model_is_refused_naming_the_tensor(tmp_path: Path
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
     assert f"error: the checkpoint {step} cannot be read (" in damaged.stderr
     assert f"hint: a file in it may be damaged or cut short: move {step} out of" in damaged.stderr
+    (step / ".metadata").write_bytes(b"\x80\x04garbage")  # its DCP index damaged: the same
+    with in_process():
+        damaged = primus_here(*train[:-1], "training.steps=4")
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
+    assert f"error: the checkpoint {step} cannot be read (UnpicklingError: " in damaged.stderr
 
 
 def test_another_model_at_the_initial_load_path_is_named_so() -> None:

@@ -138,6 +138,10 @@ def test_checkpoint_then_resume_matches_the_uninterrupted_run(
     whole, resumed = losses(uninterrupted), losses(run_dir)
     for step in (11, 15, 20):
         assert resumed[step] == pytest.approx(whole[step], rel=1e-4), step
+    train_here(tmp_path, *keep, "training.steps=20")  # the finished run again: exit 0, says so
+    assert [m["step"] for m in step_metrics(run_dir)] == steps
+    said = "the run already finished at step 20: nothing was trained (raise training.steps above 20"
+    assert said in (run_dir / "logs" / "rank-0.log").read_text()
 
 
 def test_trains_on_a_local_jsonl_dataset_with_a_local_tokenizer(tmp_path: Path) -> None:

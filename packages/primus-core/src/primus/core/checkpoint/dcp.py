@@ -60,6 +60,21 @@ def damage(exc: BaseException) -> BaseException | None:
     )
 
 
+def metadata_damage(folder: Path | str) -> BaseException | None:
+    """The error reading `folder`'s DCP `.metadata` raises where that file is damaged (cut short,
+    overwritten), or None (no such file, or one that reads). DCP's own load, on such a file,
+    logs the error with its traceback and raises another that only quotes it."""
+    if not (Path(folder) / ".metadata").is_file():
+        return None
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        FileSystemReader(str(folder)).read_metadata()
+    except Exception as exc:
+        return damage(exc)
+    return None
+
+
 def damaged(folder: Path | str, cause: BaseException) -> PrimusError:
     """The error for the checkpoint `folder` whose files cannot be read (`cause`: `damage`'s)."""
     said = (str(cause).strip().splitlines() or [""])[0][:200]

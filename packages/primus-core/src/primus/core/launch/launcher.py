@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from primus.core.errors import linked
 from primus.core.launch.ports import free_port
 from primus.core.launch.reaper import die_with_parent, processes, start_group_reaper
 from primus.core.reliability.preemption import EXIT_PREEMPTED
@@ -92,16 +93,10 @@ _PEER_GONE = re.compile(
 
 
 def peer_gone(exc: BaseException) -> bool:
-    """Whether `exc`, or an error that caused it, reads as a collective whose peer is gone
-    (and not as a failure of this worker's own, which keeps its message and traceback)."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # a chain of causes, cycles cut short
-        if seen is None:
-            return False
-        if _PEER_GONE.search(f"{type(seen).__name__}: {seen}"):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    """Whether `exc`, or an error it holds (`linked`: its causes, an exception group's members,
+    DCP's failures of each rank), reads as a collective whose peer is gone (and not as a
+    failure of this worker's own, which keeps its message and traceback)."""
+    return any(_PEER_GONE.search(f"{type(e).__name__}: {e}") for e in linked(exc))
 
 
 def another_worker_ended(wait_s: float = 1.0) -> bool:

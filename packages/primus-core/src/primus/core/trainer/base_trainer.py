@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from primus.core.launch.dist_env import get_torchrun_env
+from primus.core.logging import log_rank_0
 
 
 class BaseTrainer(ABC):
@@ -38,3 +39,12 @@ class BaseTrainer(ABC):
 
     def cleanup(self, on_error: bool = False) -> None:  # noqa: B027 - optional hook
         """Release resources; called after training, and also after a failure (`on_error`)."""
+
+    def already_finished(self, step: int, key: str, above: int | None = None) -> None:
+        """Say that the run resumed from a checkpoint at its last step (or past it) and trained
+        nothing: every backend then exits 0 with this line. `key` is the param that sets the
+        steps, to be raised above `above` (default `step`) to train further."""
+        log_rank_0(
+            f"the run already finished at step {step}: nothing was trained (raise {key} above "
+            f"{step if above is None else above} to train further)"
+        )

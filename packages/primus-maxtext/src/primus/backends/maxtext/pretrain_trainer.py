@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from primus.backends.maxtext.config.checks import no_rows
@@ -71,11 +72,9 @@ class MaxTextPretrainTrainer(BaseTrainer):
             except RuntimeError as exc:  # maxtext.utils.train_utils.validate_completed_steps
                 if not str(exc).startswith("Requested training up to step"):
                     raise
-                raise ConfigError(
-                    f"nothing to train: {exc}".split(" Did you mean")[0],
-                    hint=f"raise steps above {self.config.steps} to continue this run, "
-                    "or give a new exp_name to start another",
-                ) from exc
+                # the checkpoint is at the last step or past it: as on every backend, exit 0
+                done = re.search(r"which means (\d+) steps have been completed", str(exc))
+                self.already_finished(int(done[1]) if done else self.config.steps, "steps")
 
     def check_corpus_read(self) -> None:
         """A prepared corpus at `dataset_path` is what the loop reads, not synthetic data."""

@@ -94,3 +94,4 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
             forward_step,
             model_provider=model_provider,
         )
+        self.say_if_finished()

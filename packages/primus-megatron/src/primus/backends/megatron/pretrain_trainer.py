@@ -52,6 +52,19 @@ class MegatronPretrainTrainer(BaseTrainer):
             providers.forward_step,
             model_provider=providers.model_provider,
         )
+        self.say_if_finished()
+
+    def say_if_finished(self) -> None:
+        """After `pretrain()`: where the checkpoint it resumed from was at train_iters or past
+        it, Megatron trained nothing (and said nothing of it): `already_finished`."""
+        from megatron.training import get_args
+
+        args = get_args()
+        if args.iteration and args.train_iters and args.iteration >= args.train_iters:
+            if args.train_samples:  # train_iters derived from it
+                self.already_finished(args.iteration, "train_samples", args.consumed_train_samples)
+            else:
+                self.already_finished(args.iteration, "train_iters")
 
     def cleanup(self, on_error: bool = False) -> None:
         import torch.distributed as dist

@@ -39,6 +39,16 @@ class TorchTitanPretrainTrainer(BaseTrainer):
 
     def train(self) -> None:
         log_rank_0(f"[torchtitan] training: {self.backend_args.training.steps} steps")
+        trainer = self.trainer
+        go_on = trainer.should_continue_training
+
+        def first_check() -> bool:  # after the checkpoint is loaded, before the first step
+            del trainer.should_continue_training  # TorchTitan's own from now on
+            if not (going := go_on()) and trainer.step > 0:
+                self.already_finished(trainer.step, "training.steps")
+            return going
+
+        trainer.should_continue_training = first_check  # TorchTitan trains nothing silently
         self.trainer.train()
 
     def cleanup(self, on_error: bool = False) -> None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from primus.core.errors import ConfigError
+from primus.core.errors import ConfigError, PrimusError
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, register_patch
 
@@ -35,14 +35,22 @@ def resumable(checkpoint: str) -> bool:
     """Whether a step folder holds a save a run resumes from (DCP with the train state), not
     the model-only or HF export TorchTitan writes at the last step (checkpoint.
     last_save_model_only, last_save_in_hf), which it would otherwise pick and fail to load. A
-    remote folder is taken as TorchTitan takes it."""
+    remote folder is taken as TorchTitan takes it. A `.metadata` that cannot be read (cut
+    short, overwritten) is the error naming the folder (`damaged`)."""
     if "://" in checkpoint:
         return True
     if not os.path.isfile(os.path.join(checkpoint, ".metadata")):
         return False
     from torch.distributed.checkpoint import FileSystemReader
 
-    keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    from primus.core.checkpoint.dcp import damage, damaged
+
+    try:
+        keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    except Exception as exc:
+        if (cause := damage(exc)) is None:
+            raise
+        raise damaged(checkpoint, cause) from exc
     return any(key.split(".")[0] == "train_state" for key in keys)
 
 
@@ -143,6 +151,8 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
 
         try:
             return original(self, step)
+        except PrimusError:  # a step folder's .metadata damaged (`resumable`): said already
+            raise
         except (Exception, CheckpointException) as exc:  # the latter is a BaseException
             if (cause := damage(exc)) is not None:
                 raise damaged(_loading(self, step), cause) from exc
