@@ -181,12 +181,15 @@ def test_each_gpu_holds_the_shards_torchtitan_gives_it(
 # (benchmark JSON, its variant, overrides of the 1B recipe): H100 runs with TorchTitan's
 # reserved peak (its step line's `memory:`)
 PLAIN = "turbo.enable=false"  # the runs measured without turbo (on by default on a GPU)
+EAGER, COMPILED = "compile.enable=false", "compile.enable=true"
+# the recipe's shape when these runs were measured (it now runs batch 8 without checkpointing)
+SHAPE = ("training.local_batch_size=2", "activation_checkpoint.mode=selective")
 RESERVED = [
-    ("torchtitan-h100-eager-2026-11-21.json", "primus", [PLAIN]),
-    ("torchtitan-h100-compile-2026-11-21.json", "primus", [PLAIN, "compile.enable=true"]),
-    ("e2e-torchtitan-eager-h100-2026-11-21.json", "primus-turbo", ["turbo.enable=true"]),
+    ("torchtitan-h100-eager-2026-11-21.json", "primus", [PLAIN, EAGER]),
+    ("torchtitan-h100-compile-2026-11-21.json", "primus", [PLAIN, COMPILED]),
+    ("e2e-torchtitan-eager-h100-2026-11-21.json", "primus-turbo", ["turbo.enable=true", EAGER]),
     ("e2e-torchtitan-compile-h100-2026-11-21.json", "primus-turbo",
-     ["turbo.enable=true", "compile.enable=true"]),
+     ["turbo.enable=true", COMPILED]),
 ]  # fmt: skip
 # Primus's allocated peak of the plain recipe (steps 11 to 30, graph replays)
 ALLOCATED = json.loads((BENCHMARKS / "posttrain-torchtitan-h100-2026-11-25.json").read_text())[
@@ -200,7 +203,7 @@ def projected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("projections")
     for i, (_, _, overrides) in enumerate(RESERVED):
         shown = projection(folder, "memory", "--config", str(RECIPE), "--json",
-                           str(folder / f"{i}.json"), *overrides)  # fmt: skip
+                           str(folder / f"{i}.json"), *SHAPE, *overrides)  # fmt: skip
         assert "total" in shown
     return [json.loads((folder / f"{i}.json").read_text())["bytes"] for i in range(len(RESERVED))]
 
@@ -237,7 +240,8 @@ def test_with_cuda_graphs_off_the_peak_is_within_10_percent(tmp_path: Path, vari
     run = GRAPHS_OFF[variant]
     out = tmp_path / "p.json"
     projection(tmp_path, "memory", "--config", str(RECIPE), "--json", str(out),
-               *GRAPHS_OFF["overrides"], PLAIN, *run.get("overrides", []))  # fmt: skip
+               *GRAPHS_OFF["overrides"], *SHAPE, PLAIN, *(run.get("overrides") or []),
+               *([] if variant == "compiled" else [EAGER]))  # fmt: skip
     record = json.loads(out.read_text())
     job, projected = record["job"], record["bytes"]
     assert not job["gradients_kept"]
@@ -307,9 +311,10 @@ def projected_steps(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
     for i in range(len(STEPS_MEASURED)):
         run = measured_run(i)
         config = ROOT / "configs" / "torchtitan" / Path(run["config"]).name
+        shape = SHAPE if config == RECIPE else ()
         projection(folder, "performance", "--config", str(config), "--gpus",
                    str(run.get("gpus", 1)), "--device", run["device"], "--top", "0",
-                   "--json", str(folder / f"{i}.json"), PLAIN, *run.get("overrides", []),
+                   "--json", str(folder / f"{i}.json"), *shape, PLAIN, *run.get("overrides", []),
                    f"compile.enable={str(run['compile']).lower()}")  # fmt: skip
     return [json.loads((folder / f"{i}.json").read_text()) for i in range(len(STEPS_MEASURED))]
 
