@@ -36,6 +36,19 @@ def test_config_given_twice_is_refused_before_anything_is_read(argv, capsys) -> 
     )
 
 
+@pytest.mark.parametrize(
+    "argv", [["train", "pretrain", "-c", ""], ["config", "validate", "--config= "]]
+)
+def test_an_empty_config_is_refused_not_read_as_the_current_folder(argv, capsys) -> None:
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    flag = argv[2].partition("=")[0]
+    assert capsys.readouterr().err.startswith(f"error: {flag} is empty: name the experiment YAML\n")
+
+
 def test_an_error_without_a_line_names_its_module_in_a_several_module_experiment(
     tmp_path,
 ) -> None:

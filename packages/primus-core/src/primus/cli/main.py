@@ -216,14 +216,20 @@ def _by_ctrl_c(exc: SystemExit) -> bool:
 
 
 def _one_experiment(args: list[str]) -> None:
-    """A ConfigError where `--config` (`-c`) is given more than once: the option would keep the
-    last and drop the others without a word."""
+    """A ConfigError where `--config` (`-c`) is given more than once (the option would keep the
+    last and drop the others without a word) or empty (a path of '' is the current folder)."""
     from primus.core.errors import ConfigError
 
-    given = [a for a in args if a in ("--config", "-c") or a.startswith("--config=")]
+    given = [i for i, a in enumerate(args) if a in ("--config", "-c") or a.startswith("--config=")]
     if len(given) > 1:
         raise ConfigError(f"--config is given {len(given)} times: give the experiment YAML once",
                           hint="keep one --config (overrides after it change its values)")  # fmt: skip
+    for i in given:
+        flag, _, value = args[i].partition("=")
+        value = value if _ else (args[i + 1] if i + 1 < len(args) else None)
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is empty: name the experiment YAML",
+                              hint="e.g. --config exp.yaml")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
