@@ -190,6 +190,11 @@ def test_a_resume_with_another_model_is_refused_naming_the_tensor(tmp_path: Path
         damaged = primus_here(*train[:-1], "training.steps=4")
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
     assert f"error: the checkpoint {step} cannot be read (UnpicklingError: " in damaged.stderr
+    with in_process():  # and as another run's checkpoint.initial_load_path
+        damaged = primus_here(*train[:4], f"workspace={tmp_path}", "exp_name=from_it",
+                              "checkpoint.enable=true", f"checkpoint.initial_load_path={step}")  # fmt: skip
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr[-3000:]
+    assert f"error: the checkpoint {step} cannot be read (UnpicklingError: " in damaged.stderr
 
 
 def test_another_model_at_the_initial_load_path_is_named_so() -> None:
@@ -312,6 +317,8 @@ BAD = {
             "model.safetensors: tensor 'model.norm.weight': dtype I32 is not a floating-point dtype"),
     "shape": (lambda d: _rewrite(d, lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.ones(64, 32)})),
               "model.safetensors: tensor 'model.layers.0.self_attn.o_proj.weight': shape [64, 32], TorchTitan's 'layers.0.attention.wo.weight' is [64, 64]"),
+    "nan": (lambda d: _rewrite(d, lambda t: t["model.layers.1.mlp.down_proj.weight"].view(-1).__setitem__(5, torch.nan)),
+            "model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight' holds nan at element 5"),
     "truncated": (_truncate, "model.safetensors: truncated safetensors file: tensor 'model.layers.1.self_attn.v_proj.weight' ends at byte"),
     "architecture": (lambda d: (d / "config.json").write_text((d / "config.json").read_text().replace('"intermediate_size": 176', '"intermediate_size": 128')),
                      "config.json does not match the experiment's model:\n  model.ffn_hidden_dim: 128 in the HF config, 176"),

@@ -225,8 +225,8 @@ def _one_experiment(args: list[str]) -> None:
         raise ConfigError(f"--config is given {len(given)} times: give the experiment YAML once",
                           hint="keep one --config (overrides after it change its values)")  # fmt: skip
     for i in given:
-        flag, _, value = args[i].partition("=")
-        value = value if _ else (args[i + 1] if i + 1 < len(args) else None)
+        flag, eq, inline = args[i].partition("=")
+        value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
         if value is not None and not value.strip():
             raise ConfigError(f"{flag} is empty: name the experiment YAML",
                               hint="e.g. --config exp.yaml")  # fmt: skip

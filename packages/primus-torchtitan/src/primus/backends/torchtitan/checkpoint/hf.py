@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.checkpoint.hf import safetensors_files, safetensors_header
-from primus.core.checkpoint.hf_tensors import FLOAT_DTYPES, SafetensorsWriter
+from primus.core.checkpoint.hf_tensors import FLOAT_DTYPES, SafetensorsWriter, check_finite
 from primus.core.errors import ConfigError
 from primus.core.reliability.atomic import write_json
 
@@ -145,15 +145,23 @@ def _sources(hf_dir: Path, adapter: Any, expected: dict[str, Any], tied: bool) -
 
 def _streaming_planner(sources: Sources, adapter: Any, expected: dict[str, Any]) -> Any:
     """DCP's default save planner, planning from meta tensors and reading each tensor from its
-    safetensors file (converted, cast to the training dtype) only as DCP writes it."""
+    safetensors file (converted, cast to the training dtype) only as DCP writes it. A tensor
+    holding NaN or Inf is kept as `refused` (raised within DCP's writer, the error would come
+    wrapped and logged with DCP's traceback)."""
     from safetensors import safe_open
     from torch.distributed.checkpoint import DefaultSavePlanner
 
     class Planner(DefaultSavePlanner):  # type: ignore[misc]
+        refused: ConfigError | None = None
+
         def lookup_object(self, index: Any) -> Any:
             path, name, key = sources[index.fqn]
             with safe_open(str(path), framework="pt") as f:
                 tensor = f.get_tensor(name)
+            try:
+                check_finite(path, name, tensor)
+            except ConfigError as exc:
+                self.refused = self.refused or exc
             return adapter.from_hf({name: tensor})[key].to(expected[index.fqn].dtype)
 
     return Planner()
@@ -169,14 +177,17 @@ def import_hf(hf_dir: Path, config: Any, out: Path) -> None:
     _check_norm_eps(hf_dir, config)
     expected, adapter = base_state(config), _adapter(config)
     sources = _sources(hf_dir, adapter, expected, _tied(config))
+    planner = _streaming_planner(sources, adapter, expected)
     dcp.save(
         expected,
         storage_writer=dcp.FileSystemWriter(
             str(out), single_file_per_rank=False, thread_count=WRITER_THREADS
         ),
-        planner=_streaming_planner(sources, adapter, expected),
+        planner=planner,
         no_dist=True,
     )
+    if planner.refused is not None:  # `out` is removed with the failed import
+        raise planner.refused
 
 
 # -- export ---------------------------------------------------------------------------------

@@ -147,8 +147,11 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
     def load(self: Any, step: int = -1) -> bool:
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from primus.core.checkpoint.dcp import damage, damaged
+        from primus.core.checkpoint.dcp import damage, damaged, metadata_damage
 
+        initial = _from_initial_load(self, step)
+        if initial and (cause := metadata_damage(self.initial_load_path)) is not None:
+            raise damaged(self.initial_load_path, cause)  # before DCP logs its traceback
         try:
             return original(self, step)
         except PrimusError:  # a step folder's .metadata damaged (`resumable`): said already
@@ -160,7 +163,7 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
             said = _other_model(str(exc)) if other else None
             if said is None:
                 raise
-            if _from_initial_load(self, step):
+            if initial:
                 raise ConfigError(
                     f"checkpoint.initial_load_path {self.initial_load_path} holds another "
                     f"model: {said}",
