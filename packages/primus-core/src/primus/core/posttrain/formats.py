@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from primus.core.config.sft_data import MESSAGE_COLUMNS, RECORD_COLUMNS
+from primus.core.errors import json_type
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's `from` -> the chat role. A function call is the assistant's (trained on, as the
@@ -112,7 +113,7 @@ def _optional_text(data: dict[str, Any], key: str, columns: Columns) -> str:
     value = data.get(key)
     if value is not None and not isinstance(value, str):
         raise Invalid(
-            f"{columns.name(key)} must be a string, got {type(value).__name__}",
+            f"{columns.name(key)} must be a string, got {json_type(value)}",
             hint="leave it out, or null, where there is none",
         )
     return value or ""
@@ -122,17 +123,18 @@ def _turns(data: dict[str, Any], key: str, columns: Columns) -> list[dict[str, A
     """The messages (or turns) under `key`, each a mapping, keys renamed."""
     turns = data[key]
     if not isinstance(turns, list) or not turns:
-        raise Invalid(f"{columns.name(key)} must be a non-empty list, got {turns!r}")
+        got = "an empty one" if turns == [] else json_type(turns)
+        raise Invalid(f"{columns.name(key)} must be a non-empty array, got {got}")
     for index, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            raise Invalid(f"{key}[{index}] is not a mapping")
+            raise Invalid(f"{key}[{index}] is not an object, got {json_type(turn)}")
     return [columns.message(turn) for turn in turns]
 
 
 def _content(turn: dict[str, Any], where: str, key: str, columns: Columns) -> None:
     value = turn.get(key)
     if not isinstance(value, str):
-        got = "none" if key not in turn else "null" if value is None else type(value).__name__
+        got = "none" if key not in turn else json_type(value)
         raise Invalid(f"{where} {columns.name(key)} must be a string, got {got}")
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from primus.core.errors import ConfigError, Origin
+from primus.core.errors import ConfigError, Origin, json_type
 from primus.core.posttrain.formats import CONVERTERS, Columns, Invalid, detect
 
 
@@ -93,7 +93,7 @@ def _parquet(path: Path) -> Iterator[tuple[Origin, Any]]:
 def _record(where: Origin, data: Any, format: str, why: str, columns: Columns) -> Record:
     bare = Record(where)
     if not isinstance(data, dict):
-        raise bare.error(f"a record must be a JSON object, got {type(data).__name__}")
+        raise bare.error(f"a record must be a JSON object, got {json_type(data)}")
     data = columns.record(data)
     try:
         found = detect(data, columns, format)
