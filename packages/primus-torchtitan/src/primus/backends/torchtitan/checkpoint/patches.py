@@ -182,7 +182,7 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
 def _from_initial_load(manager: Any, step: int) -> bool:
     """Whether `CheckpointManager.load(step)` read checkpoint.initial_load_path: no step asked
     for, and no save in the run's checkpoint folder to resume from."""
-    if step != -1 or not manager.initial_load_path:
+    if step != -1 or not getattr(manager, "initial_load_path", None):  # none when disabled
         return False
     latest = max(_steps(manager.folder), default=-1)
     return latest < 0 or _resumed_step(manager.folder, latest)[0] < 0
