@@ -81,9 +81,10 @@ def peer_command(experiment: dict, opts: argparse.Namespace, flags: list[str], i
     unsettable = [o for o in opts.overrides
                   if o.startswith("model.") and not o.startswith("model.attn_backend=")]  # fmt: skip
     if preset not in PEER_CONFIGS or attention not in PEER_ATTENTION or unsettable:
-        raise SystemExit(f"no peer for model {preset} with {opts.overrides}: pass --runs without "
-                         f"torchtitan (the peer has {', '.join(PEER_CONFIGS)}, attention "
-                         f"{' or '.join(PEER_ATTENTION)})")  # fmt: skip
+        raise SystemExit(f"no peer for model {preset} with {opts.overrides}, attention "
+                         f"{attention}: pass --runs without torchtitan (the peer has "
+                         f"{', '.join(PEER_CONFIGS)}, attention {' or '.join(PEER_ATTENTION)}: "
+                         "TorchTitan refuses sdpa for language models)")  # fmt: skip
     config = PEER_CONFIGS[preset] + PEER_ATTENTION[attention]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.gpus),
             "-m", "torchtitan.train", "--module", "torchtitan_plain", "--config",

@@ -59,6 +59,11 @@ def test_the_recipe_builds_torchtitans_config() -> None:
     assert config.debug.seed == 1234  # the module preset's
     full = trainer_config("activation_checkpoint.mode=full")
     assert type(full.activation_checkpoint).__qualname__ == "FullAC.Config"
+    for backend, inner in (("flex", "FlexAttention"), ("sdpa", "ScaledDotProductAttention")):
+        layers = trainer_config(f"model.attn_backend={backend}").model_spec.model.layers
+        assert {type(layer.attention.inner_attention).__qualname__ for layer in layers} == {
+            f"{inner}.Config"
+        }
 
 
 @pytest.mark.parametrize(
@@ -173,11 +178,12 @@ def test_an_initial_load_path_torchtitan_would_not_read_is_refused(tmp_path: Pat
     inputs_checked(RECIPE, f"{at}{hf}", on, "checkpoint.initial_load_in_hf=true")
 
 
-def test_an_sft_row_its_chunked_loss_cannot_split_is_refused(
+def test_sft_rows_torchtitan_cannot_train_as_asked_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TorchTitan's loss splits each row (each sequence-parallel shard of it) into 8 chunks:
-    another sft.seq_length was a RuntimeError traceback at step 1."""
+    another sft.seq_length was a RuntimeError traceback at step 1. SDPA's causal attention over
+    a packed row would let its samples attend to each other."""
     import json
 
     hf = tmp_path / "hf"
@@ -205,3 +211,6 @@ def test_an_sft_row_its_chunked_loss_cannot_split_is_refused(
     with pytest.raises(ConfigError, match=r"sft\.seq_length 24 is not a multiple of 16"):
         check("sft.seq_length=24", *tp)
     check("sft.seq_length=32", *tp)
+    with pytest.raises(ConfigError, match=r"packed samples \(sft\.packing: true\) would attend"):
+        check("sft.packing=true", "model.attn_backend=sdpa")
+    check("sft.packing=false", "model.attn_backend=sdpa")

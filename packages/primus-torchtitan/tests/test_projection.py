@@ -182,8 +182,10 @@ def test_each_gpu_holds_the_shards_torchtitan_gives_it(
 # reserved peak (its step line's `memory:`)
 PLAIN = "turbo.enable=false"  # the runs measured without turbo (on by default on a GPU)
 EAGER, COMPILED = "compile.enable=false", "compile.enable=true"
-# the recipe's shape when these runs were measured (it now runs batch 8 without checkpointing)
-SHAPE = ("training.local_batch_size=2", "activation_checkpoint.mode=selective")
+# the recipe's shape when these runs were measured (it now runs batch 8 without checkpointing,
+# attention through SDPA)
+SHAPE = ("training.local_batch_size=2", "activation_checkpoint.mode=selective",
+         "model.attn_backend=flex")  # fmt: skip
 RESERVED = [
     ("torchtitan-h100-eager-2026-11-21.json", "primus", [PLAIN, EAGER]),
     ("torchtitan-h100-compile-2026-11-21.json", "primus", [PLAIN, COMPILED]),

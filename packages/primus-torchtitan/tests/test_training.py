@@ -151,18 +151,21 @@ def test_trains_on_a_local_jsonl_dataset_with_a_local_tokenizer(tmp_path: Path) 
     assert patch_status(run_dir)["torchtitan.local_datasets"][0] == "applied"
 
 
-def test_varlen_attention_follows_the_flex_attention_curve(
-    tmp_path: Path, uninterrupted: Path
+@pytest.mark.parametrize("attention", ["varlen", "sdpa"])
+def test_other_attentions_follow_the_flex_attention_curve(
+    tmp_path: Path, uninterrupted: Path, attention: str
 ) -> None:
     """`model.attn_backend: varlen` packs the batch's rows into one sequence of documents (on a
     GPU cuDNN's or FlashAttention's kernel takes it; here `torchtitan.cpu`'s dense path): each
-    row attends to itself alone, as under FlexAttention, up to varlen's bf16 inputs."""
+    row attends to itself alone, as under FlexAttention, up to varlen's bf16 inputs. `sdpa` is
+    causal over each row: the same where a row is one document, as the mock data's are."""
     run_dir = train_here(
-        tmp_path, "exp_name=varlen", "training.steps=20", "model.attn_backend=varlen"
+        tmp_path, f"exp_name={attention}", "training.steps=20", f"model.attn_backend={attention}"
     )
     whole, curve = losses(uninterrupted), losses(run_dir)
     assert sorted(curve) == sorted(whole)
-    assert curve != whole  # another attention ran (bf16 inputs: not bit-equal)
+    if attention == "varlen":  # another attention ran (bf16 inputs: not bit-equal); sdpa on
+        assert curve != whole  # the CPU is the dense path's SDPA under the causal mask itself
     # 3e-6 apart at most on 2026-11-27; a mask across the rows was 1e-4 apart at step 2
     for step in curve:
         assert curve[step] == pytest.approx(whole[step], rel=2e-5), step
@@ -187,8 +190,8 @@ def test_flash_attention_kernels_are_activated_only_where_installed(
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "overrides",
-    [(), ("compile.enable=true",), ("model.attn_backend=varlen",)],
-    ids=["eager", "compiled", "varlen"],
+    [(), ("compile.enable=true",), ("model.attn_backend=varlen",), ("model.attn_backend=sdpa",)],
+    ids=["eager", "compiled", "varlen", "sdpa"],
 )
 def test_tiny_model_on_the_gpu(tmp_path: Path, overrides: tuple[str, ...]) -> None:
     run_dir = train(

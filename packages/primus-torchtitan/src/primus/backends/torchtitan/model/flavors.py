@@ -46,8 +46,9 @@ MODEL_KEYS = {
     ),
     "model.attn_backend": ParamSpec(
         str,
-        "TorchTitan attention: flex, flex_flash or varlen",
-        choices=("flex", "flex_flash", "varlen"),
+        "TorchTitan attention: flex, flex_flash or varlen (each row's documents masked from each "
+        "other), or sdpa (causal over the whole row, as Megatron's default: PyTorch's SDPA)",
+        choices=("flex", "flex_flash", "varlen", "sdpa"),
     ),
     "model.float8": ParamSpec(bool, "float8 linears (torchao), TorchTitan's Float8LinearConverter"),
 }
@@ -143,6 +144,27 @@ FAMILIES: dict[str, Callable[[dict[str, Any]], Callable[..., Any]]] = {
 }
 
 
+def _causal_over_rows(build: Callable[..., Any]) -> Callable[..., Any]:
+    """The family's builder, with `attn_backend="sdpa"` too: TorchTitan's maskless
+    ScaledDotProductAttention (is_causal; cuDNN's or FlashAttention's kernel) in every layer.
+    TorchTitan builds no document masks for it: a row's documents attend to those before them,
+    as in Megatron without reset_attention_mask. TorchTitan's own choices refuse it for
+    language models, which always have positions to mask documents by."""
+
+    def built(attn_backend: str, **kwargs: Any) -> Any:
+        if attn_backend != "sdpa":
+            return build(attn_backend, **kwargs)
+        from torchtitan.models.common.attention import ScaledDotProductAttention
+
+        config = build("flex", **kwargs)
+        for layer in config.layers:
+            if layer.attention is not None:
+                layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        return config
+
+    return built
+
+
 def check_model(config: ModuleConfig) -> None:
     """A ConfigError naming the model dimensions no preset or key sets (`model: null`, or a
     dimension set to null), at the first one's line."""
@@ -164,7 +186,7 @@ def register_flavor(config: ModuleConfig, compile_model: bool = False) -> Any:
     name = config.params.get("model_name") or f"primus_{model['family']}"
     family = model["family"]
     module = importlib.import_module(f"torchtitan.models.{family}")
-    getattr(module, f"{family}_configs")[name] = FAMILIES[family](model)
+    getattr(module, f"{family}_configs")[name] = _causal_over_rows(FAMILIES[family](model))
     converters = None
     if model.get("float8"):
         if importlib.util.find_spec("torchao") is None:

@@ -24,6 +24,14 @@ def check_finetuning(config: ModuleConfig, value: Callable[[str], Any]) -> None:
             "init_from.hf, and the module has no init_from",
             hint="set init_from: {hf: DIR} (the model to train and to hold as the reference)",
         )
+    if config.sft.packing and value("model.attn_backend") == "sdpa":
+        raise config.error(
+            "model.attn_backend",
+            "torchtitan: model.attn_backend sdpa is causal over the whole row, so packed "
+            "samples (sft.packing: true) would attend to the samples before them",
+            hint="use flex or varlen (they mask each sample from the others), or set "
+            "sft.packing: false",
+        )
     for key in ("pipeline_parallel_degree", "context_parallel_degree"):
         if value(f"parallelism.{key}") != 1:
             raise config.error(
