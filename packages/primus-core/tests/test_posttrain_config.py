@@ -116,6 +116,7 @@ def test_chat_template_from_a_file_or_inline(files, tmp_path) -> None:
         ("packing: true => eval_fraction: 0.7", 8, "sft.eval_fraction must be between 0 and 0.5"),
         ("packing: true => eval: {t}\\n      eval_fraction: 0.1", 9,
          "sft.eval_fraction holds out training samples, but sft.eval names an eval file"),
+        ("packing: true => eval: {t}", 8, "chat_train.jsonl is also a training file (sft.train)"),
         ("packing: true => tokenizer: {t}", 8, "is not a Hugging Face tokenizer directory"),
         ("packing: true => chat_template: missing.jinja", 8, "sft.chat_template: missing.jinja does not exist"),
         ("packing: true => chat_template: ''", 8, "sft.chat_template is empty"),

@@ -248,6 +248,14 @@ def sft_config(exp: ConfigTree, module: KeyPath, init_from: Path | None) -> SFTC
     eval_file = None
     if values["eval"] is not None:
         eval_file = data_file(values["eval"], "sft.eval", origins.get("eval"))
+        if any(eval_file.resolve() == file.path.resolve() for file in train):
+            raise ConfigError(
+                f"sft.eval {eval_file} is also a training file (sft.train): its eval loss "
+                "would be measured on samples the model trains on",
+                origins.get("eval"),
+                hint="name a held-out file, or hold training samples out with "
+                "sft.eval_fraction instead of sft.eval",
+            )
     tokenizer, tokenizer_origin = _tokenizer_dir(values, origins, init_from)
     template = _chat_template(values["chat_template"], origins.get("chat_template"))
     if tokenizer_origin is not None:
