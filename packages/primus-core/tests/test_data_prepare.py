@@ -159,12 +159,12 @@ def test_one_run_at_a_time_on_a_prefix(tmp_path: Path, tokenizer: Path) -> None:
 
 
 def test_the_progress_line() -> None:
-    from primus.cli.data_cmd import ProgressLine
+    from primus.cli.data_cmd import CorpusProgress
     from primus.core.data.journal import Counts
     from primus.core.data.prepare import Plan
 
     out = io.StringIO()
-    progress = ProgressLine(
+    progress = CorpusProgress(
         Plan(None, 300, "uint16", 2, 4, 1, 4_000_000, Counts(bytes=1_000_000)), out
     )
     progress.start -= 2.0  # two seconds in, 1 MB read

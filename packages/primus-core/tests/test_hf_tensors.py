@@ -132,3 +132,33 @@ def test_a_tensor_with_nan_or_inf_is_refused_as_it_is_read(
         save_file({name: bad}, str(tmp_path / "adapter_model.safetensors"))
         with pytest.raises(ConfigError, match=f"tensor '{name}' holds inf at element 7"):
             read_adapter(tmp_path)
+
+
+def test_reads_and_writes_that_take_long_show_their_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line every LOG_EVERY_S (here each tensor) of what is done, MB/s and the share; the
+    tensors the model does not read (`check_unread`) are not in the total."""
+    from primus.core import progress
+
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
+    save_file({"a": np.ones(250, np.float32), "b": np.ones(250, np.float32),
+               "x.rotary_emb.inv_freq": np.ones(500, np.float32)}, str(tmp_path / "model.safetensors"))  # fmt: skip
+    tensors = HFTensors(tmp_path, "numpy")
+    tensors.check_unread(["a", "b"])
+    tensors.get("a", (250,))
+    tensors.get("b", (250,))
+    lines = capsys.readouterr().err.splitlines()
+    assert (
+        lines[0].startswith("HF weights read: 0.00 of 0.00 MB · ") and " · 50% · ETA " in lines[0]
+    )
+    assert lines[-1].endswith(" · 100%") and len(lines) == 2  # the last: the whole, once
+    (tmp_path / "out").mkdir()
+    writer = SafetensorsWriter(tmp_path / "out", {"a": ([250_000], "F32"), "b": ([250_000], "F32")})
+    for name in ("a", "b"):
+        writer.write(name, np.ones(250_000, np.float32))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" · ")[0] for line in lines] == [
+        "HF weights written: 1.00 of 2.00 MB",
+        "HF weights written: 2.00 of 2.00 MB",
+    ]

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
 from primus.cli.common import Debug
+from primus.core.progress import ProgressLine
 
 if TYPE_CHECKING:
     from primus.core.data.journal import Counts
@@ -39,46 +39,20 @@ def _size(path: Path) -> str:
     return f"{size:,} B" if size < 1000 else f"{short(size)}B"
 
 
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
-
-
-class ProgressLine:
-    """One line on stderr: documents, tokens, MB/s and, the input size being known, the share
-    done and the time left. Redrawn in place on a terminal, every 10 s otherwise."""
+class CorpusProgress(ProgressLine):
+    """The progress line of a prepare: documents, tokens, MB/s and, the input size being known,
+    the share done and the time left."""
 
     def __init__(self, plan: Plan, stream: TextIO | None = None) -> None:
-        self.plan, self.stream = plan, stream or sys.stderr  # the stderr of now, not of import
-        self.tty = self.stream.isatty()
-        self.start = self.shown = time.monotonic()
-        self.counts = plan.done_counts
+        super().__init__(plan.total_bytes, stream=stream, done_bytes=plan.done_counts.bytes)
+        self.corpus = plan.done_counts
 
     def update(self, counts: Counts) -> None:
-        self.counts = counts
-        now = time.monotonic()
-        if now - self.shown >= (0.2 if self.tty else 10.0):
-            self.shown = now
-            self._show(end="\r" if self.tty else "\n")
+        self.corpus, self.done = counts, counts.bytes
+        self.tick()
 
-    def finish(self) -> None:
-        self._show(end="\n")
-
-    def _show(self, end: str) -> None:
-        counts, total = self.counts, self.plan.total_bytes
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = (counts.bytes - self.plan.done_counts.bytes) / elapsed
-        parts = [
-            f"{counts.documents:,} docs",
-            f"{counts.tokens:,} tokens",
-            f"{rate / 1e6:.1f} MB/s",
-        ]
-        if total:
-            parts.append(f"{100 * counts.bytes / total:.0f}%")
-            if rate > 0 and counts.bytes < total:
-                parts.append(f"ETA {_clock((total - counts.bytes) / rate)}")
-        self.stream.write("\r" * self.tty + " · ".join(parts) + end)
-        self.stream.flush()
+    def counts(self) -> list[str]:
+        return [f"{self.corpus.documents:,} docs", f"{self.corpus.tokens:,} tokens"]
 
 
 def _eod_text(plan: Plan) -> str:
@@ -247,7 +221,7 @@ def prepare(
         inputs, tokenizer, prefix, key, append_eod, eod_token, workers, chunk_size(chunk),
         command="primus data prepare " + shlex.join(args), overwrite=overwrite,
     )  # fmt: skip
-    progress: list[ProgressLine] = []
+    progress: list[CorpusProgress] = []
 
     def on_start(plan: Plan) -> None:
         say = f"vocab size {plan.vocab_size:,} ({plan.dtype}); end-of-document: {_eod_text(plan)}"
@@ -259,7 +233,7 @@ def prepare(
         if plan.done:
             say += f"\ncontinuing: {plan.done} of {plan.chunks} chunks done by the run before"
         print(say, file=sys.stderr)
-        progress.append(ProgressLine(plan))
+        progress.append(CorpusProgress(plan))
 
     try:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from primus.core.checkpoint.hf import DTYPE_BYTES, INDEX, safetensors_files, safetensors_header
 from primus.core.errors import ConfigError
+from primus.core.progress import ProgressLine
 from primus.core.reliability.atomic import write_json
 
 SHARD_BYTES = 4 << 30  # the most an export puts in one safetensors file
@@ -28,11 +29,13 @@ class HFTensors:
     gives torch tensors (safetensors' safe_open), `"numpy"` numpy arrays read straight from
     the file (BF16 as ml_dtypes' bfloat16), keeping no mapping of it. Every tensor's dtype is
     checked up front, its shape before it is read and its values (no NaN or Inf) as it is
-    read: a ConfigError names file and tensor."""
+    read: a ConfigError names file and tensor. A read that takes long shows its progress
+    (`progress`, of the tensors `check_unread` names the model's)."""
 
     def __init__(self, folder: Path, framework: str) -> None:
         self.framework = framework
         self.entries: dict[str, tuple[Path, int, dict[str, Any]]] = {}  # file, data start
+        self.progress = ProgressLine(0, "HF weights read")
         paths = safetensors_files(folder)
         self.where = (
             folder / INDEX
@@ -49,6 +52,7 @@ class HFTensors:
                 if entry["dtype"] not in FLOAT_DTYPES:
                     raise ConfigError(f"{path}: tensor '{name}' has dtype {entry['dtype']}; "
                                       f"expected a floating-point dtype ({', '.join(FLOAT_DTYPES)})")  # fmt: skip
+        self.progress.total = sum(tensor_bytes(entry) for _, _, entry in self.entries.values())
 
     def check_unread(self, names: Iterable[str]) -> None:
         """A ConfigError naming the first stored tensor not among `names` (those the model
@@ -56,6 +60,9 @@ class HFTensors:
         dropped unseen."""
         wanted = set(names)
         extra = [n for n in self.entries if n not in wanted and not n.endswith(UNREAD_OK)]
+        self.progress.total = sum(
+            tensor_bytes(e) for n, (_, _, e) in self.entries.items() if n in wanted
+        )
         if extra:
             more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
             raise ConfigError(
@@ -84,7 +91,14 @@ class HFTensors:
             offset = start + entry["data_offsets"][0]
             tensor = np.fromfile(file, dtype, math.prod(shape), offset=offset).reshape(shape)
         check_finite(file, name, tensor)
+        self.progress.advance(tensor_bytes(entry))
         return tensor
+
+
+def tensor_bytes(entry: dict[str, Any]) -> int:
+    """The bytes of a safetensors header entry's tensor."""
+    begin, end = entry["data_offsets"]
+    return int(end - begin)
 
 
 def check_finite(file: Path, name: str, tensor: Any) -> None:
@@ -135,7 +149,7 @@ class SafetensorsWriter:
     and safetensors dtypes (in file order): `model.safetensors` (`stem` names it), or files of
     about `shard_bytes` (default SHARD_BYTES) each and HF's index. `write` then puts each
     tensor (torch or numpy, any order) in its place, so an exporter holds one tensor at a
-    time; `close` checks all came."""
+    time (a long export shows its progress); `close` checks all came."""
 
     def __init__(
         self,
@@ -172,6 +186,7 @@ class SafetensorsWriter:
                 begin, stop = header[name]["data_offsets"]
                 self.places[name] = (out / file, 8 + len(raw) + begin, stop - begin)
             total += end
+        self.progress = ProgressLine(total, "HF weights written")
         if len(files) > 1:
             weight_map = {n: f for f, shard in zip(files, shards, strict=True) for n in shard}
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -186,6 +201,7 @@ class SafetensorsWriter:
         with file.open("r+b") as f:
             f.seek(offset)
             f.write(data)
+        self.progress.advance(nbytes)
 
     def close(self) -> None:
         if self.places:

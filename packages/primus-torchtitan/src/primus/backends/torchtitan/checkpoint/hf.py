@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from primus.core.checkpoint.hf import safetensors_files, safetensors_header
-from primus.core.checkpoint.hf_tensors import FLOAT_DTYPES, SafetensorsWriter, check_finite
+from primus.core.checkpoint.hf_tensors import (
+    FLOAT_DTYPES,
+    SafetensorsWriter,
+    check_finite,
+    tensor_bytes,
+)
 from primus.core.errors import ConfigError
+from primus.core.progress import ProgressLine
 from primus.core.reliability.atomic import write_json
 
 IMPORT_FOLDER = "hf_import"  # beside the step-N folders; TorchTitan neither loads nor purges it
@@ -145,11 +151,16 @@ def _sources(hf_dir: Path, adapter: Any, expected: dict[str, Any], tied: bool) -
 
 def _streaming_planner(sources: Sources, adapter: Any, expected: dict[str, Any]) -> Any:
     """DCP's default save planner, planning from meta tensors and reading each tensor from its
-    safetensors file (converted, cast to the training dtype) only as DCP writes it. A tensor
-    holding NaN or Inf is kept as `refused` (raised within DCP's writer, the error would come
-    wrapped and logged with DCP's traceback)."""
+    safetensors file (converted, cast to the training dtype) only as DCP writes it, its
+    progress shown where the import takes long. A tensor holding NaN or Inf is kept as
+    `refused` (raised within DCP's writer, the error would come wrapped and logged with DCP's
+    traceback)."""
     from safetensors import safe_open
     from torch.distributed.checkpoint import DefaultSavePlanner
+
+    headers = {path: safetensors_header(path) for path in {path for path, _, _ in sources.values()}}
+    sizes = {fqn: tensor_bytes(headers[path][name]) for fqn, (path, name, _) in sources.items()}
+    progress = ProgressLine(sum(sizes.values()), "HF weights read")
 
     class Planner(DefaultSavePlanner):  # type: ignore[misc]
         refused: ConfigError | None = None
@@ -162,6 +173,7 @@ def _streaming_planner(sources: Sources, adapter: Any, expected: dict[str, Any])
                 check_finite(path, name, tensor)
             except ConfigError as exc:
                 self.refused = self.refused or exc
+            progress.advance(sizes[index.fqn])
             return adapter.from_hf({name: tensor})[key].to(expected[index.fqn].dtype)
 
     return Planner()
