@@ -7,7 +7,10 @@ import errno
 import json
 import os
 import re
+import socket
+import stat
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from primus.core.reliability.atomic import (
     atomic_file,
     check_replaceable,
     write_atomic,
+    write_json,
 )
 from primus.testing.disk import small_disk
 
@@ -178,3 +182,19 @@ def test_a_report_in_a_folder_that_takes_no_file_is_refused_before_the_work(
     assert not_a_file(tmp_path / "report.json") is None
     assert not_a_file(tmp_path) == "it is a folder"
     assert not_a_file(Path("/sys/report.json")) is not None
+    # `--json PIPE` (or /dev/null, as root) had the write's rename replace the FIFO with a
+    # file: a FIFO or device is written into, as `>` writes it; a socket is refused
+    pipe, read = tmp_path / "pipe", []
+    os.mkfifo(pipe)
+    reader = threading.Thread(target=lambda: read.append(pipe.read_text()))
+    reader.start()
+    assert not_a_file(pipe) is None
+    write_json(pipe, {"a": 1})
+    reader.join(10)
+    assert json.loads(read[0]) == {"a": 1} and stat.S_ISFIFO(pipe.stat().st_mode)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "sock"))
+        said = "it is not a regular file (a socket or a block device)"
+        assert not_a_file(tmp_path / "sock") == said
+        with pytest.raises(ConfigError, match=f"sock: {re.escape(said)}"):
+            write_json(tmp_path / "sock", {})

@@ -15,6 +15,7 @@ from primus.core.diagnostics.benchmark import (
     Gemm,
     bus_factor,
     check_fits,
+    check_messages_fit,
     job_attention,
     job_collective_sizes,
     job_gemms,
@@ -127,6 +128,28 @@ def test_a_shape_the_device_cannot_hold_is_refused_before_any_allocation(
     small = Gemm("qkv", 16, 16, 16)
     with pytest.raises(ConfigError, match=r"^qkv \(16x16x16\): its fp32 tensors need 0\.3 GiB"):
         check_fits([small], "fp32", 4, "NVIDIA H200", free=1 << 20)  # the L2 flush counted
+
+
+def test_a_message_a_rank_cannot_hold_is_refused_before_any_allocation() -> None:
+    """`collectives --size 1000g` failed in the allocation (exit 1) with training's hint."""
+    check_messages_fit({"big": 1 << 40}, 2, "cpu", free=None)  # memory unknown: no check
+    said = r"^big: a message of 1024\.0 GiB needs 1536\.0 GiB a rank, and cpu has 1\.0 GiB free"
+    with pytest.raises(ConfigError, match=said) as refused:
+        check_messages_fit({"4m": 4 << 20, "big": 1 << 40}, 2, "cpu", free=1 << 30)
+    assert refused.value.hint == "time a smaller --size"
+
+
+@pytest.mark.parametrize("command", ["gemm", "attention", "collectives"])
+def test_gpus_that_the_jobs_layout_cannot_fill_are_refused(command: str, tmp_path: Path) -> None:
+    """In process: `--gpus 3` for a global batch of 8 in micro batches of 4 timed a job that
+    `projection` and `train` refuse."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    recipe = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+    argv = ["benchmark", command, "-c", str(recipe), "--gpus", "3", "--repeats", "1"]
+    done = run_in_process(argv, tmp_path, {})
+    assert done.code == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot be split into micro-batches of 4 (micro_batch_size) over 3" in done.message
 
 
 def test_the_command_needs_something_to_time() -> None:

@@ -160,6 +160,7 @@ def test_a_node_with_slow_links_is_caught_by_its_bandwidth_within_the_node(tmp_p
         (["--tolerance", "-5"], "--tolerance -5 is not a percentage"),
         (["--tolerance", "nan"], "--tolerance nan is not a percentage"),
         (["--json", "dir"], "cannot write {}/dir: it is a folder"),
+        (["--json", "sock"], "cannot write {}/sock: it is not a regular file"),
         (["--workspace", "file/ws"], "workspace file/ws cannot take files"),
         (["--json", "no/r.json"], "cannot write {}/no/r.json: no folder {}/no"),
         (["--node-smoke", "--nodes-bad", "file/bad"], "cannot write {}/file/bad: {}/file is not"),
@@ -170,11 +171,26 @@ def test_bad_input_is_one_error_line_before_any_check(
 ) -> None:
     (tmp_path / "file").write_text("")
     (tmp_path / "dir").mkdir()
-    result = primus("preflight", "--nproc-per-node", "3", *args, cwd=tmp_path)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "sock"))
+        result = primus("preflight", "--nproc-per-node", "3", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"error: {message.format(tmp_path, tmp_path)}"), result.stderr
     assert not list(tmp_path.glob(".preflight*"))
+
+
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "0"])
+def test_a_device_timeout_out_of_range_is_a_usage_error(
+    seconds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process: `--node-smoke --device-timeout inf` reached the selector's poll: a traceback."""
+    from primus.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["preflight", "--node-smoke", "--device-timeout", seconds])
+    said = " ".join(capsys.readouterr().err.replace("│", " ").split())
+    assert done.value.code == 2 and "Invalid value for '--device-timeout'" in said, said
 
 
 def test_preflight_help_imports_no_torch() -> None:

@@ -97,6 +97,7 @@ def _run(
         from primus.core.runtime import PrimusRuntime
 
         runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+        runtime.check_world(gpus, f"--gpus {gpus}")  # the job the projection would accept
         ops = from_job(runtime.training_job(gpus)) + ops
         restore_all()  # what the build's patches replaced (a CPU run's torch.cuda shims)
     device, timings = run_ops(ops, dtype, repeats, warmup)
@@ -258,6 +259,7 @@ def collectives(
         from primus.core.runtime import PrimusRuntime
 
         runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+        runtime.check_world(gpus, f"--gpus {gpus}")
         messages = job_collective_sizes(runtime.training_job(gpus)) | messages
         restore_all()
     if not messages:

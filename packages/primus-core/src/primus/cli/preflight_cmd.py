@@ -58,7 +58,12 @@ def preflight(
     ] = None,
     device_timeout: Annotated[
         float,
-        typer.Option("--device-timeout", min=1, help="--node-smoke: seconds a device may take."),
+        typer.Option(
+            "--device-timeout",
+            min=1,
+            max=86400,
+            help="--node-smoke: seconds a device may take (at most a day).",
+        ),
     ] = 300.0,
     nproc_per_node: NprocPerNode = 1,
     nnodes: Nnodes = 1,

@@ -4,6 +4,7 @@ use before any work; and whether the temporary folder leaves room for multiproce
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -23,13 +24,33 @@ def not_a_folder(folder: Path) -> str | None:
     return f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
 
 
-def not_a_file(path: Path) -> str | None:
-    """Why a file cannot be written at `path` (a folder there, or no folder to hold it), or
-    None: the check a command makes before its work, for a report it writes at the end (a
-    probe file in the folder: a read-only one is found too)."""
+def is_stream(path: Path) -> bool:
+    """Whether `path` is a FIFO or a character device (`--json /dev/stdout`, a named pipe): a
+    write goes into it, as a shell's `>` would, never replaces it."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def not_replaceable(path: Path) -> str | None:
+    """Why a write must not go to `path` (a folder there, or a socket or block device, which a
+    rename would replace rather than write to), or None."""
     if path.is_dir():
         return "it is a folder"
-    return not_a_folder(path.parent) or unwritable(path.parent, create=False)
+    if path.exists() and not path.is_file() and not is_stream(path):
+        return "it is not a regular file (a socket or a block device)"
+    return None
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (`not_replaceable`, or no folder to hold it), or
+    None: the check a command makes before its work, for a report it writes at the end (a
+    probe file in the folder: a read-only one is found too)."""
+    return (
+        not_replaceable(path) or not_a_folder(path.parent) or unwritable(path.parent, create=False)
+    )
 
 
 def unwritable(folder: Path, create: bool = True) -> str | None:

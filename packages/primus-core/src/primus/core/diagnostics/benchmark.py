@@ -258,6 +258,19 @@ def parse_size(text: str) -> int:
     return nbytes
 
 
+def check_messages_fit(sizes: dict[str, int], ranks: int, device: str, free: int | None) -> None:
+    """A ConfigError naming the first message whose tensors (the whole and one rank's part)
+    need more than the `free` bytes a rank has (None: unknown, no check)."""
+    for name, nbytes in sizes.items():
+        need = nbytes + nbytes // ranks
+        if free is not None and need > free:
+            raise ConfigError(
+                f"{name}: a message of {nbytes / 2**30:.1f} GiB needs {need / 2**30:.1f} GiB a "
+                f"rank, and {device} has {free / 2**30:.1f} GiB free for each",
+                hint="time a smaller --size",
+            )
+
+
 def job_collective_sizes(job: Job) -> dict[str, int]:
     """The messages of the job's collectives, in bytes (nccl-tests' convention: the whole
     tensor): a layer's activations that tensor parallelism all-reduces, and one GPU's
@@ -325,6 +338,14 @@ def run_collectives(
     device, the number of ranks and a row each (time, algorithm and bus bandwidth); None on
     the others."""
     with process_group() as (torch, cuda, env):
+        free = free_bytes(torch, cuda)  # the host's memory is shared by the node's ranks
+        if free is not None and not cuda:
+            free //= env.local_world_size
+        if free is not None:  # the least any rank has: every rank refuses, or none
+            least = torch.tensor([free], dtype=torch.int64, device="cuda" if cuda else "cpu")
+            torch.distributed.all_reduce(least, torch.distributed.ReduceOp.MIN)
+            free = int(least.item())
+        check_messages_fit(sizes, env.world_size, "cuda" if cuda else "cpu", free)
         rows = []
         for name, nbytes in sizes.items():
             for op in COLLECTIVES:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from primus.core.errors import ConfigError
-from primus.core.folders import not_a_folder, unwritable
+from primus.core.folders import is_stream, not_a_folder, not_replaceable, unwritable
 
 
 def _umask() -> int:
@@ -65,10 +65,15 @@ def atomic_file(
 ) -> Iterator[IO[Any]]:
     """A file to write `path`'s new content into: a temporary file beside `path`, fsync'ed and
     renamed over `path` when the block ends without an error, removed when it raises. The file
-    gets the mode an ordinary new file would (an existing `path` keeps its own)."""
+    gets the mode an ordinary new file would (an existing `path` keeps its own). A FIFO or a
+    character device (`is_stream`) is written in place."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"cannot write {path}: it is a folder", hint="name a file to write")
+    if why := not_replaceable(path):
+        raise ConfigError(f"cannot write {path}: {why}", hint="name a file to write")
+    if is_stream(path):
+        with path.open(mode, encoding=None if "b" in mode else encoding) as stream:
+            yield stream
+        return
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
