@@ -215,21 +215,30 @@ def _by_ctrl_c(exc: SystemExit) -> bool:
     return exit_ is not None and isinstance(exit_.__cause__, KeyboardInterrupt)
 
 
-def _one_experiment(args: list[str]) -> None:
-    """A ConfigError where `--config` (`-c`) is given more than once (the option would keep the
-    last and drop the others without a word) or empty (a path of '' is the current folder)."""
+def _checked_arguments(args: list[str]) -> None:
+    """ConfigErrors for what typer would take without a word: `--config` (`-c`) given more than
+    once (it keeps the last), and an empty argument ('' or blanks), which a path option or
+    argument reads as the current folder."""
     from primus.core.errors import ConfigError
 
-    given = [i for i, a in enumerate(args) if a in ("--config", "-c") or a.startswith("--config=")]
+    given = [a for a in args if a in ("--config", "-c") or a.startswith("--config=")]
     if len(given) > 1:
         raise ConfigError(f"--config is given {len(given)} times: give the experiment YAML once",
                           hint="keep one --config (overrides after it change its values)")  # fmt: skip
-    for i in given:
-        flag, eq, inline = args[i].partition("=")
-        value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-        if value is not None and not value.strip():
-            raise ConfigError(f"{flag} is empty: name the experiment YAML",
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        name: str | None
+        if arg.startswith("--") and eq and not inline.strip():
+            name = flag
+        elif not arg.strip():
+            name = args[i - 1] if i and args[i - 1].startswith("-") else None
+        else:
+            continue
+        if name in ("--config", "-c"):
+            raise ConfigError(f"{name} is empty: name the experiment YAML",
                               hint="e.g. --config exp.yaml")  # fmt: skip
+        said = f"{name} is empty" if name else f"an empty argument after '{' '.join(args[:i])}'"
+        raise ConfigError(said, hint="give it a value ('' names no path, stage or setting)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # this process is the command (not a test calling it in its own)
         _quiet_background_errors()
     try:
-        _one_experiment(sys.argv[1:] if argv is None else argv)
+        _checked_arguments(sys.argv[1:] if argv is None else argv)
         _command()(args=argv, prog_name="primus")  # exits; usage errors exit 2 (typer)
     except PrimusError as exc:
         _report(exc)
