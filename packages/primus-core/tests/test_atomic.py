@@ -192,6 +192,10 @@ def test_a_report_in_a_folder_that_takes_no_file_is_refused_before_the_work(
     write_json(pipe, {"a": 1})
     reader.join(10)
     assert json.loads(read[0]) == {"a": 1} and stat.S_ISFIFO(pipe.stat().st_mode)
+    (tmp_path / "link").symlink_to(tmp_path / "target.json")  # written through, kept a link
+    write_json(tmp_path / "link", {"b": 2})
+    assert (tmp_path / "link").is_symlink()
+    assert json.loads((tmp_path / "target.json").read_text()) == {"b": 2}
     with socket.socket(socket.AF_UNIX) as listening:
         listening.bind(str(tmp_path / "sock"))
         said = "it is not a regular file (a socket or a block device)"

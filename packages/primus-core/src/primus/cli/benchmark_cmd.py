@@ -272,8 +272,8 @@ def collectives(
         worker += [
             arg for name, nbytes in messages.items() for arg in ("--size", f"{name}={nbytes}")
         ]
-        worker += ["--json", str(json_path.resolve())] if json_path else []
-        worker += ["--plot", str(plot_path.resolve())] if plot_path else []
+        worker += ["--json", str(json_path.absolute())] if json_path else []
+        worker += ["--plot", str(plot_path.absolute())] if plot_path else []
         raise typer.Exit(launch_workers("torchrun", worker, launch))
     result = run_collectives(messages, repeats, warmup)
     if result is None:  # not rank 0

@@ -66,8 +66,11 @@ def atomic_file(
     """A file to write `path`'s new content into: a temporary file beside `path`, fsync'ed and
     renamed over `path` when the block ends without an error, removed when it raises. The file
     gets the mode an ordinary new file would (an existing `path` keeps its own). A FIFO or a
-    character device (`is_stream`) is written in place."""
+    character device (`is_stream`) is written in place; a symbolic link, the file it names (as
+    a shell's `>` writes it: the link stays)."""
     path = Path(path)
+    if path.is_symlink() and not is_stream(path):
+        path = path.resolve()
     if why := not_replaceable(path):
         raise ConfigError(f"cannot write {path}: {why}", hint="name a file to write")
     if is_stream(path):
