@@ -240,7 +240,9 @@ def test_a_bad_line_of_sft_data_is_refused_before_the_hf_import(tmp_path: Path, 
     lines[6] = lines[6][:-3]
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(lines) + "\n")
-    task = {"hf": hf, "chat_train": bad, "chat_eval": bad}
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(chat) + "\n")
+    task = {"hf": hf, "chat_train": bad, "chat_eval": good}
     exp = sft_experiment(CONFIGS / "megatron" / "sft-tiny-cpu.yaml", tmp_path / "exp", task)
     done, imported = primus_imports("train", "posttrain", "--config", str(exp))
     assert done.returncode == 2 and imported == [], done.stderr[-3000:]

@@ -291,9 +291,9 @@ def test_outputs_and_options_it_cannot_honour_are_refused(
     for output in (tmp_path / "data", f"{tmp_path}/new/"):
         said = refused(capsys, *given, "-o", str(output))
         assert "is a folder; the output is a prefix in one" in said
-    for output in ("", ".bin"):  # the folder it runs in, as the prefix
-        said = refused(capsys, *given, "-o", output)
-        assert f"Invalid value for --output: {output!r} names no prefix" in said
+    said = refused(capsys, *given, "-o", ".bin")  # the folder it runs in, as the prefix
+    assert "Invalid value for --output: '.bin' names no prefix" in said
+    assert "-o is empty" in refused(capsys, *given, "-o", "")
     said = refused(capsys, *given, "-o", str(tmp_path / "c"), "--no-append-eod", "--eod-token", "x")
     assert "Invalid value for --eod-token: --no-append-eod writes no end-of-document id" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "data"]
