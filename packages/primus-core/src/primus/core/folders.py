@@ -47,7 +47,10 @@ def not_replaceable(path: Path) -> str | None:
 def not_a_file(path: Path) -> str | None:
     """Why a file cannot be written at `path` (`not_replaceable`, or no folder to hold it), or
     None: the check a command makes before its work, for a report it writes at the end (a
-    probe file in the folder: a read-only one is found too)."""
+    probe file in the folder: a read-only one is found too). A stream is written into, never
+    made in its folder (/dev takes no new file)."""
+    if is_stream(path):
+        return None
     return (
         not_replaceable(path) or not_a_folder(path.parent) or unwritable(path.parent, create=False)
     )
