@@ -149,6 +149,12 @@ def test_inspect_checks_the_ids_against_the_manifest_and_every_entry(
         main(["data", "inspect", str(good)])
     assert done.value.code == 2
     assert f"error: {good}.idx is not a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:  # the folder that holds corpora: it names them
+        main(["data", "inspect", str(tmp_path)])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path} is a folder: name a corpus prefix" in err
+    assert f"hint: the corpora in it: {big}\n" in err  # not good, whose .idx is a folder now
 
 
 def test_config_validate_refuses_a_damaged_manifest_in_one_line(

@@ -265,6 +265,12 @@ def inspect(
 
     prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
     idx, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    if prefix.is_dir() and not idx.exists():
+        pairs = [i for i in prefix.glob("*.idx") if i.is_file() and i.with_suffix(".bin").is_file()]
+        found = sorted(str(i.with_suffix("")) for i in pairs)
+        raise ConfigError(f"{prefix} is a folder: name a corpus prefix (PREFIX of PREFIX.bin/.idx)",
+                          hint=f"the corpora in it: {', '.join(found)}" if found else
+                          "primus data prepare makes a corpus")  # fmt: skip
     for path in (idx, data):
         if not path.is_file():
             why = f"{path} is not a file" if path.exists() else f"not found: {path}"
