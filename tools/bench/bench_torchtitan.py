@@ -10,7 +10,8 @@ adds Primus with `turbo.enable=true`, primus-turbo-kernels installed; `--runs` p
 three). `--gpus N` runs each on N GPUs of the host; trailing `key=value` overrides go to every
 run (Primus's names; the peer gets them as TorchTitan flags, except the model's dimensions,
 which its CLI cannot set: those runs are Primus's alone; `model.attn_backend=varlen` picks the
-peer's varlen config). All are
+peer's varlen config; the peer cannot run the 1B recipe's `sdpa`, so a run with it needs
+`model.attn_backend=flex`). All are
 measured by TorchTitan's own step line (tps, TFLOP/s, MFU, memory), which Primus keeps in its log:
 one clock, one formula. The first `--warmup` steps are dropped and the median is taken.
 """

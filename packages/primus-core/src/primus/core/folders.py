@@ -35,11 +35,12 @@ def is_stream(path: Path) -> bool:
 
 
 def not_replaceable(path: Path) -> str | None:
-    """Why a write must not go to `path` (a folder there, or a socket or block device, which a
-    rename would replace rather than write to), or None."""
+    """Why a new file must not be renamed over `path` (a folder there, or a socket or block
+    device, which the rename would replace rather than write to), or None. A stream
+    (`is_stream`) is written into instead: callers ask that first."""
     if path.is_dir():
         return "it is a folder"
-    if path.exists() and not path.is_file() and not is_stream(path):
+    if path.exists() and not path.is_file():
         return "it is not a regular file (a socket or a block device)"
     return None
 

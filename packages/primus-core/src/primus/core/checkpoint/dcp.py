@@ -60,19 +60,20 @@ def damage(exc: BaseException) -> BaseException | None:
     )
 
 
-def metadata_damage(folder: Path | str) -> BaseException | None:
-    """The error reading `folder`'s DCP `.metadata` raises where that file is damaged (cut short,
-    overwritten), or None (no such file, or one that reads). DCP's own load, on such a file,
-    logs the error with its traceback and raises another that only quotes it."""
+def read_metadata(folder: Path | str) -> Any:
+    """DCP's `.metadata` of the checkpoint `folder`, or None where it has none; the error naming
+    the folder (`damaged`) where that file is cut short or overwritten. Read before DCP's own
+    load, which logs such an error with its traceback and raises another that only quotes it."""
     if not (Path(folder) / ".metadata").is_file():
         return None
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
-        FileSystemReader(str(folder)).read_metadata()
+        return FileSystemReader(str(folder)).read_metadata()
     except Exception as exc:
-        return damage(exc)
-    return None
+        if (cause := damage(exc)) is None:
+            raise
+        raise damaged(folder, cause) from exc
 
 
 def damaged(folder: Path | str, cause: BaseException) -> PrimusError:

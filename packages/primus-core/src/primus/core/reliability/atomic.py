@@ -69,14 +69,13 @@ def atomic_file(
     character device (`is_stream`) is written in place; a symbolic link, the file it names (as
     a shell's `>` writes it: the link stays)."""
     path = Path(path)
-    if path.is_symlink() and not is_stream(path):
-        path = path.resolve()
-    if why := not_replaceable(path):
-        raise ConfigError(f"cannot write {path}: {why}", hint="name a file to write")
     if is_stream(path):
         with path.open(mode, encoding=None if "b" in mode else encoding) as stream:
             yield stream
         return
+    path = path.resolve() if path.is_symlink() else path
+    if why := not_replaceable(path):
+        raise ConfigError(f"cannot write {path}: {why}", hint="name a file to write")
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:

@@ -97,11 +97,11 @@ def _say_which(module: Any) -> Callable[[Callable], Callable]:
 
             from megatron.training import get_args
             from megatron.training.checkpointing import get_checkpoint_name
-            from primus.core.checkpoint.dcp import damage, damaged, metadata_damage
+            from primus.core.checkpoint.dcp import damage, damaged, read_metadata
 
             load = get_args().load
-            if load and (cause := metadata_damage(folder := _loading(load))) is not None:
-                raise damaged(folder, cause)  # before DCP logs its traceback
+            if load:
+                read_metadata(_loading(load))  # a damaged one is refused before DCP logs it
             try:
                 if load:
                     _same_model(module, load)

@@ -39,19 +39,12 @@ def resumable(checkpoint: str) -> bool:
     short, overwritten) is the error naming the folder (`damaged`)."""
     if "://" in checkpoint:
         return True
-    if not os.path.isfile(os.path.join(checkpoint, ".metadata")):
-        return False
-    from torch.distributed.checkpoint import FileSystemReader
+    from primus.core.checkpoint.dcp import read_metadata
 
-    from primus.core.checkpoint.dcp import damage, damaged
-
-    try:
-        keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
-    except Exception as exc:
-        if (cause := damage(exc)) is None:
-            raise
-        raise damaged(checkpoint, cause) from exc
-    return any(key.split(".")[0] == "train_state" for key in keys)
+    metadata = read_metadata(checkpoint)
+    return metadata is not None and any(
+        key.split(".")[0] == "train_state" for key in metadata.state_dict_metadata
+    )
 
 
 # what TorchTitan takes as a save in a step folder: DCP's, or an HF export's index
@@ -147,11 +140,11 @@ def _another_model_refused(original: Callable[..., bool]) -> Callable[..., bool]
     def load(self: Any, step: int = -1) -> bool:
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from primus.core.checkpoint.dcp import damage, damaged, metadata_damage
+        from primus.core.checkpoint.dcp import damage, damaged, read_metadata
 
         initial = _from_initial_load(self, step)
-        if initial and (cause := metadata_damage(self.initial_load_path)) is not None:
-            raise damaged(self.initial_load_path, cause)  # before DCP logs its traceback
+        if initial:
+            read_metadata(self.initial_load_path)  # a damaged one is refused before DCP logs it
         try:
             return original(self, step)
         except PrimusError:  # a step folder's .metadata damaged (`resumable`): said already
