@@ -22,9 +22,11 @@ FP8 = {
 PARAMS = {
     "turbo.fp8_recipe": ParamSpec(
         str,
-        "FP8 scaling while turbo.fp8 is true: tensorwise (one scale per tensor, gradients in "
-        "e5m2) or rowwise (one scale per row, all e4m3)",
-        choices=("tensorwise", "rowwise"),
+        "FP8 scaling while turbo.fp8 is true: tensorwise (one scale per tensor from this "
+        "call's amax, gradients in e5m2), delayed (tensorwise from the largest amax of the "
+        "layer's last 16 calls, recorded as it casts: no amax pass; not under torch.compile) "
+        "or rowwise (one scale per row, all e4m3)",
+        choices=("tensorwise", "delayed", "rowwise"),
         default="tensorwise",
     )
 }
@@ -38,7 +40,7 @@ def cpu_has_fp8(recipe: str) -> bool:
 
     a = torch.zeros(16, 16, dtype=torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32)
-    rows, cols = (one, one) if recipe == "tensorwise" else (torch.ones(16, 1), torch.ones(1, 16))
+    rows, cols = (torch.ones(16, 1), torch.ones(1, 16)) if recipe == "rowwise" else (one, one)
     try:
         torch._scaled_mm(a, a.t(), scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16)
     except (RuntimeError, NotImplementedError, ValueError):
@@ -53,7 +55,8 @@ def fp8_problem(ctx: PatchContext, recipe: str) -> str | None:
     if wants_cpu(ctx):
         if cpu_has_fp8(recipe):
             return None
-        return f"torch {torch.__version__} has no {recipe} FP8 GEMM on the CPU"
+        scales = "row-wise" if recipe == "rowwise" else "tensor-wise"
+        return f"torch {torch.__version__} has no {scales} FP8 GEMM on the CPU"
     if torch.version.hip:
         return "FP8 (e4m3fn/e5m2 through torch._scaled_mm) is not supported on ROCm by turbo"
     major, minor = torch.cuda.get_device_capability()

@@ -23,23 +23,37 @@ import torch
 from megatron.core.tensor_parallel import layers
 from megatron.core.utils import get_tensor_model_parallel_group_if_none
 
-from primus.turbo.kernels.fp8_linear import fp8_backward, fp8_supported, function_forward
+from primus.turbo.kernels.fp8_linear import (
+    fp8_supported,
+    function_forward,
+    input_grad,
+    quantize_grad,
+    weight_grad,
+)
 
 UPSTREAM_LINEAR = layers.linear_with_grad_accumulation_and_async_allreduce
 
 
-def gathered(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """The slices of `x` of every rank of `group`, concatenated along the first dimension."""
+def gathered(x: torch.Tensor, group: Any, async_op: bool = False) -> tuple[torch.Tensor, Any]:
+    """The slices of `x` of every rank of `group`, concatenated along the first dimension,
+    and the collective's handle (to wait on before reading it, with `async_op`)."""
     out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
-    torch.distributed.all_gather_into_tensor(out, x.contiguous(), group=group)
-    return out
+    work = torch.distributed.all_gather_into_tensor(
+        out, x.contiguous(), group=group, async_op=async_op
+    )
+    return out, work
 
 
-def reduce_scattered(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """This rank's slice (along the first dimension) of `x` summed over `group`."""
+def reduce_scattered(
+    x: torch.Tensor, group: Any, async_op: bool = False
+) -> tuple[torch.Tensor, Any]:
+    """This rank's slice (along the first dimension) of `x` summed over `group`, and the
+    collective's handle (to wait on before reading it, with `async_op`)."""
     out = x.new_empty((x.shape[0] // group.size(), *x.shape[1:]))
-    torch.distributed.reduce_scatter_tensor(out, x.contiguous(), group=group)
-    return out
+    work = torch.distributed.reduce_scatter_tensor(
+        out, x.contiguous(), group=group, async_op=async_op
+    )
+    return out, work
 
 
 def tag_linears(init: Callable[..., None], recipe: str) -> Callable[..., None]:
@@ -79,7 +93,7 @@ class MegatronFP8Linear(torch.autograd.Function):
         ctx.weight, ctx.accumulate = weight, accumulate
         ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
         ctx.tp_group = tp_group
-        total = gathered(x, tp_group) if sequence_parallel else x
+        total = gathered(x, tp_group)[0] if sequence_parallel else x
         out = function_forward(ctx, total, weight, bias, recipe, cache=True)
         if sequence_parallel and recipe == "rowwise":
             ctx.saved.x = x  # the slice: gathered again in the backward
@@ -87,25 +101,35 @@ class MegatronFP8Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        weight = ctx.weight
+        """As upstream overlaps them: the row-wise recipe's gather of the input runs under the
+        input gradient's GEMM, and the input gradient's all-reduce or reduce-scatter under
+        the weight gradient's GEMM."""
+        weight, saved = ctx.weight, ctx.saved
         grad = grad.reshape(-1, grad.shape[-1])
         main_grad = getattr(weight, "main_grad", None) if ctx.accumulate else None
         wgrad_dtype = weight.dtype if main_grad is None else main_grad.dtype
-        saved = ctx.saved
+        gather = None
         if ctx.sequence_parallel and saved.recipe == "rowwise":  # a copy: the slice stays saved
-            whole = gathered(saved.x, ctx.tp_group)
-            saved = dataclasses.replace(saved, x=whole.reshape(-1, whole.shape[-1]))
-        grad_input, grad_weight = fp8_backward(saved, grad, wgrad_dtype)
-        grad_input = grad_input.view(ctx.shape)
+            whole, gather = gathered(saved.x, ctx.tp_group, async_op=True)
+        quantized = quantize_grad(saved, grad)
+        grad_input = input_grad(saved, quantized, grad.dtype).view(ctx.shape)
+        reduce = None
         if ctx.allreduce_dgrad:
-            torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
+            reduce = torch.distributed.all_reduce(grad_input, group=ctx.tp_group, async_op=True)
+        summed = grad_input
         if ctx.sequence_parallel:
-            grad_input = reduce_scattered(grad_input, ctx.tp_group)
+            summed, reduce = reduce_scattered(grad_input, ctx.tp_group, async_op=True)
+        if gather is not None:
+            gather.wait()
+            saved = dataclasses.replace(saved, x=whole.reshape(-1, whole.shape[-1]))
+        grad_weight = weight_grad(saved, quantized, wgrad_dtype)
         if main_grad is not None:
             main_grad.add_(grad_weight)
         grad_bias = grad.sum(0) if ctx.has_bias else None
         returned = grad_weight if main_grad is None else _accumulated(weight, main_grad, grad.dtype)
-        return grad_input, returned, grad_bias, None, None, None, None, None
+        if reduce is not None:
+            reduce.wait()
+        return summed, returned, grad_bias, None, None, None, None, None
 
 
 def _accumulated(weight: Any, main_grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

@@ -1,110 +1,41 @@
 """FP8 linear layers through `torch._scaled_mm` alone (no Transformer Engine, no torchao).
 
 `fp8_linear(x, weight, bias, recipe)` is `F.linear` whose three GEMMs (output, input gradient,
-weight gradient) run on FP8 tensor cores, with current scaling: each operand is scaled by the
-amax of this call. Every GEMM is written `A @ B.T` with A [M, K] and B [N, K] both row-major
-in FP8, quantized along K, which is the layout `_scaled_mm` takes (`B.t()` is column-major).
+weight gradient) run on FP8 tensor cores. Every GEMM is written `A @ B.T` with A [M, K] and
+B [N, K] both row-major in FP8, quantized along K, which is the layout `_scaled_mm` takes
+(`B.t()` is column-major). Quantization (scales and the cast) is `fp8_cast`'s.
 
-- `tensorwise`: one scale per tensor; inputs and weights in e4m3, output gradients in e5m2.
-  The forward also writes the transposed FP8 copies of the input and the weight, which the
-  backward's GEMMs take.
+- `tensorwise`: one scale per tensor, current scaling (the amax of this call); inputs and
+  weights in e4m3, output gradients in e5m2. The forward also writes the transposed FP8
+  copies of the input and the weight, which the backward's GEMMs take.
+- `delayed`: `tensorwise` with delayed scaling for the input and the output gradient (the
+  largest amax of the layer's last calls, recorded by the casts: no amax pass); the weight
+  keeps current scaling, cast once per optimizer step. Eager or CUDA graphs, not
+  `torch.compile` (its state lives outside the graph).
 - `rowwise`: one scale per row of A and per row of B (`_scaled_mm`'s [M, 1] and [1, N]
   scales); everything in e4m3, as torchao's row-wise recipe (per-row scales cover the range,
   e4m3 keeps a mantissa bit more); output bf16 only. Each GEMM quantizes its own operands
   along its own K.
 
-The cast is a Triton kernel on a GPU (scale, saturate and cast in one pass, reading any
-strides, so a transposed copy costs no extra transpose; the amax is one `vector_norm`
-reduction), PyTorch ops elsewhere. It is an op (`primus_turbo::fp8_cast`), so `torch.compile`
-runs the same kernel; compiled, the weight's copies are made in the graph, not cached.
-`_scaled_mm` also runs on the CPU in recent torch (row-wise scales too in 2.15, not in 2.11),
-which the tests use. GEMMs need K and N (and, for the weight gradient, M) to be multiples of
-16: `fp8_supported` says whether a shape is.
+Compiled, the weight's copies are made in the graph, not cached. `_scaled_mm` also runs on the
+CPU in recent torch (row-wise scales too in 2.15, not in 2.11), which the tests use. GEMMs
+need K and N (and, for the weight gradient, M) to be multiples of 16: `fp8_supported` says
+whether a shape is.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from primus.turbo.kernels._common import eager_impl, kernel_op, launch
+from primus.turbo.kernels.fp8_cast import E4M3, E5M2, AmaxHistory, quantize_both, quantize_rows
 
-E4M3 = torch.float8_e4m3fn
-E5M2 = torch.float8_e5m2
-RECIPES = ("tensorwise", "rowwise")
-GRAD_DTYPE = {"tensorwise": E5M2, "rowwise": E4M3}
-_EPS = 1e-12  # the smallest amax: an all-zero tensor gets a finite scale
-
-
-@triton.jit
-def _cast_kernel(
-    x, scale, out, M, N, stride_xm, stride_xn, fp8_max,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """out[m, n] = saturate(x[m, n] / scale[m]), row-major, x of any strides."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    mask = (rm < M) & (rn < N)
-    v = tl.load(x + rm * stride_xm + rn * stride_xn, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(scale + rm, mask=rm < M, other=1.0)
-    q = tl.clamp(v / s, -fp8_max, fp8_max).to(out.dtype.element_ty)
-    tl.store(out + rm * N + rn, q, mask=mask)
-
-
-def _scale(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
-    """The dequantization scale of the 2-D `x`: amax / FP8 max, fp32 [1, 1], or [rows, 1]
-    (each row's amax) with `rowwise`."""
-    dims = (1,) if rowwise else (0, 1)
-    amax = torch.linalg.vector_norm(x, math.inf, dim=dims, keepdim=True, dtype=torch.float32)
-    return amax.clamp(min=_EPS) / torch.finfo(dtype).max
-
-
-def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Row-major FP8 copy of the 2-D `x` (any strides) divided by `scale` ([1, 1] or [rows, 1])
-    and saturated: the Triton kernel on a GPU, PyTorch ops elsewhere."""
-    fp8_max = torch.finfo(dtype).max
-    if not x.is_cuda:
-        return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype).contiguous()
-    return fp8_cast(x, scale, dtype)
-
-
-@kernel_op("fp8_cast")
-def _fp8_cast_op(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`_cast_kernel` over the 2-D `x` on a GPU. An op, so torch.compile runs this kernel too
-    rather than writing its own cast."""
-    rows, cols = x.shape
-    out = torch.empty(rows, cols, dtype=dtype, device=x.device)
-    per_row = scale.expand(rows, 1).contiguous()
-    grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
-    launch(_cast_kernel)[grid](
-        x, per_row, out, rows, cols, *x.stride(), torch.finfo(dtype).max, BLOCK_M=64, BLOCK_N=64
-    )
-    return out
-
-
-fp8_cast = eager_impl(_fp8_cast_op)
-
-
-def quantize_rows(
-    x: torch.Tensor, dtype: torch.dtype, rowwise: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-major FP8 `x` [R, C] and its scale: one-element, or [R, 1] (the amax of each row)
-    with `rowwise`."""
-    scale = _scale(x, dtype, rowwise)
-    return _cast(x, scale, dtype), scale if rowwise else scale.reshape(())
-
-
-def quantize_both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Row-major FP8 `x` and `x.T` with their one (tensorwise) scale."""
-    scale = _scale(x, dtype, False)
-    return _cast(x, scale, dtype), _cast(x.t(), scale, dtype), scale.reshape(())
+RECIPES = ("tensorwise", "rowwise", "delayed")
+GRAD_DTYPE = {"tensorwise": E5M2, "rowwise": E4M3, "delayed": E5M2}
 
 
 def mm_nt(
@@ -137,8 +68,9 @@ def _next_generation(*_: Any) -> None:
 
 def _weight_copies(weight: torch.Tensor, recipe: str) -> tuple[torch.Tensor, ...]:
     """(W [N, K], its scale) for the forward, and for the backward W.T [K, N] and its scale
-    (same scale tensorwise; column amax rowwise)."""
-    if recipe == "tensorwise":
+    (same scale tensorwise, current scaling in both tensor-wise recipes; column amax
+    rowwise)."""
+    if recipe != "rowwise":
         w, w_t, scale = quantize_both(weight, E4M3)
         return w, scale, w_t, scale
     return (*quantize_rows(weight, E4M3, True), *quantize_rows(weight.t(), E4M3, True))
@@ -166,6 +98,17 @@ def _weight_fp8(weight: torch.Tensor, recipe: str, cache: bool) -> tuple[torch.T
     return copies
 
 
+def _histories(weight: torch.Tensor, device: torch.device) -> tuple[AmaxHistory, ...]:
+    """The delayed recipe's amax histories of the layer of `weight`: its input's and its
+    output gradient's, made at the first call."""
+    if torch.compiler.is_compiling():
+        raise RuntimeError("the delayed FP8 recipe keeps its amax history outside torch.compile")
+    held = getattr(weight, "_turbo_amax", None)
+    if held is None:
+        held = weight._turbo_amax = (AmaxHistory(device), AmaxHistory(device))  # type: ignore[attr-defined]
+    return held
+
+
 @dataclass
 class Saved:
     """What the backward needs: FP8 copies tensorwise, the input itself rowwise."""
@@ -176,6 +119,18 @@ class Saved:
     x_scale: torch.Tensor  # tensorwise: x's scale; rowwise: unused (empty)
     w_t: torch.Tensor  # W.T in FP8 [K, N]
     w_t_scale: torch.Tensor
+    grad_history: AmaxHistory | None = None  # the delayed recipe's, for the output gradient
+
+
+@dataclass
+class GradFP8:
+    """The output gradient's FP8 copies: G [M, N] for the input gradient, G.T [N, M] for the
+    weight gradient, each with its scale."""
+
+    g: torch.Tensor
+    g_scale: torch.Tensor
+    g_t: torch.Tensor
+    g_t_scale: torch.Tensor
 
 
 def fp8_forward(
@@ -183,13 +138,41 @@ def fp8_forward(
 ) -> tuple[torch.Tensor, Saved]:
     """`x @ weight.T` for x [M, K] in FP8 (output in x's dtype), and what the backward needs."""
     w, w_scale, w_t, w_t_scale = _weight_fp8(weight, recipe, cache)
-    if recipe == "tensorwise":
-        q, q_t, x_scale = quantize_both(x, E4M3)
-        saved = Saved(recipe, q_t, x_scale, w_t, w_t_scale)
-    else:
+    if recipe == "rowwise":
         q, x_scale = quantize_rows(x, E4M3, True)
         saved = Saved(recipe, x, x_scale.new_empty(0), w_t, w_t_scale)
+    else:
+        x_history, grad_history = (
+            _histories(weight, x.device) if recipe == "delayed" else (None, None)
+        )
+        q, q_t, x_scale = quantize_both(x, E4M3, x_history)
+        saved = Saved(recipe, q_t, x_scale, w_t, w_t_scale, grad_history)
     return mm_nt(q, x_scale, w, w_scale, x.dtype), saved
+
+
+def quantize_grad(saved: Saved, grad: torch.Tensor) -> GradFP8:
+    """The output gradient [M, N] of `fp8_forward` in FP8, as the recipe scales it."""
+    dtype = GRAD_DTYPE[saved.recipe]
+    if saved.recipe == "rowwise":
+        return GradFP8(*quantize_rows(grad, dtype, True), *quantize_rows(grad.t(), dtype, True))
+    g, g_t, scale = quantize_both(grad, dtype, saved.grad_history)
+    return GradFP8(g, scale, g_t, scale)
+
+
+def input_grad(saved: Saved, grad: GradFP8, dtype: torch.dtype) -> torch.Tensor:
+    """The input gradient [M, K] in `dtype`."""
+    return mm_nt(grad.g, grad.g_scale, saved.w_t, saved.w_t_scale, dtype)
+
+
+def weight_grad(saved: Saved, grad: GradFP8, dtype: torch.dtype) -> torch.Tensor:
+    """The weight gradient [N, K] in `dtype` (bf16 rowwise: the row-wise kernel's only
+    output)."""
+    if saved.recipe == "rowwise":
+        x_t, x_scale = quantize_rows(saved.x.t(), E4M3, True)
+        dtype = torch.bfloat16
+    else:
+        x_t, x_scale = saved.x, saved.x_scale
+    return mm_nt(grad.g_t, grad.g_t_scale, x_t, x_scale, dtype)
 
 
 def fp8_backward(
@@ -197,19 +180,8 @@ def fp8_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(input gradient [M, K] in grad's dtype, weight gradient [N, K] in `wgrad_dtype`) of
     `fp8_forward` from the output gradient [M, N]."""
-    dtype = GRAD_DTYPE[saved.recipe]
-    if saved.recipe == "tensorwise":
-        g, g_t, g_scale = quantize_both(grad, dtype)
-        x_t, x_scale = saved.x, saved.x_scale
-        g_t_scale = g_scale
-    else:
-        g, g_scale = quantize_rows(grad, dtype, True)
-        g_t, g_t_scale = quantize_rows(grad.t(), dtype, True)
-        x_t, x_scale = quantize_rows(saved.x.t(), E4M3, True)
-        wgrad_dtype = torch.bfloat16  # the row-wise kernel's only output
-    grad_input = mm_nt(g, g_scale, saved.w_t, saved.w_t_scale, grad.dtype)
-    grad_weight = mm_nt(g_t, g_t_scale, x_t, x_scale, wgrad_dtype)
-    return grad_input, grad_weight
+    quantized = quantize_grad(saved, grad)
+    return input_grad(saved, quantized, grad.dtype), weight_grad(saved, quantized, wgrad_dtype)
 
 
 def function_forward(

@@ -16,6 +16,7 @@ import re
 from functools import partial
 from typing import Any
 
+from primus.core.errors import ConfigError
 from primus.core.logging import log_rank_0
 from primus.core.patches import TESTED, PatchContext, get_args, get_param, register_patch
 from primus.turbo.fp8 import FP8, PARAMS, fp8_recipe
@@ -113,8 +114,14 @@ def swap_fp8_linears(config: Any, recipe: str) -> list[str]:
 @_turbo("fp8", "torchtitan.models.common.linear.Linear (inside the transformer blocks)")
 def turbo_fp8(ctx: PatchContext) -> str | None:
     """The linears of every transformer block but the first and last run their GEMMs in FP8
-    (`turbo.fp8_recipe`); refused (exit 2) where the hardware has no FP8."""
+    (`turbo.fp8_recipe`); refused (exit 2) where the hardware has no FP8, and the delayed
+    recipe under `compile.enable` (its amax history lives outside the compiled graph)."""
     recipe = fp8_recipe(ctx)
+    if recipe == "delayed" and get_param(ctx, "compile.enable"):
+        raise ConfigError(
+            "turbo.fp8_recipe: delayed keeps its amax history outside torch.compile's graphs; "
+            "set compile.enable: false, or turbo.fp8_recipe: tensorwise"
+        )
     swapped = swap_fp8_linears(get_args(ctx), recipe)
     if not swapped:
         log_rank_0("[turbo] fp8: no Linear inside a block but the first and last")
