@@ -109,7 +109,8 @@ def check_hf_model(folder: Path) -> None:
 
 def check_inputs(module: ModuleConfig) -> None:
     """Core's inputs: `init_from`'s config.json and safetensors headers, `data:`'s corpora,
-    and every `sft:` record (a bad one is file:line). Reads files, imports no framework."""
+    and every `sft:` record (a bad one is file:line; one too long for a row too). Reads files,
+    imports no framework (transformers without torch, for the records' lengths)."""
     if module.init_from is not None:
         try:
             check_hf_model(module.init_from)
@@ -126,10 +127,6 @@ def check_inputs(module: ModuleConfig) -> None:
                 raise
         _one_tokenizer(manifests, module.data.origins.get("path"))
     if module.sft is not None:  # its files' presence and the tokenizer: checked at load
-        from primus.core.posttrain.records import iter_records
+        from primus.core.posttrain.check import check_records
 
-        sft = module.sft
-        files = [(f.path, f.columns) for f in sft.train]
-        for path, columns in files + ([(sft.eval, sft.columns)] if sft.eval else []):
-            for _ in iter_records(path, sft.format, columns):
-                pass
+        check_records(module.sft)

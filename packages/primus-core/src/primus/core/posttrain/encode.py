@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus.core.config.posttrain import SFTConfig
-from primus.core.errors import Origin
+from primus.core.errors import ConfigError, Origin
 from primus.core.posttrain.records import Record, data_error
 
 
@@ -145,18 +145,28 @@ class Encoder:
         return Sample(list(encoded["input_ids"]), mask, record.where)
 
 
-def check_length(sample: Sample, cfg: SFTConfig) -> Sample | None:
+def too_long(
+    where: Origin, tokens: int, cfg: SFTConfig, what: str = "", bound: bool = False
+) -> ConfigError:
+    """The error of a sample of `tokens` tokens (`bound`: at least) longer than a row; `what`
+    names it ('' or the pair's side: "the chosen answer's ")."""
+    return data_error(
+        where,
+        f"{what}sample is {'at least ' if bound else ''}{tokens} tokens, more than "
+        f"seq_length + 1 = {cfg.seq_length + 1}",
+        hint="set sft.truncate: true to cut it, or a larger sft.seq_length",
+    )
+
+
+def check_length(sample: Sample, cfg: SFTConfig, what: str = "") -> Sample | None:
     """A sample that fits a row (at most seq_length + 1 tokens: each position's target is the
-    next token); with `truncate`, a longer one is cut, or None if nothing to train on is left."""
+    next token); with `truncate`, a longer one is cut, or None if nothing to train on is left.
+    `what` names the sample in the error ('' or the pair's side)."""
     limit = cfg.seq_length + 1
     if len(sample.tokens) <= limit:
         return sample
     if not cfg.truncate:
-        raise data_error(
-            sample.where,
-            f"sample is {len(sample.tokens)} tokens, more than seq_length + 1 = {limit}",
-            hint="set sft.truncate: true to cut it, or a larger sft.seq_length",
-        )
+        raise too_long(sample.where, len(sample.tokens), cfg, what)
     if not any(sample.mask[1:limit]):
         return None
     return Sample(sample.tokens[:limit], sample.mask[:limit], sample.where)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from primus.core.config.sft_data import MESSAGE_COLUMNS, RECORD_COLUMNS
-from primus.core.errors import json_type
+from primus.core.errors import did_you_mean, json_type
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's `from` -> the chat role. A function call is the assistant's (trained on, as the
@@ -30,6 +30,8 @@ SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
     "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool",
 }  # fmt: skip
+# An assistant message's keys that hold a tool call: its content may then be empty
+TOOL_CALL_KEYS = ("tool_calls", "function_call")
 # The keys that tell each format apart (under sft.format auto)
 FORMAT_KEYS = {
     "chat": ("messages",),
@@ -98,11 +100,12 @@ def detect(data: dict[str, Any], columns: Columns, expected: str = "auto") -> st
 
 
 def _text(data: dict[str, Any], key: str, columns: Columns) -> str:
-    """A non-empty string."""
+    """A string with more than whitespace."""
     value = data.get(key)
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value.strip():
+        got = f"only whitespace {value!r}" if isinstance(value, str) and value else repr(value)
         raise Invalid(
-            f"{columns.name(key)} must be a non-empty string, got {value!r}",
+            f"{columns.name(key)} must be a non-empty string, got {got}",
             hint="a record with nothing to train on (or to prompt with) cannot be a sample",
         )
     return value
@@ -147,18 +150,37 @@ def _messages(data: dict[str, Any], key: str, columns: Columns) -> list[dict[str
         if role is None:
             raise Invalid(f"{where} has no {columns.name('role')}", hint)
         if role not in ROLES:
-            raise Invalid(f"{where} has unknown role {role!r}", hint)
+            raise Invalid(
+                f"{where} has unknown role {role!r}"
+                + (did_you_mean(role, ROLES) if isinstance(role, str) else ""),
+                hint,
+            )
         _content(message, where, "content", columns)
     return messages
 
 
-def _answered(messages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
-    """`messages`, refused where no assistant message answers (nothing to learn from)."""
+def _answered(
+    messages: list[dict[str, Any]], key: str, first: int = 0, after: str = ""
+) -> list[dict[str, Any]]:
+    """`messages`, refused where no assistant message answers (nothing to learn from) or where
+    one is blank: its content empty or whitespace and no tool call (`tool_calls`,
+    `function_call`) for the template to render; that would teach answering with nothing.
+    `first`: the index in the record's `key` of messages[0], for the error; `after`: what the
+    messages follow."""
     if not any(message["role"] == "assistant" for message in messages):
         raise Invalid(
-            f"{key} has no assistant message: nothing to train on",
+            f"{key}{after} has no assistant message: nothing to train on",
             hint="add the assistant's answer, or leave the record out",
         )
+    for index, message in enumerate(messages):
+        calls = any(message.get(k) for k in TOOL_CALL_KEYS)
+        if message["role"] == "assistant" and not message["content"].strip() and not calls:
+            raise Invalid(
+                f"{key}[{first + index}] is an assistant message with "
+                f"{'only whitespace' if message['content'] else 'empty content'}: it would "
+                "train the model to answer with nothing",
+                hint="fill in the answer, or leave the record out",
+            )
     return messages
 
 
@@ -176,13 +198,15 @@ def sharegpt(data: dict[str, Any], columns: Columns) -> Fields:
         if speaker is None:
             raise Invalid(f"{where} has no {columns.name('from')}", hint)
         if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
-            raise Invalid(f"{where} has unknown {columns.name('from')} {speaker!r}", hint)
+            close = did_you_mean(str(speaker), tuple(SHAREGPT_ROLES))
+            raise Invalid(f"{where} has unknown {columns.name('from')} {speaker!r}{close}", hint)
         _content(turn, where, "value", columns)
         messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
+    _answered(messages, "conversations")
     system = _optional_text(data, "system", columns)
     if system and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system})
-    return {"messages": _answered(messages, "conversations")}
+    return {"messages": messages}
 
 
 def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
@@ -204,6 +228,11 @@ def alpaca(data: dict[str, Any], columns: Columns) -> Fields:
                 f"history[{index}] must be a pair of strings [user, assistant]",
                 hint="history holds the earlier turns: [[user, assistant], ...]",
             )
+        if not pair[1].strip():
+            raise Invalid(
+                f"history[{index}]'s answer is empty: it would train the model to answer with "
+                "nothing", hint="fill in the answer, or leave the pair out",
+            )  # fmt: skip
         messages += [
             {"role": "user", "content": pair[0]},
             {"role": "assistant", "content": pair[1]},
@@ -251,8 +280,8 @@ def preference(data: dict[str, Any], columns: Columns) -> Fields:
         text = _text(data, "prompt", columns)
         sides = [{"prompt": text, "completion": answer} for answer in (chosen, rejected)]
         return {"chosen": sides[0], "rejected": sides[1]}
+    shared = 0
     if prompt is None:  # the messages both begin with: the prompt
-        shared = 0
         while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
             shared += 1
         prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
@@ -261,7 +290,7 @@ def preference(data: dict[str, Any], columns: Columns) -> Fields:
     else:
         prompt = _messages(data, "prompt", columns)
     for key, answer in (("chosen", chosen), ("rejected", rejected)):
-        _answered(answer, f"{key} after the prompt")
+        _answered(answer, key, shared, " after the prompt")
     sides = [
         {"messages": [*prompt, *answer], "train_from": len(prompt)} for answer in (chosen, rejected)
     ]

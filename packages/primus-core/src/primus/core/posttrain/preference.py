@@ -107,8 +107,17 @@ class PairData:
 
 
 def _encode(encoder: Encoder, record: Record, cfg: SFTConfig) -> tuple[Sample, Sample] | None:
-    chosen, rejected = (check_length(encoder.encode(side), cfg) for side in record.sides())
-    return None if chosen is None or rejected is None else (chosen, rejected)
+    """A record's two samples, each checked (`check_length`); refused where they are the same
+    tokens (answers that differ only where the template or the tokenizer does not look)."""
+    chosen, rejected = (encoder.encode(side) for side in record.sides())
+    if chosen.tokens == rejected.tokens:
+        raise record.error(
+            "'chosen' and 'rejected' are the same tokens once rendered and tokenized",
+            hint="a pair teaches nothing unless its answers differ",
+        )
+    cut = (check_length(chosen, cfg, "the chosen answer's "),
+           check_length(rejected, cfg, "the rejected answer's "))  # fmt: skip
+    return None if cut[0] is None or cut[1] is None else (cut[0], cut[1])
 
 
 def build_pair_data(cfg: SFTConfig, tokenizer: Any | None = None) -> PairData:

@@ -52,6 +52,43 @@ def data_error(where: Origin, message: str, hint: str | None = None) -> ConfigEr
     return ConfigError(f"{where.detail}: {message}" if where.detail else message, where, hint)
 
 
+# The first bytes of files that are not JSON Lines, and what they are
+NOT_TEXT = {
+    b"\xff\xfe": "a UTF-16 file (its byte-order mark)",
+    b"\xfe\xff": "a UTF-16 file (its byte-order mark)",
+    b"\x1f\x8b": "a gzip-compressed file: decompress it first",
+}
+ONE_PER_LINE = "JSON Lines holds one whole JSON object per line"
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a string in `value` holds half a UTF-16 surrogate pair (a JSON escape such as
+    \\ud800 alone), which is no text: tokenizers cannot read it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return any(_lone_surrogate(item) for item in items)
+
+
+def _json_hint(line: str, msg: str, number: int) -> str:
+    """What a malformed line likely is."""
+    head = line.strip()
+    if head in ("[", "{") or (number == 1 and head.startswith("[")):
+        return (
+            f"a JSON array, or an object over several lines? {ONE_PER_LINE} "
+            "(jq -c '.[]' converts an array)"
+        )
+    if "\r" in line.rstrip("\r\n") and msg == "Extra data":
+        return (
+            f"lines ended by a carriage return (\\r) alone? {ONE_PER_LINE}, ended by \\n or \\r\\n"
+        )
+    return ONE_PER_LINE
+
+
 def _jsonl(path: Path) -> Iterator[tuple[Origin, Any]]:
     """The records of a JSONL file, line by line; a UTF-8 byte-order mark is skipped."""
     with path.open("rb") as lines:
@@ -60,19 +97,45 @@ def _jsonl(path: Path) -> Iterator[tuple[Origin, Any]]:
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
+                what = next(
+                    (w for m, w in NOT_TEXT.items() if number == 1 and raw.startswith(m)), None
+                )
                 raise ConfigError(
-                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}",
+                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+                    + (f": {what}" if what else ""),
                     where,
                     hint="save the file as UTF-8 (JSON Lines is UTF-8 text)",
                 ) from None
+            if "\x00" in line:
+                raise ConfigError(
+                    f"a NUL byte (0x00) at column {line.index(chr(0)) + 1}: not text",
+                    where,
+                    hint="the file is binary, or was cut off while it was written",
+                )
+            if line.startswith("\ufeff"):
+                raise ConfigError(
+                    "a byte-order mark (U+FEFF) starts the line: only a file's first line may "
+                    "have one", where,
+                    hint="files joined with cat keep each one's mark: remove it from this line",
+                )  # fmt: skip
             if not line.strip():
                 continue
             try:
-                yield where, json.loads(line.rstrip("\r\n"))
+                data = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise ConfigError(
-                    f"not valid JSON: {exc.msg} (column {exc.colno})", where
+                    f"not valid JSON: {exc.msg} (column {exc.colno})",
+                    where,
+                    hint=_json_hint(line, exc.msg, number),
                 ) from None
+            if "\\u" in line and _lone_surrogate(data):
+                raise ConfigError(
+                    "a string holds half a UTF-16 surrogate pair (an escape \\ud800-\\udfff "
+                    "alone): not text", where,
+                    hint="the program that wrote the file cut a character in two: fix or drop "
+                    "the record",
+                )  # fmt: skip
+            yield where, data
 
 
 def _parquet(path: Path) -> Iterator[tuple[Origin, Any]]:
@@ -93,7 +156,11 @@ def _parquet(path: Path) -> Iterator[tuple[Origin, Any]]:
 def _record(where: Origin, data: Any, format: str, why: str, columns: Columns) -> Record:
     bare = Record(where)
     if not isinstance(data, dict):
-        raise bare.error(f"a record must be a JSON object, got {json_type(data)}")
+        array = isinstance(data, list) and data and all(isinstance(d, dict) for d in data)
+        raise bare.error(
+            f"a record must be a JSON object, got {json_type(data)}",
+            f"a JSON array of records? {ONE_PER_LINE} (jq -c '.[]' converts it)" if array else None,
+        )
     data = columns.record(data)
     try:
         found = detect(data, columns, format)
@@ -127,7 +194,10 @@ def iter_records(
         first = first or record
         yield record
     if first is None:
-        raise ConfigError(f"{path}: no records")
+        what = "it is empty" if path.stat().st_size == 0 else "only blank lines"
+        raise ConfigError(
+            f"{path}: no records ({what})", hint="a .jsonl file holds one record per line"
+        )
 
 
 def read_records(

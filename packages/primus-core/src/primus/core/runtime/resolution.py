@@ -146,14 +146,15 @@ def backend_for(
     """
     framework = module.framework
     adapter = adapter_class(framework)(framework)
+    pretraining = stage == "pretrain" and "posttrain" in adapter.trainers
+    if inputs and module.sft is not None and pretraining:
+        raise module.sft.error("", "sft: is the data fine-tuning reads; pretraining would "
+                               "train on data: (or mock data) and leave it unread",
+                               hint="run primus train posttrain, or remove sft:")  # fmt: skip
+    hide_modules(adapter.unused_modules)  # before the inputs' check imports transformers
     if inputs:
-        if module.sft is not None and stage == "pretrain" and "posttrain" in adapter.trainers:
-            raise module.sft.error("", "sft: is the data fine-tuning reads; pretraining would "
-                                   "train on data: (or mock data) and leave it unread",
-                                   hint="run primus train posttrain, or remove sft:")  # fmt: skip
         check_inputs(module)
         adapter.check_inputs(module)
-    hide_modules(adapter.unused_modules)
     if converting:
         adapter.host_only = True
     source_tree = adapter.setup_backend_path()
