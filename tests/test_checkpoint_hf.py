@@ -63,6 +63,10 @@ def test_a_truncated_safetensors_file_is_named(hf_dir: tuple[Path, int], tmp_pat
     ("change", "message"),
     [
         ({"model_type": "gemma"}, "model_type 'gemma' is not supported"),
+        ({"model_type": None}, "'model_type' is missing"),
+        ({"model_type": ["llama"]}, "'model_type' must be a string, not an array"),
+        ({"rope_scaling": "llama3"}, "'rope_scaling' must be an object, not a string"),
+        ({"tie_word_embeddings": "no"}, "'tie_word_embeddings' must be true or false, not a str"),
         ({"hidden_act": "gelu"}, "'hidden_act: \"gelu\"' is not supported"),
         ({"sliding_window": 4096}, "'sliding_window: 4096' is not supported"),
         (
@@ -124,3 +128,74 @@ def test_a_path_nothing_recognises_is_exit_2_saying_what_was_looked_for(tmp_path
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "not a checkpoint Primus recognises" in result.stderr
     assert "looked for a Hugging Face directory (config.json + *.safetensors)" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({}, "'model_type' is missing"),
+        ({"model_type": 3}, "'model_type' must be a string, not a number (3)"),
+        ({"model_type": "llama", "num_attention_heads": 4, "hidden_size": "big"},
+         "'hidden_size' must be a positive integer, not 'big'"),
+    ],
+)  # fmt: skip
+def test_preset_of_a_config_json_with_a_bad_field_is_exit_2_naming_it(
+    tmp_path: Path, config: dict, said: str
+) -> None:
+    """In process: `{}` said "model_type 'None' is not supported"."""
+    import json
+
+    from primus.testing.fuzz_runs import run_in_process
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    argv = ["checkpoint", "preset", "--hf", "hf", "--framework", "megatron"]
+    done = run_in_process(argv, tmp_path, {})
+    assert (done.code, done.stderr.splitlines()[0]) == (2, f"error: hf/config.json: {said}")
+
+
+def test_preset_header_keeps_odd_names_in_its_comments(tmp_path: Path) -> None:
+    """architectures of numbers was a TypeError; a newline in _name_or_path began a YAML line."""
+    import json
+
+    import yaml
+
+    from primus.core.checkpoint.preset import derive_preset
+
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100,
+              "rms_norm_eps": 1e-5, "rope_theta": 1e4, "max_position_embeddings": 128,
+              "architectures": [1, "A"], "_name_or_path": "x\nvocab_size: 3"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    text = derive_preset(tmp_path, "megatron")
+    assert "architectures 1, A)" in text and "config.json of x vocab_size: 3\n" in text
+    assert yaml.safe_load(text)["vocab_size"] == 100
+
+
+def test_a_config_json_named_instead_of_its_folder_is_told(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"config\.json: a file, not a Hugging Face model dir"):
+        read_config(tmp_path / "config.json")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{", "Expecting property name"),
+        ("[1]", "array, not an object"),
+        ('{"initial_weights": "hf"}', "its initial_weights name no HF folder"),
+    ],
+)
+def test_a_damaged_provenance_record_is_named(
+    hf_dir: tuple[Path, int], tmp_path: Path, text: str, why: str
+) -> None:
+    """It was a JSONDecodeError's or a TypeError's traceback."""
+    import shutil
+
+    from primus.core.checkpoint.provenance import PROVENANCE_FILE
+
+    folder = Path(shutil.copytree(hf_dir[0], tmp_path / "hf"))
+    (folder / PROVENANCE_FILE).write_text(text)
+    with pytest.raises(ConfigError, match=f"{PROVENANCE_FILE}: not a provenance record") as err:
+        inspect_checkpoint(folder)
+    assert why in err.value.message and "restore it or remove it" in str(err.value.hint)

@@ -169,3 +169,38 @@ def test_an_override_given_twice_is_told_and_the_last_one_is_used(tmp_path) -> N
         assert f"{note}: the last one is used" in done.stderr
     summary = tmp_path / "ws" / "local" / "local" / "quickstart" / "summary.json"
     assert json.loads(summary.read_text())["steps"] == 3
+
+
+def test_a_pasted_blob_as_an_override_key_is_quoted_short(tmp_path) -> None:
+    """In process: a 100,000-character key was echoed whole, twice, in its one error line."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    argv = ["config", "validate", str(DUMMY_QUICKSTART), "k" * 100_000 + "=1"]
+    done = run_in_process(argv, tmp_path, {})
+    clipped = "k" * 60 + "..."
+    assert (done.code, done.stderr) == (
+        2, f"error: cli ({clipped}): unknown parameter '{clipped}'\n"
+    )  # fmt: skip
+
+
+def test_a_section_given_a_value_is_told_to_be_a_mapping(tmp_path) -> None:
+    """In process: `patches=5` (or TorchTitan's `training=5`) was an unknown key 'patches'."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    done = run_in_process(["config", "validate", str(DUMMY_QUICKSTART), "patches=5"], tmp_path, {})
+    assert (done.code, done.stderr) == (2, "error: cli (patches=5): patches: must be a mapping "
+                                        "(of patches.select, patches.on_error), got int 5\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("addr", ["-h", "--help", "h-1", "::1", "[fe80::1%eth0]"])
+def test_a_master_address_that_reads_as_an_option_is_refused(addr: str) -> None:
+    """`--master-addr -h` was taken, and handed to the launcher as an option."""
+    import typer
+
+    from primus.cli.common import checked_launch
+
+    if addr.startswith("-"):
+        with pytest.raises(typer.BadParameter, match="is not a host name or an IP address"):
+            checked_launch(1, 1, 0, addr, None)
+    else:
+        assert checked_launch(1, 1, 0, addr, None).master_addr == addr

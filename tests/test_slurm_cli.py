@@ -81,6 +81,11 @@ def test_help_explains_the_job() -> None:
         (("--account", " "), "error: --account is empty"),
         (("--partition", "gpu\nhostname"), "--partition: 'gpu\\nhostname' holds a control"),
         (("--sbatch=--qos=a\nhostname",), "--sbatch: '--qos=a\\nhostname' holds a control"),
+        (("--partition", "a b"), "--partition: 'a b' is not a Slurm name: it holds ' '"),
+        (("-A", "me;hostname"), "--account: 'me;hostname' is not a Slurm name: it holds ';'"),
+        (("--time", "1:99:99"), "'1:99:99' is not a Slurm time limit: 99 minutes (at most 59)"),
+        (("--time", "1-24"), "'1-24' is not a Slurm time limit: 24 hours (at most 23)"),
+        (("--sbatch=--",), "--sbatch: '--' is not an option"),
     ],
 )
 def test_options_the_script_sets_itself_or_empty_are_refused(

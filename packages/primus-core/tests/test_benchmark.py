@@ -47,7 +47,7 @@ def test_a_jobs_gemms_are_one_gpus_share_of_each_matrix() -> None:
     assert Attention("a", 2, 4, 2, 8, 16).flops == 2 * 2 * 4 * 8 * 8 * 16  # half of QK^T and PV
 
 
-@pytest.mark.parametrize("text", ["12x3", "0x4x4", "axbxc", "4x4x4x4", "4x-4x4"])
+@pytest.mark.parametrize("text", ["12x3", "0x4x4", "axbxc", "4x4x4x4", "4x-4x4", "\u0663x4x4"])
 def test_a_shape_that_is_not_mxnxk_is_refused(text: str) -> None:
     with pytest.raises(ConfigError, match="is not MxNxK"):
         parse_shape(text)
@@ -150,6 +150,42 @@ def test_gpus_that_the_jobs_layout_cannot_fill_are_refused(command: str, tmp_pat
     done = run_in_process(argv, tmp_path, {})
     assert done.code == 2 and "Traceback" not in done.stderr, done.stderr
     assert "cannot be split into micro-batches of 4 (micro_batch_size) over 3" in done.message
+
+
+def test_modules_the_backend_hides_are_back_for_the_timings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process: MaxText hides torch (`unused_modules`) while its job is built; `benchmark
+    gemm -c` on a MaxText experiment then failed importing torch, with a traceback."""
+    import sys
+
+    from primus.backends.megatron.megatron_adapter import MegatronAdapter
+    from primus.core.runtime import resolution
+    from primus.testing.fuzz_runs import run_in_process
+
+    hidden = "primus_hidden_by_the_backend"
+    monkeypatch.setattr(MegatronAdapter, "unused_modules", (hidden,))
+    # hiding as a backend's own process does (the test session's conftest hides nothing)
+    monkeypatch.setattr(resolution, "hide_modules", lambda names: sys.modules.update(
+        dict.fromkeys(names)))  # fmt: skip
+    recipe = Path(__file__).resolve().parents[3] / "configs" / "megatron" / "tiny-cpu.yaml"
+    argv = ["benchmark", "gemm", "-c", str(recipe), "--repeats", "1", "--warmup", "0"]
+    try:
+        done = run_in_process(argv, tmp_path, {})
+        assert (done.code, hidden in sys.modules) == (0, False), done.stderr
+    finally:
+        sys.modules.pop(hidden, None)
+
+
+def test_a_message_named_twice_is_refused(tmp_path: Path) -> None:
+    """In process: the first `--size x=...` was dropped without a word."""
+    from primus.testing.fuzz_runs import run_in_process
+
+    argv = ["benchmark", "collectives", "--size", "x=4m", "--size", "x=8m"]
+    done = run_in_process(argv, tmp_path, {})
+    assert (done.code, done.stderr.splitlines()[0]) == (
+        2, "error: --size x=8m: message 'x' is given twice"
+    )  # fmt: skip
 
 
 def test_the_command_needs_something_to_time() -> None:

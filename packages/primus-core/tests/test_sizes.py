@@ -21,7 +21,9 @@ def test_sizes_in_bytes_and_binary_units(text: str, nbytes: int) -> None:
     assert parse_bytes(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["", "nan", "inf", "-5", "1e9", "4 parsecs", "M", "4MB"])
+@pytest.mark.parametrize(
+    "text", ["", "nan", "inf", "-5", "1e9", "4 parsecs", "M", "4MB", "\u0664M", "\uff14k"]
+)  # Arabic-Indic and full-width digits, which int() and float() read
 def test_what_is_not_a_size_is_none(text: str) -> None:
     assert parse_bytes(text) is None
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from primus.core.launch.slurm import SlurmJob, render
+from primus.core.launch.slurm import SlurmJob, render, time_limit_problem
 
 RUN_DIR = Path("/nfs/runs/team/me/llama")
 ARGS = ["--config", "/nfs/exp.yaml", "lr=1e-4", "--name", "two words"]
@@ -117,3 +117,26 @@ def test_names_and_paths_with_spaces_quotes_and_percent_reach_sbatch_whole() -> 
     assert [f"--job-name=primus-{odd}"] in read
     assert [f"--output=/nfs/{odd} 50%%/logs/slurm-%j.out"] in read
     assert all(len(arguments) == 1 for arguments in read), read
+
+
+def test_the_value_of_an_extra_sbatch_option_reaches_sbatch_whole() -> None:
+    """`--sbatch='--comment=run #1'` was cut at the `#`; a space-separated value stays apart."""
+    text = script(sbatch_args=("--comment=run #1", '--mail-user=a"b', "-q high", "--qos=x"))
+    read = [sbatch_reads(line) for line in directives(text)]
+    assert read[-4:] == [["--comment=run #1"], ['--mail-user=a"b'], ["-q", "high"], ["--qos=x"]]
+
+
+@pytest.mark.parametrize(
+    ("limit", "why"),
+    [
+        ("90", None), ("90:30", None), ("48:00:00", None), ("2-12", None), ("2-12:30", None),
+        ("1-23:59:59", None), ("UNLIMITED", None), ("infinite", None),
+        ("90:60", ": 60 seconds (at most 59)"), ("1:60:00", ": 60 minutes (at most 59)"),
+        ("1-24", ": 24 hours (at most 23)"), ("1-0:0:60", ": 60 seconds (at most 59)"),
+        ("1:2:3:4", ""), ("two hours", ""), ("-5", ""), ("1- 2", ""),
+    ],
+)  # fmt: skip
+def test_time_limits_as_sbatch_reads_them(limit: str, why: str | None) -> None:
+    """The leading unit is unbounded (90 minutes, 48 hours); those after it are not."""
+    expected = None if why is None else f"{limit!r} is not a Slurm time limit{why}"
+    assert time_limit_problem(limit) == expected

@@ -3,6 +3,7 @@ delivers on a job's own shapes."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -70,6 +71,23 @@ PlotPath = Annotated[
 ]
 
 
+def _training_job(ctx: typer.Context, config: Path, module: str | None, gpus: int) -> Job:
+    """The experiment's job on `gpus` GPUs, as the projection takes it. What its build changed
+    for the backend's own run is put back: the patches' replacements (a CPU run's torch.cuda
+    shims), and the modules it hid (MaxText hides torch, which the timings need)."""
+    from primus.core.patches import restore_all
+    from primus.core.runtime import PrimusRuntime
+
+    runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
+    runtime.check_world(gpus, f"--gpus {gpus}")  # the job the projection would accept
+    job = runtime.training_job(gpus)
+    restore_all()
+    for name in runtime.adapter.unused_modules:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+    return job
+
+
 def _run(
     ctx: typer.Context,
     config: Path | None,
@@ -93,13 +111,7 @@ def _run(
         raise ConfigError("nothing to time", hint="pass --config EXP.yaml, or --shape")
     ops = list(given)
     if config is not None:
-        from primus.core.patches import restore_all
-        from primus.core.runtime import PrimusRuntime
-
-        runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
-        runtime.check_world(gpus, f"--gpus {gpus}")  # the job the projection would accept
-        ops = from_job(runtime.training_job(gpus)) + ops
-        restore_all()  # what the build's patches replaced (a CPU run's torch.cuda shims)
+        ops = from_job(_training_job(ctx, config, module, gpus)) + ops
     device, timings = run_ops(ops, dtype, repeats, warmup)
     typer.echo(render(device, dtype, timings), nl=False)
     if json_path is not None:
@@ -243,6 +255,7 @@ def collectives(
     parallelism reduces) and any `--size`. Median time, algorithm and bus bandwidth
     (nccl-tests' formulas); rank 0 prints the table. Overrides may follow the options."""
     from primus.core.diagnostics.benchmark import parse_size, render_collectives, run_collectives
+    from primus.core.errors import ConfigError
     from primus.core.launch.dist_env import under_torchrun
     from primus.core.launch.workers import launch_workers
 
@@ -252,16 +265,14 @@ def collectives(
     messages = {}
     for text in sizes or []:
         name, _, size = text.rpartition("=")
+        if (name or size) in messages:  # the first would be dropped without a word
+            raise ConfigError(f"--size {text}: message '{name or size}' is given twice",
+                              hint="name each message once: NAME=SIZE")  # fmt: skip
         messages[name or size] = parse_size(size)
     if config is not None:
         from primus.core.diagnostics.benchmark import job_collective_sizes
-        from primus.core.patches import restore_all
-        from primus.core.runtime import PrimusRuntime
 
-        runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
-        runtime.check_world(gpus, f"--gpus {gpus}")
-        messages = job_collective_sizes(runtime.training_job(gpus)) | messages
-        restore_all()
+        messages = job_collective_sizes(_training_job(ctx, config, module, gpus)) | messages
     if not messages:
         import torch
 

@@ -81,7 +81,9 @@ def checked_launch(
     nodes without node 0's address, or an address that is no host name or IP address."""
     from primus.core.launch.launcher import Launch
 
-    if master_addr is not None and not re.fullmatch(r"[\w.:%\[\]-]+", master_addr, re.ASCII):
+    # no leading `-`: a launcher would read the address as an option
+    if master_addr is not None and not re.fullmatch(r"[\w.:%\[\]][\w.:%\[\]-]*", master_addr,
+                                                    re.ASCII):  # fmt: skip
         raise typer.BadParameter(
             f"{master_addr!r} is not a host name or an IP address", param_hint="--master-addr"
         )

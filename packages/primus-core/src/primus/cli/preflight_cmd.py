@@ -60,9 +60,7 @@ def preflight(
         float,
         typer.Option(
             "--device-timeout",
-            min=1,
-            max=86400,
-            help="--node-smoke: seconds a device may take (at most a day).",
+            help="--node-smoke: seconds a device may take (1 to 86400: at most a day).",
         ),
     ] = 300.0,
     nproc_per_node: NprocPerNode = 1,
@@ -88,6 +86,9 @@ def preflight(
 
     if not 0 <= tolerance < 100:  # NaN included
         raise ConfigError(f"--tolerance {tolerance:g} is not a percentage in [0, 100)")
+    if not 1 <= device_timeout <= 86400:  # NaN included (typer's range said "<= 86400")
+        raise ConfigError(f"--device-timeout {device_timeout:g} is not a number of seconds "
+                          "in [1, 86400]")  # fmt: skip
     launch = checked_launch(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     for flag, given in (("--nodes-ok", nodes_ok), ("--nodes-bad", nodes_bad)):
         if given is not None and not node_smoke:

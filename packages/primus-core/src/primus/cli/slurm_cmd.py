@@ -18,8 +18,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_TIME = r"(\d+-)?\d+(:\d+){0,2}"  # sbatch's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
-
 
 def _command(stage: str) -> Callable[..., None]:
     def command(
@@ -105,13 +103,21 @@ def _command(stage: str) -> Callable[..., None]:
         ] = False,
         debug: Debug = False,
     ) -> None:
-        from primus.core.launch.slurm import SlurmJob, render, sbatch_conflict, submit
+        from primus.core.launch.slurm import (
+            TIME_FORMATS,
+            SlurmJob,
+            name_problem,
+            render,
+            sbatch_conflict,
+            submit,
+            time_limit_problem,
+        )
         from primus.core.reliability.atomic import write_atomic
         from primus.core.runtime import PrimusRuntime
 
-        if time is not None and not re.fullmatch(_TIME, time):
-            raise typer.BadParameter(f"{time!r} is not a Slurm time limit", param_hint="--time")
-        bad = [s for s in sbatch or [] if not s.startswith("-")]
+        if time is not None and (why := time_limit_problem(time)):
+            raise typer.BadParameter(f"{why} (formats: {TIME_FORMATS})", param_hint="--time")
+        bad = [s for s in sbatch or [] if not re.match(r"--?[A-Za-z]", s)]
         if bad:
             raise typer.BadParameter(f"{bad[0]!r} is not an option", param_hint="--sbatch")
         for flag, given in (("--partition", partition), ("--account", account),
@@ -127,6 +133,9 @@ def _command(stage: str) -> Callable[..., None]:
                 # a newline would end the #SBATCH line: the rest a command of the script
                 raise typer.BadParameter(f"{given!r} holds a control character (a newline?)",
                                          param_hint=flag)  # fmt: skip
+        for flag, given in (("--partition", partition), ("--account", account)):
+            if given is not None and (why := name_problem(given)):
+                raise typer.BadParameter(why, param_hint=flag)
         if container_mounts is not None:
             if container_image is None:
                 raise typer.BadParameter("mounts go into a container: name its --container-image",

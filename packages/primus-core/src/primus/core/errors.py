@@ -36,7 +36,13 @@ class Origin:
             return f"env {self.detail}" + (f" (at {where})" if where else "")
         if self.kind == "patch":
             return f"patch {self.detail}"
-        return f"{self.kind} ({self.detail})" if self.detail else self.kind
+        return f"{self.kind} ({clipped(self.detail)})" if self.detail else self.kind
+
+
+def clipped(text: str, limit: int = 60) -> str:
+    """`text`, its first `limit` characters and `...` where it is longer: a name or a token
+    quoted in a message, which a pasted blob would bury."""
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 class PrimusError(Exception):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from primus.core.errors import ConfigError
+from primus.core.errors import ConfigError, json_type
 
 # HF model_type -> the family name Primus uses for it.
 FAMILIES = {"llama": "llama3", "qwen2": "qwen2.5", "qwen3": "qwen3", "mixtral": "mixtral"}
@@ -33,6 +33,9 @@ DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bf
 def read_config(folder: Path) -> dict[str, Any]:
     """The parsed config.json of an HF model directory (ConfigError if missing or not JSON)."""
     path = folder / "config.json"
+    if folder.is_file():
+        raise ConfigError(f"{folder}: a file, not a Hugging Face model directory",
+                          hint="name the folder that holds config.json")  # fmt: skip
     if not path.is_file():
         raise ConfigError(f"{folder}: no config.json (not a Hugging Face model directory)")
     try:
@@ -76,7 +79,11 @@ class HFArchitecture:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> HFArchitecture:
         """Parse config.json's dict; a ConfigError names the field Primus cannot map."""
-        model_type = config.get("model_type")
+        model_type = _field(config, "model_type")
+        if not isinstance(model_type, str):
+            raise ConfigError(f"config.json: 'model_type' must be a string, not "
+                              f"{_a(json_type(model_type))} ({json.dumps(model_type)})",
+                              hint=f"supported: {', '.join(FAMILIES)}")  # fmt: skip
         if model_type not in FAMILIES:
             raise ConfigError(
                 f"config.json: model_type '{model_type}' is not supported",
@@ -105,7 +112,7 @@ class HFArchitecture:
             head_dim=_int(config, "head_dim", hidden // heads),
             ffn_hidden_size=_int(config, "intermediate_size"),
             vocab_size=_int(config, "vocab_size"),
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_embeddings=_bool(config, "tie_word_embeddings"),
             norm_eps=_positive("rms_norm_eps", _field(config, "rms_norm_eps")),
             rope_theta=_positive(
                 "rope_theta", _rope(config).get("rope_theta") or _field(config, "rope_theta")
@@ -140,6 +147,19 @@ def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
     return value
 
 
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
+
+
+def _bool(config: dict[str, Any], name: str) -> bool:
+    """The boolean `name`, false where it is absent (or null)."""
+    value = config.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"config.json: '{name}' must be true or false, not "
+                          f"{_a(json_type(value))} ({json.dumps(value)})")  # fmt: skip
+    return bool(value)
+
+
 def _positive(name: str, value: Any, zero: bool = False) -> float:
     """The finite number `value` of the field `name`, above 0 (or 0 with `zero`)."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -158,6 +178,11 @@ def _refuse(config: dict[str, Any], name: str, bad: Any, what: str) -> None:
 
 def _rope(config: dict[str, Any]) -> dict[str, Any]:
     """RoPE parameters: transformers 5's `rope_parameters`, or the older `rope_scaling`."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = config.get(key)
+        if rope is not None and not isinstance(rope, dict):
+            raise ConfigError(f"config.json: '{key}' must be an object, not "
+                              f"{_a(json_type(rope))} ({json.dumps(rope)})")  # fmt: skip
     return config.get("rope_parameters") or config.get("rope_scaling") or {}
 
 

@@ -74,7 +74,8 @@ def provenance(path: Path) -> dict[str, Any] | None:
     lies in, if any."""
     record = read_provenance(path)
     if record is not None:
-        record["experiment"] = f"{len(record['experiment'].splitlines())} lines (in the file)"
+        if isinstance(record.get("experiment"), str):
+            record["experiment"] = f"{len(record['experiment'].splitlines())} lines (in the file)"
         weights = record.get("initial_weights") or {}
         if isinstance(weights.get("config"), dict):
             weights["config"] = f"{len(weights['config'])} fields (in the file)"

@@ -59,6 +59,11 @@ def preset_from_hf(adapter: BackendAdapter, hf_dir: Path, config: dict[str, Any]
         raise
 
 
+def _one_line(value: object) -> str:
+    """`value` for a YAML comment: a newline in it would start a line of YAML."""
+    return " ".join(str(value).split())
+
+
 def derive_preset(hf_dir: Path, framework: str) -> str:
     """The YAML text of `framework`'s model preset for the HF model in `hf_dir`."""
     from primus.core.backend.backend_registry import BackendRegistry, require
@@ -67,11 +72,13 @@ def derive_preset(hf_dir: Path, framework: str) -> str:
     adapter = BackendRegistry.get_adapter(framework)
     require(adapter, "hf-import")
     preset = preset_from_hf(adapter, hf_dir, config)
-    source = config.get("_name_or_path") or str(hf_dir.resolve())
+    source = _one_line(config.get("_name_or_path") or hf_dir.resolve())
+    names = config.get("architectures") or []
+    names = ", ".join(map(_one_line, names if isinstance(names, list) else [names])) or "-"
     header = (
         f"# {framework} model preset derived from the Hugging Face config.json of {source}\n"
         f"# (primus checkpoint preset; model_type {config.get('model_type')}, "
-        f"architectures {', '.join(config.get('architectures') or []) or '-'}).\n"
+        f"architectures {names}).\n"
         "# Use it as a module's `model:` (a path relative to the experiment, or a name found in\n"
         f"# PRIMUS_CONFIG_PATH/models/{framework}/).\n"
     )

@@ -19,12 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from primus.core import __version__
 from primus.core.checkpoint.hf import read_config, weights_dtype
+from primus.core.errors import ConfigError, json_type
 from primus.core.reliability.atomic import write_json
 
 if TYPE_CHECKING:
     from primus.core.config.experiment import Experiment, ModuleConfig
 
 PROVENANCE_FILE = "primus_provenance.json"
+DAMAGED = (
+    f"Primus writes {PROVENANCE_FILE} beside the checkpoints it makes: restore it or remove it"
+)
 
 
 def _sha256(path: Path) -> str:
@@ -114,9 +118,23 @@ def write_provenance(
 
 def read_provenance(path: Path) -> dict[str, Any] | None:
     """The provenance of the checkpoint at `path`: its own record, or that of the run
-    directory it lies in (up to three folders up)."""
+    directory it lies in (up to three folders up). A ConfigError names a damaged record."""
     for folder in [path.resolve(), *path.resolve().parents][:4]:
-        if (folder / PROVENANCE_FILE).is_file():
-            found: dict[str, Any] = json.loads((folder / PROVENANCE_FILE).read_text())
-            return {"file": str(folder / PROVENANCE_FILE), **found}
+        file = folder / PROVENANCE_FILE
+        if file.is_file():
+            try:
+                found = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
+                raise ConfigError(f"{file}: not a provenance record ({exc})",
+                                  hint=DAMAGED) from None  # fmt: skip
+            weights = found.get("initial_weights") if isinstance(found, dict) else None
+            if not isinstance(found, dict):
+                why = f"{json_type(found)}, not an object"
+            elif weights is not None and not (
+                isinstance(weights, dict) and isinstance(weights.get("hf"), str)
+            ):
+                why = "its initial_weights name no HF folder"
+            else:
+                return {"file": str(file), **found}
+            raise ConfigError(f"{file}: not a provenance record ({why})", hint=DAMAGED)
     return None

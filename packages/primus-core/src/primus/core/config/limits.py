@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from primus.core.config.tree import ConfigTree
-from primus.core.errors import ConfigError
+from primus.core.errors import ConfigError, clipped
 
 ENV_MAX = 32 * 4096  # bytes of one NAME=value string that a new process may be given
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -59,15 +59,17 @@ def check_run_dir(exp: ConfigTree) -> None:
     """The run directory, workspace/work_group/user_name/exp_name, lies inside the workspace:
     each of the three names is one folder name, and the workspace is set."""
     workspace = exp.data.get("workspace")
-    if not isinstance(workspace, str) or not workspace:
+    if not isinstance(workspace, str) or not workspace.strip():  # blanks: a folder named ' '
         raise ConfigError(
-            "workspace is empty", exp.origin(("workspace",)), hint="set workspace to a folder"
+            "workspace is empty" if not workspace else f"workspace {workspace!r} is blank",
+            exp.origin(("workspace",)),
+            hint="set workspace to a folder",
         )
     for key in RUN_DIR_NAMES:
         name = exp.data.get(key)
         problem = name_problem(name)
         if problem:
-            shown = "null" if name is None else repr(name if len(name) <= 60 else f"{name[:60]}...")
+            shown = "null" if name is None else repr(clipped(name))
             raise ConfigError(
                 f"{key} {shown} is not a folder name: {problem}",
                 exp.origin((key,)),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus.core.config.tree import ConfigTree
-from primus.core.errors import ConfigError, did_you_mean
+from primus.core.errors import ConfigError, clipped, did_you_mean
 
 _TYPE_NAMES = {
     bool: "a boolean",
@@ -121,12 +121,18 @@ class ParamSchema:
                     hint = f"remove {key} to keep its default" if value is None else None
                     errors.append(ConfigError(f"{key}: {problem}", params.origin(path), hint=hint))
             elif not self._is_open(path):
-                section = f"{key}." if isinstance(value, dict) else None
-                if section and any(k.startswith(section) for k in self.specs):
+                inner = [k for k in self.specs if k.startswith(f"{key}.")]
+                if inner and isinstance(value, dict):
                     continue  # an empty section that the schema knows
+                if inner:  # `training=5` is no unknown key: a section given a value
+                    keys = ", ".join(inner[:3]) + (", ..." if len(inner) > 3 else "")
+                    shown = f"{type(value).__name__} {clipped(repr(value))}"
+                    errors.append(ConfigError(f"{key}: must be a mapping (of {keys}), got "
+                                              f"{shown}", params.origin(path)))  # fmt: skip
+                    continue
                 errors.append(
                     ConfigError(
-                        f"unknown {what} '{key}'{did_you_mean(key, self.specs)}",
+                        f"unknown {what} '{clipped(key)}'{did_you_mean(key, self.specs)}",
                         params.origin(path),
                         hint=self.hints.get(key),
                     )

@@ -113,7 +113,7 @@ def parse_attention(text: str) -> Attention:
 
 def _sizes(text: str, count: int, form: str, example: str) -> tuple[int, ...]:
     sizes = tuple(int(d) for d in re.findall(r"\d+", text))
-    if not re.fullmatch(r"\d+(x\d+)*", text.strip()) or len(sizes) != count or 0 in sizes:
+    if not re.fullmatch(r"\d+(x\d+)*", text.strip(), re.ASCII) or len(sizes) != count or 0 in sizes:
         raise ConfigError(f"--shape '{text}' is not {form} with positive sizes ({example})")
     return sizes
 

@@ -51,6 +51,40 @@ def _sbatch_value(value: object) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+TIME_FORMATS = "minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED"
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
+
+
+def time_limit_problem(text: str) -> str | None:
+    """Why `text` is no time limit sbatch takes (`--time`; TIME_FORMATS), or None. The leading
+    unit is unbounded; after it, minutes and seconds stay below 60, and hours below 24."""
+    if text.lower() in ("infinite", "unlimited"):
+        return None
+    match = _TIME.fullmatch(text)
+    if match is None:
+        return f"{text!r} is not a Slurm time limit"
+    days, *rest = match.groups()
+    parts = [int(p) for p in rest if p is not None]
+    if days:  # D-H[:M[:S]]
+        units, bounded = ("hours", "minutes", "seconds")[: len(parts)], parts
+    else:  # M, M:S, H:M:S: the leading unit unbounded
+        units, bounded = ("minutes", "seconds")[3 - len(parts) :], parts[1:]
+    for unit, value in zip(units, bounded, strict=True):
+        limit = 24 if unit == "hours" else 60
+        if value >= limit:
+            return f"{text!r} is not a Slurm time limit: {value} {unit} (at most {limit - 1})"
+    return None
+
+
+def name_problem(text: str) -> str | None:
+    """Why `text` is no Slurm name (a partition, an account, a QOS; several, comma-separated),
+    or None: letters, digits and `_.-+`, which no shell and no #SBATCH line splits."""
+    if re.fullmatch(r"[\w.+-]+(,[\w.+-]+)*", text, re.ASCII):
+        return None
+    odd = [c for c in text if not (c.isascii() and (c.isalnum() or c in "_.+-,"))]
+    return f"{text!r} is not a Slurm name" + (f": it holds {odd[0]!r}" if odd else "")
+
+
 # sbatch's short options for those the script may set -> their long names
 SHORT = {"N": "nodes", "c": "cpus-per-task", "p": "partition", "A": "account", "t": "time",
          "J": "job-name", "o": "output"}  # fmt: skip
@@ -92,8 +126,15 @@ def _directives(job: SlurmJob, log: Path) -> list[str]:
     }
     lines = [f"--{k}={_sbatch_value(v)}" for k, v in options.items() if v is not None]
     lines += ["--exclusive"] if job.cpus_per_node is None else []
-    lines += ["--requeue" if job.requeue else "--no-requeue", *job.sbatch_args]
+    lines += ["--requeue" if job.requeue else "--no-requeue", *map(_extra, job.sbatch_args)]
     return [f"#SBATCH {line}" for line in lines]
+
+
+def _extra(option: str) -> str:
+    """An extra sbatch option as given (`-t 10`, `--qos high`); the value of `--name=value`
+    whole (`--comment=run #1` was cut at the `#`)."""
+    name, eq, value = option.partition("=")
+    return f"{name}={_sbatch_value(value)}" if option.startswith("--") and eq else option
 
 
 def render(job: SlurmJob, stage: str, train_args: list[str], run_dir: Path, python: str) -> str:
