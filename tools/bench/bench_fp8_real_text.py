@@ -33,6 +33,7 @@ VARIANTS = {
     "bf16": ["turbo.fp8=false"],
     "tensorwise": ["turbo.fp8=true"],
     "rowwise": ["turbo.fp8=true", "turbo.fp8_recipe=rowwise"],
+    "delayed": ["turbo.fp8=true", "turbo.fp8_recipe=delayed"],
     "bf16-other-seed": ["turbo.fp8=false", "seed=1235"],  # how far two bf16 runs part
 }
 VALIDATION = re.compile(

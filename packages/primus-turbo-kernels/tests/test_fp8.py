@@ -324,14 +324,23 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
     ],
 )
 def test_megatron_fp8_training_tracks_bf16(tmp_path: Path, layout: tuple[str, ...]) -> None:
-    """Four layers of the 1B recipe (the middle two FP8), 20 steps with turbo on, against the
-    same run in bf16 (the benchmark compares both recipes on the whole 1B model)."""
+    """Four layers of the 1B recipe (the middle two FP8), 20 steps with turbo on (its CUDA
+    graphs), current and delayed scaling, against the same run in bf16 (the benchmark compares
+    the recipes on the whole 1B model)."""
     shape = ("num_layers=4", "seq_length=1024", "max_position_embeddings=1024",
              "train_iters=20", "log_interval=1", "lr_warmup_iters=5", *layout)  # fmt: skip
     nproc = 2 if layout else 1
-    bf16, fp8_run = (
+    bf16, *fp8_runs = (
         losses(train_run(GPU_RECIPE, tmp_path, f"exp_name={name}", *shape, *extra, nproc=nproc))
-        for name, extra in (("bf16", ()), ("fp8", ("turbo.fp8=true",)))
+        for name, extra in (
+            ("bf16", ()),
+            ("fp8", ("turbo.fp8=true",)),
+            ("delayed", ("turbo.fp8=true", "turbo.fp8_recipe=delayed")),
+        )
     )
     assert bf16[20] < bf16[2] - 1.0  # it trained
-    assert max(abs(fp8_run[s] - loss) / loss for s, loss in bf16.items()) < 0.03, (fp8_run, bf16)
+    for fp8_run in fp8_runs:
+        assert max(abs(fp8_run[s] - loss) / loss for s, loss in bf16.items()) < 0.03, (
+            fp8_run,
+            bf16,
+        )
