@@ -315,19 +315,20 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
     assert_resumes_exactly(lora_run, exp, 30, *TRAIN)
     # the same checkpoint with other targets: one error, not DCP's KeyError traceback
     other = experiment(tmp_path / "lora_other", task, peft=LORA | {"target_modules": ["gate_proj"]})
-    copy = resumed(lora_run, other, ["checkpoints/iter_0000000", "checkpoints/iter_0000060"])
-    (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("60")
+    copy = resumed(lora_run, other, ["checkpoints/iter_0000000", "checkpoints/iter_0000030"])
+    (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("30")
     with in_process(sft_runs):
         done = sft_runs.primus("train", "posttrain", "--config", str(other), *TRAIN)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "iter_0000060 holds no decoder." in done.stderr and "other LoRA targets" in done.stderr
+    assert "iter_0000030 holds no decoder." in done.stderr and "other LoRA targets" in done.stderr
     # the finished run run again: nothing left to train, exit 0, and it says so
     again = experiment(tmp_path / "lora_again", task, peft=LORA)
     copy = resumed(lora_run, again, ["checkpoints/iter_0000000", "checkpoints/iter_0000060"])
     (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("60")
     with in_process(sft_runs):
         log = (posttrain(again, *TRAIN) / "logs" / "rank-0.log").read_text()
-    assert "iter_0000060 (iteration 60)" in log and "posttrain finished" in log
+    assert f"checkpoint in {copy / 'checkpoints'} is at iteration 60" in log
+    assert "posttrain finished" in log and "resumed from" not in log  # no model was built
     assert "already finished at step 60: nothing was trained (raise train_iters above 60" in log
 
 

@@ -73,6 +73,8 @@ class MegatronPosttrainTrainer(MegatronPretrainTrainer):
         from primus.core.posttrain import PairDataset
 
         args = self.backend_args
+        if self.resumes_finished():
+            return
         log_rank_0(f"[megatron] posttrain: {args.train_iters} iterations")
         lora = args.primus_peft is not None
         forward_step = (

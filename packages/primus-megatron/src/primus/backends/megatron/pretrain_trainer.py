@@ -44,6 +44,8 @@ class MegatronPretrainTrainer(BaseTrainer):
         from megatron.training import pretrain
         from primus.backends.megatron import providers
 
+        if self.resumes_finished():
+            return
         log_rank_0(f"[megatron] pretrain: {self.backend_args.train_iters} iterations")
         pretrain(
             self.cfg,
@@ -53,6 +55,23 @@ class MegatronPretrainTrainer(BaseTrainer):
             model_provider=providers.model_provider,
         )
         self.say_if_finished()
+
+    def resumes_finished(self) -> bool:
+        """Whether the checkpoint the run resumes from is at train_iters or past it: then
+        `already_finished`, before the model is built. Megatron would build and load it, train
+        nothing, and write the same checkpoint again (minutes at 8B) where save_interval does
+        not divide train_iters."""
+        from primus.backends.megatron.checkpoint.native import latest_iteration
+
+        args = self.backend_args
+        if not args.load or args.finetune or args.train_samples or getattr(args, "ckpt_step", None):
+            return False
+        saved = latest_iteration(Path(args.load))
+        if saved is None or not args.train_iters or saved < args.train_iters:
+            return False
+        log_rank_0(f"[megatron] the checkpoint in {args.load} is at iteration {saved}")
+        self.already_finished(saved, "train_iters")
+        return True
 
     def say_if_finished(self) -> None:
         """After `pretrain()`: where the checkpoint it resumed from was at train_iters or past

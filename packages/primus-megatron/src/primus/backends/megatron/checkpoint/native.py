@@ -114,6 +114,12 @@ def iteration_dir(folder: Path, iteration: int | None = None) -> Path:
     return numbered(folder, "iter_")[iteration]
 
 
+def latest_iteration(folder: Path) -> int | None:
+    """The iteration of the latest checkpoint in `folder` (its tracker file's), or None."""
+    found = _iteration_folder(folder)
+    return None if found is None else found[1]
+
+
 def complete_iterations(folder: Path) -> list[int]:
     """The iterations of the complete checkpoints in `folder` (a save that was killed leaves
     its `iter_N` folder without LAST_FILE), in increasing order."""
