@@ -143,6 +143,20 @@ def test_op_level_selective_checkpointing_keeps_what_torchtitans_policy_saves(
     assert per_token == expected and 34_000 < per_token < 36_000
 
 
+def test_flex_attention_is_priced_at_its_share_of_the_flash_rate() -> None:
+    """The recipe's attention module (a config node, `FlexAttention.Config`) is recognised:
+    FlexAttention at its fitted share of the device's flash-attention rate, SDPA at the rate."""
+    from primus.backends.torchtitan.projection import FLEX_ATTENTION_SHARE
+
+    shares = {}
+    for backend in ("flex", "sdpa"):
+        with runtime(RECIPE, f"model.attn_backend={backend}", "device=cuda") as primus:
+            job = primus.training_job(1)
+        assert job.flash_attention
+        shares[backend] = job.attention_rate_share
+    assert shares == {"flex": FLEX_ATTENTION_SHARE, "sdpa": 1.0}
+
+
 LAYOUTS = [
     (4, []),
     (4, ["parallelism.tensor_parallel_degree=2"]),

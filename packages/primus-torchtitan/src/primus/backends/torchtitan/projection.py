@@ -170,7 +170,7 @@ def training_job(config: Any, gpus: int, applied: frozenset[str]) -> Job:
     chunks = getattr(config.loss, "num_chunks", 0)  # 0: no ChunkedLossWrapper
     ac = config.activation_checkpoint
     first = config.model_spec.model.layers[0]
-    attention = type(first.attention.inner_attention).__qualname__
+    attention = type(first.attention.inner_attention).__qualname__.removesuffix(".Config")
     dp = replicate * shard
     # no graph under pipeline parallelism (layout_overrides) or on the CPU
     graphs = not training.disable_cuda_graphs and "torchtitan.cpu" not in applied and pp == 1
