@@ -74,7 +74,7 @@ PlotPath = Annotated[
 def _training_job(ctx: typer.Context, config: Path, module: str | None, gpus: int) -> Job:
     """The experiment's job on `gpus` GPUs, as the projection takes it. What its build changed
     for the backend's own run is put back: the patches' replacements (a CPU run's torch.cuda
-    shims), and the modules it hid (MaxText hides torch, which the timings need)."""
+    shims), and the modules it hid (a backend may hide torch, which the timings need)."""
     from primus.core.patches import restore_all
     from primus.core.runtime import PrimusRuntime
 

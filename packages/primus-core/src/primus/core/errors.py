@@ -36,7 +36,7 @@ class Origin:
             return f"env {self.detail}" + (f" (at {where})" if where else "")
         if self.kind == "patch":
             return f"patch {self.detail}"
-        return f"{self.kind} ({clipped(self.detail)})" if self.detail else self.kind
+        return f"{self.kind} ({clipped(self.detail, 300)})" if self.detail else self.kind
 
 
 def clipped(text: str, limit: int = 60) -> str:
