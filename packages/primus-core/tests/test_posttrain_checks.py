@@ -44,6 +44,22 @@ def test_a_sample_too_long_is_refused_before_the_build(root: Path, tokenizer: An
     assert refusal(evals).origin.line == 3  # type: ignore[union-attr]
 
 
+def test_only_the_first_records_are_counted_before_the_build(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Counting costs what the build's encoding costs: a large corpus is counted once, at
+    build, past its first COUNTED records (every record's format is still checked)."""
+    import primus.core.posttrain.check as check
+
+    monkeypatch.setattr(check, "COUNTED", 2)
+    caplog.set_level("INFO", logger="primus")
+    check_records(config(root, jsonl(root / "late.jsonl", GOOD, GOOD, LONG)))
+    assert "the first 2 of 3 records' lengths checked" in caplog.text
+    assert refusal(config(root, jsonl(root / "early.jsonl", GOOD, LONG, GOOD))).origin.line == 2  # type: ignore[union-attr]
+    bad = jsonl(root / "bad.jsonl", GOOD, GOOD, {"messages": []})
+    assert refusal(config(root, bad)).origin.line == 3  # type: ignore[union-attr]
+
+
 def test_a_prompt_completion_too_long_is_refused_at_its_line(root: Path, tokenizer: Any) -> None:
     """Counted without the prompt's BOS, so never above the build's count (here: one less)."""
     words = " ".join(["apple"] * 70)

@@ -26,6 +26,7 @@ from primus.core.posttrain.records import Record, iter_records
 
 GENERIC = ("PreTrainedTokenizerFast", "TokenizersBackend")  # AutoTokenizer: TokenizersBackend
 BATCH = 512  # records tokenized together
+COUNTED = 20_000  # records whose lengths the check counts (about 1-2 s)
 
 
 def light_tokenizer(cfg: SFTConfig) -> Any | None:
@@ -95,17 +96,36 @@ def _check_batch(encoder: Encoder, batch: list[Record], cfg: SFTConfig) -> None:
 
 def check_records(cfg: SFTConfig) -> None:
     """Every record of `sft.train`'s and `sft.eval`'s files (a bad one: a ConfigError at its
-    file:line); with `sft.truncate` off, a sample longer than `seq_length + 1` tokens too, and
-    with dpo, a pair whose chats render alike. Imports transformers (not torch) for the
-    lengths."""
+    file:line), read as a stream; with `sft.truncate` off, the first `COUNTED` records' samples
+    longer than `seq_length + 1` tokens too, and with dpo, pairs whose chats render alike
+    (the build counts every record; counting costs about as much as the build's encoding, so
+    a large corpus is not counted twice). Imports transformers (not torch) for the lengths."""
     files = [(f.path, f.columns) for f in cfg.train]
     files += [(cfg.eval, cfg.columns)] if cfg.eval else []
-    records = [r for path, columns in files for r in iter_records(path, cfg.format, columns)]
-    if cfg.truncate and cfg.format != "preference":
-        return
+    count = not cfg.truncate or cfg.format == "preference"
+    encoder: Encoder | None = None
+    batch: list[Record] = []
+    seen = 0
+    for path, columns in files:
+        for record in iter_records(path, cfg.format, columns):
+            seen += 1
+            if not count or seen > COUNTED:
+                continue
+            batch.append(record)
+            if len(batch) == BATCH or seen == COUNTED:
+                encoder = encoder or _encoder(cfg)
+                if encoder is None:
+                    count = False
+                else:
+                    _check_batch(encoder, batch, cfg)
+                batch = []
+    if batch and (encoder := encoder or _encoder(cfg)) is not None:
+        _check_batch(encoder, batch, cfg)
+    if count and seen > COUNTED:
+        log_rank_0(f"sft: the first {COUNTED:,} of {seen:,} records' lengths checked before "
+                   "the launch; the rest when the data is built")  # fmt: skip
+
+
+def _encoder(cfg: SFTConfig) -> Encoder | None:
     tokenizer = light_tokenizer(cfg)
-    if tokenizer is None:
-        return
-    encoder = Encoder(tokenizer, cfg)
-    for start in range(0, len(records), BATCH):
-        _check_batch(encoder, records[start : start + BATCH], cfg)
+    return None if tokenizer is None else Encoder(tokenizer, cfg)
