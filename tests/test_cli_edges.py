@@ -173,11 +173,12 @@ def test_an_override_given_twice_is_told_and_the_last_one_is_used(tmp_path) -> N
 
 def test_a_pasted_blob_as_an_override_key_is_quoted_short(tmp_path) -> None:
     """In process: a 100,000-character key was echoed whole, twice, in its one error line."""
+    from primus.core.errors import DETAIL_WIDTH
     from primus.testing.fuzz_runs import run_in_process
 
     argv = ["config", "validate", str(DUMMY_QUICKSTART), "k" * 100_000 + "=1"]
     done = run_in_process(argv, tmp_path, {})
-    origin, key = "k" * 300 + "...", "k" * 60 + "..."  # an origin is clipped later: paths
+    origin, key = "k" * DETAIL_WIDTH + "...", "k" * 60 + "..."  # an origin is clipped later
     assert (done.code, done.stderr) == (
         2, f"error: cli ({origin}): unknown parameter '{key}'\n"
     )  # fmt: skip

@@ -23,7 +23,7 @@ from primus.core.config.sanity import (
 from primus.core.config.schema import ParamSpec
 from primus.core.config.tree import ConfigTree
 from primus.core.config.yaml_io import load_yaml_file, parse_scalar
-from primus.core.errors import ConfigError, clipped
+from primus.core.errors import DETAIL_WIDTH, ConfigError, clipped
 from primus.core.runtime import resolution
 
 
@@ -359,7 +359,7 @@ def test_tags_and_characters_no_value_may_hold_are_errors_at_their_line(
         assert str(err.value.origin).startswith("env PRIMUS_TEST_VALUE (at ")
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         parse_overrides([f"b={value}"])  # and from the command line, at its token
-    assert str(err.value.origin) == f"cli ({clipped(f'b={value}')})"  # a blob cut short
+    assert str(err.value.origin) == f"cli ({clipped(f'b={value}', DETAIL_WIDTH)})"  # cut short
 
 
 def test_dates_stay_strings() -> None:

@@ -321,15 +321,25 @@ def test_lora_resumes_exactly(lora_run: Path, task: dict[str, Path], tmp_path: P
         done = sft_runs.primus("train", "posttrain", "--config", str(other), *TRAIN)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "iter_0000030 holds no decoder." in done.stderr and "other LoRA targets" in done.stderr
-    # the finished run run again: nothing left to train, exit 0, and it says so
+    # the finished run run again: nothing left to train, exit 0, and it says so; with a
+    # save_interval that does not divide 60 (Megatron would write iteration 60 again), before
+    # the model is built
     again = experiment(tmp_path / "lora_again", task, peft=LORA)
     copy = resumed(lora_run, again, ["checkpoints/iter_0000000", "checkpoints/iter_0000060"])
     (copy / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("60")
+    finished = "already finished at step 60: nothing was trained (raise train_iters above 60"
     with in_process(sft_runs):
         log = (posttrain(again, *TRAIN) / "logs" / "rank-0.log").read_text()
+    assert "iter_0000060 (iteration 60)" in log and "posttrain finished" in log
+    assert finished in log
+    final = copy / "checkpoints" / "iter_0000060"
+    written = {path: path.stat().st_mtime_ns for path in final.iterdir()}
+    with in_process(sft_runs):
+        run = posttrain(again, *TRAIN[:-1], "save_interval=40")
+    log = (run / "logs" / "rank-0.log").read_text()
     assert f"checkpoint in {copy / 'checkpoints'} is at iteration 60" in log
-    assert "posttrain finished" in log and "resumed from" not in log  # no model was built
-    assert "already finished at step 60: nothing was trained (raise train_iters above 60" in log
+    assert log.count(finished) == 2 and log.count("resumed from") == 1  # no model the 2nd time
+    assert {path: path.stat().st_mtime_ns for path in final.iterdir()} == written
 
 
 def test_lora_with_tensor_parallel_trains_as_one_process(

@@ -36,7 +36,10 @@ class Origin:
             return f"env {self.detail}" + (f" (at {where})" if where else "")
         if self.kind == "patch":
             return f"patch {self.detail}"
-        return f"{self.kind} ({clipped(self.detail, 300)})" if self.detail else self.kind
+        return f"{self.kind} ({clipped(self.detail, DETAIL_WIDTH)})" if self.detail else self.kind
+
+
+DETAIL_WIDTH = 300  # an origin's detail quoted whole up to this: a command-line token with paths
 
 
 def clipped(text: str, limit: int = 60) -> str:

@@ -57,17 +57,20 @@ class MegatronPretrainTrainer(BaseTrainer):
         self.say_if_finished()
 
     def resumes_finished(self) -> bool:
-        """Whether the checkpoint the run resumes from is at train_iters or past it: then
-        `already_finished`, before the model is built. Megatron would build and load it, train
-        nothing, and write the same checkpoint again (minutes at 8B) where save_interval does
-        not divide train_iters."""
+        """Whether the checkpoint the run resumes from is at train_iters or past it where
+        save_interval does not divide its iteration: then `already_finished`, before the model
+        is built. Megatron would build and load it, train nothing, and write the same final
+        checkpoint again in place (minutes at 8B). Elsewhere Megatron loads it (checking it
+        against this run's model) and `say_if_finished` says so after."""
         from primus.backends.megatron.checkpoint.native import latest_iteration
 
         args = self.backend_args
-        if not args.load or args.finetune or args.train_samples or getattr(args, "ckpt_step", None):
+        if not (args.load and args.save and args.save_interval and args.train_iters):
+            return False
+        if args.finetune or args.train_samples or getattr(args, "ckpt_step", None):
             return False
         saved = latest_iteration(Path(args.load))
-        if saved is None or not args.train_iters or saved < args.train_iters:
+        if saved is None or saved < args.train_iters or saved % args.save_interval == 0:
             return False
         log_rank_0(f"[megatron] the checkpoint in {args.load} is at iteration {saved}")
         self.already_finished(saved, "train_iters")
