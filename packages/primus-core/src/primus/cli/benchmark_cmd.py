@@ -3,7 +3,6 @@ delivers on a job's own shapes."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -77,14 +76,13 @@ def _training_job(ctx: typer.Context, config: Path, module: str | None, gpus: in
     shims), and the modules it hid (a backend may hide torch, which the timings need)."""
     from primus.core.patches import restore_all
     from primus.core.runtime import PrimusRuntime
+    from primus.core.runtime.resolution import unhide_modules
 
     runtime = PrimusRuntime(config, list(ctx.args), module=module, debug=DEBUG.on)
     runtime.check_world(gpus, f"--gpus {gpus}")  # the job the projection would accept
     job = runtime.training_job(gpus)
     restore_all()
-    for name in runtime.adapter.unused_modules:
-        if name in sys.modules and sys.modules[name] is None:
-            del sys.modules[name]
+    unhide_modules(runtime.adapter.unused_modules)
     return job
 
 

@@ -81,9 +81,9 @@ class HFArchitecture:
         """Parse config.json's dict; a ConfigError names the field Primus cannot map."""
         model_type = _field(config, "model_type")
         if not isinstance(model_type, str):
-            raise ConfigError(f"config.json: 'model_type' must be a string, not "
-                              f"{_a(json_type(model_type))} ({json.dumps(model_type)})",
-                              hint=f"supported: {', '.join(FAMILIES)}")  # fmt: skip
+            raise _wrong_type(
+                "model_type", "a string", model_type, f"supported: {', '.join(FAMILIES)}"
+            )
         if model_type not in FAMILIES:
             raise ConfigError(
                 f"config.json: model_type '{model_type}' is not supported",
@@ -147,16 +147,19 @@ def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
     return value
 
 
-def _a(noun: str) -> str:
-    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
+def _wrong_type(name: str, wanted: str, value: Any, hint: str | None = None) -> ConfigError:
+    """The error of config.json's field `name` holding a JSON value of another type."""
+    got = json_type(value)
+    article = "an" if got[0] in "aeiou" else "a"
+    return ConfigError(f"config.json: '{name}' must be {wanted}, not {article} {got} "
+                       f"({json.dumps(value)})", hint=hint)  # fmt: skip
 
 
 def _bool(config: dict[str, Any], name: str) -> bool:
     """The boolean `name`, false where it is absent (or null)."""
     value = config.get(name)
     if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"config.json: '{name}' must be true or false, not "
-                          f"{_a(json_type(value))} ({json.dumps(value)})")  # fmt: skip
+        raise _wrong_type(name, "true or false", value)
     return bool(value)
 
 
@@ -181,8 +184,7 @@ def _rope(config: dict[str, Any]) -> dict[str, Any]:
     for key in ("rope_parameters", "rope_scaling"):
         rope = config.get(key)
         if rope is not None and not isinstance(rope, dict):
-            raise ConfigError(f"config.json: '{key}' must be an object, not "
-                              f"{_a(json_type(rope))} ({json.dumps(rope)})")  # fmt: skip
+            raise _wrong_type(key, "an object", rope)
     return config.get("rope_parameters") or config.get("rope_scaling") or {}
 
 

@@ -61,22 +61,18 @@ def _samples(record: Record) -> Iterator[tuple[str, Record]]:
 def _check_batch(encoder: Encoder, batch: list[Record], cfg: SFTConfig) -> None:
     tokenizer = encoder.tokenizer
     named = [(what, sample) for record in batch for what, sample in _samples(record)]
-    texts, extra = [], []
-    for _, sample in named:
-        if sample.messages is not None:
-            texts.append(encoder._render(sample, sample.messages, False))
-            extra.append(0)
-        else:  # the prompt's tokens, the completion's and EOS: its special tokens aside
-            assert sample.prompt is not None and sample.completion is not None
-            texts.append(sample.prompt)
-            extra.append(
-                len(
-                    tokenizer(sample.completion, add_special_tokens=False, verbose=False)[
-                        "input_ids"
-                    ]
-                )
-                + 1
-            )
+    # a chat's rendering; a prompt/completion's prompt, then its completion and EOS counted
+    # apart (their special tokens aside)
+    texts = [
+        encoder.render(s, s.messages, False) if s.messages is not None else s.prompt or ""
+        for _, s in named
+    ]
+    completions = [(i, s.completion or "") for i, (_, s) in enumerate(named) if s.messages is None]
+    extra = [0] * len(named)
+    if completions:
+        counted = tokenizer([c for _, c in completions], add_special_tokens=False, verbose=False)
+        for (index, _), ids in zip(completions, counted["input_ids"], strict=True):
+            extra[index] = len(ids) + 1
     if cfg.format == "preference":  # rendered alike: the same tokens on both sides
         for index in range(0, len(named), 2):
             chosen = named[index][1]

@@ -91,7 +91,9 @@ class Encoder:
         mask = [self.cfg.train_on_prompt] * len(prompt) + [True] * len(completion)
         return Sample(prompt + completion, mask, record.where)
 
-    def _render(self, record: Record, messages: list[dict[str, Any]], generation: bool) -> str:
+    def render(self, record: Record, messages: list[dict[str, Any]], generation: bool) -> str:
+        """`messages` as the chat template writes them (with the assistant's generation prompt
+        after them with `generation`): the text the tokenizer encodes."""
         if self.template is None and self.tokenizer.chat_template is None:
             raise self.cfg.error(
                 "tokenizer",
@@ -110,7 +112,7 @@ class Encoder:
             raise record.error(f"{self.template_source} failed: {exc}") from None
 
     def _chat(self, record: Record, messages: list[dict[str, Any]]) -> Sample:
-        text = self._render(record, messages, False)
+        text = self.render(record, messages, False)
         if self.cfg.train_on_prompt:
             tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             return Sample(list(tokens), [True] * len(tokens), record.where)
@@ -118,8 +120,8 @@ class Encoder:
         for i, message in enumerate(messages):
             if message["role"] != "assistant" or i < record.train_from:
                 continue
-            before = self._render(record, messages[:i], True)
-            after = self._render(record, messages[: i + 1], False)
+            before = self.render(record, messages[:i], True)
+            after = self.render(record, messages[: i + 1], False)
             if not after.startswith(before) or not text.startswith(after):
                 shorter, longer = (
                     (f"messages[:{i}] with the generation prompt", f"messages[:{i + 1}]")

@@ -174,6 +174,14 @@ def hide_modules(names: tuple[str, ...]) -> None:
         log_rank_0(f"not needed here, not imported: {', '.join(hidden)}", logging.DEBUG)
 
 
+def unhide_modules(names: tuple[str, ...]) -> None:
+    """Undo `hide_modules` for `names`: importing them works again (a command that builds a
+    backend's job and then needs, say, torch itself)."""
+    for name in names:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+
+
 def validate(
     module: ModuleConfig, adapter: BackendAdapter, source_tree: str = "", stage: str = "pretrain"
 ) -> str | None:
